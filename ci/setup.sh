@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Idempotent set-up of ./.venv with poise-git (editable) and everything its tests need, on a fresh
+# machine: the CPU build of torch first (so no dependency drags in a CUDA build), then the project with
+# its verl (CPU-importable core_algos, ray) and dev extras. Re-runs are instant until pyproject changes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+VPY=.venv/bin/python
+stamp=".venv/.poise-setup-$(cat pyproject.toml ci/setup.sh | sha256sum | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  echo "poise-git: setting up .venv (first run takes a few minutes)..." >&2
+  if ! "$VPY" -c "import torch" 2>/dev/null; then
+    "$VPY" -m pip install -q "torch==2.13.0" || "$VPY" -m pip install -q torch
+  fi
+  "$VPY" -m pip install -q -e ".[verl,dev]"
+  rm -f .venv/.poise-setup-*
+  touch "$stamp"
+fi

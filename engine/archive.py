@@ -1,0 +1,483 @@
+"""The archive IS git: one branch ``refs/heads/poise/<node>`` per candidate, lineage in commit trailers.
+
+Every node commit carries the trailers ``Poise-Node``, ``Poise-Parent`` (repeatable), ``Poise-Status``
+and ``Poise-Created``; later records (results, reflection, verification) are further commits on the
+node's own branch, never rewrites. Writes use plumbing only (hash-object, mktree, commit-tree,
+compare-and-swap update-ref) so concurrent writers never share an index or working tree. Reading the
+whole lineage is one ``for-each-ref`` plus one ``cat-file --batch``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from engine.config import DEFAULT_TOML
+from engine.edit import apply_edit, check_interface
+from engine.errors import ArchiveError
+from engine.gitio import Git, GitError
+
+REF_PREFIX = "refs/heads/poise/"
+ROOT_NAME = "grpo"
+ALGORITHM = "algorithm.py"
+RESULTS = "results.json"
+REFLECTION = "REFLECTION.md"
+PROPOSAL = "PROPOSAL.md"
+# Files that belong to one node and are not inherited by its children.
+NODE_FILES = (PROPOSAL, REFLECTION, RESULTS, "verification.json")
+NODE_DIRS = ("tests/", "records/")
+STATUSES = ("spawned", "verified", "rejected", "evaluating", "evaluated", "failed")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_TRAILER_RE = re.compile(r"^(Poise-[A-Za-z-]+): (.*)$")
+
+_EXCLUDE = "mlflow.db\nmlruns/\n.poise/\n__pycache__/\n"
+_EXPERIMENT_README = """\
+# A poise-git experiment
+
+This repository is a poise-git archive: every candidate RL algorithm is a branch `poise/<node>` whose
+commits carry its edited `algorithm.py`, `PROPOSAL.md`, generated `tests/`, `results.json` and
+`REFLECTION.md`. Lineage lives in the commit trailers (`Poise-Node`, `Poise-Parent`).
+
+    poise-git log                 # the lineage tree
+    poise-git show NODE           # proposal, mechanism diff vs parent, results, reflection
+    git diff poise/grpo poise/X   # plain git works just as well
+
+`poise.toml` holds the experiment's protocol settings.
+"""
+
+
+@dataclass
+class Node:
+    """One archived candidate, as read from its branch tip."""
+
+    name: str
+    commit: str
+    parents: tuple[str, ...]
+    status: str
+    created: float
+    trailers: dict[str, list[str]] = field(default_factory=dict)
+    results: dict[str, Any] | None = None
+    depth: int = 0
+    subject: str = ""
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        return dict((self.results or {}).get("metrics", {}))
+
+    @property
+    def overall(self) -> float | None:
+        v = self.metrics.get("overall")
+        return None if v is None else float(v)
+
+    @property
+    def parent(self) -> str | None:
+        return self.parents[0] if self.parents else None
+
+    def trailer(self, key: str, default: str | None = None) -> str | None:
+        vals = self.trailers.get(key)
+        return vals[-1] if vals else default
+
+
+def parse_trailers(message: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in message.splitlines():
+        m = _TRAILER_RE.match(line.strip())
+        if m:
+            out.setdefault(m.group(1), []).append(m.group(2).strip())
+    return out
+
+
+def validate_metrics(results: Mapping[str, Any]) -> dict[str, float]:
+    """A flat ``{metric: number}`` mapping, finite numbers only."""
+    if not isinstance(results, Mapping) or not results:
+        raise ArchiveError("results must be a non-empty JSON object of metric name -> number")
+    out = {}
+    for key, value in results.items():
+        if not isinstance(key, str) or not key:
+            raise ArchiveError(f"results: bad metric name {key!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
+            raise ArchiveError(f"results: metric {key!r} must be a finite number, got {value!r}")
+        out[key] = float(value)
+    return out
+
+
+class Archive:
+    """An experiment repository. ``Archive(path)`` opens one; ``Archive.init(path)`` creates one."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path).resolve()
+        if not (self.path / ".git").exists() and not (self.path / "HEAD").is_file():
+            raise ArchiveError(f"{self.path} is not a poise-git archive (no git repository; run `poise-git init`)")
+        self.git = Git(self.path)
+        if not self.git.ok("rev-parse", "--verify", "-q", REF_PREFIX + ROOT_NAME) and not self._any_node():
+            raise ArchiveError(f"{self.path} is a git repository but not a poise-git archive (no poise/* branches)")
+
+    def _any_node(self) -> bool:
+        return bool(self.git.text("for-each-ref", "--count=1", "--format=%(refname)", REF_PREFIX).strip())
+
+    # -- creation ------------------------------------------------------------------------------
+    @classmethod
+    def init(
+        cls,
+        path: str | Path,
+        *,
+        algorithm: str | None = None,
+        config_toml: str | None = None,
+        root_name: str = ROOT_NAME,
+        proposal: str | None = None,
+    ) -> "Archive":
+        """Create an archive whose root node ``poise/<root_name>`` holds the trainer template."""
+        from trainer_template import ALGORITHM_FILE
+
+        path = Path(path).resolve()
+        if path.exists() and any(path.iterdir()):
+            raise ArchiveError(f"{path} exists and is not empty; choose a new directory")
+        check_name(root_name)
+        path.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["git", "init", "-q", "-b", f"poise/{root_name}", str(path)], check=True)
+        git = Git(path)
+        (path / ".git" / "info").mkdir(exist_ok=True)
+        (path / ".git" / "info" / "exclude").write_text(_EXCLUDE)
+        algo = algorithm if algorithm is not None else ALGORITHM_FILE.read_text(encoding="utf-8")
+        check_interface(algo, algo)
+        files = {ALGORITHM: algo.encode(), "poise.toml": (config_toml or DEFAULT_TOML).encode(),
+                 "README.md": _EXPERIMENT_README.encode()}
+        if proposal:
+            files[PROPOSAL] = proposal.encode()
+        names = list(files)
+        oids = git.write_blobs([files[n] for n in names])
+        tree = git.write_tree({n: ("100644", o) for n, o in zip(names, oids)})
+        msg = _message(f"poise: root node {root_name}", "", root_name, (), "spawned", time.time(), {"Poise-Event": ["init"]})
+        commit = git.commit_tree(tree, [], msg)
+        if not git.update_ref(REF_PREFIX + root_name, commit, None, "poise init"):
+            raise ArchiveError("could not create the root branch")
+        git.run("read-tree", "-u", "--reset", commit)  # a working copy of the root, for reading
+        return cls(path)
+
+    # -- reading -------------------------------------------------------------------------------
+    def nodes(self) -> dict[str, Node]:
+        """Every node with parents, status and latest results: one for-each-ref + one cat-file --batch."""
+        fmt = "%(refname)%1f%(objectname)%1f%(contents)%1e"
+        out = self.git.text("for-each-ref", f"--format={fmt}", REF_PREFIX)
+        nodes: dict[str, Node] = {}
+        for rec in out.split("\x1e"):
+            rec = rec.lstrip("\n")
+            if not rec:
+                continue
+            ref, oid, msg = rec.split("\x1f", 2)
+            name = ref[len(REF_PREFIX):]
+            tr = parse_trailers(msg)
+            nodes[name] = Node(
+                name=name,
+                commit=oid,
+                parents=tuple(tr.get("Poise-Parent", [])),
+                status=(tr.get("Poise-Status") or ["spawned"])[-1],
+                created=float((tr.get("Poise-Created") or ["0"])[-1]),
+                trailers=tr,
+                subject=msg.splitlines()[0] if msg else "",
+            )
+        wanted = [n for n in nodes.values() if "Poise-Results" in n.trailers]
+        blobs = self.git.cat_blobs([f"{n.commit}:{RESULTS}" for n in wanted])
+        for n, blob in zip(wanted, blobs):
+            if blob is not None:
+                try:
+                    n.results = json.loads(blob)
+                except json.JSONDecodeError:
+                    n.results = None
+        _assign_depths(nodes)
+        return nodes
+
+    def node(self, name: str) -> Node:
+        nodes = self.nodes()
+        if name not in nodes:
+            raise ArchiveError(f"unknown node {name!r}" + _did_you_mean(name, nodes))
+        return nodes[name]
+
+    def exists(self, name: str) -> bool:
+        return self.git.ok("rev-parse", "--verify", "-q", REF_PREFIX + name)
+
+    def tip(self, name: str) -> str:
+        try:
+            return self.git.text("rev-parse", "--verify", "-q", REF_PREFIX + name + "^{commit}").strip()
+        except GitError:
+            raise ArchiveError(f"unknown node {name!r}" + _did_you_mean(name, self.nodes())) from None
+
+    def parents(self, name: str) -> list[str]:
+        return list(self.node(name).parents)
+
+    def children(self, name: str) -> list[str]:
+        nodes = self.nodes()
+        if name not in nodes:
+            raise ArchiveError(f"unknown node {name!r}")
+        return sorted((n.name for n in nodes.values() if name in n.parents), key=lambda c: nodes[c].created)
+
+    def descendants(self, name: str, nodes: dict[str, Node] | None = None) -> dict[str, int]:
+        """``{descendant: generations below name}`` (shortest path), over an already-read lineage."""
+        nodes = nodes if nodes is not None else self.nodes()
+        kids: dict[str, list[str]] = {}
+        for n in nodes.values():
+            for p in n.parents:
+                kids.setdefault(p, []).append(n.name)
+        out: dict[str, int] = {}
+        frontier, depth = [name], 0
+        while frontier:
+            depth += 1
+            nxt = []
+            for f in frontier:
+                for c in kids.get(f, []):
+                    if c not in out:
+                        out[c] = depth
+                        nxt.append(c)
+            frontier = nxt
+        return out
+
+    def read_file(self, name: str, path: str, commit: str | None = None) -> str | None:
+        """A file of the node's tip (or of ``commit``), or None when absent."""
+        rev = commit or self.tip(name)
+        blob = self.git.cat_blobs([f"{rev}:{path}"])[0]
+        return None if blob is None else blob.decode("utf-8", "replace")
+
+    def algorithm(self, name: str) -> str:
+        src = self.read_file(name, ALGORITHM)
+        if src is None:
+            raise ArchiveError(f"node {name!r} has no {ALGORITHM}")
+        return src
+
+    def config_text(self, name: str = ROOT_NAME) -> str:
+        return self.read_file(name, "poise.toml") or ""
+
+    def config(self, name: str | None = None):
+        from engine.config import parse_config
+
+        target = name or (ROOT_NAME if self.exists(ROOT_NAME) else next(iter(self.nodes())))
+        return parse_config(self.config_text(target))
+
+    def spawn_commit(self, name: str) -> str:
+        """The commit that created the node (its first commit with Poise-Event: spawn/init)."""
+        out = self.git.text("log", "--format=%H%x1f%B%x1e", REF_PREFIX + name)
+        first = None
+        for rec in out.split("\x1e"):
+            rec = rec.strip("\n")
+            if not rec:
+                continue
+            oid, msg = rec.split("\x1f", 1)
+            tr = parse_trailers(msg)
+            if tr.get("Poise-Node", [None])[-1] != name:
+                break
+            first = oid
+        return first or self.tip(name)
+
+    # -- writing -------------------------------------------------------------------------------
+    def spawn(
+        self,
+        parent: str | Iterable[str],
+        name: str,
+        edit: str | None = None,
+        *,
+        algorithm: str | None = None,
+        proposal: str | None = None,
+        files: Mapping[str, str | bytes] | None = None,
+        trailers: Mapping[str, str | list[str]] | None = None,
+        status: str = "spawned",
+        subject: str | None = None,
+    ) -> Node:
+        """Fork ``name`` off ``parent`` (a list for a crossover): apply ``edit`` (top-level definitions,
+        LibCST) to the parent's algorithm.py, or take ``algorithm`` whole; commit it with plumbing and
+        create the branch atomically. Writes nothing unless every check passes."""
+        parents = [parent] if isinstance(parent, str) else list(parent)
+        if not parents:
+            raise ArchiveError("spawn needs a parent")
+        check_name(name, self.git)
+        refs = [REF_PREFIX + p for p in parents] + [REF_PREFIX + name]
+        out = self.git.text("for-each-ref", "--format=%(refname) %(objectname)", *refs)
+        tips = dict(line.split() for line in out.splitlines() if line.strip())
+        if REF_PREFIX + name in tips:
+            raise ArchiveError(f"a node named {name!r} already exists")
+        for p in parents:
+            if REF_PREFIX + p not in tips:
+                raise ArchiveError(f"unknown parent node {p!r}")
+        parent_commits = [tips[REF_PREFIX + p] for p in parents]
+        tree_files = self.git.ls_tree(parent_commits[0])
+        parent_src = self.git.cat_blobs([tree_files[ALGORITHM][1]])[0].decode("utf-8") if ALGORITHM in tree_files else ""
+        if algorithm is not None:
+            new_src = algorithm
+        elif edit is not None:
+            new_src = apply_edit(parent_src, edit)
+        else:
+            new_src = parent_src
+        check_interface(parent_src, new_src)
+        for path in list(tree_files):
+            if path in NODE_FILES or path.startswith(NODE_DIRS):
+                del tree_files[path]
+        new_files: dict[str, bytes] = {ALGORITHM: new_src.encode("utf-8")}
+        if proposal is not None:
+            new_files[PROPOSAL] = proposal.encode("utf-8")
+        for path, data in (files or {}).items():
+            new_files[_clean_path(path)] = data.encode("utf-8") if isinstance(data, str) else data
+        self._write_files(tree_files, new_files)
+        tree = self.git.write_tree(tree_files)
+        extra = {k: ([v] if isinstance(v, str) else list(v)) for k, v in (trailers or {}).items()}
+        extra.setdefault("Poise-Event", ["spawn"])
+        title = subject or f"poise: spawn {name} from {' + '.join(parents)}"
+        body = _first_line(proposal) if proposal else ""
+        msg = _message(title, body, name, parents, status, time.time(), extra)
+        commit = self.git.commit_tree(tree, parent_commits, msg)
+        if not self.git.update_ref(REF_PREFIX + name, commit, None, f"poise spawn {name}"):
+            raise ArchiveError(f"a node named {name!r} already exists (created concurrently)")
+        return self.node(name)
+
+    def commit_files(
+        self,
+        name: str,
+        files: Mapping[str, str | bytes | None],
+        *,
+        subject: str,
+        status: str | None = None,
+        trailers: Mapping[str, str | list[str]] | None = None,
+        retries: int = 50,
+    ) -> str:
+        """Add a record commit on the node's branch (None deletes a path); compare-and-swap, retried."""
+        ref = REF_PREFIX + name
+        for attempt in range(retries):
+            tip = self.tip(name)
+            msg_old = self.git.text("cat-file", "commit", tip).split("\n\n", 1)[-1]
+            tr = parse_trailers(msg_old)
+            tree_files = self.git.ls_tree(tip)
+            adds: dict[str, bytes] = {}
+            for path, data in files.items():
+                path = _clean_path(path)
+                if data is None:
+                    for p in [p for p in tree_files if p == path or p.startswith(path.rstrip("/") + "/")]:
+                        del tree_files[p]
+                else:
+                    adds[path] = data.encode("utf-8") if isinstance(data, str) else data
+            self._write_files(tree_files, adds)
+            tree = self.git.write_tree(tree_files)
+            extra = {k: v for k, v in tr.items() if k not in ("Poise-Node", "Poise-Parent", "Poise-Status", "Poise-Created", "Poise-Event")}
+            for k, v in (trailers or {}).items():
+                extra[k] = [v] if isinstance(v, str) else list(v)
+            if "Poise-Event" not in (trailers or {}):
+                extra["Poise-Event"] = ["record"]
+            msg = _message(subject, "", name, tuple(tr.get("Poise-Parent", [])), status or (tr.get("Poise-Status") or ["spawned"])[-1],
+                           float((tr.get("Poise-Created") or [time.time()])[-1]), extra)
+            commit = self.git.commit_tree(tree, [tip], msg)
+            if self.git.update_ref(ref, commit, tip, f"poise record {name}"):
+                return commit
+            time.sleep(min(0.005 * (attempt + 1), 0.1))
+        raise ArchiveError(f"could not record on {name!r}: the branch kept moving (lost {retries} compare-and-swaps)")
+
+    def record_results(self, name: str, results: Mapping[str, Any], *, status: str | None = None) -> str:
+        """Record ``results.json``. A flat ``{metric: number}`` is wrapped as ``{"metrics": ...}``;
+        a dict with a ``metrics`` key is stored as given (intervals, trajectory, provenance...)."""
+        if "metrics" in results and isinstance(results["metrics"], Mapping):
+            payload = dict(results)
+            payload["metrics"] = validate_metrics(results["metrics"]) if results["metrics"] else {}
+        else:
+            payload = {"metrics": validate_metrics(results), "source": "record"}
+        status = status or payload.get("status") or "evaluated"
+        if status not in STATUSES:
+            raise ArchiveError(f"unknown status {status!r}")
+        text = json.dumps(payload, indent=2, sort_keys=True, allow_nan=False) + "\n"
+        overall = payload["metrics"].get("overall")
+        extra = {"Poise-Results": "yes", "Poise-Event": "results"}
+        if overall is not None:
+            extra["Poise-Overall"] = f"{overall:.6g}"
+        return self.commit_files(name, {RESULTS: text}, subject=f"poise: results for {name}", status=status, trailers=extra)
+
+    def record_reflection(self, name: str, text: str) -> str:
+        return self.commit_files(name, {REFLECTION: text}, subject=f"poise: reflection on {name}", trailers={"Poise-Event": "reflection"})
+
+    def set_status(self, name: str, status: str, reason: str | None = None, files: Mapping[str, str | bytes | None] | None = None) -> str:
+        if status not in STATUSES:
+            raise ArchiveError(f"unknown status {status!r}")
+        tr: dict[str, str] = {"Poise-Event": status}
+        if reason:
+            tr["Poise-Reason"] = " ".join(reason.split())[:300]
+        return self.commit_files(name, dict(files or {}), subject=f"poise: {name} {status}", status=status, trailers=tr)
+
+    def diff(self, a: str, b: str, paths: list[str] | None = None, stat: bool = False) -> str:
+        args = ["diff", "--no-color"]
+        if stat:
+            args.append("--stat")
+        args += [self.tip(a), self.tip(b)]
+        if paths:
+            args += ["--", *paths]
+        return self.git.text(*args)
+
+    def fsck(self) -> bool:
+        return self.git.ok("fsck", "--no-progress", "--strict")
+
+    def _write_files(self, tree_files: dict[str, tuple[str, str]], new_files: Mapping[str, bytes]) -> None:
+        names = list(new_files)
+        for n, oid in zip(names, self.git.write_blobs([new_files[n] for n in names])):
+            tree_files[n] = ("100644", oid)
+
+
+def check_name(name: str, git: Git | None = None) -> None:
+    if not isinstance(name, str) or not _NAME_RE.match(name) or name.endswith((".lock", ".")) or ".." in name:
+        raise ArchiveError(f"invalid node name {name!r}: use letters, digits, '.', '_' and '-' (git refuses this name)")
+    if git is not None and not git.ok("check-ref-format", REF_PREFIX + name):
+        raise ArchiveError(f"invalid node name {name!r}: git check-ref-format refuses it")
+
+
+def _clean_path(path: str) -> str:
+    p = path.replace("\\", "/").strip("/")
+    if not p or any(part in ("", ".", "..", ".git") for part in p.split("/")):
+        raise ArchiveError(f"bad file path {path!r} for a node")
+    return p
+
+
+def _first_line(text: str | None) -> str:
+    for line in (text or "").splitlines():
+        line = line.strip().lstrip("#").strip()
+        if line:
+            return line[:200]
+    return ""
+
+
+def _message(title: str, body: str, name: str, parents: Iterable[str], status: str, created: float, extra: Mapping[str, list[str]]) -> str:
+    lines = [title.strip().splitlines()[0] if title.strip() else f"poise: {name}", ""]
+    if body:
+        lines += [body.replace("Poise-", "Poise "), ""]
+    lines.append(f"Poise-Node: {name}")
+    lines += [f"Poise-Parent: {p}" for p in parents]
+    lines.append(f"Poise-Status: {status}")
+    lines.append(f"Poise-Created: {created:.6f}")
+    for key, values in extra.items():
+        for v in values:
+            lines.append(f"{key}: {' '.join(str(v).split())}")
+    return "\n".join(lines) + "\n"
+
+
+def _assign_depths(nodes: dict[str, Node]) -> None:
+    memo: dict[str, int] = {}
+
+    def depth(name: str, seen: frozenset = frozenset()) -> int:
+        if name in memo:
+            return memo[name]
+        n = nodes.get(name)
+        if n is None or not n.parents or name in seen:
+            memo[name] = 0
+            return 0
+        d = 1 + min(depth(p, seen | {name}) for p in n.parents)
+        memo[name] = d
+        return d
+
+    import sys
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
+    for name in nodes:
+        nodes[name].depth = depth(name)
+
+
+def _did_you_mean(name: str, nodes: Mapping[str, Any]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, list(nodes), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

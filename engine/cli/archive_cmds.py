@@ -1,0 +1,158 @@
+"""Archive verbs: init, spawn, log, show, diff, record."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markdown import Markdown
+from rich.panel import Panel
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.tree import Tree
+
+from engine.archive import ALGORITHM, Archive, Node
+from engine.cli import ArchiveOpt, console
+from engine.errors import ArchiveError, PoiseError
+
+
+def _read_text(path: Path, what: str) -> str:
+    if not path.is_file():
+        raise PoiseError(f"{what} {path} does not exist")
+    return path.read_text(encoding="utf-8")
+
+
+def _fmt(v: Optional[float]) -> str:
+    return "—" if v is None else f"{v:.4g}"
+
+
+_STATUS_STYLE = {"evaluated": "green", "verified": "cyan", "spawned": "white", "rejected": "red", "failed": "red", "evaluating": "yellow"}
+
+
+def _label(n: Node) -> str:
+    style = _STATUS_STYLE.get(n.status, "white")
+    extra = f"  overall [bold]{_fmt(n.overall)}[/]" if n.overall is not None else ""
+    reason = n.trailer("Poise-Reason")
+    why = f"  [dim]({reason[:60]})[/]" if reason and n.status in ("rejected", "failed") else ""
+    return f"[bold]{n.name}[/]  [{style}]{n.status}[/]{extra}{why}"
+
+
+def init(
+    directory: Path = typer.Argument(..., help="Where to create the experiment repository (new or empty)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="A poise.toml to start from (default: the built-in one)."),
+) -> None:
+    """Create an experiment repository whose root node [bold]poise/grpo[/] holds the GRPO baseline."""
+    toml = _read_text(config, "config file") if config else None
+    if toml is not None:
+        from engine.config import parse_config
+
+        parse_config(toml)
+    arch = Archive.init(directory, config_toml=toml)
+    console.print(f"Initialized poise-git archive in [bold]{arch.path}[/] with root node [bold]grpo[/] (branch poise/grpo)")
+
+
+def spawn(
+    parent: str = typer.Argument(..., help="The parent node."),
+    name: str = typer.Option(..., "--name", help="The new node's name (its branch is poise/NAME)."),
+    edit: Optional[Path] = typer.Option(None, "--edit", help="A Python file of top-level definitions replacing / extending the parent's algorithm.py."),
+    proposal: Optional[Path] = typer.Option(None, "--proposal", help="PROPOSAL.md for the node (motivation, method, expected effect)."),
+    archive: Path = ArchiveOpt,
+) -> None:
+    """Fork a candidate off PARENT with a LibCST edit of its algorithm.py."""
+    edit_src = _read_text(edit, "edit file") if edit else None
+    proposal_src = _read_text(proposal, "proposal file") if proposal else None
+    arch = Archive(archive)
+    node = arch.spawn(parent, name, edit_src, proposal=proposal_src)
+    console.print(f"spawned [bold]{node.name}[/] from [bold]{parent}[/] at {node.commit[:10]}")
+    console.print(arch.diff(parent, name, stat=True).rstrip(), highlight=False)
+
+
+def log(archive: Path = ArchiveOpt, as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+    """Draw the lineage tree: node, status and Overall when known."""
+    nodes = Archive(archive).nodes()
+    if as_json:
+        rows = [{"node": n.name, "parents": list(n.parents), "status": n.status, "depth": n.depth,
+                 "overall": n.overall, "commit": n.commit} for n in sorted(nodes.values(), key=lambda n: n.created)]
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    kids: dict[str, list[Node]] = {}
+    roots = []
+    for n in sorted(nodes.values(), key=lambda n: n.created):
+        if n.parents and n.parents[0] in nodes:
+            kids.setdefault(n.parents[0], []).append(n)
+        else:
+            roots.append(n)
+    for root in roots:
+        tree = Tree(_label(root))
+        stack = [(root, tree)]
+        while stack:
+            n, t = stack.pop()
+            for c in kids.get(n.name, []):
+                extra = f"  [dim](× {', '.join(c.parents[1:])})[/]" if len(c.parents) > 1 else ""
+                stack.append((c, t.add(_label(c) + extra)))
+        console.print(tree)
+
+
+def show(node: str = typer.Argument(..., help="The node to show."), archive: Path = ArchiveOpt) -> None:
+    """Show a node: proposal, mechanism diff vs its parent, results and reflection."""
+    arch = Archive(archive)
+    n = arch.node(node)
+    head = f"[bold]{n.name}[/]  status {n.status}  depth {n.depth}  parents {', '.join(n.parents) or '—'}  commit {n.commit[:10]}"
+    console.print(Panel(head, expand=False))
+    reason = n.trailer("Poise-Reason")
+    if reason:
+        console.print(f"[red]reason:[/] {reason}")
+    proposal = arch.read_file(node, "PROPOSAL.md")
+    if proposal:
+        console.print(Panel(Markdown(proposal), title="PROPOSAL.md"))
+    if n.parent:
+        diff = arch.diff(n.parent, node, [ALGORITHM])
+        console.print(Panel(Syntax(diff or "(no change)", "diff", theme="ansi_dark"), title=f"mechanism diff vs {n.parent}"))
+    if n.results:
+        table = Table(title="results", show_header=True)
+        table.add_column("metric")
+        table.add_column("value", justify="right")
+        table.add_column("95% interval", justify="right")
+        intervals = n.results.get("intervals", {})
+        for k, v in sorted(n.metrics.items()):
+            iv = intervals.get(k)
+            table.add_row(k, _fmt(v), f"[{_fmt(iv[0])}, {_fmt(iv[1])}]" if iv else "")
+        console.print(table)
+    reflection = arch.read_file(node, "REFLECTION.md")
+    if reflection:
+        console.print(Panel(Markdown(reflection), title="REFLECTION.md"))
+
+
+def diff(
+    a: str = typer.Argument(..., help="First node."),
+    b: str = typer.Argument(..., help="Second node."),
+    all_files: bool = typer.Option(False, "--all", help="Diff every file, not only the mechanism (algorithm.py)."),
+    archive: Path = ArchiveOpt,
+) -> None:
+    """The mechanism diff between any two nodes (algorithm files by default)."""
+    arch = Archive(archive)
+    out = arch.diff(a, b, None if all_files else [ALGORITHM])
+    typer.echo(out if out else "(no difference)", nl=not out)
+
+
+def record(
+    node: str = typer.Argument(..., help="The node the metrics belong to."),
+    results: Path = typer.Option(..., "--results", help="A JSON object of metric name -> number ('overall' is the default utility)."),
+    archive: Path = ArchiveOpt,
+) -> None:
+    """Record externally obtained metrics on a node (results.json on its branch)."""
+    text = _read_text(results, "results file")
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ArchiveError(f"{results} is not valid JSON: {exc}") from None
+    arch = Archive(archive)
+    commit = arch.record_results(node, payload)
+    console.print(f"recorded {len(arch.node(node).metrics)} metrics on [bold]{node}[/] at {commit[:10]}")
+
+
+def register(app: typer.Typer) -> None:
+    for fn in (init, spawn, log, show, diff, record):
+        app.command()(fn)

@@ -1,0 +1,223 @@
+"""``poise.toml``: one file per experiment, loaded into frozen dataclasses validated at load time.
+
+Each component reads only its own section. Secrets are never stored here: an API key is read from the
+environment variable the ``[llm]`` section names (default ``OPENAI_API_KEY``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    name: str = "poise-experiment"
+    """a label for the experiment (MLflow experiment name)"""
+    objective: str = "overall"
+    """the metric the utility U maximizes (higher is better)"""
+    length_penalty: float = 0.0
+    """U = objective - length_penalty * mean_length (the length-compression directive)"""
+    pareto_objectives: tuple[str, ...] = ()
+    """metrics of the Pareto front (empty: the objective alone); prefix '-' to minimize"""
+    directive: str = ""
+    """natural-language research directive that enters every proposal context"""
+
+
+@dataclass(frozen=True)
+class EvaluationConfig:
+    backend: str = "proxy"
+    """proxy (embedded CPU) | verl (GPU scale)"""
+    seeds: int = 1
+    """paired seeds per candidate"""
+    timeout_s: float = 1800.0
+    """hard wall-clock limit of one evaluation (its whole process group)"""
+    memory_mb: int = 4096
+    """address-space limit of one evaluation process"""
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    """The embedded CPU proxy's protocol (see trainer_template/proxy)."""
+
+    preset: str = "default"
+    """default | smoke (a seconds-long protocol for tests)"""
+
+
+@dataclass(frozen=True)
+class SelectConfig:
+    k: int = 3
+    w_pareto: float = 0.25
+    w_perf: float = 0.25
+    w_div: float = 0.15
+    w_bayes: float = 0.35
+    top_k: int = 3
+    """K of the discounted top-K descendant gain"""
+    gamma: float = 0.8
+    """depth discount of the descendant gain"""
+    beta: float = 0.05
+    """tanh temperature of the descendant gain, in utility units"""
+    kappa: float = 1.0
+    """UCB exploration weight"""
+    seed: int = 0
+    allow_failed: bool = False
+    """let failed / rejected nodes be parents"""
+
+
+@dataclass(frozen=True)
+class ProposeConfig:
+    proposer: str = "offline"
+    """offline (no API key) | llm"""
+    population: int = 4
+    """N candidates proposed per parent"""
+    correction_rounds: int = 3
+    """R: bounded implement -> verify correction rounds"""
+
+
+@dataclass(frozen=True)
+class LLMConfig:
+    model: str = "gpt-4o-mini"
+    base_url: str = ""
+    """OpenAI-compatible endpoint; empty: $OPENAI_BASE_URL or the OpenAI default"""
+    api_key_env: str = "OPENAI_API_KEY"
+    """name of the environment variable holding the key (keys are never written to files)"""
+    timeout_s: float = 120.0
+    max_retries: int = 5
+    temperature: float = 0.7
+
+
+@dataclass(frozen=True)
+class Config:
+    experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    proxy: ProxyConfig = field(default_factory=ProxyConfig)
+    select: SelectConfig = field(default_factory=SelectConfig)
+    propose: ProposeConfig = field(default_factory=ProposeConfig)
+    llm: LLMConfig = field(default_factory=LLMConfig)
+
+
+_FORBIDDEN_KEYS = {"api_key", "key", "token", "secret", "password"}
+
+
+def _build_section(cls: type, name: str, raw: Any) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"poise.toml: [{name}] must be a table")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in _FORBIDDEN_KEYS:
+            raise ConfigError(f"poise.toml: [{name}].{key} looks like a secret; set it in the environment instead")
+        if key not in fields:
+            known = ", ".join(sorted(fields))
+            raise ConfigError(f"poise.toml: unknown setting [{name}].{key} (known: {known})")
+        default = fields[key].default
+        if default is dataclasses.MISSING and fields[key].default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            default = fields[key].default_factory()  # type: ignore[misc]
+        kwargs[key] = _coerce(name, key, value, default)
+    return cls(**kwargs)
+
+
+def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
+    where = f"poise.toml: [{section}].{key}"
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false, got {value!r}")
+        return value
+    if isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where} must be an integer, got {value!r}")
+        return value
+    if isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where} must be a number, got {value!r}")
+        return float(value)
+    if isinstance(default, str):
+        if not isinstance(value, str):
+            raise ConfigError(f"{where} must be a string, got {value!r}")
+        return value
+    if isinstance(default, tuple):
+        if not isinstance(value, list):
+            raise ConfigError(f"{where} must be a list, got {value!r}")
+        return tuple(value)
+    return value
+
+
+def parse_config(text: str) -> Config:
+    """Parse poise.toml text into a validated :class:`Config`."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"poise.toml is not valid TOML: {exc}") from exc
+    sections = {f.name: f.type for f in dataclasses.fields(Config)}
+    kwargs = {}
+    hints = {f.name: f.default_factory for f in dataclasses.fields(Config)}  # type: ignore[misc]
+    for name, value in raw.items():
+        if name not in sections:
+            raise ConfigError(f"poise.toml: unknown section [{name}] (known: {', '.join(sections)})")
+        kwargs[name] = _build_section(type(hints[name]()), name, value)
+    cfg = Config(**kwargs)
+    validate(cfg)
+    return cfg
+
+
+def load_config(path: str | Path) -> Config:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"no poise.toml at {path}")
+    return parse_config(path.read_text(encoding="utf-8"))
+
+
+def validate(cfg: Config) -> None:
+    if cfg.evaluation.backend not in ("proxy", "verl"):
+        raise ConfigError(f"poise.toml: [evaluation].backend must be proxy or verl, got {cfg.evaluation.backend!r}")
+    if cfg.evaluation.seeds < 1:
+        raise ConfigError("poise.toml: [evaluation].seeds must be >= 1")
+    if cfg.select.k < 1:
+        raise ConfigError("poise.toml: [select].k must be >= 1")
+    if not 0 < cfg.select.gamma <= 1:
+        raise ConfigError("poise.toml: [select].gamma must lie in (0, 1]")
+    if cfg.select.beta <= 0:
+        raise ConfigError("poise.toml: [select].beta must be > 0")
+    if cfg.propose.proposer not in ("offline", "llm"):
+        raise ConfigError(f"poise.toml: [propose].proposer must be offline or llm, got {cfg.propose.proposer!r}")
+
+
+def utility(metrics: dict[str, float], cfg: ExperimentConfig) -> float | None:
+    """The scalar utility U(y) of a metric vector, or None when the objective was not measured."""
+    value = metrics.get(cfg.objective)
+    if value is None:
+        return None
+    u = float(value)
+    if cfg.length_penalty:
+        length = metrics.get("mean_length")
+        if length is not None:
+            u -= cfg.length_penalty * float(length)
+    return u
+
+
+DEFAULT_TOML = """\
+# poise-git experiment settings. Every section is optional; see `poise-git --help` and the README.
+[experiment]
+name = "poise-experiment"
+objective = "overall"          # the metric U maximizes
+directive = ""                 # natural-language research directive for the proposer
+
+[evaluation]
+backend = "proxy"              # proxy (embedded CPU) | verl (GPU scale)
+seeds = 1
+
+[select]
+k = 3
+
+[propose]
+proposer = "offline"           # offline | llm
+
+[llm]
+model = "gpt-4o-mini"
+api_key_env = "OPENAI_API_KEY" # the key itself is read from the environment, never stored
+"""

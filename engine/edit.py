@@ -1,0 +1,158 @@
+"""LibCST edits of ``algorithm.py``: replace same-named top-level definitions, append new ones.
+
+Every byte outside the replaced definitions is preserved. The edit is a Python module of top-level
+definitions (functions, classes, assignments) and optionally imports; anything else is refused.
+"""
+
+from __future__ import annotations
+
+import ast
+
+import libcst as cst
+
+from engine.errors import EditError
+from trainer_template import INTERFACE_FUNCTIONS
+
+
+def _parse(src: str, what: str) -> cst.Module:
+    try:
+        return cst.parse_module(src)
+    except cst.ParserSyntaxError as exc:
+        raise EditError(f"{what} has a syntax error at line {exc.raw_line}, column {exc.raw_column}: {exc.message}") from None
+
+
+def _defined_names(stmt: cst.CSTNode) -> list[str]:
+    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+        return [stmt.name.value]
+    if isinstance(stmt, cst.SimpleStatementLine):
+        names = []
+        for small in stmt.body:
+            targets = []
+            if isinstance(small, cst.Assign):
+                targets = [t.target for t in small.targets]
+            elif isinstance(small, cst.AnnAssign):
+                targets = [small.target]
+            for t in targets:
+                if isinstance(t, cst.Name):
+                    names.append(t.value)
+        return names
+    return []
+
+
+def _is_import(stmt: cst.CSTNode) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body)
+
+
+def _is_docstring(stmt: cst.CSTNode) -> bool:
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Expr)
+        and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
+
+
+def _has_comment(lines) -> bool:
+    return any(line.comment is not None for line in lines)
+
+
+def apply_edit(parent_src: str, edit_src: str) -> str:
+    """Return ``parent_src`` with the edit's top-level definitions replaced or appended."""
+    parent = _parse(parent_src, "the parent's algorithm.py")
+    edit = _parse(edit_src, "the edit")
+    edit_body = list(edit.body)
+    if edit_body and _has_comment(edit.header):
+        # LibCST puts the first statement's leading comment in the module header: keep it with the def.
+        edit_body[0] = edit_body[0].with_changes(leading_lines=[*edit.header, *edit_body[0].leading_lines])
+    replacements: dict[str, cst.CSTNode] = {}
+    imports: list[cst.CSTNode] = []
+    order: list[str] = []
+    for stmt in edit_body:
+        if _is_docstring(stmt):
+            continue
+        if _is_import(stmt):
+            imports.append(stmt)
+            continue
+        names = _defined_names(stmt)
+        if not names or (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) != 1):
+            code = edit.code_for_node(stmt).strip().splitlines()[0]
+            raise EditError(f"the edit may only hold top-level definitions, imports and assignments; found: {code}")
+        if len(names) != 1:
+            raise EditError(f"one assignment per line in the edit, please: {', '.join(names)}")
+        if names[0] in replacements:
+            raise EditError(f"the edit defines {names[0]!r} twice")
+        replacements[names[0]] = stmt
+        order.append(names[0])
+
+    existing_imports = {parent.code_for_node(s).strip() for s in parent.body if _is_import(s)}
+    new_body = []
+    used: set[str] = set()
+    last_import = -1
+    for stmt in parent.body:
+        names = _defined_names(stmt)
+        if len(names) == 1 and names[0] in replacements and names[0] not in used:
+            new = replacements[names[0]]
+            lead = new.leading_lines if _has_comment(new.leading_lines) else stmt.leading_lines
+            new_body.append(new.with_changes(leading_lines=lead))
+            used.add(names[0])
+        else:
+            new_body.append(stmt)
+        if _is_import(stmt):
+            last_import = len(new_body) - 1
+    added_imports = [i for i in imports if edit.code_for_node(i).strip() not in existing_imports]
+    if added_imports:
+        at = last_import + 1
+        new_body[at:at] = [i.with_changes(leading_lines=[]) for i in added_imports]
+    blank2 = [cst.EmptyLine(), cst.EmptyLine()]
+    for name in order:
+        if name not in used:
+            stmt = replacements[name]
+            lead = stmt.leading_lines if _has_comment(stmt.leading_lines) else []
+            comments = [ln for ln in lead if ln.comment is not None]
+            new_body.append(stmt.with_changes(leading_lines=[*blank2, *comments]))
+    return parent.with_changes(body=new_body).code
+
+
+def _signature(fn: ast.FunctionDef) -> tuple:
+    a = fn.args
+    pos = [p.arg for p in a.posonlyargs] + [p.arg for p in a.args]
+    n_def = len(a.defaults)
+    return (
+        tuple(p.arg for p in a.posonlyargs),
+        tuple(p.arg for p in a.args),
+        tuple(pos[len(pos) - n_def :]) if n_def else (),
+        a.vararg.arg if a.vararg else None,
+        tuple(p.arg for p in a.kwonlyargs),
+        tuple(p.arg for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None),
+        a.kwarg.arg if a.kwarg else None,
+    )
+
+
+def interface_signatures(src: str, what: str = "algorithm.py") -> dict[str, tuple]:
+    """The signatures (parameter names, kinds, which have defaults) of the interface functions."""
+    try:
+        tree = ast.parse(src)
+    except SyntaxError as exc:
+        raise EditError(f"{what} has a syntax error at line {exc.lineno}: {exc.msg}") from None
+    found: dict[str, tuple] = {}
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name in INTERFACE_FUNCTIONS:
+            if isinstance(stmt, ast.AsyncFunctionDef):
+                raise EditError(f"{what}: {stmt.name} must not be async")
+            found[stmt.name] = _signature(stmt)
+    return found
+
+
+def check_interface(parent_src: str, new_src: str) -> None:
+    """Raise EditError unless ``new_src`` compiles and keeps every interface function's signature."""
+    before = interface_signatures(parent_src, "the parent's algorithm.py")
+    after = interface_signatures(new_src, "the edited algorithm.py")
+    for name in INTERFACE_FUNCTIONS:
+        if name not in after:
+            raise EditError(f"the edit drops the interface function {name}()")
+        if name in before and before[name] != after[name]:
+            raise EditError(f"the edit changes the signature of the interface function {name}()")
+    try:
+        compile(new_src, "algorithm.py", "exec")
+    except SyntaxError as exc:
+        raise EditError(f"the edited algorithm.py does not compile: line {exc.lineno}: {exc.msg}") from None

@@ -1,0 +1,205 @@
+"""The fixed mechanism interface shared by every candidate (CPU proxy and verl alike).
+
+A candidate's ``algorithm.py`` defines exactly two functions with these signatures::
+
+    compute_advantages(batch: RolloutBatch, cfg) -> Tensor[B]
+    policy_loss(log_prob, old_log_prob, advantages, response_mask, cfg,
+                ref_log_prob=None, entropy=None) -> (loss, metrics)
+
+``cfg`` is an instance of the module's own ``Hyperparameters`` dataclass. This module also provides
+the vectorized group statistics and loss utilities every mechanism may use; candidates never edit it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "RolloutBatch",
+    "GroupStats",
+    "group_stats",
+    "masked_mean",
+    "agg_loss",
+    "kl_penalty",
+    "ppo_clip_loss",
+    "LOSS_AGG_MODES",
+    "KL_TYPES",
+]
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
+
+
+@dataclass
+class RolloutBatch:
+    """B sampled responses, grouped by prompt. All tensors are 1-D of length B on one device.
+
+    rewards:       [B] float   scalar outcome reward of each response (e.g. 1.0 correct, 0.0 not).
+    group:         [B] long    prompt-group id; responses to the same prompt share it (any integers).
+    valid:         [B] bool    format-valid (a parsable boxed / delimited answer was produced).
+    correct:       [B] bool    the extracted answer equals the gold answer.
+    lengths:       [B] long    number of response tokens (padding excluded).
+    token_entropy: [B] float   optional mean per-token policy entropy of each response.
+    progress:      float       training progress in [0, 1] (for schedules); 0.0 when unknown.
+    """
+
+    rewards: Tensor
+    group: Tensor
+    valid: Tensor
+    correct: Tensor
+    lengths: Tensor
+    token_entropy: Optional[Tensor] = None
+    progress: float = 0.0
+
+    def __post_init__(self) -> None:
+        n = self.rewards.shape[0]
+        for name in ("group", "valid", "correct", "lengths"):
+            t = getattr(self, name)
+            if t.dim() != 1 or t.shape[0] != n:
+                raise ValueError(f"RolloutBatch.{name} must have shape [{n}], got {tuple(t.shape)}")
+        if self.token_entropy is not None and tuple(self.token_entropy.shape) != (n,):
+            raise ValueError(f"RolloutBatch.token_entropy must have shape [{n}]")
+        if not 0.0 <= float(self.progress) <= 1.0:
+            raise ValueError("RolloutBatch.progress must lie in [0, 1]")
+
+    @property
+    def size(self) -> int:
+        return int(self.rewards.shape[0])
+
+
+@dataclass
+class GroupStats:
+    """Per-sample views of per-group statistics (every field is [B], gathered at each sample's group).
+
+    count: members of the group that pass the mask; sum/mean/var/std over those members (population
+    variance, i.e. divided by count; 0 where count < 1); min/max over masked members (0 where none);
+    loo_mean: leave-one-out mean of the *other* masked members (the sample itself excluded when it is
+    masked in; 0 where no other member exists). ``index`` is the dense group index [B] in [0, n_groups).
+    """
+
+    index: Tensor
+    n_groups: int
+    count: Tensor
+    sum: Tensor
+    mean: Tensor
+    var: Tensor
+    std: Tensor
+    min: Tensor
+    max: Tensor
+    loo_mean: Tensor
+
+    def unbiased_std(self) -> Tensor:
+        """Sample standard deviation (divided by count - 1), as torch.std; 0 for count < 2."""
+        c = self.count
+        var = torch.where(c > 1, self.var * c / (c - 1).clamp(min=1), torch.zeros_like(self.var))
+        return var.sqrt()
+
+
+def group_stats(values: Tensor, group: Tensor, mask: Optional[Tensor] = None) -> GroupStats:
+    """Vectorized group statistics of ``values`` [B] over ``group`` ids [B] (no Python loop over groups).
+
+    ``mask`` [B] bool selects the members that enter the statistics (default: all). Uses
+    ``torch.unique(return_inverse=True)`` + ``index_add_`` / ``scatter_reduce``; O(B).
+    """
+    values = values.to(torch.float32) if not torch.is_floating_point(values) else values
+    idx_u, index = torch.unique(group, return_inverse=True)
+    g = int(idx_u.numel())
+    m = torch.ones_like(values, dtype=torch.bool) if mask is None else mask.to(torch.bool)
+    mf = m.to(values.dtype)
+    zeros = torch.zeros(g, dtype=values.dtype, device=values.device)
+    count = zeros.clone().index_add_(0, index, mf)
+    total = zeros.clone().index_add_(0, index, values * mf)
+    safe = count.clamp(min=1.0)
+    mean = torch.where(count > 0, total / safe, zeros)
+    dev = (values - mean[index]) * mf
+    var = torch.where(count > 0, zeros.clone().index_add_(0, index, dev * dev) / safe, zeros)
+    big = torch.finfo(values.dtype).max
+    vmin = zeros.clone().fill_(big).scatter_reduce(0, index, torch.where(m, values, torch.full_like(values, big)), "amin")
+    vmax = zeros.clone().fill_(-big).scatter_reduce(0, index, torch.where(m, values, torch.full_like(values, -big)), "amax")
+    vmin = torch.where(count > 0, vmin, zeros)
+    vmax = torch.where(count > 0, vmax, zeros)
+    c_i = count[index]
+    others = c_i - mf
+    loo = torch.where(others > 0, (total[index] - values * mf) / others.clamp(min=1.0), torch.zeros_like(values))
+    return GroupStats(
+        index=index,
+        n_groups=g,
+        count=c_i,
+        sum=total[index],
+        mean=mean[index],
+        var=var[index],
+        std=var[index].clamp(min=0).sqrt(),
+        min=vmin[index],
+        max=vmax[index],
+        loo_mean=loo,
+    )
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: Optional[int] = None) -> Tensor:
+    """Mean of ``x`` over positions where ``mask`` is true (all positions when dim is None)."""
+    mask = mask.to(x.dtype)
+    if dim is None:
+        return (x * mask).sum() / mask.sum().clamp(min=1.0)
+    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1.0)
+
+
+def agg_loss(loss_mat: Tensor, loss_mask: Tensor, loss_agg_mode: str) -> Tensor:
+    """Aggregate a [B, T] per-token loss to a scalar, with verl's mode names.
+
+    token-mean:              sum(loss * mask) / sum(mask)
+    seq-mean-token-mean:     mean_b [ sum_t(loss * mask) / sum_t(mask) ]   (over sequences with tokens)
+    seq-mean-token-sum-norm: sum(loss * mask) / T   (Dr.GRPO; T = the padded response length)
+    """
+    mask = loss_mask.to(loss_mat.dtype)
+    if loss_agg_mode == "token-mean":
+        return (loss_mat * mask).sum() / mask.sum().clamp(min=1.0)
+    if loss_agg_mode == "seq-mean-token-mean":
+        tok = mask.sum(-1)
+        seq = (loss_mat * mask).sum(-1) / tok.clamp(min=1.0)
+        has = (tok > 0).to(loss_mat.dtype)
+        return (seq * has).sum() / has.sum().clamp(min=1.0)
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        return (loss_mat * mask).sum() / loss_mat.shape[-1]
+    raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; expected one of {LOSS_AGG_MODES}")
+
+
+def kl_penalty(log_prob: Tensor, ref_log_prob: Tensor, kl_type: str = "low_var_kl") -> Tensor:
+    """Per-token KL estimate between the policy and the reference, [B, T].
+
+    k1: logp - ref; k2: 0.5 (logp - ref)^2; k3 / low_var_kl: exp(ref - logp) - (ref - logp) - 1,
+    clamped to [-10, 10] as verl does for low_var_kl.
+    """
+    diff = log_prob - ref_log_prob
+    if kl_type == "k1":
+        return diff
+    if kl_type == "k2":
+        return 0.5 * diff.square()
+    if kl_type in ("k3", "low_var_kl"):
+        kl = ref_log_prob - log_prob
+        kl = kl.clamp(min=-20.0, max=20.0)
+        out = torch.exp(kl) - kl - 1.0
+        return out.clamp(min=-10.0, max=10.0) if kl_type == "low_var_kl" else out
+    raise ValueError(f"unknown kl_type {kl_type!r}; expected one of {KL_TYPES}")
+
+
+def ppo_clip_loss(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+) -> tuple[Tensor, Tensor]:
+    """Per-token PPO clipped surrogate loss [B, T] and the clipped indicator [B, T] (bool).
+
+    loss = max(-A * r, -A * clip(r, 1 - eps_low, 1 + eps_high)), r = exp(logp - old_logp).
+    """
+    log_ratio = (log_prob - old_log_prob).clamp(min=-20.0, max=20.0)
+    ratio = torch.exp(log_ratio)
+    loss1 = -advantages * ratio
+    loss2 = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    clipped = loss2 > loss1
+    return torch.maximum(loss1, loss2), clipped
