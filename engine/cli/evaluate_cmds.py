@@ -1,0 +1,50 @@
+"""``poise-git evaluate``: the standardized protocol on a node (CPU proxy, or the math6 suite)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from engine.cli import ArchiveOpt, console
+
+
+def evaluate(
+    node: str = typer.Argument(..., help="The node to evaluate (its algorithm.py is read from its commit)."),
+    backend: str = typer.Option("proxy", "--backend", help="proxy (embedded CPU RL proxy); with --suite: vllm | openai | transformers."),
+    seeds: Optional[int] = typer.Option(None, "--seeds", help="Paired seeds, run as parallel processes (default: poise.toml)."),
+    preset: Optional[str] = typer.Option(None, "--preset", help="Proxy protocol preset: default | smoke (default: poise.toml)."),
+    suite: Optional[str] = typer.Option(None, "--suite", help="Score a trained model on a benchmark suite instead (math6)."),
+    model: Optional[str] = typer.Option(None, "--model", help="With --suite: the model path / served model name."),
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="With --suite --backend openai: the server's URL."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="With --suite: at most this many problems per benchmark (a smoke run)."),
+    archive: Path = ArchiveOpt,
+) -> None:
+    """Evaluate a node under one standardized protocol and record results.json on its branch."""
+    from engine.archive import Archive
+
+    arch = Archive(archive)
+    if suite:
+        from evaluators.suite import evaluate_node_on_suite
+
+        if not model:
+            raise typer.BadParameter("--suite needs --model")
+        payload = evaluate_node_on_suite(arch, node, suite=suite, backend=backend, model=model, base_url=base_url, limit=limit)
+    else:
+        from engine.evaluate import evaluate_node
+
+        payload = evaluate_node(arch, node, backend=backend, seeds=seeds, preset=preset)
+    status = payload.get("status", "evaluated")
+    metrics = payload.get("metrics", {})
+    head = f"[bold]{node}[/] {status}"
+    if "overall" in metrics:
+        head += f"  overall [bold]{metrics['overall']:.4g}[/]"
+    console.print(head)
+    if status == "failed":
+        console.print(f"[red]reason:[/] {payload.get('reason', 'unknown')}")
+        raise typer.Exit(2)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(evaluate)
