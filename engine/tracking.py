@@ -1,0 +1,62 @@
+"""MLflow for an archive: one experiment per archive, a SQLite store inside it by default.
+
+``import mlflow`` costs 2-3 s, so it happens inside these functions only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Iterator, Mapping
+
+MLFLOW_DB = "mlflow.db"
+
+
+def tracking_uri(archive_path: str | Path) -> str:
+    """``$MLFLOW_TRACKING_URI`` when set (a server at scale), else ``sqlite:///<archive>/mlflow.db``."""
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    return f"sqlite:///{Path(archive_path).resolve() / MLFLOW_DB}"
+
+
+def experiment_name(archive) -> str:
+    try:
+        name = archive.config().experiment.name
+    except Exception:
+        name = "poise-experiment"
+    return f"{name}@{Path(archive.path).name}"
+
+
+def _client_setup(archive):
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri(archive.path))
+    exp = mlflow.set_experiment(experiment_name(archive))
+    return mlflow, exp.experiment_id
+
+
+@contextlib.contextmanager
+def node_run(archive, node: str, *, run_name: str | None = None, tags: Mapping[str, str] | None = None) -> Iterator[object]:
+    """Start an MLflow run for ``node`` tagged poise.node / poise.parent / mlflow.source.git.commit."""
+    mlflow, exp_id = _client_setup(archive)
+    n = archive.node(node)
+    all_tags = {
+        "poise.node": node,
+        "poise.parent": ",".join(n.parents),
+        "mlflow.source.git.commit": n.commit,
+        "mlflow.source.name": "poise-git",
+    }
+    if n.trailer("Poise-Round"):
+        all_tags["poise.round"] = n.trailer("Poise-Round")
+    all_tags.update(tags or {})
+    with mlflow.start_run(experiment_id=exp_id, run_name=run_name or node, tags=all_tags) as run:
+        yield run
+
+
+def find_runs(archive, node: str | None = None):
+    """The MLflow runs of the archive (of one node when given), as a list of mlflow Run objects."""
+    mlflow, exp_id = _client_setup(archive)
+    filt = f"tags.`poise.node` = '{node}'" if node else ""
+    return mlflow.search_runs(experiment_ids=[exp_id], filter_string=filt, output_format="list")
