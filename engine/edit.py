@@ -9,10 +9,20 @@ from __future__ import annotations
 import ast
 import functools
 
-import libcst as cst
-
 from engine.errors import EditError
 from trainer_template import INTERFACE_FUNCTIONS
+
+
+class _LazyLibCST:
+    """``import libcst`` costs ~0.4 s: load it on first use so read-only commands start instantly."""
+
+    def __getattr__(self, name: str):
+        import libcst
+
+        return getattr(libcst, name)
+
+
+cst = _LazyLibCST()
 
 
 @functools.lru_cache(maxsize=64)
