@@ -3,8 +3,8 @@
 For each round r: the selected parents are the parents of the nodes created in round r (trailer
 ``Poise-Round``); a parent's selection rank / score come from its round-r children's trailers
 ``Poise-Selection-Rank`` / ``Poise-Selection-Score``. A parent's best descendant is the highest-utility
-node in the subtrees of its round-r children (later rounds included). The round is a "hit" when the
-parent whose best descendant is strongest is the top-ranked selected parent.
+node in the subtrees of its round-r children (later rounds included). A round with two or more
+selected parents is a "hit" when the parent whose best descendant is strongest is the top-ranked one.
 Without ``Poise-Round`` the round of a node is its generation (depth); without selection trailers the
 rank is the parent's utility order. Both assumptions are reported.
 """
@@ -104,8 +104,9 @@ def retrospect(archive: Any, cfg: Config | None = None) -> dict[str, Any]:
         top = plist[0]["parent"] if plist else None
         scored = [e for e in plist if e["best_utility"] is not None]
         best_parent = max(scored, key=lambda e: (e["best_utility"], e["parent"] == top))["parent"] if scored else None
+        judged = best_parent is not None and len(plist) > 1  # one parent: nothing to compare
         rounds.append({"round": r, "ranked_by": ranked_by, "parents": plist, "top_parent": top, "best_parent": best_parent,
-                       "hit": None if best_parent is None else best_parent == top})
+                       "hit": best_parent == top if judged else None})
     if no_rank_rounds:
         assumptions.append(f"{no_rank_rounds} round(s) without Poise-Selection-Rank/Score: parents ranked by utility")
 
