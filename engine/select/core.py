@@ -203,8 +203,8 @@ def select_parents(archive: Any, cfg: Config | None = None, k: int | None = None
     yg = np.array([gains.get(n, 0.0) for n in pop])
     mech_pc = mech - mech.mean(axis=0)
     if mech_pc.shape[1] > MECH_COMPONENTS and len(pop) > 1:
-        _, _, vt = np.linalg.svd(mech_pc, full_matrices=False)
-        mech_pc = mech_pc @ vt[:MECH_COMPONENTS].T
+        _, vecs = np.linalg.eigh(mech_pc.T @ mech_pc)  # principal axes of a [D, D] scatter matrix
+        mech_pc = mech_pc @ vecs[:, ::-1][:, :MECH_COMPONENTS]
     feats = _standardize(np.column_stack([u, np.where(np.isfinite(y), y, np.nan), depth, n_kids, failed_frac, mech_pc]))
     mu, sd, n_train = _gp_alpha(feats, yg, has_y, sc.kappa, sc.gp_max_train, rng, seed)
     alpha = np.where(has_y, yg, mu + sc.kappa * sd)

@@ -108,7 +108,8 @@ def descendant_gain(nodes: Mapping[str, Any], util: Mapping[str, float | None], 
                 pending[p] -= 1
                 if pending[p] == 0:
                     ready.append(p)
-    order += [n for n in nodes if n not in set(order)]  # cycles (malformed trailers): best effort
+    done = set(order)
+    order += [n for n in nodes if n not in done]  # cycles (malformed trailers): best effort
     key = lambda c: (util[c], c)  # noqa: E731
     gains: dict[str, float] = {}
     for name in order:
