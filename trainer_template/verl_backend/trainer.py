@@ -47,10 +47,14 @@ class ExtrasRoutingMixin:
 
 def register_trainer() -> type | None:
     """Register ``poise_sync`` (PPOTrainerSync + the mixin); None when verl's V1 stack is not importable."""
+    import importlib.util
+
+    if importlib.util.find_spec("transfer_queue") is None:  # V1's data plane, absent on CPU-only installs
+        return None
     try:
         from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY, register_trainer as _register
         from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
-    except ImportError:  # transfer_queue (V1's data plane) is absent, e.g. on a CPU-only install
+    except ImportError:
         return None
     existing = TRAINER_REGISTRY.get(TRAINER_MODE)
     if existing is not None:
