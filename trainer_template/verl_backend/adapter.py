@@ -72,10 +72,23 @@ def extras_from_records(records: Sequence[Mapping[str, Any] | None]) -> dict[str
 
 
 def _group_ids(index, n: int, device) -> torch.Tensor:
+    """Dense group ids [n] from verl's uid array (any hashable labels; first-seen order)."""
     if index is None:
         return torch.arange(n, device=device)
-    _, inv = np.unique(np.asarray(index, dtype=object).astype(str), return_inverse=True)
-    return torch.as_tensor(inv.reshape(-1), dtype=torch.long, device=device)
+    if isinstance(index, torch.Tensor):
+        return index.reshape(-1).to(device=device, dtype=torch.long)
+    codes: dict = {}
+    labels = index.tolist() if hasattr(index, "tolist") else list(index)
+    ids = [codes.setdefault(u if isinstance(u, (str, int)) else str(u), len(codes)) for u in labels]
+    return torch.tensor(ids, dtype=torch.long, device=device)
+
+
+def _row_sum(x: torch.Tensor) -> torch.Tensor:
+    """Sum over the last dim of a [B, T] tensor; a matrix-vector product for floats (several times
+    faster than ``sum(-1)`` on the CPU at B*T = 6M)."""
+    if x.is_floating_point() and x.dim() == 2:
+        return x @ x.new_ones(x.shape[-1])
+    return x.sum(dim=-1)
 
 
 def make_estimator(module, cfg):
@@ -83,7 +96,7 @@ def make_estimator(module, cfg):
 
     def poise_estimator(token_level_rewards, response_mask, index=None, config=None, **_: Any):
         with torch.no_grad():
-            rewards = token_level_rewards.sum(dim=-1).to(torch.float32)
+            rewards = _row_sum(token_level_rewards).to(torch.float32)
             n = rewards.shape[0]
             extras = _EXTRAS.get() or {}
             valid, correct = extras.get("valid"), extras.get("correct")
@@ -96,7 +109,7 @@ def make_estimator(module, cfg):
                 group=_group_ids(index, n, dev),
                 valid=valid_t,
                 correct=correct_t,
-                lengths=response_mask.sum(dim=-1).to(torch.long),
+                lengths=_row_sum(response_mask).round().to(torch.long),
                 progress=min(max(progress, 0.0), 1.0),
             )
             adv = module.compute_advantages(batch, cfg)
