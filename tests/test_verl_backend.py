@@ -217,7 +217,11 @@ def test_overrides_compose_against_verls_config(archive):
 
     from trainer_template.verl_backend.launch import prepare_launch
 
+    from trainer_template.loader import AlgorithmLoadError
+
     archive.spawn("grpo", "dr", algorithm=prior_source("dr_grpo"))
+    with pytest.raises(AlgorithmLoadError, match="unknown hyperparameters"):
+        prepare_launch(archive, "dr", hparams={"no_such_field": 1}, dry_run=True)
     launch = prepare_launch(archive, "dr", dry_run=True)
     assert launch.cmd[1:3] == ["-m", "verl.trainer.main_ppo"]
     with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
@@ -254,8 +258,11 @@ def test_launch_opens_the_nodes_mlflow_run(archive):
 
 
 def test_cli_train_dry_run(cli, archive):
-    out = cli("train", "grpo", "--backend", "verl", "--dry-run", "--archive", str(archive.path))
+    out = cli("train", "grpo", "--backend", "verl", "--dry-run", "--hparam", "clip_ratio_high=0.28",
+              "--set", "trainer.total_epochs=1", "--archive", str(archive.path))
     assert out.returncode == 0, out.stderr
+    assert "actor_rollout_ref.actor.clip_ratio_high=0.28" in out.stdout
+    assert "trainer.total_epochs=1" in out.stdout and "trainer.total_epochs=8" not in out.stdout  # --set replaces
     assert "-m verl.trainer.main_ppo" in out.stdout and "MLFLOW_RUN_ID=" in out.stdout
     assert "algorithm.adv_estimator=poise_grpo" in out.stdout and "actor_rollout_ref.rollout.n=8" in out.stdout
     assert not (Path(archive.path) / ".poise" / "verl").exists()  # a dry run writes nothing

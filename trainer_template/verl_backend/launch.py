@@ -138,7 +138,12 @@ def build_overrides(
         f"trainer.default_local_dir={_fmt(ckpt_dir)}",
     ]
     ov += [f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}={_fmt(v)}" for k, v in sorted(env_for_workers.items())]
-    return ov + list(extra)
+    replaced = {_key(e) for e in extra}
+    return [o for o in ov if _key(o) not in replaced] + list(extra)
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
 
 
 def prepare_launch(
