@@ -30,7 +30,6 @@ class Hyperparameters:
     """lower clip of the relative length"""
     len_ratio_max: float = 2.0
     """upper clip of the relative length"""
-    
     gate: float = 0.5
     """group success rate from which the length term applies"""
     clip_ratio_low: float = 0.2

@@ -32,7 +32,6 @@ class Hyperparameters:
     """lower clip of the relative length"""
     len_ratio_max: float = 2.0
     """upper clip of the relative length"""
-    
     min_positive: float = 0.05
     """lower bound of a correct sample's advantage in a mixed group"""
     clip_ratio_low: float = 0.2
