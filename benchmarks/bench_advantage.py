@@ -28,15 +28,17 @@ from trainer_template.loader import load_algorithm, make_config  # noqa: E402
 from trainer_template.verl_backend.adapter import make_estimator  # noqa: E402
 
 
-def timed(fn, repeats: int) -> tuple[float, object]:
-    out = fn()
-    fn()
-    times = []
+def timed_all(fns: dict, repeats: int) -> dict:
+    """{name: (median ms, output)}; the candidates run interleaved, round by round, so that load from
+    other processes on a shared machine hits them alike."""
+    outs = {name: fn() for name, fn in fns.items()}  # warm-up
+    times: dict = {name: [] for name in fns}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3, out
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            outs[name] = fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: (statistics.median(times[name]) * 1e3, outs[name]) for name in fns}
 
 
 def main() -> None:
@@ -68,18 +70,19 @@ def main() -> None:
                          correct=scores > 0, lengths=lengths)
 
     vec = getattr(core_algos, "compute_grpo_vectorized_outcome_advantage", None)
-    rows = {}
-    rows["verl loop"] = timed(lambda: core_algos.compute_grpo_outcome_advantage(tok, mask, uids)[0], args.repeats)
+    fns = {"verl loop": lambda: core_algos.compute_grpo_outcome_advantage(tok, mask, uids)[0]}
     if vec is not None:
-        rows["verl grpo_vectorized"] = timed(lambda: vec(tok, mask, uids)[0], args.repeats)
-    rows["ours (adapter)"] = timed(lambda: ours(tok, mask, uids)[0], args.repeats)
-    grp = {
-        "verl loop": timed(lambda: core_algos.compute_grpo_outcome_advantage(tok1, mask1, uids)[0], args.repeats),
-        "ours (adapter, uid strings)": timed(lambda: ours(tok1, mask1, uids)[0], args.repeats),
-        "ours (compute_advantages)": timed(lambda: algo.compute_advantages(ready, cfg), args.repeats),
+        fns["verl grpo_vectorized"] = lambda: vec(tok, mask, uids)[0]
+    fns["ours (adapter)"] = lambda: ours(tok, mask, uids)[0]
+    rows = timed_all(fns, args.repeats)
+    gfns = {
+        "verl loop": lambda: core_algos.compute_grpo_outcome_advantage(tok1, mask1, uids)[0],
+        "ours (adapter, uid strings)": lambda: ours(tok1, mask1, uids)[0],
+        "ours (compute_advantages)": lambda: algo.compute_advantages(ready, cfg),
     }
     if vec is not None:
-        grp["verl grpo_vectorized"] = timed(lambda: vec(tok1, mask1, uids)[0], args.repeats)
+        gfns["verl grpo_vectorized"] = lambda: vec(tok1, mask1, uids)[0]
+    grp = timed_all(gfns, args.repeats)
 
     ref = rows["verl loop"][1]
     print(f"GRPO advantage, {args.prompts} prompts x {args.samples} samples x {t} tokens (B={b}), "

@@ -70,3 +70,14 @@ def write_parquet(out_dir: str | Path, n: int = 5000, seed: int = 0) -> tuple[Pa
     for rows, p in zip((train, val), paths):
         pd.DataFrame(rows).to_parquet(p, index=False)
     return paths
+
+
+if __name__ == "__main__":  # python -m trainer_template.verl_backend.data_prep OUT_DIR [N] [SEED]
+    import sys
+
+    if len(sys.argv) < 2:
+        sys.exit("usage: python -m trainer_template.verl_backend.data_prep OUT_DIR [N=5000] [SEED=0]")
+    n_arg = int(sys.argv[2]) if len(sys.argv) > 2 else 5000
+    seed_arg = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+    for written in write_parquet(sys.argv[1], n=n_arg, seed=seed_arg):
+        print(written)
