@@ -27,8 +27,8 @@ class Grade:
     detail: str = ""
 
 
-class GradingTimeout(Exception):
-    """The per-pair time bound expired."""
+class GradingTimeout(BaseException):
+    """The per-pair time bound expired (a BaseException: math-verify swallows every Exception)."""
 
 
 def extract_boxed(text: str) -> str | None:

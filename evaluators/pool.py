@@ -20,7 +20,14 @@ from evaluators.grading import Grade
 Pair = tuple[str, str]  # (gold answer, completion)
 
 
-def _worker(conn, timeout_s: float, memory_mb: int | None, extract: bool) -> None:
+def _resolve(grader: str):
+    import importlib
+
+    mod, _, fn = grader.partition(":")
+    return getattr(importlib.import_module(mod), fn)
+
+
+def _worker(conn, timeout_s: float, memory_mb: int | None, grader: str) -> None:
     import resource
 
     if memory_mb:
@@ -28,9 +35,7 @@ def _worker(conn, timeout_s: float, memory_mb: int | None, extract: bool) -> Non
             resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
         except (ValueError, OSError):
             pass
-    from evaluators.grading import grade_answer, grade_completion
-
-    fn = grade_completion if extract else grade_answer
+    fn = _resolve(grader)
     while True:
         try:
             msg = conn.recv()
@@ -63,14 +68,17 @@ class GraderPool:
     """``with GraderPool(workers=2) as pool: grades = pool.grade(pairs)``.
 
     ``pairs``: (gold, completion) — the last ``\\boxed{}`` of the completion is graded — or, with
-    ``extract=False``, (gold, answer). Returns one :class:`Grade` per pair, in order.
+    ``extract=False``, (gold, answer). Returns one :class:`Grade` per pair, in order. ``grader``
+    ("module:function", ``fn(gold, text, timeout_s) -> Grade``) replaces the math-verify grader.
     """
 
     def __init__(self, workers: int | None = None, timeout_s: float = 5.0, grace_s: float = 5.0,
-                 chunk: int = 16, memory_mb: int | None = 4096, extract: bool = True):
+                 chunk: int = 16, memory_mb: int | None = 4096, extract: bool = True,
+                 grader: str | None = None):
         self.workers = max(1, int(workers or default_workers()))
         self.timeout_s, self.grace_s, self.chunk = float(timeout_s), float(grace_s), max(1, int(chunk))
-        self.memory_mb, self.extract = memory_mb, extract
+        self.memory_mb = memory_mb
+        self.grader = grader or ("evaluators.grading:grade_completion" if extract else "evaluators.grading:grade_answer")
         ctx_name = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
         self._ctx = mp.get_context(ctx_name)
         if ctx_name == "forkserver":
@@ -80,7 +88,7 @@ class GraderPool:
 
     def _start(self) -> _Slot:
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_worker, args=(child, self.timeout_s, self.memory_mb, self.extract), daemon=True)
+        proc = self._ctx.Process(target=_worker, args=(child, self.timeout_s, self.memory_mb, self.grader), daemon=True)
         proc.start()
         child.close()
         return _Slot(proc, parent)
@@ -155,7 +163,7 @@ class GraderPool:
                     queue.extendleft(reversed(slot.chunk[slot.done + 1 :]))
                     slot.chunk, slot.done = [], 0
                     self._slots[k] = self._replace(slot)
-        return [g for g in out if g is not None] if all(g is not None for g in out) else out  # type: ignore[return-value]
+        return out  # type: ignore[return-value]
 
     def close(self) -> None:
         for slot in self._slots:
