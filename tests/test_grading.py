@@ -46,15 +46,15 @@ def test_gold_extraction_per_benchmark():
 
 def test_every_gold_grades_as_its_own_boxed_answer():
     """Each benchmark's extracted gold, boxed as a model would write it, is graded correct (process pool):
-    every 8th problem plus every multi-answer gold (all 1,547 pass too; kept small for CI time)."""
+    every 20th problem plus every multi-answer gold (all 1,547 pass too; kept small for CI time)."""
     all_probs = [p for b in SUITES["math6"] for p in load_problems(b)]
     assert len(all_probs) == 1547
-    probs = [p for p in all_probs if p.index % 8 == 0 or (p.benchmark == "olympiadbench" and "," in p.gold)]
+    probs = [p for p in all_probs if p.index % 20 == 0 or (p.benchmark == "olympiadbench" and "," in p.gold)]
     pairs = [(p.gold, f"The answer is $\\boxed{{{p.gold}}}$.") for p in probs]
     with GraderPool(workers=2, timeout_s=10) as pool:
         grades = pool.grade(pairs)
     bad = [(p.benchmark, p.gold, g.status) for p, g in zip(probs, grades) if not g.correct]
-    assert len(probs) > 250 and bad == []
+    assert len(probs) > 150 and bad == []
 
 
 @pytest.mark.parametrize("gold,pred,expected", [

@@ -1,0 +1,73 @@
+"""Grading throughput: the process-pool grader vs single-process math-verify, same pairs, same run.
+
+Pairs: each MATH-500 gold against a completion holding a reformatted copy of it in ``\\boxed{}``
+(``\\dfrac`` -> ``\\frac``, ``\\left``/``\\right`` and spaces dropped), graded with the same function
+(last-boxed extraction + math-verify, one per-pair bound). Prints pairs/s of both, the ratio (target
+>= 1.8x on 2 cores), the agreement of the two, and the load average (a shared machine inflates times).
+
+    python benchmarks/bench_grading.py [--workers 2] [--repeat 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def reformat(gold: str) -> str:
+    s = gold.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("\\left", "").replace("\\right", "")
+    return "".join(s.split()) if "\\text" not in s else s
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, default=None, help="pool size (default: the usable cores)")
+    ap.add_argument("--repeat", type=int, default=2, help="copies of the 500 pairs")
+    ap.add_argument("--timeout", type=float, default=10.0, help="per-pair bound, seconds")
+    args = ap.parse_args()
+
+    from evaluators.benchmarks import SUITES, load_problems
+    from evaluators.grading import grade_completion
+    from evaluators.pool import GraderPool, default_workers
+
+    bench = next(b for b in SUITES["math6"] if b.key == "math500")
+    golds = [p.gold for p in load_problems(bench)]
+    pairs = [(g, f"Simplifying, the final answer is $\\boxed{{{reformat(g)}}}$.") for g in golds] * args.repeat
+    workers = args.workers or default_workers()
+    load0 = os.getloadavg()
+    print(f"{len(pairs)} pairs (MATH-500 gold vs reformatted gold), {workers} workers, "
+          f"{os.cpu_count()} cores, load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}")
+
+    grade_completion(*pairs[0], args.timeout)  # warm imports of the single-process path
+    t = time.perf_counter()
+    single = [grade_completion(g, c, args.timeout) for g, c in pairs]
+    t_single = time.perf_counter() - t
+
+    t_cold = time.perf_counter()
+    with GraderPool(workers=workers, timeout_s=args.timeout) as pool:
+        pool.grade(pairs[:workers * 2])  # every worker has imported math-verify
+        t_start = time.perf_counter() - t_cold
+        t = time.perf_counter()
+        pooled = pool.grade(pairs)
+        t_pool = time.perf_counter() - t
+    load1 = os.getloadavg()
+
+    agree = sum(a.correct == b.correct for a, b in zip(single, pooled)) / len(pairs)
+    correct = sum(g.correct for g in single) / len(pairs)
+    r_single, r_pool = len(pairs) / t_single, len(pairs) / t_pool
+    r_cold = len(pairs) / (t_pool + t_start)
+    print(f"single process : {r_single:8.1f} pairs/s  ({t_single:.2f} s)")
+    print(f"pool (warm)    : {r_pool:8.1f} pairs/s  ({t_pool:.2f} s)   speed-up {r_pool / r_single:.2f}x (target >= 1.8x on 2 cores)")
+    print(f"pool (cold)    : {r_cold:8.1f} pairs/s  (+{t_start:.2f} s to start the workers)  speed-up {r_cold / r_single:.2f}x")
+    print(f"graded correct : {correct:.1%}; pool/single agreement {agree:.1%}; failures "
+          f"{sum(g.status in ('timeout', 'error', 'crash') for g in pooled)}")
+    print(f"load average after: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}  (the machine is shared; times are inflated)")
+
+
+if __name__ == "__main__":
+    main()
