@@ -138,8 +138,8 @@ def evaluate_node_on_suite(archive, name: str, suite: str = "math6", backend: st
     try:
         run = run_suite(gen, benches, max_tokens, limit=limit, seed=seed, grade_workers=grade_workers,
                         grade_timeout_s=grade_timeout_s, n_boot=n_boot, show_progress=show_progress)
-    except Exception as exc:  # the node must not stay "evaluating": record the failure, then report it
-        reason = str(exc) if isinstance(exc, EvaluationError) else f"{type(exc).__name__}: {exc}"
+    except (Exception, KeyboardInterrupt) as exc:  # the node must not stay "evaluating": record, then report
+        reason = str(exc) if isinstance(exc, EvaluationError) else f"{type(exc).__name__}: {exc}".rstrip(": ")
         payload.update(status="failed", reason=reason[:2000], metrics={}, wall_time_s=round(time.time() - t0, 3))
         archive.record_results(name, payload, status="failed")
         if isinstance(exc, EvaluationError):
@@ -151,7 +151,7 @@ def evaluate_node_on_suite(archive, name: str, suite: str = "math6", backend: st
     counts = {k: {"problems": r["problems"], "samples": r["samples"], **{f"grader_{s}": c for s, c in r["grader_failures"].items()}}
               for k, r in run["benchmarks"].items()}
     payload.update(status="evaluated", metrics=metrics, intervals=run["intervals"], counts=counts,
-                   grader={"version": GRADER_VERSION, "restarts": run["grader_restarts"], "platform": platform.python_version()},
+                   grader={"version": GRADER_VERSION, "restarts": run["grader_restarts"], "python": platform.python_version()},
                    wall_time_s=round(time.time() - t0, 3))
     payload["mlflow_run_ids"] = [_log_mlflow(archive, name, payload, run["samples"])]
     archive.record_results(name, payload, status="evaluated")
