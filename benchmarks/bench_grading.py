@@ -2,16 +2,19 @@
 
 Pairs: each MATH-500 gold against a completion holding a reformatted copy of it in ``\\boxed{}``
 (``\\dfrac`` -> ``\\frac``, ``\\left``/``\\right`` and spaces dropped), graded with the same function
-(last-boxed extraction + math-verify, one per-pair bound). Prints pairs/s of both, the ratio (target
->= 1.8x on 2 cores), the agreement of the two, and the load average (a shared machine inflates times).
+(last-boxed extraction + math-verify, one per-pair bound). The two are timed in interleaved rounds
+(alternating which goes first) so that load from other processes on a shared machine hits both
+alike. Prints pairs/s of both, the ratio (target >= 1.8x on 2 cores), per-round ratios, the
+agreement of the two, and the load average (a shared machine inflates times).
 
-    python benchmarks/bench_grading.py [--workers 2] [--repeat 2]
+    python benchmarks/bench_grading.py [--workers 2] [--repeat 2] [--rounds 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -28,6 +31,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=None, help="pool size (default: the usable cores)")
     ap.add_argument("--repeat", type=int, default=2, help="copies of the 500 pairs")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     ap.add_argument("--timeout", type=float, default=10.0, help="per-pair bound, seconds")
     args = ap.parse_args()
 
@@ -40,21 +44,32 @@ def main() -> None:
     pairs = [(g, f"Simplifying, the final answer is $\\boxed{{{reformat(g)}}}$.") for g in golds] * args.repeat
     workers = args.workers or default_workers()
     load0 = os.getloadavg()
-    print(f"{len(pairs)} pairs (MATH-500 gold vs reformatted gold), {workers} workers, "
+    print(f"{len(pairs)} pairs (MATH-500 gold vs reformatted gold), {workers} workers, {args.rounds} interleaved rounds, "
           f"{os.cpu_count()} cores, load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}")
 
     grade_completion(*pairs[0], args.timeout)  # warm imports of the single-process path
-    t = time.perf_counter()
-    single = [grade_completion(g, c, args.timeout) for g, c in pairs]
-    t_single = time.perf_counter() - t
-
     t_cold = time.perf_counter()
-    with GraderPool(workers=workers, timeout_s=args.timeout) as pool:
-        pool.grade(pairs[:workers * 2])  # every worker has imported math-verify
-        t_start = time.perf_counter() - t_cold
-        t = time.perf_counter()
-        pooled = pool.grade(pairs)
-        t_pool = time.perf_counter() - t
+    pool = GraderPool(workers=workers, timeout_s=args.timeout).start()
+    pool.grade(pairs[: workers * 2])  # every worker has imported math-verify
+    t_start = time.perf_counter() - t_cold
+    single, pooled, t_single, t_pool, ratios = [], [], 0.0, 0.0, []
+    size = -(-len(pairs) // args.rounds)
+    try:
+        for r in range(args.rounds):
+            part = pairs[r * size : (r + 1) * size]
+            times = {}
+            for which in (("single", "pool") if r % 2 == 0 else ("pool", "single")):
+                t = time.perf_counter()
+                if which == "single":
+                    single += [grade_completion(g, c, args.timeout) for g, c in part]
+                else:
+                    pooled += pool.grade(part)
+                times[which] = time.perf_counter() - t
+            t_single += times["single"]
+            t_pool += times["pool"]
+            ratios.append(times["single"] / times["pool"])
+    finally:
+        pool.close()
     load1 = os.getloadavg()
 
     agree = sum(a.correct == b.correct for a, b in zip(single, pooled)) / len(pairs)
@@ -64,6 +79,7 @@ def main() -> None:
     print(f"single process : {r_single:8.1f} pairs/s  ({t_single:.2f} s)")
     print(f"pool (warm)    : {r_pool:8.1f} pairs/s  ({t_pool:.2f} s)   speed-up {r_pool / r_single:.2f}x (target >= 1.8x on 2 cores)")
     print(f"pool (cold)    : {r_cold:8.1f} pairs/s  (+{t_start:.2f} s to start the workers)  speed-up {r_cold / r_single:.2f}x")
+    print(f"per-round speed-ups: {', '.join(f'{x:.2f}' for x in ratios)} (median {statistics.median(ratios):.2f}x)")
     print(f"graded correct : {correct:.1%}; pool/single agreement {agree:.1%}; failures "
           f"{sum(g.status in ('timeout', 'error', 'crash') for g in pooled)}")
     print(f"load average after: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}  (the machine is shared; times are inflated)")

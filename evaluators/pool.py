@@ -120,15 +120,17 @@ class GraderPool:
         remaining = len(pairs)
         hard = self.timeout_s + self.grace_s
         while remaining:
-            for k, slot in enumerate(self._slots):  # hand out work to idle workers
-                if slot.done >= len(slot.chunk) and queue:
-                    slot.chunk = [queue.popleft() for _ in range(min(self.chunk, len(queue)))]
-                    slot.done, slot.last = 0, time.monotonic()
+            for k, slot in enumerate(self._slots):  # keep up to two chunks in flight per worker
+                if queue and len(slot.chunk) - slot.done <= self.chunk // 2:
+                    if slot.done >= len(slot.chunk):  # idle: start its clock afresh
+                        slot.chunk, slot.done, slot.last = [], 0, time.monotonic()
+                    work = [queue.popleft() for _ in range(min(self.chunk, len(queue)))]
+                    slot.chunk += work
                     try:
-                        slot.conn.send(slot.chunk)
+                        slot.conn.send(work)
                     except (OSError, BrokenPipeError):
-                        queue.extendleft(reversed(slot.chunk))
-                        slot.chunk = []
+                        queue.extendleft(reversed(slot.chunk[slot.done :]))
+                        slot.chunk, slot.done = [], 0
                         self._slots[k] = self._replace(slot)
             busy = {s.conn: s for s in self._slots if s.done < len(s.chunk)}
             ready = wait(list(busy) + [s.proc.sentinel for s in busy.values()], timeout=0.5)
