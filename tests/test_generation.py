@@ -253,3 +253,16 @@ def test_cli_evaluate_suite_on_tiny_model(archive, tiny, cli):
     assert res["generation"] == {"backend": "transformers", "model": str(tiny), "device": "cpu"}
     bad = cli("evaluate", "grpo", "--suite", "math6", "--model", str(tiny), "-C", str(archive.path))
     assert bad.returncode == 1 and "--backend must be" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_scores_are_recorded_when_mlflow_is_unreachable(archive, monkeypatch, tmp_path):
+    from evaluators.suite import evaluate_node_on_suite
+
+    (tmp_path / "a-file").write_text("not a directory")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/a-file/mlflow.db")
+    with _Server(*_scripted(limit=1)) as srv:
+        payload = evaluate_node_on_suite(archive, "grpo", backend="openai", model="m", base_url=srv.url, limit=1,
+                                         n_boot=50, show_progress=False)
+    assert payload["status"] == "evaluated" and payload["mlflow_run_ids"] == [] and payload["mlflow_error"]
+    node = archive.node("grpo")
+    assert node.status == "evaluated" and node.overall == pytest.approx(100.0)
