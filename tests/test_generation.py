@@ -83,9 +83,10 @@ def test_vllm_missing_is_one_clear_error():
 
 
 @pytest.mark.gpu
-def test_vllm_backend_generates_on_gpu(tiny):
+def test_vllm_backend_generates_on_gpu(tmp_path):
     pytest.importorskip("vllm")
-    b = VLLMBackend(str(tiny), gpu_memory_utilization=0.3, enforce_eager=True)
+    model = make_tiny_model(tmp_path / "tiny128", hidden=128)  # head size 64: every attention backend has it
+    b = VLLMBackend(str(model), gpu_memory_utilization=0.3, dtype="float16", enforce_eager=True)
     out = b.generate(["What is 1+1?", "Find x."], Sampling(n=4, temperature=1.0, max_tokens=8))
     assert [len(o) for o in out] == [4, 4]
     greedy = b.generate(["What is 1+1?"], Sampling(max_tokens=8))
