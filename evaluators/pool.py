@@ -167,6 +167,10 @@ class GraderPool:
                     self._slots[k] = self._replace(slot)
         return out  # type: ignore[return-value]
 
+    def pids(self) -> list[int]:
+        """Process ids of the live workers (e.g. to read their CPU time)."""
+        return [s.proc.pid for s in self._slots if s.proc.pid is not None]
+
     def close(self) -> None:
         for slot in self._slots:
             try:
