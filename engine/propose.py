@@ -1,0 +1,201 @@
+"""Proposal (operator P): N candidates for a parent from a registered proposer, screened and ranked.
+
+Screening, in order: logical consistency (the edit applies, every proposed hyperparameter is used by the
+mechanism), feasibility (the static checks; the code runs on the fingerprint bank), novelty (behavioural
+fingerprint: near-duplicates of archived nodes or of better-ranked proposals are dropped), expected gain.
+score = 0.6 * expected_gain + 0.4 * min(1, novelty / 0.5), novelty = relative L2 distance to the
+nearest archived fingerprint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from engine.errors import PoiseError
+
+INTENTS = ("correct_above_wrong", "rare_success_larger", "invalid_below_wrong", "all_fail_negative",
+           "shorter_correct_preferred", "longer_wrong_penalized_more", "bounded")
+
+
+@dataclass
+class Proposal:
+    """One candidate mechanism. ``edit``: top-level definitions for ``Archive.spawn`` (LibCST);
+    ``hyperparameters``: new defaults of the ``Hyperparameters`` dataclass."""
+
+    name: str
+    motivation: str
+    mechanism: str
+    expected_effect: str
+    hyperparameters: dict[str, Any] = field(default_factory=dict)
+    edit: str = ""
+    score: float = 0.0
+    proposer: str = "offline"
+    parents: tuple[str, ...] = ()
+    """extra parents (a crossover); the first parent is the one proposed from"""
+    intents: tuple[str, ...] = ()
+    """intent tests (engine.verify.INTENT_TESTS) the verification suite adds"""
+    expected_gain: float = 0.5
+    components: dict | None = None
+    screening: dict[str, Any] = field(default_factory=dict)
+    llm_usage: dict[str, Any] = field(default_factory=dict)
+
+    def markdown(self) -> str:
+        hp = "\n".join(f"- `{k}` = {v!r}" for k, v in sorted(self.hyperparameters.items())) or "- (defaults)"
+        extra = f"\nCrossed with: {', '.join(self.parents)}\n" if self.parents else ""
+        return (f"# {self.name}\n\n## Motivation\n{self.motivation.strip()}\n\n## Mechanism\n{self.mechanism.strip()}\n\n"
+                f"## Expected effect\n{self.expected_effect.strip()}\n\n## Hyperparameters\n{hp}\n{extra}\n"
+                f"Proposer: {self.proposer}; intent tests: {', '.join(self.intents) or 'none'}\n")
+
+    def to_record(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["parents"] = list(self.parents)
+        d["intents"] = list(self.intents)
+        return d
+
+    @classmethod
+    def from_record(cls, d: dict[str, Any]) -> "Proposal":
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        known["parents"] = tuple(known.get("parents", ()))
+        known["intents"] = tuple(known.get("intents", ()))
+        return cls(**known)
+
+
+def slug(text: str) -> str:
+    s = re.sub(r"[^A-Za-z0-9]+", "-", text.lower()).strip("-")
+    return s[:48] or "candidate"
+
+
+def archived_fingerprints(archive, nodes=None) -> tuple[dict[str, list[float]], list[tuple[str, str]]]:
+    """(recorded fingerprints of live nodes from verification.json, [(node, source)] still to compute)."""
+    from engine.implement import static_check
+
+    nodes = nodes if nodes is not None else archive.nodes()
+    live = [n for n in nodes.values() if n.status not in ("rejected", "failed")]
+    blobs = archive.git.cat_blobs([f"{n.commit}:verification.json" for n in live])
+    out: dict[str, list[float]] = {}
+    todo: list[tuple[str, str]] = []
+    for n, blob in zip(live, blobs):
+        fp = None
+        if blob is not None:
+            try:
+                fp = json.loads(blob).get("fingerprint")
+            except json.JSONDecodeError:
+                fp = None
+        if isinstance(fp, list) and fp:
+            out[n.name] = fp
+        else:
+            src = archive.algorithm(n.name)
+            try:
+                static_check(src)
+            except PoiseError:
+                continue
+            todo.append((n.name, src))
+    return out, todo
+
+
+def screen(archive, parent: str, proposals: list[Proposal], cfg, *, nodes=None) -> tuple[list[Proposal], list[Proposal]]:
+    """(kept best first, dropped with ``screening['reason']``)."""
+    from engine.fingerprint import DUPLICATE_TOL, distance, fingerprints, nearest
+    from engine.implement import build_source, static_check
+
+    parent_src = archive.algorithm(parent)
+    kept: list[Proposal] = []
+    dropped: list[Proposal] = []
+    sources: list[str] = []
+    for p in proposals:
+        reason = ""
+        if not p.name.strip() or not p.mechanism.strip():
+            reason = "inconsistent: the proposal names no mechanism"
+        elif not p.edit.strip() and not p.hyperparameters:
+            reason = "inconsistent: the proposal changes nothing (no edit, no hyperparameters)"
+        src = ""
+        if not reason:
+            try:
+                src = build_source(parent_src, p.edit, p.hyperparameters)
+            except PoiseError as exc:
+                reason = f"inconsistent: {exc}"
+        if not reason:
+            unused = [k for k in p.hyperparameters if not re.search(rf"\bcfg\.{re.escape(k)}\b", src)]
+            if unused:
+                reason = f"inconsistent: hyperparameters {', '.join(sorted(unused))} are not used by the mechanism"
+        if not reason:
+            try:
+                static_check(src, parent_src)
+            except PoiseError as exc:
+                reason = f"infeasible: {exc}"
+        p.intents = tuple(i for i in p.intents if i in INTENTS)
+        p.screening = {"consistent": not reason.startswith("inconsistent"), "feasible": not reason, "reason": reason}
+        if reason:
+            dropped.append(p)
+        else:
+            kept.append(p)
+            sources.append(src)
+    if not kept:
+        return [], dropped
+    archived, todo = archived_fingerprints(archive, nodes)
+    computed = fingerprints([src for _, src in todo] + sources)  # one sandboxed process for all
+    for (name, _), fp in zip(todo, computed):
+        if isinstance(fp, list):
+            archived[name] = fp
+    fps = computed[len(todo):]
+    survivors: list[tuple[Proposal, list[float]]] = []
+    for p, fp in zip(kept, fps):
+        if not isinstance(fp, list):
+            p.screening.update(feasible=False, reason=f"infeasible: {fp}")
+            dropped.append(p)
+            continue
+        near, dist = nearest(fp, archived)
+        p.screening.update(nearest=near, novelty=None if math.isinf(dist) else round(dist, 6))
+        if near is not None and dist < DUPLICATE_TOL:
+            p.screening["reason"] = f"duplicate: behaves like archived node {near!r} (distance {dist:.2g})"
+            dropped.append(p)
+            continue
+        novelty = 1.0 if math.isinf(dist) else dist
+        p.score = round(0.6 * max(0.0, min(1.0, float(p.expected_gain))) + 0.4 * min(1.0, novelty / 0.5), 6)
+        survivors.append((p, fp))
+    survivors.sort(key=lambda t: -t[0].score)
+    final: list[tuple[Proposal, list[float]]] = []
+    for p, fp in survivors:
+        twin = next((q for q, f in final if distance(fp, f) < DUPLICATE_TOL), None)
+        if twin is not None:
+            p.screening["reason"] = f"duplicate: behaves like the better-ranked proposal {twin.name!r}"
+            dropped.append(p)
+        else:
+            final.append((p, fp))
+    return [p for p, _ in final], dropped
+
+
+def propose_all(archive, parent: str, cfg, n: int | None = None, proposer: str | None = None, seed: int | None = None, *,
+                llm=None, replay: bool = False) -> tuple[list[Proposal], list[Proposal]]:
+    """(kept[:n] best first, dropped) — :func:`propose` plus the screened-out candidates and why."""
+    from engine.context import build_context
+    from engine.proposers import get_proposer
+
+    n = n or cfg.propose.population
+    if n < 1:
+        raise PoiseError("--n must be >= 1")
+    name = proposer or cfg.propose.proposer
+    if name == "llm" and llm is None:
+        from engine.llm import make_client
+
+        llm = make_client(cfg, archive, replay=replay)
+    nodes = archive.nodes()
+    ctx = build_context(archive, parent, cfg, seed=seed, nodes=nodes)
+    prop = get_proposer(name, llm=llm)
+    raw = prop.propose(archive, parent, ctx, cfg, n, seed)
+    for p in raw:
+        p.proposer = name
+    kept, dropped = screen(archive, parent, raw, cfg, nodes=nodes)
+    for p in kept[n:]:
+        p.screening["reason"] = f"ranked below the top {n}"
+    return kept[:n], dropped + kept[n:]
+
+
+def propose(archive, parent: str, cfg, n: int | None = None, proposer: str | None = None, seed: int | None = None, *,
+            llm=None, replay: bool = False) -> list[Proposal]:
+    """N screened proposals for ``parent``, best first (``proposer``: offline | llm; default poise.toml)."""
+    return propose_all(archive, parent, cfg, n, proposer, seed, llm=llm, replay=replay)[0]
