@@ -1,10 +1,11 @@
 """Proposal (operator P): N candidates for a parent from a registered proposer, screened and ranked.
 
-Screening, in order: logical consistency (the edit applies, every proposed hyperparameter is used by the
-mechanism), feasibility (the static checks; the code runs on the fingerprint bank), novelty (behavioural
-fingerprint: near-duplicates of archived nodes or of better-ranked proposals are dropped), expected gain.
-score = 0.6 * expected_gain + 0.4 * min(1, novelty / 0.5), novelty = relative L2 distance to the
-nearest archived fingerprint.
+Screening, in order: logical consistency (a mechanism is named, something changes, every proposed
+hyperparameter is used by the code), feasibility (the edit applies, the static checks pass, the code runs
+on the fingerprint bank; infeasible code is kept at half score for the correction loop), novelty
+(behavioural fingerprint: near-duplicates of archived nodes or of better-ranked proposals are dropped),
+expected gain. score = 0.6 * expected_gain + 0.4 * min(1, novelty / 0.5), novelty = relative L2
+distance to the nearest archived fingerprint (0.5 when unknown).
 """
 
 from __future__ import annotations
@@ -98,69 +99,77 @@ def archived_fingerprints(archive, nodes=None) -> tuple[dict[str, list[float]], 
 
 
 def screen(archive, parent: str, proposals: list[Proposal], cfg, *, nodes=None) -> tuple[list[Proposal], list[Proposal]]:
-    """(kept best first, dropped with ``screening['reason']``)."""
+    """(kept best first, dropped with ``screening['reason']``).
+
+    Logically inconsistent proposals and near-duplicates are dropped. Code that fails to build, the static
+    checks or the fingerprint bank is kept with ``screening['feasible'] = False`` and half the score: the
+    implementer's correction loop gets to fix it. Feasible proposals rank first."""
     from engine.fingerprint import DUPLICATE_TOL, distance, fingerprints, nearest
     from engine.implement import build_source, static_check
 
     parent_src = archive.algorithm(parent)
-    kept: list[Proposal] = []
+    candidates: list[tuple[Proposal, str | None]] = []
     dropped: list[Proposal] = []
-    sources: list[str] = []
     for p in proposals:
-        reason = ""
+        p.intents = tuple(i for i in p.intents if i in INTENTS)
+        p.screening = {"consistent": True, "feasible": True, "reason": ""}
+        reason, src, problem = "", None, ""
         if not p.name.strip() or not p.mechanism.strip():
             reason = "inconsistent: the proposal names no mechanism"
         elif not p.edit.strip() and not p.hyperparameters:
             reason = "inconsistent: the proposal changes nothing (no edit, no hyperparameters)"
-        src = ""
-        if not reason:
+        else:
             try:
                 src = build_source(parent_src, p.edit, p.hyperparameters)
             except PoiseError as exc:
-                reason = f"inconsistent: {exc}"
-        if not reason:
+                problem = str(exc)
+        if src is not None:
             unused = [k for k in p.hyperparameters if not re.search(rf"\bcfg\.{re.escape(k)}\b", src)]
             if unused:
                 reason = f"inconsistent: hyperparameters {', '.join(sorted(unused))} are not used by the mechanism"
-        if not reason:
-            try:
-                static_check(src, parent_src)
-            except PoiseError as exc:
-                reason = f"infeasible: {exc}"
-        p.intents = tuple(i for i in p.intents if i in INTENTS)
-        p.screening = {"consistent": not reason.startswith("inconsistent"), "feasible": not reason, "reason": reason}
+            else:
+                try:
+                    static_check(src, parent_src)
+                except PoiseError as exc:
+                    problem, src = str(exc), None
         if reason:
+            p.screening.update(consistent=False, feasible=False, reason=reason)
             dropped.append(p)
-        else:
-            kept.append(p)
-            sources.append(src)
-    if not kept:
+            continue
+        if problem:
+            p.screening.update(feasible=False, needs_correction=problem)
+        candidates.append((p, src))
+    if not candidates:
         return [], dropped
     archived, todo = archived_fingerprints(archive, nodes)
-    computed = fingerprints([src for _, src in todo] + sources)  # one sandboxed process for all
+    runnable = [src for _, src in candidates if src is not None]
+    computed = fingerprints([src for _, src in todo] + runnable)  # one sandboxed process for all
     for (name, _), fp in zip(todo, computed):
         if isinstance(fp, list):
             archived[name] = fp
-    fps = computed[len(todo):]
-    survivors: list[tuple[Proposal, list[float]]] = []
-    for p, fp in zip(kept, fps):
-        if not isinstance(fp, list):
-            p.screening.update(feasible=False, reason=f"infeasible: {fp}")
-            dropped.append(p)
-            continue
-        near, dist = nearest(fp, archived)
-        p.screening.update(nearest=near, novelty=None if math.isinf(dist) else round(dist, 6))
-        if near is not None and dist < DUPLICATE_TOL:
-            p.screening["reason"] = f"duplicate: behaves like archived node {near!r} (distance {dist:.2g})"
-            dropped.append(p)
-            continue
-        novelty = 1.0 if math.isinf(dist) else dist
-        p.score = round(0.6 * max(0.0, min(1.0, float(p.expected_gain))) + 0.4 * min(1.0, novelty / 0.5), 6)
+    fp_iter = iter(computed[len(todo):])
+    survivors: list[tuple[Proposal, list[float] | None]] = []
+    for p, src in candidates:
+        fp = next(fp_iter) if src is not None else None
+        if src is not None and not isinstance(fp, list):
+            p.screening.update(feasible=False, needs_correction=f"fails on the fingerprint bank: {fp}")
+            fp = None
+        novelty = 0.5
+        if fp is not None:
+            near, dist = nearest(fp, archived)
+            p.screening.update(nearest=near, novelty=None if math.isinf(dist) else round(dist, 6))
+            if near is not None and dist < DUPLICATE_TOL:
+                p.screening["reason"] = f"duplicate: behaves like archived node {near!r} (distance {dist:.2g})"
+                dropped.append(p)
+                continue
+            novelty = 1.0 if math.isinf(dist) else dist
+        score = 0.6 * max(0.0, min(1.0, float(p.expected_gain))) + 0.4 * min(1.0, novelty / 0.5)
+        p.score = round(score if p.screening["feasible"] else 0.5 * score, 6)
         survivors.append((p, fp))
-    survivors.sort(key=lambda t: -t[0].score)
-    final: list[tuple[Proposal, list[float]]] = []
+    survivors.sort(key=lambda t: (not t[0].screening["feasible"], -t[0].score))
+    final: list[tuple[Proposal, list[float] | None]] = []
     for p, fp in survivors:
-        twin = next((q for q, f in final if distance(fp, f) < DUPLICATE_TOL), None)
+        twin = next((q for q, f in final if fp is not None and f is not None and distance(fp, f) < DUPLICATE_TOL), None)
         if twin is not None:
             p.screening["reason"] = f"duplicate: behaves like the better-ranked proposal {twin.name!r}"
             dropped.append(p)

@@ -69,9 +69,10 @@ def spawn(
     if auto:
         return _spawn_auto(parent, name, proposer, replay, seed, archive)
     if name is None:
-        import click
+        from engine.cli import err_console
 
-        raise click.UsageError("Missing option '--name'.")
+        err_console.print("Error: Missing option '--name'. (required unless --auto)", highlight=False)
+        raise typer.Exit(2)
     edit_src = _read_text(edit, "edit file") if edit else None
     proposal_src = _read_text(proposal, "proposal file") if proposal else None
     arch = Archive(archive)
