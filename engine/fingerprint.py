@@ -2,8 +2,9 @@
 
 The fingerprint of a candidate is its advantages on seven fixed reward batches (mixed, all-correct,
 all-wrong, rare success, invalid samples, long/short responses, singleton groups) followed by its
-policy loss and gradient norm on fixed log-prob probes. Two candidates whose fingerprints agree within
-``tol`` (relative L2) are near-duplicates, whatever their code looks like.
+policy loss and gradient norm on fixed log-prob probes, and what the KL / entropy terms add to them.
+Two candidates whose fingerprints agree within ``DUPLICATE_TOL`` (relative L2, per part) are
+near-duplicates, whatever their code looks like.
 
 Computing a fingerprint executes candidate code: it only ever runs in a limited subprocess
 (``fingerprints(...)`` -> ``python -m engine.fingerprint``), after the static checks.
@@ -79,31 +80,54 @@ def compute(module, cfg=None) -> list[float]:
             adv = module.compute_advantages(bank()[name], cfg)
             out += [float(x) for x in torch.as_tensor(adv, dtype=torch.float32).reshape(-1)]
     logp, old, adv, mask, ref, ent = loss_probes()
+    probe = []
     for with_extras in (False, True):
         lp = logp.clone().requires_grad_(True)
         loss, _ = module.policy_loss(lp, old, adv, mask, cfg, ref_log_prob=ref if with_extras else None,
                                      entropy=ent if with_extras else None)
         loss.backward()
-        out += [float(loss.detach()), float(lp.grad.norm()) if lp.grad is not None else 0.0]
+        probe += [float(loss.detach()), float(lp.grad.norm()) if lp.grad is not None else 0.0]
+    # the surrogate alone, then what the KL / entropy terms add (a part of its own: small but real)
+    out += [probe[0], probe[1], probe[2] - probe[0], probe[3] - probe[1]]
     return [x if math.isfinite(x) else (1e30 if x > 0 else -1e30) for x in out]
 
 
-def distance(a: Sequence[float], b: Sequence[float]) -> float:
-    """Relative L2 distance ||a - b|| / (||a|| + ||b|| + 1e-8); inf when the lengths differ."""
-    if len(a) != len(b):
-        return math.inf
+def _rel(a: Sequence[float], b: Sequence[float]) -> float:
     num = math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b)))
     den = math.sqrt(sum(x * x for x in a)) + math.sqrt(sum(y * y for y in b)) + 1e-8
     return num / den
 
 
-def nearest(fp: Sequence[float], others: dict[str, Sequence[float]]) -> tuple[str | None, float]:
+def part_distances(a: Sequence[float], b: Sequence[float]) -> tuple[float, ...]:
+    """Relative L2 distances ||a - b|| / (||a|| + ||b|| + 1e-8) of the fingerprint's parts: advantages,
+    surrogate-loss probes, KL/entropy-term probes (inf when the lengths differ)."""
+    if len(a) != len(b):
+        return (math.inf,)
+    if len(a) < 4:
+        return (_rel(a, b),)
+    cut = len(a) - 4
+    return _rel(a[:cut], b[:cut]), _rel(a[cut:cut + 2], b[cut:cut + 2]), _rel(a[cut + 2:], b[cut + 2:])
+
+
+def distance(a: Sequence[float], b: Sequence[float]) -> float:
+    """The largest part distance: below DUPLICATE_TOL, two mechanisms behave alike in every part."""
+    return max(part_distances(a, b))
+
+
+def novelty(a: Sequence[float], b: Sequence[float]) -> float:
+    """Graded novelty in [0, 1]: 0.6 x advantage part + 0.2 x each loss part (inf when lengths differ)."""
+    d = part_distances(a, b)
+    return d[0] if len(d) == 1 else 0.6 * d[0] + 0.2 * d[1] + 0.2 * d[2]
+
+
+def nearest(fp: Sequence[float], others: dict[str, Sequence[float]]) -> tuple[str | None, float, float]:
+    """(the behaviourally closest node, its distance, the novelty against it)."""
     best, dist = None, math.inf
     for name, other in others.items():
         d = distance(fp, other)
         if d < dist:
             best, dist = name, d
-    return best, dist
+    return best, dist, (novelty(fp, others[best]) if best is not None else math.inf)
 
 
 def fingerprints(sources: Sequence[str], *, timeout_s: float = 120.0, memory_mb: int = 4096) -> list[list[float] | str]:

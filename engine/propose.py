@@ -4,8 +4,8 @@ Screening, in order: logical consistency (a mechanism is named, something change
 hyperparameter is used by the code), feasibility (the edit applies, the static checks pass, the code runs
 on the fingerprint bank; infeasible code is kept at half score for the correction loop), novelty
 (behavioural fingerprint: near-duplicates of archived nodes or of better-ranked proposals are dropped),
-expected gain. score = 0.6 * expected_gain + 0.4 * min(1, novelty / 0.5), novelty = relative L2
-distance to the nearest archived fingerprint (0.5 when unknown).
+expected gain. score = 0.6 * expected_gain + 0.4 * min(1, novelty / 0.5), novelty = the weighted relative L2
+part distance to the behaviourally nearest archived node (engine.fingerprint.novelty; 0.5 when unknown).
 """
 
 from __future__ import annotations
@@ -156,13 +156,13 @@ def screen(archive, parent: str, proposals: list[Proposal], cfg, *, nodes=None) 
             fp = None
         novelty = 0.5
         if fp is not None:
-            near, dist = nearest(fp, archived)
-            p.screening.update(nearest=near, novelty=None if math.isinf(dist) else round(dist, 6))
+            near, dist, nov = nearest(fp, archived)
+            p.screening.update(nearest=near, novelty=None if math.isinf(nov) else round(nov, 6))
             if near is not None and dist < DUPLICATE_TOL:
                 p.screening["reason"] = f"duplicate: behaves like archived node {near!r} (distance {dist:.2g})"
                 dropped.append(p)
                 continue
-            novelty = 1.0 if math.isinf(dist) else dist
+            novelty = 1.0 if math.isinf(nov) else nov
         score = 0.6 * max(0.0, min(1.0, float(p.expected_gain))) + 0.4 * min(1.0, novelty / 0.5)
         p.score = round(score if p.screening["feasible"] else 0.5 * score, 6)
         survivors.append((p, fp))
@@ -201,6 +201,11 @@ def propose_all(archive, parent: str, cfg, n: int | None = None, proposer: str |
     kept, dropped = screen(archive, parent, raw, cfg, nodes=nodes)
     for p in kept[n:]:
         p.screening["reason"] = f"ranked below the top {n}"
+    seen: dict[str, int] = {}
+    for p in kept[:n]:  # distinct names within one population
+        seen[p.name] = seen.get(p.name, 0) + 1
+        if seen[p.name] > 1:
+            p.name = f"{p.name}-{seen[p.name]}"
     return kept[:n], dropped + kept[n:]
 
 
