@@ -138,6 +138,7 @@ def implement(archive, parent, proposal, cfg, name: str | None = None, trailers:
     tr = {"Poise-Proposer": proposal.proposer, "Poise-Event": "spawn"}
     tr.update({k: v for k, v in (trailers or {}).items()})
     failures: list[str] = []
+    notes: list[str] = []
     node_made = False
     current = proposal
     for r in range(1, rounds + 1):
@@ -164,12 +165,16 @@ def implement(archive, parent, proposal, cfg, name: str | None = None, trailers:
                 return archive.node(name)
             problem = f"verification: {result.reason}"
         failures.append(f"round {r}: {problem}")
-        revised = proposer.revise(archive, parents[0], current, problem, cfg, node=name) if r < rounds else None
+        try:
+            revised = proposer.revise(archive, parents[0], current, problem, cfg, node=name) if r < rounds else None
+        except PoiseError as exc:  # e.g. the endpoint went away: the node is still archived with its reason
+            notes.append(f"correction after round {r} failed: {exc}")
+            break
         if revised is None:
             break
         current = replace(revised, proposer=proposal.proposer, parents=proposal.parents)
     reason = failures[-1].split(": ", 1)[1] if failures else "no candidate"
-    log = "\n".join(failures) + "\n"
+    log = "\n".join(failures + notes) + "\n"
     if not node_made:
         files = {"records/rejected_edit.py": current.edit or "", "records/failures.txt": log}
         archive.spawn(parents, name, algorithm=parent_src, proposal=current.markdown(), files=files, trailers=tr)

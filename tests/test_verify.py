@@ -103,3 +103,22 @@ def test_correction_loop_rejects_hostile_code_and_the_engine_keeps_running(tmp_p
     assert usage["corrections"]["calls"] == 3 and usage["propose_call"]["calls"] == 1
     assert cli("log", "-C", str(arch.path)).returncode == 0
     assert arch.fsck()
+
+
+def test_endpoint_lost_during_correction_still_archives_the_reason(archive):
+    from engine.config import LLMConfig
+    from engine.implement import implement
+    from engine.llm import LLMClient
+    from engine.propose import Proposal
+
+    S = server_module()
+    with S.ScriptedOpenAI([{"status": 500}] * 5) as srv:
+        llm = LLMClient(LLMConfig(base_url=srv.base_url, max_retries=1, api_key_env="POISE_NO_SUCH_KEY"), archive, backoff_s=0.01)
+        p = Proposal(name="sneaky", motivation="m", mechanism="m", expected_effect="e", edit=OS_EDIT, proposer="llm")
+        node = implement(archive, "grpo", p, archive.config(), llm=llm)
+    assert node.status == "rejected" and "import of 'os'" in node.trailer("Poise-Reason")
+    log = archive.read_file("sneaky", "records/failures.txt")
+    assert "correction after round 1 failed" in log and "HTTP 500" in log
+    assert archive.algorithm("sneaky") == archive.algorithm("grpo")  # never-passing code is kept aside
+    assert "import os" in archive.read_file("sneaky", "records/rejected_edit.py")
+    assert archive.fsck()
