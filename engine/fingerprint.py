@@ -3,8 +3,8 @@
 The fingerprint of a candidate is its advantages on seven fixed reward batches (mixed, all-correct,
 all-wrong, rare success, invalid samples, long/short responses, singleton groups) followed by its
 policy loss and gradient norm on fixed log-prob probes, and what the KL / entropy terms add to them.
-Two candidates whose fingerprints agree within ``DUPLICATE_TOL`` (relative L2, per part) are
-near-duplicates, whatever their code looks like.
+Two candidates whose fingerprints agree within ``DUPLICATE_TOL`` in every part (advantages up to a
+constant positive scale; loss probes in relative L2) are near-duplicates, whatever their code looks like.
 
 Computing a fingerprint executes candidate code: it only ever runs in a limited subprocess
 (``fingerprints(...)`` -> ``python -m engine.fingerprint``), after the static checks.
@@ -98,15 +98,24 @@ def _rel(a: Sequence[float], b: Sequence[float]) -> float:
     return num / den
 
 
+def _direction(a: Sequence[float], b: Sequence[float]) -> float:
+    """||a/|a| - b/|b||| / 2 in [0, 1]: blind to a constant positive scale of the advantages, which an
+    Adam-style optimizer ignores (e.g. analytic vs sample std with binary rewards and a fixed G)."""
+    na, nb = math.sqrt(sum(x * x for x in a)), math.sqrt(sum(y * y for y in b))
+    if na < 1e-12 or nb < 1e-12:
+        return 0.0 if na < 1e-12 and nb < 1e-12 else 1.0
+    return math.sqrt(sum((x / na - y / nb) ** 2 for x, y in zip(a, b))) / 2
+
+
 def part_distances(a: Sequence[float], b: Sequence[float]) -> tuple[float, ...]:
-    """Relative L2 distances ||a - b|| / (||a|| + ||b|| + 1e-8) of the fingerprint's parts: advantages,
-    surrogate-loss probes, KL/entropy-term probes (inf when the lengths differ)."""
+    """Distances of the fingerprint's parts: advantages (direction only), then relative L2
+    ||a - b|| / (||a|| + ||b|| + 1e-8) of the surrogate-loss probes and of the KL/entropy-term probes."""
     if len(a) != len(b):
         return (math.inf,)
     if len(a) < 4:
         return (_rel(a, b),)
     cut = len(a) - 4
-    return _rel(a[:cut], b[:cut]), _rel(a[cut:cut + 2], b[cut:cut + 2]), _rel(a[cut + 2:], b[cut + 2:])
+    return _direction(a[:cut], b[:cut]), _rel(a[cut:cut + 2], b[cut:cut + 2]), _rel(a[cut + 2:], b[cut + 2:])
 
 
 def distance(a: Sequence[float], b: Sequence[float]) -> float:

@@ -187,3 +187,18 @@ def test_llm_proposal_to_verified_node_and_replay(tmp_path, cli):
     assert r4.returncode == 0, r4.stdout + r4.stderr
     assert Archive(fresh).algorithm("rloo-scaled") == arch.algorithm("rloo-scaled")
     assert Archive(fresh).node("rloo-scaled").status == "verified"
+
+
+def test_fingerprint_ignores_a_constant_scale_but_sees_loss_terms():
+    from engine.fingerprint import DUPLICATE_TOL, compute, distance
+    from trainer_template.loader import load_algorithm, make_config
+
+    root = Path(__file__).resolve().parents[1].joinpath("trainer_template", "algorithm.py").read_text()
+    g = compute(load_algorithm(root, "g"))
+    scaled = root.replace("return centred / (std + cfg.eps)", "return 2.0 * centred / (std + cfg.eps)")
+    assert scaled != root and distance(g, compute(load_algorithm(scaled, "s"))) < DUPLICATE_TOL
+    dr = root.replace("if cfg.norm_adv_by_std:", "if False:")
+    assert distance(g, compute(load_algorithm(dr, "dr"))) > 0.01
+    m = load_algorithm(root, "kl")
+    assert distance(g, compute(m, make_config(m, {"kl_coef": 0.01}))) > 0.1
+    assert distance(g, compute(m, make_config(m, {"entropy_coef": 0.001}))) > 0.1
