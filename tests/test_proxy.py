@@ -140,3 +140,32 @@ def test_broken_candidates_raise_candidate_failure(smoke_warmstart):
         module.compute_advantages = fn
         with pytest.raises(rl.CandidateFailure, match=msg):
             rl.train(load_warmstart(path, proto.warmstart), module, cfg, proto.rl, seed=0, trajectory={})
+
+
+def test_seeds_are_paired_and_reproducible(smoke_warmstart):
+    proto, path = smoke_warmstart
+    short = dataclasses.replace(proto.rl, steps=3)
+    module, cfg = _grpo()
+    runs = []
+    for seed in (0, 0, 1):
+        traj: dict[str, list] = {}
+        rl.train(load_warmstart(path, proto.warmstart), module, cfg, short, seed=seed, trajectory=traj)
+        runs.append([traj["train/reward_mean"], traj["train/response_length"], traj["train/adv_std"]])
+    assert runs[0] == runs[1]  # same seed: same prompts, same samples, same updates
+    assert runs[0] != runs[2]
+
+
+def test_collapse_is_detected_from_the_rolling_window():
+    cfg = dataclasses.replace(PRESETS["default"].rl, collapse_window=4, collapse_ratio=0.2)
+    traj = {"train/reward_mean": [], "train/valid_rate": []}
+    first: dict[str, float] = {}
+    healthy = [(0.5, 0.9)] * 4 + [(0.45, 0.9)] * 6
+    for step, (r, v) in enumerate(healthy):
+        traj["train/reward_mean"].append(r)
+        traj["train/valid_rate"].append(v)
+        rl._check_collapse(traj, cfg, step, first)  # no raise
+    with pytest.raises(rl.CandidateFailure, match="collapsed: rolling reward"):
+        for step in range(len(healthy), len(healthy) + 4):
+            traj["train/reward_mean"].append(0.0)
+            traj["train/valid_rate"].append(0.9)
+            rl._check_collapse(traj, cfg, step, first)
