@@ -114,10 +114,12 @@ def test_short_rl_run_learns(smoke_warmstart):
     module, cfg = _grpo()
     traj: dict[str, list] = {}
     rl.train(model, module, cfg, proto.rl, seed=0, trajectory=traj)
-    r = traj["train/reward_mean"]
-    n = len(r) // 3
+    r, v = traj["train/reward_mean"], traj["train/valid_rate"]
     assert len(r) == proto.rl.steps
-    assert sum(r[-n:]) / n > sum(r[:n]) / n + 0.05, r
+    last = slice(-10, None)
+    # the seeded run is deterministic; the margins leave room for other platforms' float differences
+    assert sum(r[last]) / 10 > r[0] + 0.05, r  # the reward rises (0.61 at step 0)
+    assert sum(v[last]) / 10 > v[0] + 0.05, v  # mostly by fixing the answer format
     for key in rl.SIGNALS:
         assert len(traj[key]) == proto.rl.steps and all(v is not None and math.isfinite(v) for v in traj[key]), key
     assert traj["train/kl"][-1] > traj["train/kl"][0]  # the policy moved away from the frozen reference

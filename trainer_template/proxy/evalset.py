@@ -2,29 +2,12 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
+from evaluators.metrics import pass_at_k  # unbiased 1 - C(n-c, k) / C(n, k), as a stable product
 from trainer_template.proxy import task
 from trainer_template.proxy.model import TinyGPT, generate
 from trainer_template.proxy.protocol import Eval, overall
-
-try:  # the project's shared estimator, when present
-    from evaluators.metrics import pass_at_k as _shared_pass_at_k
-except Exception:  # pragma: no cover - depends on the checkout
-    _shared_pass_at_k = None
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k = 1 - C(n-c, k) / C(n, k) (Chen et al. 2021), as a stable product."""
-    if _shared_pass_at_k is not None:
-        return float(_shared_pass_at_k(n, c, k))
-    if not 0 <= c <= n or k < 1 or k > n:
-        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
 def heldout(ev: Eval) -> dict[str, list[task.Problem]]:
