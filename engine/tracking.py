@@ -29,10 +29,25 @@ def experiment_name(archive) -> str:
     return f"{name}@{Path(archive.path).name}"
 
 
+def set_uri(uri: str) -> None:
+    """Point MLflow at ``uri`` in this process without touching ``$MLFLOW_TRACKING_URI``.
+
+    ``mlflow.set_tracking_uri`` also exports the variable, which would make the next archive opened in
+    the same process (and every child process) log into this archive's store."""
+    import mlflow
+
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    if before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before
+
+
 def _client_setup(archive):
     import mlflow
 
-    mlflow.set_tracking_uri(tracking_uri(archive.path))
+    set_uri(tracking_uri(archive.path))
     exp = mlflow.set_experiment(experiment_name(archive))
     return mlflow, exp.experiment_id
 

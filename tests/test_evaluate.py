@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -114,3 +115,17 @@ def test_cli_evaluate_smoke(exp, cli):
     assert bad.returncode == 2 and "reason" in bad.stdout
     nope = cli("evaluate", "nosuch", "--preset", "smoke", "-C", str(exp.path))
     assert nope.returncode == 1 and "unknown node" in nope.stderr
+
+
+def test_tracking_never_leaks_the_store_into_the_environment(tmp_path, monkeypatch):
+    """mlflow.set_tracking_uri exports $MLFLOW_TRACKING_URI; two archives in one process stay apart."""
+    from engine.archive import Archive
+    from engine.tracking import find_runs, node_run
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    a, b = Archive.init(tmp_path / "a"), Archive.init(tmp_path / "b")
+    with node_run(a, "grpo"):
+        pass
+    assert "MLFLOW_TRACKING_URI" not in os.environ
+    assert len(find_runs(a, "grpo")) == 1 and find_runs(b, "grpo") == []
+    assert (tmp_path / "a" / "mlflow.db").is_file()

@@ -242,7 +242,7 @@ def test_overrides_compose_against_verls_config(archive):
 def test_launch_opens_the_nodes_mlflow_run(archive):
     import mlflow
 
-    from engine.tracking import find_runs
+    from engine.tracking import find_runs, set_uri
     from trainer_template.verl_backend.launch import prepare_launch
 
     launch = prepare_launch(archive, "grpo", dry_run=False)
@@ -251,7 +251,7 @@ def test_launch_opens_the_nodes_mlflow_run(archive):
     runs = find_runs(archive, "grpo")
     assert [r.info.run_id for r in runs] == [launch.env["MLFLOW_RUN_ID"]]
     # what verl's MLflow logger does with these variables: attach to the run and log into it
-    mlflow.set_tracking_uri(launch.env["MLFLOW_TRACKING_URI"])
+    set_uri(launch.env["MLFLOW_TRACKING_URI"])
     with mlflow.start_run(run_id=launch.env["MLFLOW_RUN_ID"]):
         mlflow.log_metric("critic/score/mean", 0.5, step=1)
     assert find_runs(archive, "grpo")[0].data.metrics["critic/score/mean"] == 0.5
