@@ -21,7 +21,7 @@ from typing import Any, Iterable, Mapping
 from engine.config import DEFAULT_TOML
 from engine.edit import apply_edit, check_interface
 from engine.errors import ArchiveError
-from engine.gitio import Git, GitError
+from engine.gitio import Git, GitError, parse_tree
 
 REF_PREFIX = "refs/heads/poise/"
 ROOT_NAME = "grpo"
@@ -34,7 +34,7 @@ NODE_FILES = (PROPOSAL, REFLECTION, RESULTS, "verification.json")
 NODE_DIRS = ("tests/", "records/")
 STATUSES = ("spawned", "verified", "rejected", "evaluating", "evaluated", "failed")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-_TRAILER_RE = re.compile(r"^(Poise-[A-Za-z-]+): (.*)$")
+_TRAILER_RE = re.compile(r"^[ \t]*(Poise-[A-Za-z-]+): (.*)$", re.MULTILINE)
 
 _EXCLUDE = "mlflow.db\nmlruns/\n.poise/\n__pycache__/\n"
 _EXPERIMENT_README = """\
@@ -86,10 +86,8 @@ class Node:
 
 def parse_trailers(message: str) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
-    for line in message.splitlines():
-        m = _TRAILER_RE.match(line.strip())
-        if m:
-            out.setdefault(m.group(1), []).append(m.group(2).strip())
+    for key, value in _TRAILER_RE.findall(message):
+        out.setdefault(key, []).append(value.strip())
     return out
 
 
@@ -293,18 +291,22 @@ class Archive:
         parents = [parent] if isinstance(parent, str) else list(parent)
         if not parents:
             raise ArchiveError("spawn needs a parent")
-        check_name(name, self.git)
-        refs = [REF_PREFIX + p for p in parents] + [REF_PREFIX + name]
-        out = self.git.text("for-each-ref", "--format=%(refname) %(objectname)", *refs)
-        tips = dict(line.split() for line in out.splitlines() if line.strip())
-        if REF_PREFIX + name in tips:
-            raise ArchiveError(f"a node named {name!r} already exists")
-        for p in parents:
-            if REF_PREFIX + p not in tips:
+        check_name(name)
+        if status not in STATUSES:
+            raise ArchiveError(f"unknown status {status!r}")
+        # One cat-file --batch resolves the parents, proves the name free and reads the parent's
+        # root tree and algorithm.py (a spawn is 5 git processes in all).
+        specs = [REF_PREFIX + p for p in parents] + [REF_PREFIX + name, REF_PREFIX + parents[0] + "^{tree}",
+                                                     REF_PREFIX + parents[0] + ":" + ALGORITHM]
+        objs = self.git.cat_objects(specs)
+        for p, obj in zip(parents, objs):
+            if obj is None or obj[1] != "commit":
                 raise ArchiveError(f"unknown parent node {p!r}")
-        parent_commits = [tips[REF_PREFIX + p] for p in parents]
-        tree_files = self.git.ls_tree(parent_commits[0])
-        parent_src = self.git.cat_blobs([tree_files[ALGORITHM][1]])[0].decode("utf-8") if ALGORITHM in tree_files else ""
+        if objs[len(parents)] is not None:
+            raise ArchiveError(f"a node named {name!r} already exists")
+        parent_commits = [obj[0] for obj in objs[: len(parents)]]  # type: ignore[index]
+        tree_obj, algo_obj = objs[-2], objs[-1]
+        parent_src = algo_obj[2].decode("utf-8") if algo_obj is not None else ""
         if algorithm is not None:
             new_src = algorithm
         elif edit is not None:
@@ -312,9 +314,14 @@ class Archive:
         else:
             new_src = parent_src
         check_interface(parent_src, new_src)
+        tree_files = {k: v for k, v in parse_tree(tree_obj[2]).items()} if tree_obj else {}
         for path in list(tree_files):
-            if path in NODE_FILES or path.startswith(NODE_DIRS):
+            if path in NODE_FILES or path + "/" in NODE_DIRS:
                 del tree_files[path]
+        nested = {p.split("/", 1)[0] for p in (files or {}) if "/" in _clean_path(p)}
+        if nested & set(tree_files):  # adding into an inherited directory: expand the full listing
+            tree_files = {p: v for p, v in self.git.ls_tree(parent_commits[0]).items()
+                          if p not in NODE_FILES and not p.startswith(NODE_DIRS)}
         new_files: dict[str, bytes] = {ALGORITHM: new_src.encode("utf-8")}
         if proposal is not None:
             new_files[PROPOSAL] = proposal.encode("utf-8")
@@ -326,11 +333,14 @@ class Archive:
         extra.setdefault("Poise-Event", ["spawn"])
         title = subject or f"poise: spawn {name} from {' + '.join(parents)}"
         body = _first_line(proposal) if proposal else ""
-        msg = _message(title, body, name, parents, status, time.time(), extra)
+        created = time.time()
+        msg = _message(title, body, name, parents, status, created, extra)
         commit = self.git.commit_tree(tree, parent_commits, msg)
         if not self.git.update_ref(REF_PREFIX + name, commit, None, f"poise spawn {name}"):
             raise ArchiveError(f"a node named {name!r} already exists (created concurrently)")
-        return self.node(name)
+        # Built locally: a full lineage read here would cost ~0.3 s at 10k nodes.
+        return Node(name=name, commit=commit, parents=tuple(parents), status=status, created=created,
+                    trailers=parse_trailers(msg), subject=title)
 
     def commit_files(
         self,
@@ -409,6 +419,11 @@ class Archive:
         if paths:
             args += ["--", *paths]
         return self.git.text(*args)
+
+    def maintain(self) -> None:
+        """Pack refs and let git gc decide (plumbing writes never trigger auto-gc): keeps reads fast."""
+        self.git.run("pack-refs", "--all")
+        self.git.run("gc", "--auto", "--quiet", check=False)
 
     def fsck(self) -> bool:
         return self.git.ok("fsck", "--no-progress", "--strict")

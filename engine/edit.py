@@ -7,16 +7,33 @@ definitions (functions, classes, assignments) and optionally imports; anything e
 from __future__ import annotations
 
 import ast
-
-import libcst as cst
+import functools
 
 from engine.errors import EditError
 from trainer_template import INTERFACE_FUNCTIONS
 
 
+class _LazyLibCST:
+    """``import libcst`` costs ~0.4 s: load it on first use so read-only commands start instantly."""
+
+    def __getattr__(self, name: str):
+        import libcst
+
+        return getattr(libcst, name)
+
+
+cst = _LazyLibCST()
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_cached(src: str) -> cst.Module:
+    # LibCST trees are immutable, so a parsed parent is safely shared by all of its children's edits.
+    return cst.parse_module(src)
+
+
 def _parse(src: str, what: str) -> cst.Module:
     try:
-        return cst.parse_module(src)
+        return _parse_cached(src)
     except cst.ParserSyntaxError as exc:
         raise EditError(f"{what} has a syntax error at line {exc.raw_line}, column {exc.raw_column}: {exc.message}") from None
 
@@ -129,6 +146,11 @@ def _signature(fn: ast.FunctionDef) -> tuple:
 
 
 def interface_signatures(src: str, what: str = "algorithm.py") -> dict[str, tuple]:
+    return dict(_interface_signatures(src, what))
+
+
+@functools.lru_cache(maxsize=64)
+def _interface_signatures(src: str, what: str) -> tuple:
     """The signatures (parameter names, kinds, which have defaults) of the interface functions."""
     try:
         tree = ast.parse(src)
@@ -140,7 +162,7 @@ def interface_signatures(src: str, what: str = "algorithm.py") -> dict[str, tupl
             if isinstance(stmt, ast.AsyncFunctionDef):
                 raise EditError(f"{what}: {stmt.name} must not be async")
             found[stmt.name] = _signature(stmt)
-    return found
+    return tuple(found.items())
 
 
 def check_interface(parent_src: str, new_src: str) -> None:

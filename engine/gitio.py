@@ -94,7 +94,8 @@ class Git:
                 lines.append(f"040000 tree {self._mktree(entry)}\t{name}")
             else:
                 mode, oid = entry
-                kind = "commit" if mode == "160000" else "blob"
+                kind = {"160000": "commit", "40000": "tree", "040000": "tree"}.get(mode, "blob")
+                mode = "040000" if kind == "tree" else mode
                 lines.append(f"{mode} {kind} {oid}\t{name}")
         return self.text("mktree", input=("\n".join(lines) + "\n").encode() if lines else b"").strip()
 
@@ -115,6 +116,25 @@ class Git:
             mode, _kind, oid = meta.decode().split()
             files[path.decode("utf-8", "surrogateescape")] = (mode, oid)
         return files
+
+    def cat_objects(self, specs: list[str]) -> list[tuple[str, str, bytes] | None]:
+        """``(oid, type, content)`` of many objects (``rev:path``, refs, ids) in one ``cat-file --batch``."""
+        if not specs:
+            return []
+        out = self.run("cat-file", "--batch", input=("\n".join(specs) + "\n").encode("utf-8"))
+        results: list[tuple[str, str, bytes] | None] = []
+        pos = 0
+        for _ in specs:
+            nl = out.index(b"\n", pos)
+            header = out[pos:nl].decode("utf-8", "replace")
+            pos = nl + 1
+            if header.endswith(" missing") or header.endswith(" ambiguous"):
+                results.append(None)
+                continue
+            oid, kind, size = header.rsplit(" ", 2)
+            results.append((oid, kind, out[pos : pos + int(size)]))
+            pos += int(size) + 1
+        return results
 
     def cat_blobs(self, specs: list[str]) -> list[bytes | None]:
         """Read many objects (``rev:path`` or ids) in one ``cat-file --batch``; None where missing."""
@@ -141,3 +161,21 @@ class Git:
         cmd = ["git", "-C", str(self.path), "update-ref", "-m", message, ref, new, expected]
         proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_ENV)
         return proc.returncode == 0
+
+
+def parse_tree(raw: bytes) -> dict[str, tuple[str, str]]:
+    """``{name: (mode, oid)}`` of one raw tree object (as ``cat-file --batch`` returns it)."""
+    entries = {}
+    pos, n = 0, len(raw)
+    while pos < n:
+        sp = raw.index(b" ", pos)
+        nul = raw.index(b"\0", sp)
+        mode = raw[pos:sp].decode()
+        name = raw[sp + 1 : nul].decode("utf-8", "surrogateescape")
+        width = _OID_BYTES
+        entries[name] = (mode, raw[nul + 1 : nul + 1 + width].hex())
+        pos = nul + 1 + width
+    return entries
+
+
+_OID_BYTES = 20  # SHA-1 repositories (git's default)

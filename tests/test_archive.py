@@ -1,0 +1,285 @@
+"""The archive on real git repositories: spawn, records, lineage reads, bad input, concurrency, clones."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.archive import ALGORITHM, Archive, check_name
+from engine.errors import ArchiveError, EditError
+from trainer_template import ALGORITHM_FILE
+
+EDIT = '''\
+def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:
+    # centred only: Dr.GRPO
+    scores = batch.rewards.to(torch.float32)
+    return scores - group_stats(scores, batch.group).mean
+'''
+
+
+def git(path: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(path), *args], check=True, capture_output=True, text=True).stdout
+
+
+def refs(path: Path) -> list[str]:
+    return git(path, "for-each-ref", "--format=%(refname) %(objectname)").splitlines()
+
+
+def test_init_creates_root_node(archive):
+    nodes = archive.nodes()
+    assert list(nodes) == ["grpo"]
+    root = nodes["grpo"]
+    assert root.parents == () and root.status == "spawned" and root.depth == 0
+    assert archive.algorithm("grpo") == ALGORITHM_FILE.read_text()
+    assert archive.read_file("grpo", "poise.toml").startswith("# poise-git")
+    assert "Poise-Node: grpo" in git(archive.path, "log", "-1", "--format=%B", "poise/grpo")
+    assert archive.config().evaluation.backend == "proxy"
+    assert archive.fsck()
+
+
+def test_init_refuses_non_empty_dir(tmp_path):
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "f").write_text("hi")
+    with pytest.raises(ArchiveError, match="not empty"):
+        Archive.init(tmp_path / "x")
+
+
+def test_open_non_archive(tmp_path):
+    with pytest.raises(ArchiveError, match="not a poise-git archive"):
+        Archive(tmp_path)
+
+
+def test_spawn_replaces_definition_and_preserves_other_bytes(archive):
+    parent = archive.algorithm("grpo")
+    node = archive.spawn("grpo", "dr", EDIT, proposal="# Dr.GRPO\nno std\n")
+    child = archive.algorithm("dr")
+    assert node.parents == ("grpo",) and node.status == "spawned"
+    assert "# centred only: Dr.GRPO" in child
+    # Everything before and after compute_advantages is byte-for-byte the parent's.
+    head = parent[: parent.index("def compute_advantages")]
+    tail = parent[parent.index("def policy_loss") :]
+    assert child.startswith(head) and child.endswith(tail)
+    assert archive.read_file("dr", "PROPOSAL.md") == "# Dr.GRPO\nno std\n"
+    assert archive.children("grpo") == ["dr"] and archive.parents("dr") == ["grpo"]
+    assert archive.nodes()["dr"].depth == 1
+
+
+def test_spawn_appends_new_definitions_and_imports(archive):
+    edit = "import math\n\nLENGTH_FLOOR = 0.5\n\n\ndef helper(x):\n    return math.sqrt(x)\n"
+    archive.spawn("grpo", "h", edit)
+    parent, child = archive.algorithm("grpo"), archive.algorithm("h")
+    assert child.endswith("def helper(x):\n    return math.sqrt(x)\n")
+    assert "LENGTH_FLOOR = 0.5" in child and "import math\n" in child
+    assert child.replace("import math\n", "", 1).startswith(parent[:-1])
+
+
+def test_edit_of_hyperparameters_class(archive):
+    edit = '''\
+@dataclass
+class Hyperparameters:
+    eps: float = 1e-6
+    """floor"""
+    norm_adv_by_std: bool = False
+    """no std"""
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.28
+    loss_agg_mode: str = "seq-mean-token-sum-norm"
+    kl_coef: float = 0.0
+    kl_type: str = "low_var_kl"
+    entropy_coef: float = 0.0
+'''
+    archive.spawn("grpo", "dapo", edit)
+    src = archive.algorithm("dapo")
+    assert "clip_ratio_high: float = 0.28" in src and src.count("class Hyperparameters") == 1
+
+
+def test_git_diff_is_meaningful(archive):
+    archive.spawn("grpo", "dr", EDIT)
+    diff = git(archive.path, "diff", "poise/grpo", "poise/dr", "--", ALGORITHM)
+    assert "-    if cfg.norm_adv_by_std:" in diff and "+    # centred only: Dr.GRPO" in diff
+    assert archive.diff("grpo", "dr", [ALGORITHM]) == diff
+
+
+def test_records_are_further_commits_never_rewrites(archive):
+    archive.spawn("grpo", "dr", EDIT)
+    first = archive.tip("dr")
+    archive.record_results("dr", {"overall": 0.51, "mean_length": 20})
+    archive.record_reflection("dr", "# Reflection\nentropy stayed high\n")
+    log = git(archive.path, "log", "--format=%H", "poise/dr").split()
+    assert first in log and len(log) == 4  # root, spawn, results, reflection: the spawn stays an ancestor
+    n = archive.node("dr")
+    assert n.status == "evaluated" and n.metrics == {"overall": 0.51, "mean_length": 20.0}
+    assert n.parents == ("grpo",) and archive.read_file("dr", "REFLECTION.md").startswith("# Reflection")
+    assert archive.spawn_commit("dr") == first
+
+
+def test_child_does_not_inherit_node_files(archive):
+    archive.record_results("grpo", {"overall": 0.4})
+    archive.record_reflection("grpo", "root reflection")
+    archive.spawn("grpo", "c", EDIT)
+    files = git(archive.path, "ls-tree", "-r", "--name-only", "poise/c").split()
+    assert "results.json" not in files and "REFLECTION.md" not in files
+    assert archive.node("c").results is None
+
+
+def test_crossover_has_two_parents(archive):
+    archive.spawn("grpo", "a", EDIT)
+    archive.spawn("grpo", "b", "X_SCALE = 2.0\n")
+    node = archive.spawn(["a", "b"], "ab", "Y = 1\n")
+    assert archive.node("ab").parents == ("a", "b") == node.parents
+    assert len(git(archive.path, "log", "-1", "--format=%P", "poise/ab").split()) == 2
+    assert set(archive.children("b")) == {"ab"}
+
+
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (["spawn", "nope", "--name", "x"], "unknown parent node 'nope'"),
+        (["spawn", "grpo", "--name", "grpo"], "already exists"),
+        (["spawn", "grpo", "--name", "bad..name"], "invalid node name"),
+        (["spawn", "grpo", "--name", "x.lock"], "invalid node name"),
+        (["spawn", "grpo", "--name", "a b"], "invalid node name"),
+        (["spawn", "grpo", "--name", "x", "--edit", "{syntax}"], "syntax error"),
+        (["spawn", "grpo", "--name", "x", "--edit", "{drop}"], "drops the interface function compute_advantages"),
+        (["spawn", "grpo", "--name", "x", "--edit", "{resign}"], "changes the signature of the interface function policy_loss"),
+        (["spawn", "grpo", "--name", "x", "--edit", "{missing}"], "does not exist"),
+        (["spawn", "grpo", "--name", "x", "--edit", "{stmt}"], "only hold top-level definitions"),
+        (["show", "nope"], "unknown node 'nope'"),
+        (["record", "grpo", "--results", "{badjson}"], "not valid JSON"),
+        (["record", "grpo", "--results", "{nan}"], "must be a finite number"),
+    ],
+)
+def test_bad_input_one_clear_line_and_nothing_written(archive, cli, tmp_path, args, expect):
+    files = {
+        "syntax": "def compute_advantages(batch, cfg:\n    return 1\n",
+        "drop": "compute_advantages = None\n",
+        "resign": "def policy_loss(log_prob, advantages, cfg):\n    return 0, {}\n",
+        "missing": str(tmp_path / "nope.py"),
+        "stmt": "print('hello')\n",
+        "badjson": "{not json",
+        "nan": '{"overall": NaN}',
+    }
+    real = []
+    for a in args:
+        if a.startswith("{") and a.endswith("}") and a[1:-1] in files:
+            key = a[1:-1]
+            if key == "missing":
+                real.append(files[key])
+            else:
+                p = tmp_path / f"{key}.txt"
+                p.write_text(files[key])
+                real.append(str(p))
+        else:
+            real.append(a)
+    before = refs(archive.path)
+    objects_before = git(archive.path, "count-objects")
+    proc = cli(*real, "--archive", str(archive.path))
+    assert proc.returncode != 0
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and expect in err[0], proc.stderr
+    assert refs(archive.path) == before
+    assert git(archive.path, "count-objects") == objects_before or "spawn" not in args[0]
+    assert archive.fsck()
+
+
+def test_check_name_agrees_with_git(tmp_path):
+    for good in ["a", "dr-grpo", "v1.2_b", "X9"]:
+        check_name(good)
+        assert subprocess.run(["git", "check-ref-format", f"refs/heads/poise/{good}"]).returncode == 0
+    for bad in ["", ".a", "a..b", "a/b", "a.lock", "a.", "a b", "a~1", "a:b", "-a", "a" * 101]:
+        with pytest.raises(ArchiveError):
+            check_name(bad)
+
+
+def test_edit_errors_are_edit_errors(archive):
+    with pytest.raises(EditError):
+        archive.spawn("grpo", "x", "def policy_loss(a):\n    pass\n")
+    assert not archive.exists("x")
+
+
+_SPAWNER = """
+import sys
+sys.path.insert(0, {repo!r})
+from engine.archive import Archive
+arch = Archive({path!r})
+name = sys.argv[1]
+arch.spawn("grpo", name, "SCALE_" + name.replace("-", "_") + " = 1.0\\n", proposal="p " + name)
+arch.record_results("grpo", {{"overall": 0.1, "writer": float(name.split("-")[1])}})
+"""
+
+
+def test_eight_concurrent_spawners_all_succeed(archive, tmp_path):
+    script = tmp_path / "spawner.py"
+    script.write_text(_SPAWNER.format(repo=str(Path(__file__).resolve().parents[1]), path=str(archive.path)))
+    procs = [subprocess.Popen([sys.executable, str(script), f"w-{i}"], stderr=subprocess.PIPE) for i in range(8)]
+    errors = [p.communicate()[1] for p in procs]
+    assert all(p.returncode == 0 for p in procs), errors
+    nodes = archive.nodes()
+    assert {f"w-{i}" for i in range(8)} <= set(nodes)
+    assert all(nodes[f"w-{i}"].parents == ("grpo",) for i in range(8))
+    # 8 concurrent records on one branch: compare-and-swap retries lose none of them.
+    results_commits = git(archive.path, "log", "--format=%s", "poise/grpo").count("poise: results for grpo")
+    assert results_commits == 8
+    assert archive.fsck()
+
+
+def test_clone_and_read_back(archive, tmp_path):
+    archive.spawn("grpo", "a", EDIT, proposal="A")
+    archive.spawn("a", "b", "BETA = 2.0\n")
+    archive.record_results("b", {"overall": 0.7})
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", "--mirror", str(archive.path), str(clone / ".git")], check=True)
+    subprocess.run(["git", "-C", str(clone), "config", "--bool", "core.bare", "false"], check=True)
+    copy = Archive(clone)
+    got = {n.name: (n.parents, n.status, n.overall, n.depth) for n in copy.nodes().values()}
+    want = {n.name: (n.parents, n.status, n.overall, n.depth) for n in archive.nodes().values()}
+    assert got == want and got["b"] == (("a",), "evaluated", 0.7, 2)
+    assert copy.algorithm("b") == archive.algorithm("b")
+
+
+def test_cli_tour(archive, cli, tmp_path):
+    edit = tmp_path / "edit.py"
+    edit.write_text(EDIT)
+    prop = tmp_path / "P.md"
+    prop.write_text("# Dr.GRPO\nDrop the std.\n")
+    a = str(archive.path)
+    p = cli("spawn", "grpo", "--name", "dr", "--edit", str(edit), "--proposal", str(prop), "--archive", a)
+    assert p.returncode == 0, p.stderr
+    assert "spawned dr from grpo" in p.stdout and "algorithm.py" in p.stdout and "PROPOSAL.md" in p.stdout
+    res = tmp_path / "r.json"
+    res.write_text(json.dumps({"overall": 47.8, "mean_length": 812}))
+    assert cli("record", "dr", "--results", str(res), "--archive", a).returncode == 0
+    p = cli("log", "--archive", a)
+    assert p.returncode == 0 and "grpo" in p.stdout and "└── dr" in p.stdout and "47.8" in p.stdout
+    data = json.loads(cli("log", "--json", "-C", a).stdout)
+    assert [r["node"] for r in data] == ["grpo", "dr"] and data[1]["overall"] == 47.8
+    p = cli("show", "dr", "-C", a)
+    assert p.returncode == 0 and "Dr.GRPO" in p.stdout and "mechanism diff vs grpo" in p.stdout and "47.8" in p.stdout
+    p = cli("diff", "grpo", "dr", "-C", a)
+    assert p.returncode == 0 and "+    # centred only: Dr.GRPO" in p.stdout and "PROPOSAL.md" not in p.stdout
+    p = cli("diff", "grpo", "dr", "--all", "-C", a)
+    assert "PROPOSAL.md" in p.stdout and "results.json" in p.stdout
+    # --archive defaults to the current directory, like git.
+    p = cli("log", cwd=archive.path)
+    assert p.returncode == 0 and "dr" in p.stdout
+
+
+def test_cli_init_and_help(cli, tmp_path):
+    p = cli("init", str(tmp_path / "e"))
+    assert p.returncode == 0 and "poise/grpo" in p.stdout
+    assert Archive(tmp_path / "e").nodes()["grpo"].status == "spawned"
+    p = cli("init", str(tmp_path / "e"))
+    assert p.returncode == 1 and "not empty" in p.stderr
+    p = cli("--help")
+    assert p.returncode == 0 and "spawn" in p.stdout and "record" in p.stdout
+
+
+def test_console_script_is_declared():
+    import tomllib
+
+    meta = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    assert meta["project"]["scripts"]["poise-git"] == "engine.cli:main"
