@@ -242,13 +242,27 @@ def make_executor(workers: int, ray_address: str | None = None, num_gpus: float 
 
 
 def _die_with_parent() -> None:
-    """PR_SET_PDEATHSIG: SIGKILL this process when the thread that started it exits (Linux)."""
+    """PR_SET_PDEATHSIG (Linux): SIGTERM this worker when the thread that started it exits; the handler
+    kills the worker's own descendants (seed processes in their own sessions included), then exits."""
+
+    def on_term(signum, frame) -> None:
+        try:
+            import psutil
+
+            for child in psutil.Process().children(recursive=True):
+                kill_tree(child.pid)
+        finally:
+            os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
     except Exception:
         pass
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 def _worker(job: EvalJob) -> None:
