@@ -130,3 +130,42 @@ def test_kill_tree_reaches_descendants_in_their_own_sessions(tmp_path):
         time.sleep(0.1)
     else:
         pytest.fail("the grandchild in its own session survived kill_tree")
+
+
+def test_ui_serves_the_archive_store_on_localhost(archive, tmp_path):
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(repo))
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "ui", "-C", str(archive.path), "--port", str(port)], cwd=repo, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline, ok = time.time() + 120, False
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    ok = r.status == 200
+                    break
+            except OSError:
+                time.sleep(0.5)
+        assert ok, f"the MLflow UI did not come up: {proc.poll()}"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ajax-api/2.0/mlflow/experiments/search?max_results=10", timeout=10) as r:
+            assert r.status == 200
+        assert (archive.path / "mlflow.db").is_file()  # the archive's own store
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
