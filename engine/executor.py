@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 RESULT_MARK = "POISE-EVAL-RESULT "
+STOPPED = "stopped"
+"""outcome status of an evaluation the loop itself stopped (budget, interrupt): nothing is recorded"""
 
 
 @dataclass
@@ -76,6 +78,8 @@ def run_job(job: EvalJob) -> EvalOutcome:
         kill_tree(proc.pid)
         _LIVE.discard(proc)
     wall = time.monotonic() - start
+    if _LIVE.was_stopped(proc.pid):
+        return EvalOutcome(job.node, STOPPED, "stopped by the loop; left for --resume", None, wall, False)
     for line in reversed((out or "").splitlines()):
         if line.startswith(RESULT_MARK):
             data = json.loads(line[len(RESULT_MARK):])
@@ -141,6 +145,7 @@ class _Live:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._procs: set = set()
+        self._stopped: set[int] = set()
 
     def add(self, p) -> None:
         with self._lock:
@@ -153,8 +158,13 @@ class _Live:
     def kill_all(self) -> None:
         with self._lock:
             procs = list(self._procs)
+            self._stopped.update(p.pid for p in procs)
         for p in procs:
             kill_tree(p.pid)
+
+    def was_stopped(self, pid: int) -> bool:
+        with self._lock:
+            return pid in self._stopped
 
 
 _LIVE = _Live()
@@ -204,6 +214,7 @@ class RayExecutor:
         self._remote = ray.remote(max_retries=0)(run_job)
         self._pool = cf.ThreadPoolExecutor(max_workers=64, thread_name_prefix="poise-ray")
         self._refs: set = set()
+        self._stopping = False
 
     def submit(self, job: EvalJob) -> cf.Future:
         cpus = max(1.0, float(job.seeds or 1)) if not self.num_gpus else 1.0
@@ -216,6 +227,8 @@ class RayExecutor:
             try:
                 return self.ray.get(ref, timeout=limit)
             except Exception as exc:  # worker lost, task cancelled, or the backstop fired
+                if self._stopping:
+                    return EvalOutcome(job.node, STOPPED, "stopped by the loop; left for --resume")
                 self.ray.cancel(ref, force=True)
                 return record_failure(job, f"Ray task failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}", limit)
             finally:
@@ -225,6 +238,7 @@ class RayExecutor:
 
     def shutdown(self, kill: bool = False) -> None:
         if kill:
+            self._stopping = True
             for ref in list(self._refs):
                 try:
                     self.ray.cancel(ref, force=True)

@@ -20,7 +20,7 @@ from engine.archive import ROOT_NAME, Archive
 from engine.budget import Budget, Usage, exhausted
 from engine.config import validate
 from engine.errors import PoiseError
-from engine.executor import EvalJob, EvalOutcome, make_executor
+from engine.executor import STOPPED, EvalJob, EvalOutcome, make_executor
 from engine.runstate import RunRecord, last_round, load_run, new_run_id, node_round, pending_work, run_nodes, save_run
 
 Event = Callable[[dict], None]
@@ -152,7 +152,8 @@ class Loop:
         self.emit({"kind": "plan", "run": self.rec.id, "first": first, "last": last, "parents": p["parents"],
                    "population": p["population"], "seeds": p["seeds"], "budget": self.budget.describe(),
                    "objective": obj.describe(self.cfg.experiment), "workers": workers, "ray": self.opts.ray or "",
-                   "resume": self.opts.resume})
+                   "resume": self.opts.resume, "done": sum(1 for n in run_nodes(self.archive.nodes(), self.rec.id).values()
+                                                           if n.status in ("evaluated", "failed", "rejected"))})
         self.executor = make_executor(workers, self.opts.ray, float(p["gpus_per_eval"]) if p["backend"] == "verl" else 0.0)
         try:
             self._finish_pending(resuming=True)
@@ -272,7 +273,8 @@ class Loop:
                 except Exception as exc:  # the executor itself failed: the node stays pending for --resume
                     self.emit({"kind": "log", "msg": f"{name}: evaluation error {type(exc).__name__}: {exc}"})
                     continue
-                self._after_eval(out, r)
+                if out.status != STOPPED:
+                    self._after_eval(out, r)
             if not block:
                 return
             self.emit({"kind": "tick", "elapsed": time.monotonic() - self.t0})
@@ -324,7 +326,7 @@ class Loop:
             self.emit({"kind": "node", "node": name, "status": status, "round": node_round(nodes[name]), "reason": "" if res.ok else res.reason})
             if status == "verified":
                 todo.evaluate.append(name)
-        if todo.evaluate:
+        if todo.evaluate and resuming:
             _close_dangling_runs(self.archive, todo.evaluate)
         for name in todo.evaluate:
             self._submit(name, node_round(nodes[name]) if name in nodes else None)
@@ -367,6 +369,10 @@ def _llm_usage() -> tuple[int, float]:
 
 def _close_dangling_runs(archive: Archive, names: list[str]) -> None:
     """MLflow runs a killed evaluation left RUNNING are marked KILLED, so none is counted twice."""
+    from engine.tracking import MLFLOW_DB
+
+    if not os.environ.get("MLFLOW_TRACKING_URI") and not (archive.path / MLFLOW_DB).exists():
+        return
     try:
         from engine.tracking import find_runs
         import mlflow

@@ -57,7 +57,8 @@ class _Display:
         kind = e["kind"]
         if kind == "plan":
             n = (e["last"] - e["first"] + 1) * e["parents"] * e["population"]
-            self.progress.update(self.task, total=n)
+            self.done = int(e.get("done", 0))
+            self.progress.update(self.task, total=n, completed=self.done)
             self.log(f"run {e['run']}{' (resumed)' if e['resume'] else ''}: rounds {e['first']}–{e['last']}, {e['parents']} parents × "
                      f"{e['population']} candidates, {e['seeds']} seed(s), {e['workers']} worker(s){' on Ray ' + e['ray'] if e['ray'] else ''}; "
                      f"{e['objective']}; {e['budget']}")
