@@ -23,8 +23,16 @@ def _final(nodes) -> dict[str, str]:
 
 
 def _events(arch, name: str) -> list[str]:
+    """The Poise-Event of every commit of the node itself (not of its ancestors)."""
+    from engine.archive import parse_trailers
+
     out = arch.git.text("log", "--format=%B%x1e", f"refs/heads/poise/{name}")
-    return [ln.split(": ", 1)[1] for rec in out.split("\x1e") for ln in rec.splitlines() if ln.startswith("Poise-Event: ")]
+    events = []
+    for rec in out.split("\x1e"):
+        tr = parse_trailers(rec)
+        if tr.get("Poise-Node", [None])[-1] == name:
+            events += tr.get("Poise-Event", [])
+    return events
 
 
 def test_tiny_run_end_to_end(tmp_path, cli):
@@ -80,7 +88,7 @@ def test_kill_9_then_resume_finishes_without_duplicates(tmp_path):
     from engine.archive import Archive
 
     exp = tmp_path / "exp"
-    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="200")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])), COLUMNS="200")
     cmd = [sys.executable, "-m", "engine", "run", "-C", str(exp), "--rounds", "2", "--parents", "1", "--population", "2", *SMALL, "--no-report"]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     killed_at = None
