@@ -67,6 +67,10 @@ class SelectConfig:
     seed: int = 0
     allow_failed: bool = False
     """let failed / rejected nodes be parents"""
+    gp_max_train: int = 256
+    """the GP-UCB is fitted on at most this many nodes with observed descendant gain (seeded sample)"""
+    expansion_half: float = 4.0
+    """over-expansion discount of U_div: 1 / (1 + children / expansion_half)"""
 
 
 @dataclass(frozen=True)

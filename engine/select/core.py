@@ -1,0 +1,265 @@
+"""Parent selection: s(d) = w_pareto*U_pareto + w_perf*U_perf + w_div*U_div + w_bayes*alpha_GP(d).
+
+Every component lies in [0, 1] in the score; ``gp_ucb`` in a row is alpha on its own scale (the
+descendant gain y_d in [-1, 1] where observed, else the GP's mean + kappa*std) and enters the score as
+clip((alpha + 1) / 2, 0, 1). k parents are picked greedily without replacement; U_div is recomputed
+after each pick. See docs/selection.md.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from engine.config import Config, SelectConfig, utility
+from engine.errors import ConfigError, PoiseError
+from engine.select import pareto
+from engine.select.features import FINGERPRINT, descendant_gain, mechanism_matrix
+
+NOT_PARENTS = ("failed", "rejected")
+CROWD_NEIGHBOURS = 5
+CROWD_REFERENCE = 1024
+MECH_COMPONENTS = 4
+PRIOR_STD = 0.5
+"""GP std (in y units) used when fewer than 3 nodes have observed descendant gains"""
+
+
+class SelectError(PoiseError):
+    """No node can be a parent (everything excluded, failed or rejected)."""
+
+
+@dataclass
+class Selection:
+    chosen: list[str]
+    """the parents, best first"""
+    rows: list[dict[str, Any]]
+    """one per node: node, pareto, perf, div, gp_ucb, descendant_gain, score (+ context)"""
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def row(self, name: str) -> dict[str, Any]:
+        return next(r for r in self.rows if r["node"] == name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"chosen": list(self.chosen), "rows": self.rows, "params": self.params}
+
+
+def _check(sc: SelectConfig) -> None:
+    if sc.top_k < 1:
+        raise ConfigError("poise.toml: [select].top_k must be >= 1")
+    if sc.kappa < 0:
+        raise ConfigError("poise.toml: [select].kappa must be >= 0")
+    if sc.gp_max_train < 3:
+        raise ConfigError("poise.toml: [select].gp_max_train must be >= 3")
+    if sc.expansion_half <= 0:
+        raise ConfigError("poise.toml: [select].expansion_half must be > 0")
+    for w in ("w_pareto", "w_perf", "w_div", "w_bayes"):
+        if getattr(sc, w) < 0:
+            raise ConfigError(f"poise.toml: [select].{w} must be >= 0")
+
+
+def _read(archive: Any, need_sources: bool) -> tuple[dict, dict | None, dict | None, Config | None]:
+    if isinstance(archive, Mapping):
+        return dict(archive), None, None, None
+    nodes = archive.nodes()
+    names = list(nodes)
+    blobs = archive.git.cat_blobs([f"{nodes[n].commit}:algorithm.py" for n in names] +
+                                  [f"{nodes[n].commit}:{FINGERPRINT}" for n in names])
+    k = len(names)
+    sources = {n: b.decode("utf-8", "replace") for n, b in zip(names, blobs[:k]) if b is not None}
+    fps = {n: b for n, b in zip(names, blobs[k:]) if b is not None}
+    return nodes, sources, fps, None
+
+
+def _gp_alpha(x: np.ndarray, y: np.ndarray | None, has_y: np.ndarray, kappa: float, max_train: int,
+              rng: np.random.Generator, seed: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """(mean, std) of the GP at every row of x; trained on a seeded uniform subset (<= max_train)
+    of the rows with an observed y."""
+    n = len(x)
+    idx = np.flatnonzero(has_y)
+    if idx.size < 3:
+        mu = float(np.mean(y[idx])) if idx.size else 0.0
+        return np.full(n, mu), np.full(n, PRIOR_STD), int(idx.size)
+    if idx.size > max_train:
+        idx = np.sort(rng.choice(idx, size=max_train, replace=False))
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.gaussian_process import GaussianProcessRegressor
+    from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
+
+    kernel = ConstantKernel(1.0, (1e-2, 1e2)) * RBF(length_scale=np.sqrt(x.shape[1]), length_scale_bounds=(1e-2, 1e3)) \
+        + WhiteKernel(0.1, (1e-5, 1e1))
+    gp = GaussianProcessRegressor(kernel=kernel, normalize_y=True, random_state=seed, n_restarts_optimizer=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        gp.fit(x[idx], y[idx])
+        mu, sd = gp.predict(x, return_std=True)
+    return mu, sd, int(idx.size)
+
+
+def _standardize(a: np.ndarray) -> np.ndarray:
+    a = np.where(np.isfinite(a), a, np.nan)
+    mean = np.nanmean(a, axis=0) if a.size else a
+    a = np.where(np.isnan(a), mean, a)
+    sd = a.std(axis=0)
+    return (a - a.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
+
+
+def select_parents(archive: Any, cfg: Config | None = None, k: int | None = None, seed: int | None = None,
+                   exclude: Iterable[str] = (), *, sources: Mapping[str, str] | None = None,
+                   fingerprints: Mapping[str, Any] | None = None) -> Selection:
+    """Rank the archive's nodes by s(d) and pick ``k`` parents (default ``[select].k``).
+
+    ``archive``: an :class:`engine.archive.Archive` (nodes, algorithm.py and fingerprint.json read in
+    one batch) or an already-read ``{name: Node}`` (then ``sources`` / ``fingerprints`` may give the
+    mechanisms; without them diversity uses the objective vector)."""
+    nodes, src, fps, _ = _read(archive, True)
+    if cfg is None:
+        cfg = archive.config() if not isinstance(archive, Mapping) else Config()
+    sc, exp = cfg.select, cfg.experiment
+    _check(sc)
+    k = sc.k if k is None else int(k)
+    if k < 1:
+        raise SelectError("k must be >= 1")
+    seed = sc.seed if seed is None else int(seed)
+    sources = sources if sources is not None else src
+    fingerprints = fingerprints if fingerprints is not None else fps
+    exclude = set(exclude)
+    rng = np.random.default_rng(seed)
+    weights = {"pareto": sc.w_pareto, "perf": sc.w_perf, "div": sc.w_div, "bayes": sc.w_bayes}
+
+    names = sorted(nodes, key=lambda n: (nodes[n].created, n))
+    util = {n: utility(nodes[n].metrics, exp) if nodes[n].results else None for n in names}
+    kids: dict[str, list[str]] = {}
+    for n in names:
+        for p in set(nodes[n].parents):
+            kids.setdefault(p, []).append(n)
+    gains, n_desc = descendant_gain(nodes, util, sc.top_k, sc.gamma, sc.beta)
+
+    def allowed(n: str) -> bool:
+        return sc.allow_failed or nodes[n].status not in NOT_PARENTS
+
+    pop = [n for n in names if util[n] is not None and allowed(n)]
+    objectives = pareto.parse_objectives(exp.pareto_objectives) if exp.pareto_objectives else \
+        pareto.default_objectives([nodes[n].metrics for n in pop], exp.objective, exp.length_penalty)
+    params: dict[str, Any] = {"k": k, "top_k": sc.top_k, "gamma": sc.gamma, "beta": sc.beta, "kappa": sc.kappa,
+                              "weights": weights, "seed": seed, "allow_failed": sc.allow_failed,
+                              "objectives": [("-" if s < 0 else "") + m for m, s in objectives],
+                              "utility": exp.objective + (f" - {exp.length_penalty:g}*mean_length" if exp.length_penalty else "")}
+    rows: dict[str, dict[str, Any]] = {}
+    for n in names:
+        node = nodes[n]
+        why = None
+        if n in exclude:
+            why = "excluded"
+        elif not allowed(n):
+            why = f"{node.status}: evidence, not a parent"
+        elif util[n] is None:
+            why = "no results" if not node.results else f"objective {exp.objective!r} not measured"
+        rows[n] = {"node": n, "status": node.status, "depth": node.depth, "children": len(kids.get(n, ())),
+                   "utility": util[n], "layer": None, "pareto": None, "perf": None, "div": None, "gp_ucb": None,
+                   "descendant_gain": gains.get(n), "descendants": n_desc.get(n, 0), "score": None,
+                   "rank": None, "eligible": why is None, "why": why}
+
+    cands = [n for n in pop if n not in exclude]
+    if not cands:
+        return _fallback(nodes, names, rows, exclude, allowed, k, params)
+
+    # -- population components --------------------------------------------------------------
+    y = pareto.objective_matrix([nodes[n].metrics for n in pop], objectives)
+    layer = pareto.layers(y)
+    u_par = pareto.strength(layer)
+    u = np.array([util[n] for n in pop], dtype=float)
+    span = u.max() - u.min()
+    u_perf = (u - u.min()) / span if span > 0 else np.ones(len(pop))
+    n_kids = np.array([len(kids.get(n, ())) for n in pop], dtype=float)
+    failed_frac = np.array([sum(nodes[c].status in NOT_PARENTS for c in kids.get(n, ())) for n in pop]) / np.maximum(n_kids, 1)
+    depth = np.array([nodes[n].depth for n in pop], dtype=float)
+
+    ystd = _standardize(y)
+    mech, mech_kind = mechanism_matrix(pop, sources, fingerprints, ystd / max(1.0, np.sqrt(y.shape[1])))
+    params["mechanism"] = mech_kind
+
+    # crowding: mean distance to the nearest neighbours within a seeded reference sample
+    ref = np.arange(len(pop)) if len(pop) <= CROWD_REFERENCE else np.sort(rng.choice(len(pop), CROWD_REFERENCE, replace=False))
+    sq = (mech ** 2).sum(axis=1)
+    d2 = np.maximum(sq[:, None] + sq[ref][None, :] - 2.0 * mech @ mech[ref].T, 0.0)
+    d = np.sqrt(d2)
+    self_hit = ref[None, :] == np.arange(len(pop))[:, None]
+    d[self_hit] = np.inf
+    nn = min(CROWD_NEIGHBOURS, max(len(ref) - 1, 1))
+    near = np.sort(d, axis=1)[:, :nn]
+    near = np.where(np.isfinite(near), near, np.nan)
+    crowd = np.nan_to_num(np.nanmean(near, axis=1), nan=1.0) if len(pop) > 1 else np.ones(1)
+    finite = d[np.isfinite(d)]
+    scale = float(np.percentile(finite, 90)) if finite.size else 1.0
+    scale = scale if scale > 0 else 1.0
+    crowd_n = np.clip(crowd / scale, 0.0, 1.0)
+    discount = 1.0 / (1.0 + n_kids / sc.expansion_half)
+
+    # -- GP-UCB on the descendant gain --------------------------------------------------------
+    has_y = np.array([n in gains for n in pop])
+    yg = np.array([gains.get(n, 0.0) for n in pop])
+    mech_pc = mech - mech.mean(axis=0)
+    if mech_pc.shape[1] > MECH_COMPONENTS and len(pop) > 1:
+        _, vecs = np.linalg.eigh(mech_pc.T @ mech_pc)  # principal axes of a [D, D] scatter matrix
+        mech_pc = mech_pc @ vecs[:, ::-1][:, :MECH_COMPONENTS]
+    feats = _standardize(np.column_stack([u, np.where(np.isfinite(y), y, np.nan), depth, n_kids, failed_frac, mech_pc]))
+    mu, sd, n_train = _gp_alpha(feats, yg, has_y, sc.kappa, sc.gp_max_train, rng, seed)
+    alpha = np.where(has_y, yg, mu + sc.kappa * sd)
+    u_gp = np.clip((alpha + 1.0) / 2.0, 0.0, 1.0)
+    params["gp"] = {"train": n_train, "observed": int(has_y.sum()), "max_train": sc.gp_max_train,
+                    "subset": "seeded uniform sample of nodes with an observed descendant gain"}
+
+    # -- greedy, diversity-aware picks --------------------------------------------------------
+    index = {n: i for i, n in enumerate(pop)}
+    ci = np.array([index[n] for n in cands])
+    base = sc.w_pareto * u_par[ci] + sc.w_perf * u_perf[ci] + sc.w_bayes * u_gp[ci]
+    tiebreak = rng.permutation(len(ci))
+    d_pick = np.ones(len(ci))
+    alive = np.ones(len(ci), dtype=bool)
+    div = np.zeros(len(ci))
+    score = np.zeros(len(ci))
+    chosen: list[str] = []
+    for r in range(min(k, len(ci))):
+        div = discount[ci] * (0.5 * d_pick + 0.5 * crowd_n[ci])
+        score = base + sc.w_div * div
+        masked = np.where(alive, score, -np.inf)
+        best = int(np.lexsort((tiebreak, -masked))[0])
+        chosen.append(cands[best])
+        _fill(rows[cands[best]], layer[ci[best]], u_par[ci[best]], u_perf[ci[best]], div[best], alpha[ci[best]], score[best])
+        rows[cands[best]]["rank"] = r + 1
+        alive[best] = False
+        dist = np.linalg.norm(mech[ci] - mech[ci[best]], axis=1) / scale
+        d_pick = np.minimum(d_pick, np.clip(dist, 0.0, 1.0))
+    div = discount[ci] * (0.5 * d_pick + 0.5 * crowd_n[ci])
+    score = base + sc.w_div * div
+    for j in np.flatnonzero(alive):
+        _fill(rows[cands[j]], layer[ci[j]], u_par[ci[j]], u_perf[ci[j]], div[j], alpha[ci[j]], score[j])
+    for n in pop:  # excluded population members: components for context, no score
+        if n in exclude:
+            i = index[n]
+            _fill(rows[n], layer[i], u_par[i], u_perf[i], None, alpha[i], None)
+    out = sorted(rows.values(), key=lambda r: (r["rank"] is None, r["rank"] or 0, r["score"] is None, -(r["score"] or 0.0), r["node"]))
+    return Selection(chosen, out, params)
+
+
+def _fill(row: dict, layer: Any, par: float, perf: float, div: float | None, gp: float, score: float | None) -> None:
+    row.update(layer=int(layer), pareto=float(par), perf=float(perf), div=None if div is None else float(div),
+               gp_ucb=float(gp), score=None if score is None else float(score))
+
+
+def _fallback(nodes: dict, names: list[str], rows: dict, exclude: set, allowed, k: int, params: dict) -> Selection:
+    """No evaluated candidate: pick unevaluated, non-failed nodes, shallowest and oldest first."""
+    pool = [n for n in names if n not in exclude and allowed(n)]
+    if not pool:
+        raise SelectError("no node can be a parent: every node is excluded, failed or rejected "
+                          "(set [select].allow_failed = true to allow failed ones)")
+    pool.sort(key=lambda n: (nodes[n].depth, nodes[n].created, n))
+    chosen = pool[:k]
+    for r, n in enumerate(chosen):
+        rows[n]["rank"] = r + 1
+    params["fallback"] = "no evaluated candidates: unevaluated nodes picked, shallowest and oldest first"
+    out = sorted(rows.values(), key=lambda r: (r["rank"] is None, r["rank"] or 0, r["node"]))
+    return Selection(chosen, out, params)

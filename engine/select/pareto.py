@@ -1,0 +1,144 @@
+"""Pareto objectives, non-dominated layers and the strength U_pareto in [0, 1].
+
+All objectives are turned into "higher is better" columns (a ``-`` prefix minimizes); a missing value
+is the worst possible (-inf). Layer 0 is the non-dominated front; U_pareto = 1 - layer / (L - 1)
+over the L layers of the population (1 for everyone when L == 1).
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from engine.errors import ConfigError
+
+MAX_DEFAULT_OBJECTIVES = 8
+"""at most this many per-benchmark metrics enter the default objective vector"""
+
+
+def parse_objectives(spec: Sequence[str]) -> list[tuple[str, float]]:
+    """``["overall", "-mean_length"]`` -> ``[("overall", 1.0), ("mean_length", -1.0)]``."""
+    out = []
+    for item in spec:
+        if not isinstance(item, str) or not item.strip("-+ "):
+            raise ConfigError(f"poise.toml: [experiment].pareto_objectives: bad entry {item!r}")
+        item = item.strip()
+        sign = -1.0 if item.startswith("-") else 1.0
+        out.append((item.lstrip("-+").strip(), sign))
+    return out
+
+
+def default_objectives(metric_dicts: Sequence[Mapping[str, float]], objective: str, length_penalty: float) -> list[tuple[str, float]]:
+    """The objective, plus the per-benchmark scores (metrics named ``bench/score``, not ``train/…``)
+    shared by every node, plus ``-mean_length`` under a length directive (length_penalty > 0)."""
+    objs = [(objective, 1.0)]
+    if not metric_dicts:
+        return objs
+    shared = set(metric_dicts[0])
+    for m in metric_dicts[1:]:
+        shared &= set(m)
+    bench = sorted(k for k in shared if "/" in k and not k.startswith(("train/", "-")) and k != objective)
+    objs += [(k, 1.0) for k in bench[:MAX_DEFAULT_OBJECTIVES]]
+    if length_penalty > 0 and "mean_length" in shared and objective != "mean_length":
+        objs.append(("mean_length", -1.0))
+    return objs
+
+
+def objective_matrix(metric_dicts: Sequence[Mapping[str, float]], objectives: Sequence[tuple[str, float]]) -> np.ndarray:
+    """[N, m] matrix, every column "higher is better"; missing values are -inf."""
+    y = np.full((len(metric_dicts), len(objectives)), -np.inf)
+    for i, m in enumerate(metric_dicts):
+        for j, (key, sign) in enumerate(objectives):
+            v = m.get(key)
+            if v is not None and np.isfinite(v):
+                y[i, j] = sign * float(v)
+    return y
+
+
+def layers(y: np.ndarray) -> np.ndarray:
+    """Non-dominated sorting of ``y`` [N, m] (maximize every column): the layer index of each row."""
+    y = np.asarray(y, dtype=float)
+    n = len(y)
+    if n == 0:
+        return np.zeros(0, dtype=int)
+    if y.ndim == 1 or y.shape[1] == 1:
+        col = y.reshape(n)
+        uniq = np.unique(col)[::-1]
+        return np.searchsorted(-uniq, -col).astype(int)
+    if y.shape[1] == 2:
+        return _layers_2d(y)
+    return _layers_nd(y)
+
+
+def _layers_2d(y: np.ndarray) -> np.ndarray:
+    """O(N log N): sort by (y0, y1) descending; each layer's last member has that layer's largest y1,
+    and the layers' (y1, y0) keys strictly decrease, so a point joins the first layer it is not
+    dominated by (binary search)."""
+    order = np.lexsort((-y[:, 1], -y[:, 0]))
+    neg_keys: list[tuple[float, float]] = []  # (-y1, -y0) of each layer's last member, increasing
+    out = np.empty(len(y), dtype=int)
+    for i in order:
+        key = (-y[i, 1], -y[i, 0])
+        layer = bisect.bisect_left(neg_keys, key)
+        if layer == len(neg_keys):
+            neg_keys.append(key)
+        else:
+            neg_keys[layer] = key
+        out[i] = layer
+    return out
+
+
+def _bit(i: np.ndarray) -> np.ndarray:
+    return np.uint8(128) >> (i & 7).astype(np.uint8)
+
+
+def _layers_nd(y: np.ndarray) -> np.ndarray:
+    """Non-dominated sorting with packed bitsets (N^2/8 bytes): for each objective the set
+    {k : y_j[k] >= y_j[i]} is a prefix of that objective's sort order, built by a cumulative OR; the
+    dominators of i are the AND over objectives (distinct points only: duplicates share a layer).
+    Fronts are peeled by testing ``dominators & remaining`` for emptiness."""
+    y = np.array(y, dtype=float)
+    m = y.shape[1]
+    for j in range(m):  # missing (-inf) -> below the column's finite minimum
+        col = y[:, j]
+        fin = np.isfinite(col)
+        col[~fin] = col[fin].min() - 1.0 if fin.any() else 0.0
+    y, inv = np.unique(y, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    n = len(y)
+    nb = (n + 7) // 8
+    idx = np.arange(n)
+    dom: np.ndarray | None = None
+    for j in range(m):
+        order = np.argsort(-y[:, j], kind="stable")
+        rows = np.zeros((n, nb), dtype=np.uint8)
+        rows[idx, order >> 3] = _bit(order)
+        np.bitwise_or.accumulate(rows, axis=0, out=rows)
+        vals = -y[order, j]
+        last = np.searchsorted(vals, vals, side="right") - 1  # the end of each tie group
+        pre = np.empty((n, nb), dtype=np.uint8)
+        pre[order] = rows[last]
+        dom = pre if dom is None else np.bitwise_and(dom, pre, out=dom)
+    assert dom is not None
+    dom[idx, idx >> 3] &= ~_bit(idx)
+    remaining = np.zeros(nb, dtype=np.uint8)
+    np.bitwise_or.at(remaining, idx >> 3, _bit(idx))
+    out = np.full(n, -1, dtype=int)
+    rem_idx, layer = idx, 0
+    while rem_idx.size:
+        blocked = (dom[rem_idx] & remaining).any(axis=1)
+        front = rem_idx[~blocked]
+        out[front] = layer
+        np.bitwise_and.at(remaining, front >> 3, ~_bit(front))
+        rem_idx, layer = rem_idx[blocked], layer + 1
+    return out[inv]
+
+
+def strength(layer: np.ndarray) -> np.ndarray:
+    """U_pareto = 1 - layer / (L - 1), in [0, 1]."""
+    if layer.size == 0:
+        return np.zeros(0)
+    top = int(layer.max())
+    return np.ones(len(layer)) if top == 0 else 1.0 - layer / top

@@ -1,0 +1,221 @@
+"""The selector: descendant gain by hand, Pareto layers, determinism, unevaluated nodes, CLI schema,
+retrospective analysis. Lineages are built with Archive.spawn and recorded with the real CLI."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.archive import Archive
+from engine.config import Config, ExperimentConfig, SelectConfig
+from engine.select import SelectError, retrospect, select_parents
+from engine.select.features import descendant_gain
+from engine.select.pareto import default_objectives, layers, strength
+
+run_cli = None
+
+
+@pytest.fixture(autouse=True)
+def _cli(cli):
+    """The real entry point (conftest.run_cli) for helpers below."""
+    global run_cli
+    run_cli = cli
+
+
+EDIT = '''\
+def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:
+    """variant {i}"""
+    scores = batch.rewards.to(torch.float32) * {scale}
+    return scores - scores.mean()
+'''
+
+
+def record(arch: Archive, node: str, tmp_path, via_cli: bool = False, **metrics) -> None:
+    """``poise-git record`` (the real CLI) or the library call it makes (faster, for bigger lineages)."""
+    if not via_cli:
+        arch.record_results(node, metrics)
+        return
+    f = tmp_path / f"{node}.json"
+    f.write_text(json.dumps(metrics))
+    r = run_cli("record", node, "--results", str(f), "--archive", str(arch.path))
+    assert r.returncode == 0, r.stderr
+
+
+def spawn(arch, parent, name, trailers=None, edit=None):
+    return arch.spawn(parent, name, edit, trailers=trailers)
+
+
+@pytest.fixture(scope="module")
+def lineage(tmp_path_factory):
+    """grpo 0.40 -> A 0.50 -> A1 0.60, A2 0.55 ; grpo -> B 0.50 -> B1 0.45 (B == A in code).
+    Built once per module; the tests using it only read it."""
+    global run_cli
+    spec = importlib.util.spec_from_file_location("_select_conftest", Path(__file__).with_name("conftest.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    run_cli = mod.run_cli
+    tmp_path = tmp_path_factory.mktemp("lineage")
+    archive = Archive.init(tmp_path / "exp")
+    record(archive, "grpo", tmp_path, via_cli=True, overall=0.40)
+    for n in ("A", "B"):
+        spawn(archive, "grpo", n)
+        record(archive, n, tmp_path, via_cli=True, overall=0.50)
+    for n, p, u in (("A1", "A", 0.60), ("A2", "A", 0.55), ("B1", "B", 0.45)):
+        spawn(archive, p, n)
+        record(archive, n, tmp_path, via_cli=True, overall=u)
+    return archive
+
+
+def test_descendant_gain_by_hand(lineage):
+    nodes = lineage.nodes()
+    util = {n: v.overall for n, v in nodes.items()}
+    g, b = 0.8, 0.05
+    gains, count = descendant_gain(nodes, util, top_k=3, gamma=g, beta=b)
+    t = math.tanh
+    assert gains["A"] == pytest.approx((g * t(0.10 / b) + g * t(0.05 / b)) / 2)
+    assert gains["B"] == pytest.approx(g * t(-0.05 / b))
+    # root: top-3 by U of {A1 .60 d2, A2 .55 d2, A .50 d1, B .50 d1, B1 .45 d2} -> A1, A2, then B (name tie-break)
+    assert gains["grpo"] == pytest.approx((g**2 * t(0.2 / b) + g**2 * t(0.15 / b) + g * t(0.1 / b)) / 3)
+    assert "A1" not in gains and count["grpo"] == 5
+    gains1, _ = descendant_gain(nodes, util, top_k=1, gamma=g, beta=b)
+    assert gains1["grpo"] == pytest.approx(g**2 * t(0.2 / b))
+
+
+def test_improving_lineage_outranks_equal_parent(lineage):
+    sel = select_parents(lineage, k=5)
+    a, b = sel.row("A"), sel.row("B")
+    assert a["perf"] == b["perf"] and a["pareto"] == b["pareto"]
+    assert a["descendant_gain"] > 0 > b["descendant_gain"]
+    assert a["score"] > b["score"]
+    assert sel.chosen.index("A") < sel.chosen.index("B")
+    for key in ("pareto", "perf", "div", "gp_ucb", "score"):
+        assert all(r[key] is not None for r in sel.rows if r["eligible"])
+
+
+def test_pareto_layers_known_set():
+    y = np.array([[3, 1], [1, 3], [2, 2], [2, 1], [1, 2], [1, 1], [0, 0], [3, 1]], dtype=float)
+    assert layers(y).tolist() == [0, 0, 0, 1, 1, 2, 3, 0]
+    y3 = np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1], [0, 0, 0], [1, 1, 1], [-np.inf, 5, 5]], dtype=float)
+    assert layers(y3).tolist() == [1, 1, 1, 2, 0, 0]
+    assert strength(np.array([0, 1, 2])).tolist() == [1.0, 0.5, 0.0]
+    rng = np.random.default_rng(3)
+    pts = np.round(rng.normal(size=(120, 3)), 1)
+    lay = layers(pts)
+    for i in range(len(pts)):  # brute force: no point dominates another of its own or an earlier layer
+        dom = (pts >= pts[i]).all(axis=1) & (pts > pts[i]).any(axis=1)
+        assert (lay[dom] < lay[i]).all()
+        if lay[i] > 0:
+            assert (lay[dom] == lay[i] - 1).any()
+
+
+def test_default_objectives_and_length_directive(archive, tmp_path):
+    ms = [{"overall": 0.5, "mean_length": 300, "aime/pass@32": 0.2, "math/acc@1": 0.7, "valid_rate": 1.0},
+          {"overall": 0.4, "mean_length": 100, "aime/pass@32": 0.3, "math/acc@1": 0.6}]
+    assert default_objectives(ms, "overall", 0.0) == [("overall", 1.0), ("aime/pass@32", 1.0), ("math/acc@1", 1.0)]
+    assert default_objectives(ms, "overall", 1e-3)[-1] == ("mean_length", -1.0)
+    record(archive, "grpo", tmp_path, overall=0.5, mean_length=300)
+    spawn(archive, "grpo", "short")
+    record(archive, "short", tmp_path, overall=0.45, mean_length=100)
+    cfg = Config(experiment=ExperimentConfig(pareto_objectives=("overall", "-mean_length")))
+    sel = select_parents(archive, cfg, k=2)
+    assert sel.row("short")["pareto"] == 1.0 and sel.row("grpo")["pareto"] == 1.0
+    assert sel.params["objectives"] == ["overall", "-mean_length"]
+    sel1 = select_parents(archive, Config(), k=2)
+    assert sel1.row("short")["pareto"] == 0.0
+
+
+def test_determinism_and_diversity(archive, tmp_path):
+    record(archive, "grpo", tmp_path, overall=0.40)
+    rng = np.random.default_rng(0)
+    for i in range(12):
+        parent = "grpo" if i < 4 else f"n{rng.integers(0, i)}"
+        spawn(archive, parent, f"n{i}", edit=EDIT.format(i=i, scale=1 + i % 3))
+        record(archive, f"n{i}", tmp_path, overall=float(np.round(rng.uniform(0.3, 0.6), 3)))
+    a = select_parents(archive, k=3, seed=7)
+    b = select_parents(archive, k=3, seed=7)
+    assert a.chosen == b.chosen and a.rows == b.rows and len(set(a.chosen)) == 3
+    assert a.params["mechanism"] == "code"
+    c = select_parents(archive, k=3, seed=7, exclude=[a.chosen[0]])
+    assert a.chosen[0] not in c.chosen and c.row(a.chosen[0])["score"] is None
+    # the first pick's distance term is 1; a node with the same mechanism as a pick loses it
+    first = a.row(a.chosen[0])
+    twins = [r for r in a.rows if r["eligible"] and r["rank"] is None]
+    assert all(r["div"] <= 1.0 for r in twins) and first["div"] is not None
+
+
+def test_unevaluated_and_failed_nodes(archive, tmp_path):
+    sel = select_parents(archive)  # fresh archive: the unevaluated root is the only choice
+    assert sel.chosen == ["grpo"] and "fallback" in sel.params
+    record(archive, "grpo", tmp_path, overall=0.4)
+    spawn(archive, "grpo", "pending")
+    spawn(archive, "grpo", "broken")
+    archive.set_status("broken", "rejected", reason="static check failed")
+    spawn(archive, "grpo", "crash")
+    archive.record_results("crash", {"metrics": {"overall": 0.9}, "status": "failed", "reason": "oom"})
+    sel = select_parents(archive, k=3)
+    assert sel.chosen == ["grpo"]
+    rows = {r["node"]: r for r in sel.rows}
+    assert rows["pending"]["why"] == "no results" and rows["broken"]["eligible"] is False
+    assert rows["crash"]["why"].startswith("failed") and rows["grpo"]["children"] == 3
+    cfg = Config(select=SelectConfig(allow_failed=True))
+    assert select_parents(archive, cfg, k=1).chosen == ["crash"]
+    with pytest.raises(SelectError):
+        select_parents(archive, exclude=["grpo", "pending"])
+
+
+def test_select_cli_json_schema(lineage):
+    r = run_cli("select", "--k", "2", "--json", "--archive", str(lineage.path))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out) == {"chosen", "rows", "params"} and len(out["chosen"]) == 2
+    for key in ("top_k", "gamma", "beta", "kappa", "weights", "seed"):
+        assert key in out["params"]
+    assert set(out["params"]["weights"]) == {"pareto", "perf", "div", "bayes"}
+    for row in out["rows"]:
+        assert {"node", "pareto", "perf", "div", "gp_ucb", "descendant_gain", "score"} <= set(row)
+    assert out["chosen"] == [r["node"] for r in out["rows"][:2]]
+    r = run_cli("select", "--explain", "--archive", str(lineage.path))
+    assert r.returncode == 0 and "chosen:" in r.stdout and "kappa=1.0" in r.stdout
+    bad = run_cli("select", "--archive", str(lineage.path / "nope"))
+    assert bad.returncode == 1 and "error" in bad.stderr and lineage.fsck()
+
+
+def test_retrospect_rounds(archive, tmp_path):
+    """Round 1 ranks A over B (below the root), but B's line wins later: a miss; round 2 is a hit;
+    round 0 has a single parent and is not judged."""
+    record(archive, "grpo", tmp_path, overall=0.40)
+    for n, u in (("A", 0.50), ("B", 0.35)):
+        spawn(archive, "grpo", n, trailers={"Poise-Round": "0"})
+        record(archive, n, tmp_path, overall=u)
+    r1 = {"A": ("1", "0.9"), "B": ("2", "0.7")}
+    for n, p, u in (("A1", "A", 0.52), ("B1", "B", 0.45)):
+        rank, score = r1[p]
+        spawn(archive, p, n, trailers={"Poise-Round": "1", "Poise-Selection-Rank": rank, "Poise-Selection-Score": score})
+        record(archive, n, tmp_path, overall=u)
+    for n, p, rank, u in (("B2", "B1", "1", 0.58), ("A1a", "A1", "2", 0.50)):
+        spawn(archive, p, n, trailers={"Poise-Round": "2", "Poise-Selection-Rank": rank, "Poise-Selection-Score": "0.5"})
+        record(archive, n, tmp_path, overall=u)
+    rep = retrospect(archive)
+    by = {r["round"]: r for r in rep["rounds"]}
+    assert by[1]["top_parent"] == "A" and by[1]["best_parent"] == "B" and by[1]["hit"] is False
+    b = next(e for e in by[1]["parents"] if e["parent"] == "B")
+    assert b["best_descendant"] == "B2" and b["gain"] == pytest.approx(0.23)
+    assert by[2]["top_parent"] == "B1" and by[2]["hit"] is True and by[0]["hit"] is None
+    s = rep["summary"]
+    assert (s["top_parent_best"], s["top_parent_not_best"]) == (1, 1)
+    assert s["selected_below_root"] == 1 and s["below_root_led_above"] == 1  # B: 0.35 -> B2 0.58
+    r = run_cli("retrospect", "--json", "--archive", str(archive.path))
+    assert r.returncode == 0 and json.loads(r.stdout)["summary"] == json.loads(json.dumps(s))
+    # without trailers: generations as rounds, parents ranked by utility
+    nodes = {n: v for n, v in archive.nodes().items()}
+    for v in nodes.values():
+        v.trailers = {k: x for k, x in v.trailers.items() if not k.startswith(("Poise-Round", "Poise-Selection"))}
+    rep2 = retrospect(nodes)
+    assert any("generation" in a for a in rep2["assumptions"]) and any("utility" in a for a in rep2["assumptions"])
+    by2 = {r["round"]: r for r in rep2["rounds"]}
+    assert by2[2]["top_parent"] == "A" and by2[2]["best_parent"] == "B" and by2[2]["hit"] is False
