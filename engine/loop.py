@@ -198,7 +198,7 @@ class Loop:
             self.rec.data["selections"][str(r)] = sel
             self.rec.data["round"] = r
             self._save(f"poise: run {self.rec.id} round {r} selected {', '.join(s.chosen)}")
-            self.emit({"kind": "log", "msg": f"round {r}: parents " + ", ".join(f"{e['node']} ({_f(e['score'])})" for e in sel)})
+            self.emit({"kind": "log", "msg": f"round {r}: parents " + ", ".join(f"{e['node']} (s={_f(e['score'])})" for e in sel)})
         done = self.rec.data["done"].setdefault(str(r), [])
         for entry in sel:
             if entry["node"] in done:
