@@ -47,6 +47,8 @@ class RunOptions:
     eval_timeout_s: float | None = None
     seed: int | None = None
     resume: bool = False
+    replay: bool = False
+    """answer LLM calls from the archive's recorded calls (no endpoint)"""
 
 
 @dataclass
@@ -117,16 +119,20 @@ class Loop:
         self.plan, self.budget, self.rec = plan, budget, rec
         self.prior_wall = float(rec.data.get("usage", {}).get("wall_s", 0.0))
         self.prior_llm = (int(rec.data.get("usage", {}).get("tokens", 0)), float(rec.data.get("usage", {}).get("cost_usd", 0.0)))
-        self.llm0 = _llm_usage()
+        self.llm = None
+        if plan["proposer"] == "llm" or o.replay:
+            from engine.llm import make_client
+
+            self.llm = make_client(self.cfg, self.archive, replay=o.replay)
         return save_run(self.archive, rec, f"poise: run {rec.id} {'resumed' if o.resume else 'started'}")
 
     # -- budgets -------------------------------------------------------------------------------
     def usage(self, nodes=None) -> Usage:
         nodes = nodes if nodes is not None else self.archive.nodes()
         mine = run_nodes(nodes, self.rec.id)
-        tok, cost = _llm_usage()
+        tok, cost = _llm_usage(self.llm)
         u = Usage(candidates=len(mine), wall_s=self.prior_wall + time.monotonic() - self.t0,
-                  tokens=self.prior_llm[0] + tok - self.llm0[0], cost_usd=self.prior_llm[1] + cost - self.llm0[1])
+                  tokens=self.prior_llm[0] + tok, cost_usd=self.prior_llm[1] + cost)
         gpus = float(self.plan["gpus_per_eval"])
         for n in mine.values():
             r = n.results or {}
@@ -224,7 +230,7 @@ class Loop:
             return
         self.emit({"kind": "stage", "round": r, "stage": "propose", "node": parent})
         seed = int(self.plan["seed"]) * 1000 + r * 10 + len(have)
-        proposals = propose(self.archive, parent, self.cfg, n=need, proposer=self.plan["proposer"], seed=seed)
+        proposals = propose(self.archive, parent, self.cfg, n=need, proposer=self.plan["proposer"], seed=seed, **self._llm_kw())
         for prop in proposals[:need]:
             if not self._check_budget():
                 return
@@ -234,7 +240,7 @@ class Loop:
                         "Poise-Selection-Score": _f(entry["score"]), "Poise-Proposer": str(prop.proposer or self.plan["proposer"]),
                         "Poise-Run": self.rec.id}
             try:
-                node = implement(self.archive, parent, prop, self.cfg, name=name, trailers=trailers)
+                node = implement(self.archive, parent, prop, self.cfg, name=name, trailers=trailers, **self._llm_kw())
             except PoiseError as exc:
                 self.emit({"kind": "log", "msg": f"{name}: not implemented: {exc}"})
                 continue
@@ -243,6 +249,9 @@ class Loop:
             if node.status == "verified":
                 self._submit(node.name, r)
             self._drain(block=False)
+
+    def _llm_kw(self) -> dict:
+        return {"llm": self.llm} if self.llm is not None else {}
 
     def _name(self, proposal_name: str) -> str:
         base, i = _slug(proposal_name), 1
@@ -306,7 +315,7 @@ class Loop:
 
         self.emit({"kind": "stage", "round": r, "stage": "reflect", "node": name})
         try:
-            reflect_node(self.archive, name, self.cfg, llm=None)
+            reflect_node(self.archive, name, self.cfg, llm=self.llm)
         except PoiseError as exc:
             self.emit({"kind": "log", "msg": f"{name}: reflection failed: {exc}"})
 
@@ -350,21 +359,12 @@ def _f(v: Any) -> str:
     return "—" if v is None else f"{float(v):.4g}"
 
 
-def _llm_usage() -> tuple[int, float]:
-    """Process-wide LLM (tokens, USD) spent so far, from ``engine.llm`` when it counts them."""
-    try:
-        import engine.llm as llm  # noqa: PLC0415
-    except Exception:
-        return 0, 0.0
-    fn = getattr(llm, "usage", None) or getattr(llm, "total_usage", None)
-    try:
-        u = fn() if callable(fn) else None
-    except Exception:
-        u = None
+def _llm_usage(llm) -> tuple[int, float]:
+    """(tokens, USD) the run's LLM client has spent in this process."""
+    u = getattr(llm, "usage", None)
     if u is None:
         return 0, 0.0
-    get = (lambda k: u.get(k, 0)) if isinstance(u, dict) else (lambda k: getattr(u, k, 0))
-    return int(get("tokens") or get("total_tokens") or 0), float(get("cost_usd") or get("cost") or 0.0)
+    return int(u.prompt_tokens + u.completion_tokens), float(u.cost_usd)
 
 
 def _close_dangling_runs(archive: Archive, names: list[str]) -> None:

@@ -105,6 +105,7 @@ def run(
     resume: bool = typer.Option(False, "--resume", help="Continue the interrupted (or budget-stopped) run: finish pending nodes, then its remaining rounds."),
     config: Optional[Path] = typer.Option(None, "--config", help="poise.toml for a new archive (when --archive does not exist yet)."),
     no_report: bool = typer.Option(False, "--no-report", help="Do not write the HTML report at the end."),
+    replay: bool = typer.Option(False, "--replay", help="Answer LLM calls from the calls recorded in the archive (no endpoint)."),
 ) -> None:
     """Run the closed loop: select -> propose -> implement -> verify -> evaluate -> reflect, round after round.
 
@@ -116,7 +117,7 @@ def run(
 
     opts = RunOptions(rounds=rounds, parents=parents, population=population, seeds=seeds, proposer=proposer, backend=backend,
                       preset=preset, workers=workers, ray=ray, directive=directive, objective=objective,
-                      budget=Budget.parse(budget), eval_timeout_s=eval_timeout, seed=seed, resume=resume)
+                      budget=Budget.parse(budget), eval_timeout_s=eval_timeout, seed=seed, resume=resume, replay=replay)
     path = Path(archive)
     if not path.exists() or (path.is_dir() and not any(path.iterdir())):
         if resume:
