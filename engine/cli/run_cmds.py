@@ -46,7 +46,9 @@ class _Display:
     def log(self, msg: str) -> None:
         console.log(msg, highlight=False)
         if self.log_file:
-            self.log_file.write(time.strftime("%Y-%m-%d %H:%M:%S ") + msg + "\n")
+            from rich.text import Text
+
+            self.log_file.write(time.strftime("%Y-%m-%d %H:%M:%S ") + Text.from_markup(msg).plain + "\n")
             self.log_file.flush()
 
     def _status(self) -> str:
