@@ -169,3 +169,26 @@ def test_ui_serves_the_archive_store_on_localhost(archive, tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_run_rejects_bad_input_before_touching_anything(tmp_path, cli):
+    exp = tmp_path / "exp"
+    p = cli("run", "-C", str(exp), "--rounds", "0")
+    assert p.returncode != 0 and not exp.exists()
+    p = cli("run", "-C", str(exp), "--objective", "overall + length")
+    assert p.returncode == 1 and "--objective" in p.stderr and not exp.exists()
+    p = cli("run", "-C", str(exp), "--budget", "apples=3")
+    assert p.returncode == 1 and "unknown kind 'apples'" in p.stderr and not exp.exists()
+    p = cli("run", "-C", str(exp), "--resume")
+    assert p.returncode == 1 and "nothing to resume" in p.stderr and not exp.exists()
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("x")
+    p = cli("run", "-C", str(tmp_path / "notes"))
+    assert p.returncode == 1 and "not a poise-git archive" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_resume_without_a_run_says_so(archive, cli):
+    p = cli("run", "-C", str(archive.path), "--resume")
+    assert p.returncode == 1 and "nothing to resume: no `poise-git run` has started" in p.stderr
+    assert archive.fsck()

@@ -90,14 +90,14 @@ class _Display:
 
 def run(
     archive: Path = ArchiveOpt,
-    rounds: Optional[int] = typer.Option(None, "--rounds", "-r", help="Rounds to run (default 1; with --resume: the interrupted run's)."),
-    parents: Optional[int] = typer.Option(None, "--parents", "-k", help="K parents selected per round (default: \\[select].k)."),
-    population: Optional[int] = typer.Option(None, "--population", "-n", help="N candidates proposed per parent (default: \\[propose].population)."),
-    seeds: Optional[int] = typer.Option(None, "--seeds", "-s", help="S paired seeds per evaluation (default: \\[evaluation].seeds)."),
+    rounds: Optional[int] = typer.Option(None, "--rounds", "-r", min=1, help="Rounds to run (default 1; with --resume: the interrupted run's)."),
+    parents: Optional[int] = typer.Option(None, "--parents", "-k", min=1, help="K parents selected per round (default: \\[select].k)."),
+    population: Optional[int] = typer.Option(None, "--population", "-n", min=1, help="N candidates proposed per parent (default: \\[propose].population)."),
+    seeds: Optional[int] = typer.Option(None, "--seeds", "-s", min=1, help="S paired seeds per evaluation (default: \\[evaluation].seeds)."),
     proposer: Optional[str] = typer.Option(None, "--proposer", help="offline (no API key) | llm (an OpenAI-compatible endpoint)."),
     backend: Optional[str] = typer.Option(None, "--backend", help="proxy (embedded CPU RL proxy) | verl (GPU scale)."),
     preset: Optional[str] = typer.Option(None, "--preset", help="Proxy protocol preset: default | smoke (default: \\[proxy].preset)."),
-    workers: Optional[int] = typer.Option(None, "--workers", "-w", help="Evaluations at once (default: CPU cores / seeds)."),
+    workers: Optional[int] = typer.Option(None, "--workers", "-w", min=1, help="Evaluations at once (default: CPU cores / seeds)."),
     ray: Optional[str] = typer.Option(None, "--ray", help="Evaluate on Ray: 'local' (a private instance), 'auto' or a cluster address."),
     directive: Optional[str] = typer.Option(None, "--directive", help="A natural-language research directive for the proposer."),
     objective: Optional[str] = typer.Option(None, "--objective", help="METRIC | 'METRIC - L*mean_length' | 'pareto(overall, -mean_length)'."),
@@ -120,6 +120,14 @@ def run(
     opts = RunOptions(rounds=rounds, parents=parents, population=population, seeds=seeds, proposer=proposer, backend=backend,
                       preset=preset, workers=workers, ray=ray, directive=directive, objective=objective,
                       budget=Budget.parse(budget), eval_timeout_s=eval_timeout, seed=seed, resume=resume, replay=replay)
+    if objective:
+        from engine.objective import parse_objective
+
+        parse_objective(objective)  # a bad objective fails before anything is created
+    if proposer is not None and proposer not in ("offline", "llm"):
+        raise PoiseError(f"--proposer must be offline or llm, got {proposer!r}")
+    if backend is not None and backend not in ("proxy", "verl"):
+        raise PoiseError(f"--backend must be proxy or verl, got {backend!r}")
     path = Path(archive)
     if not path.exists() or (path.is_dir() and not any(path.iterdir())):
         if resume:
