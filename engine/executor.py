@@ -196,7 +196,7 @@ class RayExecutor:
 
     kind = "ray"
 
-    def __init__(self, address: str = "local", workers: int = 1, num_gpus: float = 0.0):
+    def __init__(self, address: str = "local", workers: int = 1, num_gpus: float = 0.0, cpus_per_task: float = 1.0):
         import ray
 
         self.ray = ray
@@ -205,7 +205,7 @@ class RayExecutor:
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "ignore_reinit_error": True,
                                   "runtime_env": {"env_vars": env}}
         if address in ("local", "", None):
-            kwargs["num_cpus"] = max(1, int(workers))
+            kwargs["num_cpus"] = max(1, int(workers)) * max(1, int(cpus_per_task))  # W evaluations of S seeds at once
         else:
             kwargs["address"] = address
         self._owns = not ray.is_initialized()
@@ -217,7 +217,7 @@ class RayExecutor:
         self._stopping = False
 
     def submit(self, job: EvalJob) -> cf.Future:
-        cpus = max(1.0, float(job.seeds or 1)) if not self.num_gpus else 1.0
+        cpus = 1.0 if self.num_gpus else max(1.0, float(job.seeds or 1))
         ref = self._remote.options(num_cpus=cpus, num_gpus=self.num_gpus).remote(job)
         self._refs.add(ref)
 
@@ -249,9 +249,9 @@ class RayExecutor:
             self.ray.shutdown()
 
 
-def make_executor(workers: int, ray_address: str | None = None, num_gpus: float = 0.0):
+def make_executor(workers: int, ray_address: str | None = None, num_gpus: float = 0.0, seeds: int = 1):
     if ray_address:
-        return RayExecutor(ray_address, workers, num_gpus)
+        return RayExecutor(ray_address, workers, num_gpus, cpus_per_task=1 if num_gpus else seeds)
     return LocalExecutor(workers)
 
 

@@ -160,7 +160,7 @@ class Loop:
                    "objective": obj.describe(self.cfg.experiment), "workers": workers, "ray": self.opts.ray or "",
                    "resume": self.opts.resume, "done": sum(1 for n in run_nodes(self.archive.nodes(), self.rec.id).values()
                                                            if n.status in ("evaluated", "failed", "rejected"))})
-        self.executor = make_executor(workers, self.opts.ray, float(p["gpus_per_eval"]) if p["backend"] == "verl" else 0.0)
+        self.executor = make_executor(workers, self.opts.ray, float(p["gpus_per_eval"]) if p["backend"] == "verl" else 0.0, int(p["seeds"]))
         try:
             self._finish_pending(resuming=True)
             r = max(first, int(self.rec.data.get("round") or first))
