@@ -163,7 +163,8 @@ class Loop:
         self.executor = make_executor(workers, self.opts.ray, float(p["gpus_per_eval"]) if p["backend"] == "verl" else 0.0, int(p["seeds"]))
         try:
             self._finish_pending(resuming=True)
-            r = max(first, int(self.rec.data.get("round") or first))
+            # the round in progress: from the children's Poise-Round trailers and the recorded selection
+            r = max(first, int(self.rec.data.get("round") or first), last_round(run_nodes(self.archive.nodes(), self.rec.id)))
             while r <= last and self._check_budget():
                 self._round(r)
                 if self.stop_reason:
