@@ -131,6 +131,7 @@ def render(archive: Archive, out_dir: str | Path | None = None, experiment: Expe
                          f"<figcaption>{caption} (<a href='{files['png']}'>PNG</a>, <a href='{files['svg']}'>SVG</a>)</figcaption></figure>")
         else:
             parts.append(f"<h2>{title}</h2><p class='sub'>no data yet</p>")
+    parts.append(_rounds(nodes, rows))
     parts.append("<h2>Nodes</h2><p class='sub'>U with its 95% interval; a child is <b>better</b> than its parent only when its "
                  "interval lies wholly above the parent's (<i>within noise</i> otherwise; <i>no interval</i> with one seed).</p>")
     parts.append(_table(rows, exp))
@@ -161,5 +162,39 @@ def _table(rows: list[dict[str, Any]], exp: ExperimentConfig) -> str:
                  _delta(r["utility"], None if r["delta_parent"] is None else r["utility"] - r["delta_parent"]),
                  f"<span class='{cls}'>{html.escape(verdict)}</span>", html.escape(r["reason"][:160])]
         out.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def _rounds(nodes, rows: list[dict[str, Any]]) -> str:
+    """Per loop round: the parents (selection rank and score), the children's outcome, the best child."""
+    by_round: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        try:
+            by_round.setdefault(int(r["round"]), []).append(r)
+        except (TypeError, ValueError):
+            continue
+    if not by_round:
+        return ""
+    out = ["<h2>Rounds</h2><table><tr><th>round</th><th>parents (rank: selection score)</th><th>children</th>"
+           "<th>best child (U)</th><th>better than parent</th></tr>"]
+    for rnd in sorted(by_round):
+        kids = by_round[rnd]
+        parents = {}
+        for k in kids:
+            n = nodes[k["node"]]
+            if n.parent:
+                parents[n.parent] = (n.trailer("Poise-Selection-Rank") or "?", n.trailer("Poise-Selection-Score") or "—")
+        ptxt = ", ".join(f"{html.escape(p)} ({rk}: {sc})" for p, (rk, sc) in sorted(parents.items(), key=lambda kv: kv[1][0]))
+        status = {}
+        for k in kids:
+            status[k["status"]] = status.get(k["status"], 0) + 1
+        scored = [k for k in kids if k["utility"] is not None]
+        best = max(scored, key=lambda k: k["utility"]) if scored else None
+        best_txt = f"{html.escape(best['node'])} ({best['utility']:.4f})" if best else "—"
+        better = [k["node"] for k in kids if k["vs_parent"] == obj.BETTER]
+        counts = ", ".join(f"{v} {st}" for st, v in sorted(status.items()))
+        out.append(f"<tr><td>{rnd}</td><td>{ptxt}</td><td>{html.escape(counts)}</td><td>{best_txt}</td>"
+                   f"<td>{html.escape(', '.join(better)) or '—'}</td></tr>")
     out.append("</table>")
     return "\n".join(out)
