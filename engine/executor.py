@@ -53,8 +53,9 @@ class EvalOutcome:
 
 
 def _grace(timeout_s: float) -> float:
-    """Extra time past the evaluation's own limit before the tree is killed from outside."""
-    return min(30.0, 0.25 * timeout_s) + 2.0
+    """Extra time past the evaluation's own limit before the tree is killed from outside: the worker's
+    start-up (imports, the proxy's warm-start lookup) comes on top of the evaluation's own clock."""
+    return min(60.0, 0.25 * timeout_s) + 15.0
 
 
 def run_job(job: EvalJob) -> EvalOutcome:
