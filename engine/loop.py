@@ -24,6 +24,8 @@ from engine.executor import STOPPED, EvalJob, EvalOutcome, make_executor
 from engine.runstate import RunRecord, last_round, load_run, new_run_id, node_round, pending_work, run_nodes, save_run
 
 Event = Callable[[dict], None]
+PROPOSE_ATTEMPTS = 3
+"""proposal calls per parent and round while screening leaves fewer than N candidates"""
 _PLAN_KEYS = ("rounds", "parents", "population", "seeds", "proposer", "backend", "preset", "eval_timeout_s", "seed", "gpus_per_eval")
 
 
@@ -220,19 +222,35 @@ class Loop:
             self._finish_pending(resuming=False)
 
     def _expand(self, r: int, entry: dict) -> None:
-        from engine.implement import implement
+        """Bring ``entry``'s parent to N children this round; screening may return fewer proposals than
+        asked, so the proposer is asked again (new seed) up to PROPOSE_ATTEMPTS times."""
+        parent = entry["node"]
+        for attempt in range(PROPOSE_ATTEMPTS):
+            nodes = self.archive.nodes()
+            have = [n for n in run_nodes(nodes, self.rec.id).values() if node_round(n) == r and parent in n.parents]
+            need = int(self.plan["population"]) - len(have)
+            if need <= 0 or not self._check_budget():
+                return
+            self.emit({"kind": "stage", "round": r, "stage": "propose", "node": parent})
+            seed = int(self.plan["seed"]) * 100_000 + r * 1000 + len(have) * 10 + attempt
+            self._implement_all(r, entry, self._propose(parent, need, seed)[:need])
+            if self.stop_reason:
+                return
+
+    def _propose(self, parent: str, n: int, seed: int) -> list:
         from engine.propose import propose
 
-        parent, n_target = entry["node"], int(self.plan["population"])
-        nodes = self.archive.nodes()
-        have = [n for n in run_nodes(nodes, self.rec.id).values() if node_round(n) == r and parent in n.parents]
-        need = n_target - len(have)
-        if need <= 0 or not self._check_budget():
-            return
-        self.emit({"kind": "stage", "round": r, "stage": "propose", "node": parent})
-        seed = int(self.plan["seed"]) * 1000 + r * 10 + len(have)
-        proposals = propose(self.archive, parent, self.cfg, n=need, proposer=self.plan["proposer"], seed=seed, **self._llm_kw())
-        for prop in proposals[:need]:
+        try:
+            return propose(self.archive, parent, self.cfg, n=n, proposer=self.plan["proposer"], seed=seed, **self._llm_kw())
+        except PoiseError as exc:
+            self.emit({"kind": "log", "msg": f"{parent}: proposal failed: {exc}"})
+            return []
+
+    def _implement_all(self, r: int, entry: dict, proposals: list) -> None:
+        from engine.implement import implement
+
+        parent = entry["node"]
+        for prop in proposals:
             if not self._check_budget():
                 return
             name = self._name(prop.name)
