@@ -1,6 +1,6 @@
 """One parent selection over synthetic archives of 1k and 10k evaluated nodes (in-memory Node dicts).
 
-Target: <= 2 s at 10k. Prints per size: total time, the Pareto layering, the descendant gain pass and
+Target: <= 2 s at 10k. Prints per size: total time (best and median of --repeat), the Pareto layering, the descendant gain pass and
 the mechanism features, and the ratio to the 1k run measured in the same process.
 Run: .venv/bin/python benchmarks/bench_select.py [--sizes 1000 10000] [--git 0]
 """
@@ -8,6 +8,7 @@ Run: .venv/bin/python benchmarks/bench_select.py [--sizes 1000 10000] [--git 0]
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import sys
@@ -69,10 +70,11 @@ def main() -> None:
     cfg = Config()
     select_parents(synthetic(50)[0], cfg)  # warm-up: sklearn import
     ref = None
-    print(f"{'nodes':>7} {'select_s':>9} {'pareto_s':>9} {'gain_s':>8} {'code_s':>8} {'layers':>7} {'ratio_vs_first':>15}")
+    print(f"{'nodes':>7} {'select_s':>9} {'median_s':>9} {'pareto_s':>9} {'gain_s':>8} {'code_s':>8} {'layers':>7} {'ratio_vs_first':>15}")
     for n in args.sizes:
         nodes, sources = synthetic(n)
-        best = min(timed(select_parents, nodes, cfg, sources=sources)[1] for _ in range(args.repeat))
+        runs = sorted(timed(select_parents, nodes, cfg, sources=sources)[1] for _ in range(args.repeat))
+        best, median = runs[0], float(np.median(runs))
         ms = [v.metrics for v in nodes.values() if v.results]
         y = objective_matrix(ms, default_objectives(ms, "overall", 0.0))
         lay, t_par = timed(layers, y)
@@ -80,8 +82,9 @@ def main() -> None:
         _, t_gain = timed(descendant_gain, nodes, util, 3, 0.8, 0.05)
         _, t_code = timed(lambda: [code_vector(s) for s in sources.values()])
         ref = ref or best
-        print(f"{n:>7} {best:>9.3f} {t_par:>9.3f} {t_gain:>8.3f} {t_code:>8.3f} {int(lay.max()) + 1:>7} {best / ref:>15.2f}")
-    print("target: select <= 2 s at 10k nodes (machine shared; timings are inflated by other load)")
+        print(f"{n:>7} {best:>9.3f} {median:>9.3f} {t_par:>9.3f} {t_gain:>8.3f} {t_code:>8.3f} {int(lay.max()) + 1:>7} {best / ref:>15.2f}")
+    print("target: select <= 2 s at 10k nodes (machine shared; timings are inflated by other load); "
+          f"load average: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -219,3 +219,29 @@ def test_retrospect_rounds(archive, tmp_path):
     assert any("generation" in a for a in rep2["assumptions"]) and any("utility" in a for a in rep2["assumptions"])
     by2 = {r["round"]: r for r in rep2["rounds"]}
     assert by2[2]["top_parent"] == "A" and by2[2]["best_parent"] == "B" and by2[2]["hit"] is False
+
+
+def test_pareto_layers_match_brute_force():
+    """The bitset layering (>= 3 objectives) against a direct O(N^2) peel, with ties and missing values."""
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        n, m = int(rng.integers(1, 90)), int(rng.integers(3, 6))
+        y = rng.integers(0, 4, size=(n, m)).astype(float)
+        y[rng.random((n, m)) < 0.05] = -np.inf
+        want, left, layer = np.full(n, -1), set(range(n)), 0
+        while left:
+            front = [i for i in left if not any((y[j] >= y[i]).all() and (y[j] > y[i]).any() for j in left)]
+            want[front] = layer
+            left -= set(front)
+            layer += 1
+        assert layers(y).tolist() == want.tolist()
+
+
+def test_code_vectors_cached_across_calls():
+    from engine.select import features
+
+    src = "def compute_advantages(batch, cfg):\n    return batch.rewards * 2  # cached\n"
+    first = features.cached_code_vector(src)
+    assert features.cached_code_vector(src) is first and not first.flags.writeable
+    assert np.allclose(first, features.code_vector(src))
+    assert not np.allclose(features.cached_code_vector(src.replace("* 2", "- 1")), first)

@@ -3,7 +3,7 @@
 Advantage (Shao et al. 2024, as verl's ``compute_grpo_outcome_advantage``):
     A_i = (r_i - mean_g(r)) / (std_g(r) + eps)     std: unbiased, over the prompt group g;
     singleton groups use mean 0 and std 1.
-Loss: PPO clipped surrogate with separate low/high clip ratios, verl's aggregation modes, an optional
+Loss: PPO clipped surrogate with separate low/high clip ratios and verl's dual clip, verl's aggregation modes, an optional
 KL-to-reference term and entropy bonus.
 
 Only the region between the ALGO LOGIC markers is meant to be edited by a candidate; the two
@@ -30,6 +30,8 @@ class Hyperparameters:
     """PPO clip epsilon below 1"""
     clip_ratio_high: float = 0.2
     """PPO clip epsilon above 1 (DAPO clip-higher raises it)"""
+    clip_ratio_c: float = 3.0
+    """dual-clip bound for negative advantages (verl's default; must exceed 1)"""
     loss_agg_mode: str = "token-mean"
     """token-mean | seq-mean-token-mean | seq-mean-token-sum-norm"""
     kl_coef: float = 0.0
@@ -63,7 +65,9 @@ def policy_loss(
     entropy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clip loss. log_prob, old_log_prob, advantages, response_mask, entropy: [B, T]; returns a scalar."""
-    pg_losses, clipped = ppo_clip_loss(log_prob, old_log_prob, advantages, cfg.clip_ratio_low, cfg.clip_ratio_high)
+    pg_losses, clipped = ppo_clip_loss(
+        log_prob, old_log_prob, advantages, cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.clip_ratio_c
+    )
     loss = agg_loss(pg_losses, response_mask, cfg.loss_agg_mode)
     mask = response_mask.to(log_prob.dtype)
     metrics = {

@@ -152,7 +152,10 @@ def agg_loss(loss_mat: Tensor, loss_mask: Tensor, loss_agg_mode: str) -> Tensor:
 
     token-mean:              sum(loss * mask) / sum(mask)
     seq-mean-token-mean:     mean_b [ sum_t(loss * mask) / sum_t(mask) ]   (over sequences with tokens)
-    seq-mean-token-sum-norm: sum(loss * mask) / T   (Dr.GRPO; T = the padded response length)
+    seq-mean-token-sum-norm: mean_b [ sum_t(loss * mask) ] / T   (Dr.GRPO; T = the padded response length)
+
+    Sequence means run over sequences with at least one token; equals verl 0.9.1's ``agg_loss`` on one
+    data-parallel rank with no global-batch information.
     """
     mask = loss_mask.to(loss_mat.dtype)
     if loss_agg_mode == "token-mean":
@@ -163,15 +166,17 @@ def agg_loss(loss_mat: Tensor, loss_mask: Tensor, loss_agg_mode: str) -> Tensor:
         has = (tok > 0).to(loss_mat.dtype)
         return (seq * has).sum() / has.sum().clamp(min=1.0)
     if loss_agg_mode == "seq-mean-token-sum-norm":
-        return (loss_mat * mask).sum() / loss_mat.shape[-1]
+        has = (mask.sum(-1) > 0).to(loss_mat.dtype)
+        seq = (loss_mat * mask).sum(-1)
+        return (seq * has).sum() / has.sum().clamp(min=1.0) / loss_mat.shape[-1]
     raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; expected one of {LOSS_AGG_MODES}")
 
 
 def kl_penalty(log_prob: Tensor, ref_log_prob: Tensor, kl_type: str = "low_var_kl") -> Tensor:
     """Per-token KL estimate between the policy and the reference, [B, T].
 
-    k1: logp - ref; k2: 0.5 (logp - ref)^2; k3 / low_var_kl: exp(ref - logp) - (ref - logp) - 1,
-    clamped to [-10, 10] as verl does for low_var_kl.
+    k1: logp - ref; k2: 0.5 (logp - ref)^2; k3 / low_var_kl: exp(d) - d - 1 with d = ref - logp clamped
+    to [-20, 20], the result clamped to [-10, 10] (verl treats k3 and low_var_kl identically).
     """
     diff = log_prob - ref_log_prob
     if kl_type == "k1":
@@ -181,8 +186,7 @@ def kl_penalty(log_prob: Tensor, ref_log_prob: Tensor, kl_type: str = "low_var_k
     if kl_type in ("k3", "low_var_kl"):
         kl = ref_log_prob - log_prob
         kl = kl.clamp(min=-20.0, max=20.0)
-        out = torch.exp(kl) - kl - 1.0
-        return out.clamp(min=-10.0, max=10.0) if kl_type == "low_var_kl" else out
+        return (torch.exp(kl) - kl - 1.0).clamp(min=-10.0, max=10.0)
     raise ValueError(f"unknown kl_type {kl_type!r}; expected one of {KL_TYPES}")
 
 
@@ -192,14 +196,22 @@ def ppo_clip_loss(
     advantages: Tensor,
     clip_ratio_low: float,
     clip_ratio_high: float,
+    clip_ratio_c: float | None = 3.0,
 ) -> tuple[Tensor, Tensor]:
     """Per-token PPO clipped surrogate loss [B, T] and the clipped indicator [B, T] (bool).
 
-    loss = max(-A * r, -A * clip(r, 1 - eps_low, 1 + eps_high)), r = exp(logp - old_logp).
+    loss = max(-A * r, -A * clip(r, 1 - eps_low, 1 + eps_high)), r = exp(clamp(logp - old_logp, -20, 20));
+    for A < 0 the dual clip (Ye et al. 2020) bounds it by -A * c (``clip_ratio_c``; None disables it),
+    as verl's ``vanilla`` policy loss does.
     """
     log_ratio = (log_prob - old_log_prob).clamp(min=-20.0, max=20.0)
     ratio = torch.exp(log_ratio)
     loss1 = -advantages * ratio
     loss2 = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     clipped = loss2 > loss1
-    return torch.maximum(loss1, loss2), clipped
+    loss = torch.maximum(loss1, loss2)
+    if clip_ratio_c is not None:
+        if clip_ratio_c <= 1.0:
+            raise ValueError(f"clip_ratio_c must exceed 1 (dual-clip PPO), got {clip_ratio_c}")
+        loss = torch.where(advantages < 0, torch.minimum(loss, -advantages * clip_ratio_c), loss)
+    return loss, clipped

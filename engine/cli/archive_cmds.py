@@ -55,18 +55,63 @@ def init(
 
 def spawn(
     parent: str = typer.Argument(..., help="The parent node."),
-    name: str = typer.Option(..., "--name", help="The new node's name (its branch is poise/NAME)."),
+    name: Optional[str] = typer.Option(None, "--name", help="The new node's name (its branch is poise/NAME); optional with --auto."),
     edit: Optional[Path] = typer.Option(None, "--edit", help="A Python file of top-level definitions replacing / extending the parent's algorithm.py."),
     proposal: Optional[Path] = typer.Option(None, "--proposal", help="PROPOSAL.md for the node (motivation, method, expected effect)."),
+    auto: bool = typer.Option(False, "--auto", help="Propose, implement and verify in one go (the best screened proposal)."),
+    proposer: Optional[str] = typer.Option(None, "--proposer", help="With --auto: offline (no API key) | llm (default: poise.toml)."),
+    replay: bool = typer.Option(False, "--replay", help="With --auto: answer LLM calls from the archive's records only."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="With --auto: the proposer's seed."),
+    no_verify: bool = typer.Option(False, "--no-verify", help="With --edit: skip the static checks and generated tests (status stays spawned)."),
     archive: Path = ArchiveOpt,
 ) -> None:
-    """Fork a candidate off PARENT with a LibCST edit of its algorithm.py."""
+    """Fork a candidate off PARENT with a LibCST edit of its algorithm.py (verified), or with --auto."""
+    if auto:
+        return _spawn_auto(parent, name, proposer, replay, seed, archive)
+    if name is None:
+        from engine.cli import err_console
+
+        err_console.print("Error: Missing option '--name'. (required unless --auto)", highlight=False)
+        raise typer.Exit(2)
     edit_src = _read_text(edit, "edit file") if edit else None
     proposal_src = _read_text(proposal, "proposal file") if proposal else None
     arch = Archive(archive)
-    node = arch.spawn(parent, name, edit_src, proposal=proposal_src)
+    trailers = {"Poise-Proposer": "manual"} if edit_src is not None else None
+    node = arch.spawn(parent, name, edit_src, proposal=proposal_src, trailers=trailers)
     console.print(f"spawned [bold]{node.name}[/] from [bold]{parent}[/] at {node.commit[:10]}")
     console.print(arch.diff(parent, name, stat=True).rstrip(), highlight=False)
+    if edit_src is not None and not no_verify:
+        from engine.cli.operator_cmds import report_verification
+        from engine.verify import verify_node
+
+        with console.status(f"verifying {name}…"):
+            res = verify_node(arch, name, arch.config())
+        report_verification(name, res)
+
+
+def _spawn_auto(parent: str, name: Optional[str], proposer: Optional[str], replay: bool, seed: Optional[int], archive: Path) -> None:
+    from engine.cli.operator_cmds import make_llm, print_usage
+    from engine.implement import implement
+    from engine.propose import propose_all
+
+    arch = Archive(archive)
+    cfg = arch.config()
+    llm = make_llm(arch, cfg, proposer, replay)
+    with console.status(f"proposing children of {parent}…"):
+        kept, dropped = propose_all(arch, parent, cfg, None, proposer, seed, llm=llm, replay=replay)
+    if not kept:
+        why = "; ".join(f"{p.name}: {p.screening.get('reason', '?')}" for p in dropped[:3])
+        raise PoiseError(f"no proposal for {parent} survived screening ({why or 'none proposed'})")
+    best = kept[0]
+    console.print(f"best proposal [bold]{best.name}[/] (score {best.score:.3f}): {best.mechanism[:200]}")
+    with console.status(f"implementing and verifying {best.name}…") as status:
+        node = implement(arch, parent, best, cfg, name=name, llm=llm, progress=lambda msg: status.update(msg))
+    print_usage(llm)
+    if node.status == "verified":
+        console.print(f"spawned [bold]{node.name}[/] from [bold]{parent}[/] at {node.commit[:10]}: [cyan]verified[/]")
+        return
+    console.print(f"spawned [bold]{node.name}[/] from [bold]{parent}[/]: [red]{node.status}[/]: {node.trailer('Poise-Reason') or ''}")
+    raise typer.Exit(2)
 
 
 def log(archive: Path = ArchiveOpt, as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:

@@ -14,7 +14,7 @@ def evaluate(
     node: str = typer.Argument(..., help="The node to evaluate (its algorithm.py is read from its commit)."),
     backend: str = typer.Option("proxy", "--backend", help="proxy (embedded CPU RL proxy); with --suite: vllm | openai | transformers."),
     seeds: Optional[int] = typer.Option(None, "--seeds", help="Paired seeds, run as parallel processes (default: poise.toml)."),
-    preset: Optional[str] = typer.Option(None, "--preset", help="Proxy protocol preset: default | smoke (default: poise.toml)."),
+    preset: Optional[str] = typer.Option(None, "--preset", help="Protocol preset: default | smoke (default: poise.toml); with --suite: paper (default) | smoke (2 samples, 24 tokens: a CPU smoke run, not comparable)."),
     suite: Optional[str] = typer.Option(None, "--suite", help="Score a trained model on a benchmark suite instead (math6)."),
     model: Optional[str] = typer.Option(None, "--model", help="With --suite: the model path / served model name."),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="With --suite --backend openai: the server's URL."),
@@ -30,7 +30,8 @@ def evaluate(
 
         if not model:
             raise typer.BadParameter("--suite needs --model")
-        payload = evaluate_node_on_suite(arch, node, suite=suite, backend=backend, model=model, base_url=base_url, limit=limit)
+        payload = evaluate_node_on_suite(arch, node, suite=suite, backend=backend, model=model, base_url=base_url, limit=limit,
+                                         preset=preset)
     else:
         from engine.evaluate import evaluate_node
 

@@ -91,11 +91,41 @@ def _gp_alpha(x: np.ndarray, y: np.ndarray | None, has_y: np.ndarray, kappa: flo
     kernel = ConstantKernel(1.0, (1e-2, 1e2)) * RBF(length_scale=np.sqrt(x.shape[1]), length_scale_bounds=(1e-2, 1e3)) \
         + WhiteKernel(0.1, (1e-5, 1e1))
     gp = GaussianProcessRegressor(kernel=kernel, normalize_y=True, random_state=seed, n_restarts_optimizer=0)
-    with warnings.catch_warnings():
+    from threadpoolctl import threadpool_limits
+
+    # one BLAS thread: the matrices are small (<= max_train), and threaded BLAS that spins on a busy
+    # machine made the fit's Cholesky factorisations ~100x slower
+    with warnings.catch_warnings(), threadpool_limits(limits=1, user_api="blas"):
         warnings.simplefilter("ignore", ConvergenceWarning)
         gp.fit(x[idx], y[idx])
         mu, sd = gp.predict(x, return_std=True)
     return mu, sd, int(idx.size)
+
+
+def _crowding(mech: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, float]:
+    """Per row of ``mech`` [N, D]: mean Euclidean distance to its nearest ``CROWD_NEIGHBOURS`` rows
+    among ``ref`` (itself excluded); and the 90th percentile of all those N x |ref| distances (> 0)."""
+    n = len(mech)
+    sq = (mech ** 2).sum(axis=1)
+    d = mech @ mech[ref].T  # [N, R], in place from here on: |a|^2 + |b|^2 - 2 a.b
+    d *= 2.0
+    np.subtract(sq[:, None] + sq[ref][None, :], d, out=d)
+    np.maximum(d, 0.0, out=d)
+    np.sqrt(d, out=d)
+    d[ref, np.arange(len(ref))] = np.inf  # a node is not its own neighbour
+    nn = min(CROWD_NEIGHBOURS, max(len(ref) - 1, 1))
+    if n > 1:
+        near = d if nn >= d.shape[1] else np.partition(d, nn - 1, axis=1)[:, :nn]
+        near = np.sort(near, axis=1)[:, :nn]
+        near = np.where(np.isfinite(near), near, np.nan)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a row with no finite neighbour -> 1.0
+            crowd = np.nan_to_num(np.nanmean(near, axis=1), nan=1.0)
+    else:
+        crowd = np.ones(1)
+    finite = d[np.isfinite(d)]
+    scale = float(np.percentile(finite, 90, overwrite_input=True)) if finite.size else 1.0
+    return crowd, scale if scale > 0 else 1.0
 
 
 def _standardize(a: np.ndarray) -> np.ndarray:
@@ -130,7 +160,8 @@ def select_parents(archive: Any, cfg: Config | None = None, k: int | None = None
     weights = {"pareto": sc.w_pareto, "perf": sc.w_perf, "div": sc.w_div, "bayes": sc.w_bayes}
 
     names = sorted(nodes, key=lambda n: (nodes[n].created, n))
-    util = {n: utility(nodes[n].metrics, exp) if nodes[n].results else None for n in names}
+    mets = {n: nodes[n].metrics for n in names}  # each access copies: read once
+    util = {n: utility(mets[n], exp) if nodes[n].results else None for n in names}
     kids: dict[str, list[str]] = {}
     for n in names:
         for p in set(nodes[n].parents):
@@ -142,7 +173,7 @@ def select_parents(archive: Any, cfg: Config | None = None, k: int | None = None
 
     pop = [n for n in names if util[n] is not None and allowed(n)]
     objectives = pareto.parse_objectives(exp.pareto_objectives) if exp.pareto_objectives else \
-        pareto.default_objectives([nodes[n].metrics for n in pop], exp.objective, exp.length_penalty)
+        pareto.default_objectives([mets[n] for n in pop], exp.objective, exp.length_penalty)
     params: dict[str, Any] = {"k": k, "top_k": sc.top_k, "gamma": sc.gamma, "beta": sc.beta, "kappa": sc.kappa,
                               "weights": weights, "seed": seed, "allow_failed": sc.allow_failed,
                               "objectives": [("-" if s < 0 else "") + m for m, s in objectives],
@@ -167,7 +198,7 @@ def select_parents(archive: Any, cfg: Config | None = None, k: int | None = None
         return _fallback(nodes, names, rows, exclude, allowed, k, params)
 
     # -- population components --------------------------------------------------------------
-    y = pareto.objective_matrix([nodes[n].metrics for n in pop], objectives)
+    y = pareto.objective_matrix([mets[n] for n in pop], objectives)
     layer = pareto.layers(y)
     u_par = pareto.strength(layer)
     u = np.array([util[n] for n in pop], dtype=float)
@@ -183,18 +214,7 @@ def select_parents(archive: Any, cfg: Config | None = None, k: int | None = None
 
     # crowding: mean distance to the nearest neighbours within a seeded reference sample
     ref = np.arange(len(pop)) if len(pop) <= CROWD_REFERENCE else np.sort(rng.choice(len(pop), CROWD_REFERENCE, replace=False))
-    sq = (mech ** 2).sum(axis=1)
-    d2 = np.maximum(sq[:, None] + sq[ref][None, :] - 2.0 * mech @ mech[ref].T, 0.0)
-    d = np.sqrt(d2)
-    self_hit = ref[None, :] == np.arange(len(pop))[:, None]
-    d[self_hit] = np.inf
-    nn = min(CROWD_NEIGHBOURS, max(len(ref) - 1, 1))
-    near = np.sort(d, axis=1)[:, :nn]
-    near = np.where(np.isfinite(near), near, np.nan)
-    crowd = np.nan_to_num(np.nanmean(near, axis=1), nan=1.0) if len(pop) > 1 else np.ones(1)
-    finite = d[np.isfinite(d)]
-    scale = float(np.percentile(finite, 90)) if finite.size else 1.0
-    scale = scale if scale > 0 else 1.0
+    crowd, scale = _crowding(mech, ref)
     crowd_n = np.clip(crowd / scale, 0.0, 1.0)
     discount = 1.0 / (1.0 + n_kids / sc.expansion_half)
 
@@ -222,32 +242,32 @@ def select_parents(archive: Any, cfg: Config | None = None, k: int | None = None
     div = np.zeros(len(ci))
     score = np.zeros(len(ci))
     chosen: list[str] = []
+    lay_l, par_l, perf_l, alpha_l = layer.tolist(), u_par.tolist(), u_perf.tolist(), alpha.tolist()
+    mech_c, disc_c, crowd_c = mech[ci], discount[ci], crowd_n[ci]
+
+    def fill(n: str, i: int, div: float | None, score: float | None) -> None:
+        rows[n].update(layer=lay_l[i], pareto=par_l[i], perf=perf_l[i], div=div, gp_ucb=alpha_l[i], score=score)
+
     for r in range(min(k, len(ci))):
-        div = discount[ci] * (0.5 * d_pick + 0.5 * crowd_n[ci])
+        div = disc_c * (0.5 * d_pick + 0.5 * crowd_c)
         score = base + sc.w_div * div
         masked = np.where(alive, score, -np.inf)
         best = int(np.lexsort((tiebreak, -masked))[0])
         chosen.append(cands[best])
-        _fill(rows[cands[best]], layer[ci[best]], u_par[ci[best]], u_perf[ci[best]], div[best], alpha[ci[best]], score[best])
+        fill(cands[best], int(ci[best]), float(div[best]), float(score[best]))
         rows[cands[best]]["rank"] = r + 1
         alive[best] = False
-        dist = np.linalg.norm(mech[ci] - mech[ci[best]], axis=1) / scale
+        dist = np.linalg.norm(mech_c - mech_c[best], axis=1) / scale
         d_pick = np.minimum(d_pick, np.clip(dist, 0.0, 1.0))
-    div = discount[ci] * (0.5 * d_pick + 0.5 * crowd_n[ci])
+    div = disc_c * (0.5 * d_pick + 0.5 * crowd_c)
     score = base + sc.w_div * div
-    for j in np.flatnonzero(alive):
-        _fill(rows[cands[j]], layer[ci[j]], u_par[ci[j]], u_perf[ci[j]], div[j], alpha[ci[j]], score[j])
-    for n in pop:  # excluded population members: components for context, no score
-        if n in exclude:
-            i = index[n]
-            _fill(rows[n], layer[i], u_par[i], u_perf[i], None, alpha[i], None)
+    div_l, score_l, ci_l = div.tolist(), score.tolist(), ci.tolist()
+    for j in np.flatnonzero(alive).tolist():
+        fill(cands[j], ci_l[j], div_l[j], score_l[j])
+    for n in exclude.intersection(index):  # excluded population members: components for context, no score
+        fill(n, index[n], None, None)
     out = sorted(rows.values(), key=lambda r: (r["rank"] is None, r["rank"] or 0, r["score"] is None, -(r["score"] or 0.0), r["node"]))
     return Selection(chosen, out, params)
-
-
-def _fill(row: dict, layer: Any, par: float, perf: float, div: float | None, gp: float, score: float | None) -> None:
-    row.update(layer=int(layer), pareto=float(par), perf=float(perf), div=None if div is None else float(div),
-               gp_ucb=float(gp), score=None if score is None else float(score))
 
 
 def _fallback(nodes: dict, names: list[str], rows: dict, exclude: set, allowed, k: int, params: dict) -> Selection:

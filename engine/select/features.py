@@ -7,11 +7,13 @@ hashed into ``DIMS`` buckets, square-rooted counts, L2-normalised.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import json
 import math
 import re
 import zlib
+from collections import OrderedDict
 from typing import Any, Mapping
 
 import numpy as np
@@ -32,6 +34,27 @@ def code_vector(src: str, dims: int = DIMS) -> np.ndarray:
     v = np.sqrt(v)
     norm = np.linalg.norm(v)
     return v / norm if norm > 0 else v
+
+
+_CODE_CACHE: OrderedDict[bytes, np.ndarray] = OrderedDict()
+CODE_CACHE_SIZE = 16384
+"""code vectors kept per process (LRU, keyed by a hash of the source; 64 floats each, ~8 MiB full)"""
+
+
+def cached_code_vector(src: str) -> np.ndarray:
+    """:func:`code_vector` memoised across calls in this process by the source's BLAKE2b digest
+    (read-only array)."""
+    key = hashlib.blake2b(src.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    vec = _CODE_CACHE.get(key)
+    if vec is not None:
+        _CODE_CACHE.move_to_end(key)
+        return vec
+    vec = code_vector(src)
+    vec.flags.writeable = False
+    _CODE_CACHE[key] = vec
+    if len(_CODE_CACHE) > CODE_CACHE_SIZE:
+        _CODE_CACHE.popitem(last=False)
+    return vec
 
 
 def fingerprint_vector(blob: Any) -> tuple[tuple[str, ...], np.ndarray] | None:
@@ -76,10 +99,21 @@ def mechanism_matrix(names: list[str], sources: Mapping[str, str] | None, finger
         for n in names:
             src = sources[n]
             if src not in memo:
-                memo[src] = code_vector(src)
+                memo[src] = cached_code_vector(src)
             rows.append(memo[src])
         return np.stack(rows), "code"
     return fallback, "metrics"
+
+
+def _mean(vals: list[float]) -> float:
+    """``float(np.mean(vals))`` bit for bit, without numpy's per-call cost on short lists (numpy sums
+    fewer than 8 values left to right)."""
+    if len(vals) >= 8:
+        return float(np.mean(vals))
+    s = 0.0
+    for v in vals:
+        s += v
+    return s / len(vals)
 
 
 def descendant_gain(nodes: Mapping[str, Any], util: Mapping[str, float | None], top_k: int, gamma: float,
@@ -110,22 +144,27 @@ def descendant_gain(nodes: Mapping[str, Any], util: Mapping[str, float | None], 
                     ready.append(p)
     done = set(order)
     order += [n for n in nodes if n not in done]  # cycles (malformed trailers): best effort
+    kid_sets = {p: set(ch) for p, ch in kids.items()}
     key = lambda c: (util[c], c)  # noqa: E731
     gains: dict[str, float] = {}
+    empty: dict[str, int] = {}
     for name in order:
         cand: dict[str, int] = {}
         total = 0
-        for ch in set(kids.get(name, ())):
+        for ch in kid_sets.get(name, ()):
             if util.get(ch) is not None:
                 cand[ch] = 1
-            total += (util.get(ch) is not None) + count.get(ch, 0)
-            for c, dep in top.get(ch, {}).items():
-                if c not in cand or cand[c] > dep + 1:
-                    cand[c] = dep + 1
-        best = heapq.nlargest(top_k, cand, key=key)
+                total += 1
+            total += count.get(ch, 0)
+            for c, dep in top.get(ch, empty).items():
+                dep += 1
+                if cand.get(c, dep + 1) > dep:
+                    cand[c] = dep
+        best = heapq.nlargest(top_k, cand, key=key) if len(cand) > top_k else sorted(cand, key=key, reverse=True)
         top[name] = {c: cand[c] for c in best}
         count[name] = total  # counts paths in DAGs with crossovers: an upper bound there
         u = util.get(name)
         if best and u is not None:
-            gains[name] = float(np.mean([gamma ** cand[c] * math.tanh((util[c] - u) / beta) for c in best]))
+            vals = [gamma ** cand[c] * math.tanh((util[c] - u) / beta) for c in best]
+            gains[name] = _mean(vals)
     return gains, count

@@ -48,12 +48,13 @@ def default_objectives(metric_dicts: Sequence[Mapping[str, float]], objective: s
 
 def objective_matrix(metric_dicts: Sequence[Mapping[str, float]], objectives: Sequence[tuple[str, float]]) -> np.ndarray:
     """[N, m] matrix, every column "higher is better"; missing values are -inf."""
-    y = np.full((len(metric_dicts), len(objectives)), -np.inf)
-    for i, m in enumerate(metric_dicts):
-        for j, (key, sign) in enumerate(objectives):
-            v = m.get(key)
-            if v is not None and np.isfinite(v):
-                y[i, j] = sign * float(v)
+    n = len(metric_dicts)
+    y = np.full((n, len(objectives)), -np.inf)
+    nan = float("nan")
+    for j, (key, sign) in enumerate(objectives):
+        col = np.fromiter((nan if (v := m.get(key)) is None else v for m in metric_dicts), dtype=float, count=n)
+        fin = np.isfinite(col)
+        y[fin, j] = sign * col[fin]
     return y
 
 
@@ -91,13 +92,13 @@ def _layers_2d(y: np.ndarray) -> np.ndarray:
 
 
 def _bit(i: np.ndarray) -> np.ndarray:
-    return np.uint8(128) >> (i & 7).astype(np.uint8)
+    return np.left_shift(np.uint64(1), (i & 63).astype(np.uint64))
 
 
 def _layers_nd(y: np.ndarray) -> np.ndarray:
-    """Non-dominated sorting with packed bitsets (N^2/8 bytes): for each objective the set
-    {k : y_j[k] >= y_j[i]} is a prefix of that objective's sort order, built by a cumulative OR; the
-    dominators of i are the AND over objectives (distinct points only: duplicates share a layer).
+    """Non-dominated sorting with bitsets packed in 64-bit words (N^2/8 bytes): for each objective the
+    set {k : y_j[k] >= y_j[i]} is a prefix of that objective's sort order, built by a cumulative OR;
+    the dominators of i are the AND over objectives (distinct points only: duplicates share a layer).
     Fronts are peeled by testing ``dominators & remaining`` for emptiness."""
     y = np.array(y, dtype=float)
     m = y.shape[1]
@@ -108,30 +109,35 @@ def _layers_nd(y: np.ndarray) -> np.ndarray:
     y, inv = np.unique(y, axis=0, return_inverse=True)
     inv = inv.reshape(-1)
     n = len(y)
-    nb = (n + 7) // 8
+    nw = (n + 63) // 64
     idx = np.arange(n)
+    bits = _bit(idx)
     dom: np.ndarray | None = None
+    rows = np.empty((n, nw), dtype=np.uint64)
     for j in range(m):
         order = np.argsort(-y[:, j], kind="stable")
-        rows = np.zeros((n, nb), dtype=np.uint8)
-        rows[idx, order >> 3] = _bit(order)
+        rows.fill(0)
+        rows[idx, order >> 6] = bits[order]
         np.bitwise_or.accumulate(rows, axis=0, out=rows)
         vals = -y[order, j]
         last = np.searchsorted(vals, vals, side="right") - 1  # the end of each tie group
-        pre = np.empty((n, nb), dtype=np.uint8)
-        pre[order] = rows[last]
+        rank = np.empty(n, dtype=np.intp)
+        rank[order] = idx
+        pre = rows[last[rank]]  # row i: the prefix up to the end of i's tie group
         dom = pre if dom is None else np.bitwise_and(dom, pre, out=dom)
     assert dom is not None
-    dom[idx, idx >> 3] &= ~_bit(idx)
-    remaining = np.zeros(nb, dtype=np.uint8)
-    np.bitwise_or.at(remaining, idx >> 3, _bit(idx))
+    dom[idx, idx >> 6] &= ~bits
+    remaining = np.zeros(nw, dtype=np.uint64)
+    np.bitwise_or.at(remaining, idx >> 6, bits)
     out = np.full(n, -1, dtype=int)
     rem_idx, layer = idx, 0
     while rem_idx.size:
-        blocked = (dom[rem_idx] & remaining).any(axis=1)
+        sub = dom[rem_idx]
+        sub &= remaining
+        blocked = sub.any(axis=1)
         front = rem_idx[~blocked]
         out[front] = layer
-        np.bitwise_and.at(remaining, front >> 3, ~_bit(front))
+        np.bitwise_and.at(remaining, front >> 6, ~bits[front])
         rem_idx, layer = rem_idx[blocked], layer + 1
     return out[inv]
 

@@ -1,0 +1,79 @@
+"""``poise-git train``: train a node at GPU scale with verl under the paper's protocol."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from engine.cli import ArchiveOpt, console
+from engine.errors import ConfigError, PoiseError
+
+
+def _parse_hparams(items: List[str]) -> dict:
+    out = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--hparam expects KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
+def train(
+    node: str = typer.Argument(..., help="The node to train (its algorithm.py is read from its commit)."),
+    backend: str = typer.Option("verl", "--backend", help="Training backend: verl (GPU; `poise-git evaluate` runs the CPU proxy)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the environment and the verl command; write and run nothing."),
+    model: str = typer.Option("Qwen/Qwen2.5-Math-1.5B", "--model", help="Policy model path or hub id."),
+    gpus: int = typer.Option(8, "--gpus", help="GPUs per node (trainer.n_gpus_per_node)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the 5,000-problem MATH L3-5 subset and the data loader."),
+    hparam: List[str] = typer.Option([], "--hparam", help="Override a field of the node's Hyperparameters, KEY=VALUE (JSON value); repeatable."),
+    override: List[str] = typer.Option([], "--set", help="Extra hydra override appended last, e.g. trainer.total_epochs=1; repeatable."),
+    archive: Path = ArchiveOpt,
+) -> None:
+    """Train NODE with verl (lr 1e-6, batch 256 x 8 samples, 8 epochs, prompt 1024 / response 3000,
+    KL loss, vLLM rollout), logging into the node's MLflow run."""
+    import importlib.util
+    import os
+    import subprocess
+
+    from engine.archive import Archive
+    from trainer_template.loader import AlgorithmLoadError
+    from trainer_template.verl_backend.launch import Protocol, prepare_launch
+
+    if backend != "verl":
+        raise ConfigError(f"unknown training backend {backend!r}: only 'verl' (use `poise-git evaluate` for the CPU proxy)")
+    if importlib.util.find_spec("verl") is None:
+        raise PoiseError("verl is not installed: install the project's `verl` extra (pip install 'poise-git[verl]')")
+    arch = Archive(archive)
+    arch.node(node)  # unknown node: one clear error
+    if not dry_run:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise PoiseError("verl training needs CUDA GPUs and vLLM; none is visible here (use --dry-run to inspect the command)")
+    try:
+        launch = prepare_launch(arch, node, protocol=Protocol(model=model, n_gpus=gpus, seed=seed),
+                                hparams=_parse_hparams(hparam), extra=override, dry_run=dry_run)
+    except AlgorithmLoadError as exc:
+        raise ConfigError(str(exc)) from exc
+    if dry_run:
+        lines = [f"{k}={shlex.quote(v)}" for k, v in launch.env.items()]
+        lines.append(shlex.join(launch.cmd[:3]))
+        lines += [f"    {shlex.quote(o)}" for o in launch.overrides]
+        typer.echo(" \\\n".join(lines))
+        return
+    console.print(f"[bold]{node}[/]: verl training, MLflow run {launch.env['MLFLOW_RUN_ID']}")
+    proc = subprocess.run(launch.cmd, env={**os.environ, **launch.env})
+    if proc.returncode != 0:
+        raise PoiseError(f"verl exited with status {proc.returncode}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(train)

@@ -1,0 +1,182 @@
+"""Behavioural fingerprints: what a mechanism DOES on a fixed bank of synthetic batches.
+
+The fingerprint of a candidate is its advantages on seven fixed reward batches (mixed, all-correct,
+all-wrong, rare success, invalid samples, long/short responses, singleton groups) followed by its
+policy loss and gradient norm on fixed log-prob probes, and what the KL / entropy terms add to them.
+Two candidates whose fingerprints agree within ``DUPLICATE_TOL`` in every part (advantages up to a
+constant positive scale; loss probes in relative L2) are near-duplicates, whatever their code looks like.
+
+Computing a fingerprint executes candidate code: it only ever runs in a limited subprocess
+(``fingerprints(...)`` -> ``python -m engine.fingerprint``), after the static checks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Sequence
+
+DUPLICATE_TOL = 1e-3
+BANK_NAMES = ("mixed", "all_correct", "all_wrong", "rare_success", "invalid", "long_short", "singleton")
+
+
+def bank():
+    """The fixed synthetic batches: ``{name: RolloutBatch}`` (groups of 8; deterministic)."""
+    import torch
+
+    from trainer_template.interface import RolloutBatch
+
+    def mk(correct, valid=None, lengths=None, group=None, g=8):
+        c = torch.tensor(correct, dtype=torch.bool)
+        n = c.numel()
+        v = torch.ones(n, dtype=torch.bool) if valid is None else torch.tensor(valid, dtype=torch.bool)
+        ln = torch.tensor(lengths if lengths is not None else [100 + 37 * (i % 5) for i in range(n)], dtype=torch.long)
+        grp = torch.tensor(group if group is not None else [i // g for i in range(n)], dtype=torch.long)
+        return RolloutBatch(rewards=(c & v).to(torch.float32), group=grp, valid=v, correct=c & v, lengths=ln)
+
+    mixed = [1, 0, 1, 1, 0, 0, 1, 0] + [0, 0, 0, 1, 0, 0, 0, 0] + [1, 1, 1, 1, 1, 1, 0, 1] + [0, 1, 0, 1, 0, 1, 0, 1]
+    inv_c = [1, 0, 0, 0, 1, 0, 0, 0] * 2
+    inv_v = [1, 1, 0, 0, 1, 1, 0, 1] + [1, 0, 1, 0, 1, 1, 1, 0]
+    ls_c = [1, 1, 0, 0, 1, 0, 1, 0] * 2
+    ls_len = [20, 900, 20, 900, 60, 500, 300, 40] + [1500, 15, 800, 30, 250, 250, 2000, 5]
+    return {
+        "mixed": mk(mixed),
+        "all_correct": mk([1] * 16),
+        "all_wrong": mk([0] * 16),
+        "rare_success": mk([1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0]),
+        "invalid": mk(inv_c, inv_v),
+        "long_short": mk(ls_c, lengths=ls_len),
+        "singleton": mk([1, 0, 1, 0], group=[0, 1, 2, 3]),
+    }
+
+
+def loss_probes():
+    """Fixed [B=4, T=6] probes: log-probs whose ratios cross both clip edges, advantages of both signs."""
+    import torch
+
+    g = torch.Generator().manual_seed(1234)
+    old = -torch.rand(4, 6, generator=g) * 3 - 0.1
+    delta = torch.tensor([[0.5], [-0.5], [0.05], [-0.05]]) + 0.02 * torch.randn(4, 6, generator=g)
+    ref = old + 0.1 * torch.randn(4, 6, generator=g)
+    mask = torch.ones(4, 6, dtype=torch.bool)
+    mask[1, 4:] = False
+    mask[3, 2:] = False
+    adv = torch.tensor([[1.0], [-1.0], [0.5], [-2.0]]).expand(4, 6).contiguous()
+    ent = torch.rand(4, 6, generator=g) + 0.5
+    return old + delta, old, adv, mask, ref, ent
+
+
+def compute(module, cfg=None) -> list[float]:
+    """The fingerprint vector of a loaded algorithm module (NaN/inf kept as large sentinels)."""
+    import torch
+
+    from trainer_template.loader import make_config
+
+    cfg = make_config(module) if cfg is None else cfg
+    out: list[float] = []
+    with torch.no_grad():
+        for name in BANK_NAMES:
+            adv = module.compute_advantages(bank()[name], cfg)
+            out += [float(x) for x in torch.as_tensor(adv, dtype=torch.float32).reshape(-1)]
+    logp, old, adv, mask, ref, ent = loss_probes()
+    probe = []
+    for with_extras in (False, True):
+        lp = logp.clone().requires_grad_(True)
+        loss, _ = module.policy_loss(lp, old, adv, mask, cfg, ref_log_prob=ref if with_extras else None,
+                                     entropy=ent if with_extras else None)
+        loss.backward()
+        probe += [float(loss.detach()), float(lp.grad.norm()) if lp.grad is not None else 0.0]
+    # the surrogate alone, then what the KL / entropy terms add (a part of its own: small but real)
+    out += [probe[0], probe[1], probe[2] - probe[0], probe[3] - probe[1]]
+    return [x if math.isfinite(x) else (1e30 if x > 0 else -1e30) for x in out]
+
+
+def _rel(a: Sequence[float], b: Sequence[float]) -> float:
+    num = math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b)))
+    den = math.sqrt(sum(x * x for x in a)) + math.sqrt(sum(y * y for y in b)) + 1e-8
+    return num / den
+
+
+def _direction(a: Sequence[float], b: Sequence[float]) -> float:
+    """||a/|a| - b/|b||| / 2 in [0, 1]: blind to a constant positive scale of the advantages, which an
+    Adam-style optimizer ignores (e.g. analytic vs sample std with binary rewards and a fixed G)."""
+    na, nb = math.sqrt(sum(x * x for x in a)), math.sqrt(sum(y * y for y in b))
+    if na < 1e-12 or nb < 1e-12:
+        return 0.0 if na < 1e-12 and nb < 1e-12 else 1.0
+    return math.sqrt(sum((x / na - y / nb) ** 2 for x, y in zip(a, b))) / 2
+
+
+def part_distances(a: Sequence[float], b: Sequence[float]) -> tuple[float, ...]:
+    """Distances of the fingerprint's parts: advantages (direction only), then relative L2
+    ||a - b|| / (||a|| + ||b|| + 1e-8) of the surrogate-loss probes and of the KL/entropy-term probes."""
+    if len(a) != len(b):
+        return (math.inf,)
+    if len(a) < 4:
+        return (_rel(a, b),)
+    cut = len(a) - 4
+    return _direction(a[:cut], b[:cut]), _rel(a[cut:cut + 2], b[cut:cut + 2]), _rel(a[cut + 2:], b[cut + 2:])
+
+
+def distance(a: Sequence[float], b: Sequence[float]) -> float:
+    """The largest part distance: below DUPLICATE_TOL, two mechanisms behave alike in every part."""
+    return max(part_distances(a, b))
+
+
+def novelty(a: Sequence[float], b: Sequence[float]) -> float:
+    """Graded novelty in [0, 1]: 0.6 x advantage part + 0.2 x each loss part (inf when lengths differ)."""
+    d = part_distances(a, b)
+    return d[0] if len(d) == 1 else 0.6 * d[0] + 0.2 * d[1] + 0.2 * d[2]
+
+
+def nearest(fp: Sequence[float], others: dict[str, Sequence[float]]) -> tuple[str | None, float, float]:
+    """(the behaviourally closest node, its distance, the novelty against it)."""
+    best, dist = None, math.inf
+    for name, other in others.items():
+        d = distance(fp, other)
+        if d < dist:
+            best, dist = name, d
+    return best, dist, (novelty(fp, others[best]) if best is not None else math.inf)
+
+
+def fingerprints(sources: Sequence[str], *, timeout_s: float = 120.0, memory_mb: int = 4096) -> list[list[float] | str]:
+    """Fingerprint many (statically checked) sources in ONE limited subprocess; an error string per failure."""
+    if not sources:
+        return []
+    from engine.sandbox import child_env, run_limited
+
+    res = run_limited([sys.executable, "-m", "engine.fingerprint"], timeout_s=timeout_s, cpu_s=timeout_s,
+                      memory_mb=memory_mb, env=child_env(), input=json.dumps(list(sources)))
+    if not res.ok:
+        return [f"fingerprinting failed: {res.reason()}"] * len(sources)
+    try:
+        out = json.loads(res.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        return ["fingerprinting produced no result"] * len(sources)
+    return out
+
+
+def _main() -> None:
+    import signal
+
+    from trainer_template.loader import load_algorithm
+
+    def _alarm(*_):
+        raise TimeoutError("a call took longer than 10 s")
+
+    signal.signal(signal.SIGALRM, _alarm)
+    sources = json.loads(sys.stdin.read())
+    out: list = []
+    for i, src in enumerate(sources):
+        signal.alarm(10)
+        try:
+            out.append(compute(load_algorithm(src, f"fp{i}")))
+        except BaseException as exc:  # noqa: BLE001 - any candidate failure is data here
+            out.append(f"{type(exc).__name__}: {str(exc)[:200]}")
+        finally:
+            signal.alarm(0)
+    sys.stdout.write("\n" + json.dumps(out) + "\n")
+
+
+if __name__ == "__main__":
+    _main()

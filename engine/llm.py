@@ -1,0 +1,277 @@
+"""An OpenAI-compatible chat client with retries, JSON-schema replies, usage accounting and replay.
+
+Model and endpoint come from ``poise.toml`` ``[llm]`` (``base_url`` empty: ``$OPENAI_BASE_URL``, then
+the OpenAI default); the key comes ONLY from the environment variable ``[llm].api_key_env`` names and
+is never written anywhere. Every call is recorded inside the archive as a blob under the ref
+``refs/poise-llm/<sha256 of the request>-<n>`` (``n``: the n-th identical request of a run), written
+with compare-and-swap, so ``replay=True`` re-runs a search deterministically with no endpoint at all.
+Clone those refs with ``git fetch origin 'refs/poise-llm/*:refs/poise-llm/*'``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from engine.errors import PoiseError
+
+LLM_REF_PREFIX = "refs/poise-llm/"
+# USD per million tokens (input, output); unknown models cost 0 and are reported as unpriced.
+PRICES = {
+    "gpt-4o-mini": (0.15, 0.60),
+    "gpt-4o": (2.50, 10.0),
+    "gpt-4.1": (2.0, 8.0),
+    "gpt-4.1-mini": (0.40, 1.60),
+    "gpt-4.1-nano": (0.10, 0.40),
+    "gemini-2.0-flash": (0.10, 0.40),
+    "gemini-2.5-flash": (0.30, 2.50),
+}
+
+
+class LLMError(PoiseError):
+    """The endpoint failed, the key is missing, a reply stayed malformed, or a replay has no record."""
+
+
+@dataclass
+class Usage:
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    replayed: int = 0
+
+    def add(self, prompt: int, completion: int, cost: float, replayed: bool) -> None:
+        self.calls += 1
+        self.prompt_tokens += prompt
+        self.completion_tokens += completion
+        self.cost_usd += cost
+        self.replayed += int(replayed)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"calls": self.calls, "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "cost_usd": round(self.cost_usd, 6), "replayed": self.replayed}
+
+
+@dataclass
+class Reply:
+    text: str
+    data: Any = None
+    """the parsed, schema-valid JSON (when a schema was given)"""
+    key: str = ""
+    """the record key of the final call"""
+    replayed: bool = False
+
+
+def request_hash(request: Mapping[str, Any]) -> str:
+    """sha256 of the canonical JSON of a request (model, messages, temperature, response format)."""
+    canon = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canon.encode("utf-8")).hexdigest()
+
+
+def price(model: str, prompt: int, completion: int) -> float:
+    base = model.split("/")[-1]
+    for name in sorted(PRICES, key=len, reverse=True):
+        if base.startswith(name):
+            p_in, p_out = PRICES[name]
+            return (prompt * p_in + completion * p_out) / 1e6
+    return 0.0
+
+
+def validate_json(data: Any, schema: Mapping[str, Any]) -> str | None:
+    """None when ``data`` satisfies the JSON schema, else a one-line reason."""
+    import jsonschema
+
+    try:
+        jsonschema.validate(data, schema)
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(top level)"
+        return f"at {where}: {exc.message[:300]}"
+    return None
+
+
+def parse_json_reply(text: str) -> Any:
+    """The JSON object in a reply, tolerating a ```json fence around it. Raises ValueError."""
+    t = text.strip()
+    if t.startswith("```"):
+        t = t.split("\n", 1)[1] if "\n" in t else ""
+        t = t.rsplit("```", 1)[0]
+    try:
+        return json.loads(t)
+    except json.JSONDecodeError:
+        start, end = t.find("{"), t.rfind("}")
+        if 0 <= start < end:
+            return json.loads(t[start : end + 1])
+        raise
+
+
+class LLMClient:
+    """Chat completions against one endpoint; records every call in ``archive`` (when given).
+
+    ``replay=True`` answers from the records only (no endpoint, no key); a missing record is an error.
+    Usage is counted per run (``usage``) and per node (``usage_by_node``, keyed by the ``node`` passed
+    to :meth:`chat`).
+    """
+
+    def __init__(self, cfg, archive=None, *, replay: bool = False, backoff_s: float = 1.0, reask: int = 2):
+        self.cfg = cfg
+        self.archive = archive
+        self.replay = replay
+        self.backoff_s = backoff_s
+        self.reask = reask
+        self.model = cfg.model
+        self.base_url = cfg.base_url or os.environ.get("OPENAI_BASE_URL", "")
+        self.usage = Usage()
+        self.usage_by_node: dict[str, Usage] = {}
+        self._seen: dict[str, int] = {}
+        self._client = None
+
+    # -- endpoint ------------------------------------------------------------------------------
+    def _openai(self):
+        if self._client is None:
+            import openai
+
+            key = os.environ.get(self.cfg.api_key_env, "")
+            if not key:
+                if not self.base_url:
+                    raise LLMError(f"no API key: set the environment variable {self.cfg.api_key_env} "
+                                   "(or point [llm].base_url / OPENAI_BASE_URL at a local server), or use --proposer offline")
+                key = "not-needed"  # local OpenAI-compatible servers (vllm serve) accept any key
+            self._client = openai.OpenAI(api_key=key, base_url=self.base_url or None, timeout=self.cfg.timeout_s, max_retries=0)
+        return self._client
+
+    def _call(self, request: dict[str, Any]) -> tuple[str, int, int]:
+        import openai
+
+        client = self._openai()
+        attempts = max(1, int(self.cfg.max_retries) + 1)
+        last = ""
+        for attempt in range(attempts):
+            try:
+                resp = client.chat.completions.create(**request)
+                text = resp.choices[0].message.content or ""
+                u = resp.usage
+                return text, int(getattr(u, "prompt_tokens", 0) or 0), int(getattr(u, "completion_tokens", 0) or 0)
+            except (openai.APITimeoutError, openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError) as exc:
+                last = _describe(exc)
+                wait = _retry_after(exc)
+                if wait is None:
+                    wait = self.backoff_s * (2**attempt) * (0.5 + random.random() / 2)
+                if attempt + 1 < attempts:
+                    time.sleep(min(wait, 60.0))
+            except openai.APIStatusError as exc:  # 4xx other than 429: retrying will not help
+                raise LLMError(f"the LLM endpoint refused the request: {_describe(exc)}") from None
+        raise LLMError(f"the LLM endpoint failed after {attempts} attempts: {last}")
+
+    # -- records -------------------------------------------------------------------------------
+    def _load(self, key: str) -> dict | None:
+        if self.archive is None:
+            return None
+        blob = self.archive.git.cat_blobs([LLM_REF_PREFIX + key])[0]
+        return None if blob is None else json.loads(blob)
+
+    def _store(self, key: str, record: dict) -> None:
+        if self.archive is None:
+            return
+        git = self.archive.git
+        oid = git.write_blobs([json.dumps(record, indent=1, sort_keys=True).encode("utf-8")])[0]
+        git.update_ref(LLM_REF_PREFIX + key, oid, None, "poise llm record")  # first record of a key wins
+
+    # -- the call ------------------------------------------------------------------------------
+    def complete(self, messages: Sequence[Mapping[str, str]], *, node: str | None = None, json_mode: bool = False,
+                 purpose: str = "") -> tuple[str, str, bool]:
+        """One recorded call; returns (text, record key, replayed)."""
+        request: dict[str, Any] = {"model": self.model, "messages": [dict(m) for m in messages],
+                                   "temperature": float(self.cfg.temperature)}
+        if json_mode:
+            request["response_format"] = {"type": "json_object"}
+        h = request_hash(request)
+        n = self._seen.get(h, 0)
+        self._seen[h] = n + 1
+        key = f"{h}-{n}"
+        rec = self._load(key) if self.replay else None
+        if self.replay:
+            if rec is None:
+                raise LLMError(f"--replay: no recorded reply for request {key[:16]}… ({purpose or 'chat'}); "
+                               "the run diverged from the recorded one or the records were not fetched")
+            text, p, c, replayed = rec["reply"], int(rec.get("prompt_tokens", 0)), int(rec.get("completion_tokens", 0)), True
+        else:
+            text, p, c = self._call(request)
+            replayed = False
+            self._store(key, {"request": request, "reply": text, "prompt_tokens": p, "completion_tokens": c,
+                              "purpose": purpose, "node": node or "", "time": time.time()})
+        cost = price(self.model, p, c)
+        self.usage.add(p, c, cost, replayed)
+        if node:
+            self.usage_by_node.setdefault(node, Usage()).add(p, c, cost, replayed)
+        return text, key, replayed
+
+    def chat_json(self, messages: Sequence[Mapping[str, str]], schema: Mapping[str, Any], *, node: str | None = None,
+                  purpose: str = "") -> Reply:
+        """A JSON reply valid under ``schema``; malformed replies are re-asked at most ``reask`` times."""
+        msgs = [dict(m) for m in messages]
+        problem = ""
+        for _ in range(self.reask + 1):
+            text, key, replayed = self.complete(msgs, node=node, json_mode=True, purpose=purpose)
+            try:
+                data = parse_json_reply(text)
+                problem = validate_json(data, schema) or ""
+            except ValueError as exc:
+                problem = f"not valid JSON ({exc})"
+            if not problem:
+                return Reply(text=text, data=data, key=key, replayed=replayed)
+            msgs += [{"role": "assistant", "content": text},
+                     {"role": "user", "content": f"Your reply was rejected: {problem}. Reply again with ONLY one JSON object "
+                                                 f"that satisfies this JSON schema:\n{json.dumps(schema)}"}]
+        raise LLMError(f"the LLM's reply stayed malformed after {self.reask} re-asks: {problem}")
+
+    def chat(self, messages: Sequence[Mapping[str, str]], *, node: str | None = None, purpose: str = "") -> Reply:
+        text, key, replayed = self.complete(messages, node=node, purpose=purpose)
+        return Reply(text=text, key=key, replayed=replayed)
+
+    def node_usage(self, node: str) -> dict[str, Any]:
+        return self.usage_by_node.get(node, Usage()).as_dict()
+
+    def assign_usage(self, src: str, dst: str) -> None:
+        """Move the usage counted under ``src`` (e.g. a parent while proposing) onto node ``dst``."""
+        if src in self.usage_by_node:
+            u = self.usage_by_node.pop(src)
+            d = self.usage_by_node.setdefault(dst, Usage())
+            for k in ("calls", "prompt_tokens", "completion_tokens", "cost_usd", "replayed"):
+                setattr(d, k, getattr(d, k) + getattr(u, k))
+
+
+def recorded_calls(archive) -> int:
+    """How many LLM calls the archive holds records of."""
+    out = archive.git.text("for-each-ref", "--format=%(refname)", LLM_REF_PREFIX)
+    return len([ln for ln in out.splitlines() if ln.strip()])
+
+
+def make_client(cfg, archive=None, *, replay: bool = False) -> LLMClient:
+    """A client for ``cfg.llm``; ``cfg`` may be the whole Config or its LLMConfig."""
+    return LLMClient(getattr(cfg, "llm", cfg), archive, replay=replay)
+
+
+def _describe(exc: Exception) -> str:
+    status = getattr(exc, "status_code", None)
+    msg = str(getattr(exc, "message", "") or exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+    return f"{type(exc).__name__}" + (f" (HTTP {status})" if status else "") + (f": {msg}" if msg else "")
+
+
+def _retry_after(exc: Exception) -> float | None:
+    resp = getattr(exc, "response", None)
+    headers = getattr(resp, "headers", None)
+    if not headers:
+        return None
+    for name, scale in (("retry-after-ms", 1e-3), ("retry-after", 1.0)):
+        v = headers.get(name)
+        if v is not None:
+            try:
+                return max(0.0, float(v) * scale)
+            except ValueError:
+                return None
+    return None

@@ -1,0 +1,224 @@
+"""Code generation for the offline proposer: a component spec -> readable mechanism code.
+
+A spec picks one option per component (baseline, scale, invalid, all_fail, length, adv_clip) plus the
+loss-side and continuous hyperparameters (``spec["hp"]``). :func:`render` writes the edit — the
+``Hyperparameters`` dataclass, ``compute_advantages`` and ``policy_loss`` — as plain code applied
+through the archive's LibCST spawn. :func:`set_defaults` rewrites dataclass defaults with LibCST.
+"""
+
+from __future__ import annotations
+
+import keyword
+from typing import Any, Mapping
+
+import libcst as cst
+
+from engine.errors import EditError
+
+OPTIONS = {
+    "baseline": ("group_mean", "loo", "valid_bayes", "batch"),
+    "scale": ("group_std", "analytic", "batch", "none"),
+    "invalid": ("none", "penalty", "mask"),
+    "all_fail": ("none", "penalty"),
+    "length": ("none", "negative_scale", "penalty"),
+    "adv_clip": ("none", "clip"),
+}
+# continuous hyperparameters: name -> (low, high, log, default, owning component option or None)
+CONTINUOUS = {
+    "prior_strength": (0.5, 4.0, True, 1.0, ("baseline", "valid_bayes")),
+    "prior_mean": (0.0, 0.5, False, 0.25, ("baseline", "valid_bayes")),
+    "std_floor": (0.05, 0.5, False, 0.2, ("scale", "analytic")),
+    "invalid_penalty": (0.1, 2.0, False, 1.0, ("invalid", "penalty")),
+    "all_fail_penalty": (0.01, 0.5, True, 0.1, ("all_fail", "penalty")),
+    "length_lambda": (0.1, 1.0, False, 0.5, ("length", "negative_scale")),
+    "length_coef": (0.01, 0.5, True, 0.1, ("length", "penalty")),
+    "adv_clip": (1.0, 5.0, False, 3.0, ("adv_clip", "clip")),
+    "clip_ratio_low": (0.1, 0.3, False, 0.2, None),
+    "clip_ratio_high": (0.15, 0.4, False, 0.2, None),
+    "kl_coef": (1e-4, 0.1, True, 0.0, None),
+    "entropy_coef": (1e-4, 0.01, True, 0.0, None),
+}
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSS_KNOBS = ("clip", "loss_agg", "kl", "entropy")
+DEFAULT_SPEC: dict[str, Any] = {
+    "baseline": "group_mean", "scale": "group_std", "invalid": "none", "all_fail": "none", "length": "none",
+    "adv_clip": "none", "hp": {"eps": 1e-6, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2,
+                               "loss_agg_mode": "token-mean", "kl_coef": 0.0, "kl_type": "low_var_kl", "entropy_coef": 0.0},
+}
+_DOCS = {
+    "eps": "numerical floor added to the scale", "prior_strength": "pseudo-count of the Bayesian prior on the valid-subset mean",
+    "prior_mean": "prior mean success rate of the valid subset", "std_floor": "floor of the analytic scale sqrt(mu(1-mu))",
+    "invalid_penalty": "margin of invalid samples below the lowest valid advantage of their group",
+    "all_fail_penalty": "advantage subtracted in groups with no correct sample",
+    "length_lambda": "exponent of the length ratio scaling negative advantages",
+    "length_coef": "weight of the centred length penalty", "adv_clip": "advantages are clipped to [-adv_clip, adv_clip]",
+    "clip_ratio_low": "PPO clip epsilon below 1", "clip_ratio_high": "PPO clip epsilon above 1",
+    "loss_agg_mode": "token-mean | seq-mean-token-mean | seq-mean-token-sum-norm",
+    "kl_coef": "weight of the KL-to-reference loss term (0 disables it)", "kl_type": "k1 | k2 | k3 | low_var_kl",
+    "entropy_coef": "weight of the entropy bonus (subtracted from the loss)",
+}
+_BASELINE = {
+    "group_mean": ("group mean", ["baseline = torch.where(singleton, torch.zeros_like(scores), stats.mean)"]),
+    "loo": ("leave-one-out mean (RLOO)", ["baseline = torch.where(singleton, torch.zeros_like(scores), stats.loo_mean)"]),
+    "valid_bayes": ("Bayesian-smoothed valid-subset mean", [
+        "vstats = group_stats(scores, batch.group, valid)",
+        "baseline = (vstats.sum + cfg.prior_strength * cfg.prior_mean) / (vstats.count + cfg.prior_strength)"]),
+    "batch": ("batch mean", ["baseline = scores.mean().expand_as(scores)"]),
+}
+_SCALE = {
+    "group_std": ("group std", ["scale = torch.where(singleton, torch.ones_like(scores), stats.unbiased_std())"]),
+    "analytic": ("analytic sqrt(mu(1-mu)) with a floor", [
+        "mu = stats.mean.clamp(0.0, 1.0)", "scale = torch.sqrt(mu * (1.0 - mu)).clamp(min=cfg.std_floor)"]),
+    "batch": ("batch std", ["scale = (scores - scores.mean()).square().mean().sqrt().expand_as(scores)"]),
+    "none": ("no scaling", ["scale = torch.ones_like(scores) - cfg.eps"]),
+}
+_INVALID = {
+    "none": ("", []),
+    "penalty": ("invalid samples sit invalid_penalty below their group's lowest valid advantage", [
+        "floor = group_stats(adv, batch.group, valid).min",
+        "adv = torch.where(valid, adv, floor - cfg.invalid_penalty)"]),
+    "mask": ("invalid samples get 0", ["adv = torch.where(valid, adv, torch.zeros_like(adv))"]),
+}
+_ALL_FAIL = {
+    "none": ("", []),
+    "penalty": ("all-fail groups shifted down", [
+        "solved = group_stats(batch.correct.to(torch.float32), batch.group).max > 0.5",
+        "adv = torch.where(solved, adv, adv - cfg.all_fail_penalty)"]),
+}
+_LENGTH = {
+    "none": ("", []),
+    "negative_scale": ("validity-gated length scaling of negative advantages", [
+        "lengths = batch.lengths.to(torch.float32)",
+        "ratio = lengths / group_stats(lengths, batch.group).mean.clamp(min=1.0)",
+        "adv = torch.where((adv < 0) & valid, adv * ratio.clamp(min=1e-3).pow(cfg.length_lambda), adv)"]),
+    "penalty": ("centred length penalty", [
+        "lengths = batch.lengths.to(torch.float32)",
+        "lstats = group_stats(lengths, batch.group)",
+        "adv = adv - cfg.length_coef * (lengths - lstats.mean) / lstats.max.clamp(min=1.0)"]),
+}
+_CLIP = {"none": ("", []), "clip": ("clipped", ["adv = adv.clamp(-cfg.adv_clip, cfg.adv_clip)"])}
+
+POLICY_LOSS = '''\
+def policy_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    cfg: Hyperparameters,
+    ref_log_prob: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO-clip loss. log_prob, old_log_prob, advantages, response_mask, entropy: [B, T]; returns a scalar."""
+    pg_losses, clipped = ppo_clip_loss(log_prob, old_log_prob, advantages, cfg.clip_ratio_low, cfg.clip_ratio_high)
+    loss = agg_loss(pg_losses, response_mask, cfg.loss_agg_mode)
+    mask = response_mask.to(log_prob.dtype)
+    metrics = {
+        "pg_loss": float(loss.detach()),
+        "pg_clipfrac": float((clipped.to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1.0)),
+    }
+    if cfg.kl_coef > 0 and ref_log_prob is not None:
+        kl = agg_loss(kl_penalty(log_prob, ref_log_prob, cfg.kl_type), response_mask, cfg.loss_agg_mode)
+        loss = loss + cfg.kl_coef * kl
+        metrics["kl_loss"] = float(kl.detach())
+    if cfg.entropy_coef != 0 and entropy is not None:
+        ent = agg_loss(entropy, response_mask, cfg.loss_agg_mode)
+        loss = loss - cfg.entropy_coef * ent
+        metrics["entropy"] = float(ent.detach())
+    return loss, metrics
+'''
+
+
+def normalize(spec: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A complete spec: defaults filled in, options validated, only the hyperparameters it uses kept."""
+    out: dict[str, Any] = {k: v for k, v in DEFAULT_SPEC.items() if k != "hp"}
+    hp = dict(DEFAULT_SPEC["hp"])
+    for k, v in (spec or {}).items():
+        if k == "hp":
+            hp.update(v)
+        elif k in OPTIONS:
+            if v not in OPTIONS[k]:
+                raise EditError(f"unknown {k} option {v!r} (known: {', '.join(OPTIONS[k])})")
+            out[k] = v
+    for name, (_lo, _hi, _log, default, owner) in CONTINUOUS.items():
+        if owner is not None:
+            if out[owner[0]] == owner[1]:
+                hp.setdefault(name, default)
+            else:
+                hp.pop(name, None)
+    out["hp"] = {k: hp[k] for k in sorted(hp)}
+    return out
+
+
+def describe(spec: Mapping[str, Any]) -> str:
+    s = normalize(spec)
+    parts = [f"baseline: {_BASELINE[s['baseline']][0]}", f"scale: {_SCALE[s['scale']][0]}"]
+    for key, table in (("invalid", _INVALID), ("all_fail", _ALL_FAIL), ("length", _LENGTH), ("adv_clip", _CLIP)):
+        if s[key] != "none":
+            parts.append(f"{key.replace('_', '-')}: {table[s[key]][0]}")
+    hp = s["hp"]
+    parts.append(f"loss: clip [{hp['clip_ratio_low']:.3g}, {hp['clip_ratio_high']:.3g}], {hp['loss_agg_mode']}, "
+                 f"kl {hp['kl_coef']:.3g}, entropy {hp['entropy_coef']:.3g}")
+    return "; ".join(parts)
+
+
+def render(spec: Mapping[str, Any]) -> str:
+    """The edit (Hyperparameters, compute_advantages, policy_loss) implementing ``spec``."""
+    s = normalize(spec)
+    lines = ["@dataclass", "class Hyperparameters:"]
+    for k, v in s["hp"].items():
+        lines += [f"    {k}: {type(v).__name__} = {v!r}", f'    """{_DOCS.get(k, k)}"""']
+    body: list[str] = ["scores = batch.rewards.to(torch.float32)", "valid = batch.valid.to(torch.bool)",
+                       "stats = group_stats(scores, batch.group)", "singleton = stats.count < 2"]
+    body += _BASELINE[s["baseline"]][1] + _SCALE[s["scale"]][1]
+    body += ["adv = (scores - baseline) / (scale + cfg.eps)"]
+    for key, table in (("invalid", _INVALID), ("all_fail", _ALL_FAIL), ("length", _LENGTH), ("adv_clip", _CLIP)):
+        body += table[s[key]][1]
+    body += ["return adv"]
+    doc = describe(s).split("; loss:")[0]
+    lines += ["", "", "def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:",
+              f'    """Sequence-level advantages [B]. {doc}."""']
+    lines += [f"    {ln}" for ln in body]
+    return "\n".join(lines) + "\n\n\n" + POLICY_LOSS
+
+
+def _literal(value: Any) -> cst.BaseExpression:
+    if isinstance(value, bool) or isinstance(value, (int, float, str)):
+        return cst.parse_expression(repr(value))
+    raise EditError(f"hyperparameter value {value!r} must be a number, bool or string")
+
+
+class _Defaults(cst.CSTTransformer):
+    def __init__(self, values: Mapping[str, Any]):
+        self.values = dict(values)
+        self.done: set[str] = set()
+        self.found = False
+
+    def leave_ClassDef(self, original, updated):
+        if updated.name.value != "Hyperparameters":
+            return updated
+        self.found = True
+        body = list(updated.body.body)
+        for i, stmt in enumerate(body):
+            if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.AnnAssign):
+                ann = stmt.body[0]
+                if isinstance(ann.target, cst.Name) and ann.target.value in self.values:
+                    body[i] = stmt.with_changes(body=[ann.with_changes(value=_literal(self.values[ann.target.value]))])
+                    self.done.add(ann.target.value)
+        for k, v in self.values.items():
+            if k not in self.done:
+                body.append(cst.parse_statement(f"{k}: {type(v).__name__} = {v!r}\n"))
+                self.done.add(k)
+        return updated.with_changes(body=updated.body.with_changes(body=body))
+
+
+def set_defaults(source: str, values: Mapping[str, Any]) -> str:
+    """``source`` with the ``Hyperparameters`` dataclass defaults set (missing fields appended)."""
+    for k, v in values.items():
+        if not isinstance(k, str) or not k.isidentifier() or keyword.iskeyword(k) or k.startswith("_"):
+            raise EditError(f"bad hyperparameter name {k!r}")
+        _literal(v)
+    t = _Defaults(values)
+    out = cst.parse_module(source).visit(t)
+    if not t.found:
+        raise EditError("algorithm.py has no Hyperparameters dataclass to set hyperparameters on")
+    return out.code

@@ -1,0 +1,211 @@
+"""The offline proposer (the embedded default): search over the mechanism components the priors are
+made of, with no endpoint and no key.
+
+Each candidate mutates ONE component of the parent's spec (baseline, scale, invalid handling, all-fail
+handling, length shaping, advantage clipping, clip ratios, aggregation mode, KL or entropy coefficient)
+or crosses the parent with an evaluated reference node (uniform crossover per component). Continuous
+hyperparameters are sampled by Optuna's TPE, warm-started with every archived node that has a spec and
+a utility. The code is rendered by :mod:`engine.proposers.codegen` and applied through LibCST.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from typing import Any
+
+from engine.proposers import register
+from engine.proposers.codegen import CONTINUOUS, LOSS_AGG_MODES, LOSS_KNOBS, OPTIONS, describe, normalize, render
+
+MUTABLE = tuple(OPTIONS) + LOSS_KNOBS
+
+
+def intents_for(spec: dict[str, Any]) -> tuple[str, ...]:
+    """Intent tests a spec satisfies by construction."""
+    out = ["correct_above_wrong"]
+    if spec["baseline"] != "batch" and spec["scale"] != "batch":
+        out.append("rare_success_larger")
+    if spec["invalid"] == "penalty" and spec["adv_clip"] == "none":
+        out.append("invalid_below_wrong")
+    if spec["all_fail"] == "penalty" and spec["adv_clip"] == "none":
+        out.append("all_fail_negative")
+    if spec["length"] == "penalty" and spec["adv_clip"] == "none":
+        out.append("shorter_correct_preferred")
+    if spec["length"] == "negative_scale" and spec["adv_clip"] == "none":
+        out.append("longer_wrong_penalized_more")
+    if spec["adv_clip"] == "clip":
+        out.append("bounded")
+    return tuple(out)
+
+
+def _study(archive, cfg, seed: int):
+    """An in-memory TPE study warm-started with the archive's (spec hyperparameters, utility) pairs."""
+    import optuna
+
+    from engine.config import utility
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=8))
+    dists = _distributions()
+    for node in archive.nodes().values():
+        if node.status != "evaluated" or not node.metrics:
+            continue
+        u = utility(node.metrics, cfg.experiment)
+        rec = archive.read_file(node.name, "records/proposal.json")
+        if u is None or not rec:
+            continue
+        comps = (json.loads(rec) or {}).get("components")
+        if not comps:
+            continue
+        params = {k: v for k, v in normalize(comps)["hp"].items() if k in dists and _inside(dists[k], v)}
+        if params:
+            study.add_trial(optuna.trial.create_trial(params=params, distributions={k: dists[k] for k in params}, value=float(u)))
+    return study
+
+
+def _distributions():
+    import optuna
+
+    return {k: optuna.distributions.FloatDistribution(lo, hi, log=log) for k, (lo, hi, log, _d, _o) in CONTINUOUS.items()}
+
+
+def _inside(dist, v) -> bool:
+    return isinstance(v, (int, float)) and dist.low <= v <= dist.high
+
+
+@register("offline")
+class OfflineProposer:
+    """Component mutation / crossover with TPE-sampled continuous hyperparameters."""
+
+    def __init__(self, llm=None, **_):
+        self.llm = llm  # unused: the offline proposer never calls an endpoint
+
+    def propose(self, archive, parent: str, context, cfg, n: int, seed: int | None) -> list:
+        from engine.propose import Proposal
+
+        seed = seed if seed is not None else len(archive.nodes())
+        rng = random.Random(seed)
+        study = _study(archive, cfg, seed)
+        dists = _distributions()
+        base = normalize(context.parent.components)
+        partners = [s for s in (context.frontier + context.complementary + context.exploratory) if s.components]
+        out: list[Proposal] = []
+        for i in range(2 * n):
+            trial = study.ask()
+
+            def sample(name: str) -> float:
+                v = trial.suggest_float(name, dists[name].low, dists[name].high, log=dists[name].log)
+                return round(v, 4 if v >= 0.01 else 6)
+
+            if partners and rng.random() < 0.25:
+                partner = rng.choice(partners)
+                spec, what = self._cross(base, normalize(partner.components), rng), f"crossover with {partner.name}"
+                extra = (partner.name,)
+            else:
+                spec, what = self._mutate(base, rng, sample), ""
+                extra = ()
+            spec = normalize(spec)
+            changed = sorted(k for k in MUTABLE[:len(OPTIONS)] if spec[k] != base[k])
+            owned = {h for h, c in CONTINUOUS.items() if c[4] is not None and c[4][0] in changed}
+            changed += sorted(k for k in spec["hp"] if spec["hp"].get(k) != base["hp"].get(k) and k not in owned | {"eps"})
+            what = what or ("mutate " + ", ".join(changed) if changed else "retune")
+            out.append(Proposal(
+                name=f"{parent}-{_short(spec, base, changed, extra)}",
+                motivation=f"Offline search from {parent}: {what}. Parent mechanism — {describe(base)}.",
+                mechanism=describe(spec),
+                expected_effect=self._expectation(spec, base),
+                hyperparameters={},
+                edit=render(spec),
+                proposer="offline",
+                parents=extra,
+                intents=intents_for(spec),
+                expected_gain=self._gain(archive, cfg, spec, context),
+                components=spec,
+            ))
+        return out
+
+    def revise(self, archive, parent, proposal, failure, cfg, node=None):
+        return None  # generated code is correct by construction or the component combination is infeasible
+
+    # -- operators -------------------------------------------------------------------------------
+    @staticmethod
+    def _mutate(base: dict, rng: random.Random, sample) -> dict:
+        spec = {k: v for k, v in base.items() if k != "hp"}
+        hp = dict(base["hp"])
+        knob = rng.choice(MUTABLE)
+        if knob in OPTIONS:
+            choices = [o for o in OPTIONS[knob] if o != base[knob]]
+            spec[knob] = rng.choice(choices)
+            for name, (_lo, _hi, _log, _d, owner) in CONTINUOUS.items():
+                if owner == (knob, spec[knob]):
+                    hp[name] = sample(name)
+        elif knob == "clip":
+            hp["clip_ratio_low"], hp["clip_ratio_high"] = sample("clip_ratio_low"), sample("clip_ratio_high")
+        elif knob == "loss_agg":
+            hp["loss_agg_mode"] = rng.choice([m for m in LOSS_AGG_MODES if m != hp.get("loss_agg_mode")])
+        elif knob in ("kl", "entropy"):
+            key = f"{knob}_coef"
+            hp[key] = 0.0 if hp.get(key, 0.0) > 0 and rng.random() < 0.3 else sample(key)
+        spec["hp"] = hp
+        return spec
+
+    @staticmethod
+    def _cross(a: dict, b: dict, rng: random.Random) -> dict:
+        spec = {k: (a[k] if rng.random() < 0.5 else b[k]) for k in OPTIONS}
+        hp = {}
+        for k in set(a["hp"]) | set(b["hp"]):
+            hp[k] = a["hp"].get(k, b["hp"].get(k)) if rng.random() < 0.5 else b["hp"].get(k, a["hp"].get(k))
+        spec["hp"] = hp
+        return spec
+
+    @staticmethod
+    def _expectation(spec: dict, base: dict) -> str:
+        notes = {
+            ("scale", "analytic"): "steadier advantages on near-saturated groups (the floor caps the scale-up)",
+            ("scale", "none"): "no difficulty bias from std scaling (Dr.GRPO); larger steps on mixed groups",
+            ("baseline", "loo"): "an unbiased leave-one-out baseline (RLOO); slightly larger advantages",
+            ("baseline", "valid_bayes"): "a baseline robust to invalid samples and tiny valid subsets",
+            ("invalid", "penalty"): "fewer format-invalid outputs (valid rate up)",
+            ("all_fail", "penalty"): "a learning signal on unsolved prompts",
+            ("length", "penalty"): "shorter responses at similar accuracy",
+            ("length", "negative_scale"): "long wrong answers discouraged more: shorter failures",
+            ("adv_clip", "clip"): "bounded updates: fewer spikes in KL and grad norm",
+        }
+        out = [notes[(k, spec[k])] for k in OPTIONS if spec[k] != base[k] and (k, spec[k]) in notes]
+        if spec["hp"].get("clip_ratio_high", 0.2) > spec["hp"].get("clip_ratio_low", 0.2):
+            out.append("clip-higher keeps entropy up (DAPO)")
+        if spec["hp"].get("kl_coef", 0) > 0 and not base["hp"].get("kl_coef", 0):
+            out.append("KL anchoring: slower drift from the reference")
+        if spec["hp"].get("entropy_coef", 0) > 0 and not base["hp"].get("entropy_coef", 0):
+            out.append("entropy bonus: later entropy collapse")
+        return "; ".join(out) or "a local variation of the parent; effect to be measured"
+
+    @staticmethod
+    def _gain(archive, cfg, spec: dict, context) -> float:
+        """0.5 + 0.5 tanh(mean utility gain of archived nodes sharing spec's component options / beta)."""
+        parent_u = context.parent.utility
+        refs = [s for s in (context.frontier + context.complementary + context.exploratory) if s.components and s.utility is not None]
+        if parent_u is None or not refs:
+            return 0.5
+        deltas = []
+        for s in refs:
+            shared = sum(1 for k in OPTIONS if normalize(s.components)[k] == spec[k] != "none")
+            if shared:
+                deltas.append((s.utility - parent_u) * shared / len(OPTIONS))
+        if not deltas:
+            return 0.5
+        return round(0.5 + 0.5 * math.tanh(sum(deltas) / len(deltas) / cfg.select.beta), 4)
+
+
+def _short(spec: dict, base: dict, changed: list[str], extra: tuple) -> str:
+    if extra:
+        return f"x-{extra[0]}"[:40]
+    bits = []
+    for k in changed[:2]:
+        if k in OPTIONS:
+            bits.append(f"{k.replace('_', '')}-{spec[k]}".replace("_", "-"))
+        else:
+            v = spec["hp"][k]
+            bits.append(f"{k.split('_')[0]}{v:.3g}" if isinstance(v, float) else f"{k.split('_')[0]}-{v}")
+    return "-".join(bits)[:40] or "retune"

@@ -1,0 +1,122 @@
+"""engine.llm through the real openai client against a real HTTP server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.config import LLMConfig
+from engine.llm import LLM_REF_PREFIX, LLMClient, LLMError, recorded_calls
+
+SCHEMA = {"type": "object", "required": ["answer"], "properties": {"answer": {"type": "integer"}}}
+KEY = "sk-test-SECRET-0123456789abcdef"
+
+
+def server_module():
+    name = "poise_test_openai_server"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("openai_server.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+def client(server, archive=None, replay=False, **kw):
+    cfg = LLMConfig(model="gpt-4o-mini", base_url=server.base_url if server else "", api_key_env="POISE_TEST_KEY",
+                    max_retries=kw.pop("max_retries", 3), timeout_s=10)
+    return LLMClient(cfg, archive, replay=replay, backoff_s=0.01, **kw)
+
+
+@pytest.fixture(autouse=True)
+def _key(monkeypatch):
+    monkeypatch.setenv("POISE_TEST_KEY", KEY)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+
+
+MSGS = [{"role": "user", "content": "what is six times seven? reply as JSON"}]
+
+
+def test_malformed_reply_is_reasked():
+    S = server_module()
+    with S.ScriptedOpenAI(["this is not json", '{"answer": "forty-two"}', '```json\n{"answer": 42}\n```']) as srv:
+        reply = client(srv).chat_json(MSGS, SCHEMA)
+    assert reply.data == {"answer": 42}
+    assert len(srv.requests) == 3
+    second, third = srv.requests[1]["messages"], srv.requests[2]["messages"]
+    assert second[-1]["role"] == "user" and "not valid JSON" in second[-1]["content"]
+    assert "answer" in third[-1]["content"] and third[-2]["content"] == '{"answer": "forty-two"}'
+    assert srv.auth[0] == f"Bearer {KEY}"
+
+
+def test_reask_is_bounded():
+    S = server_module()
+    with S.ScriptedOpenAI(["nope"] * 5) as srv:
+        with pytest.raises(LLMError, match="malformed after 2 re-asks"):
+            client(srv, reask=2).chat_json(MSGS, SCHEMA)
+    assert len(srv.requests) == 3
+
+
+def test_429_then_success_is_retried():
+    S = server_module()
+    script = [{"status": 429, "headers": {"retry-after-ms": "20"}}, {"status": 503}, '{"answer": 42}']
+    with S.ScriptedOpenAI(script) as srv:
+        c = client(srv)
+        reply = c.chat_json(MSGS, SCHEMA)
+    assert reply.data["answer"] == 42
+    assert len(srv.requests) == 3
+    assert c.usage.calls == 1 and c.usage.completion_tokens == 2
+
+
+def test_persistent_5xx_gives_one_clear_error():
+    S = server_module()
+    with S.ScriptedOpenAI([{"status": 500}] * 10) as srv:
+        with pytest.raises(LLMError, match="failed after 3 attempts"):
+            client(srv, max_retries=2).chat(MSGS)
+    assert len(srv.requests) == 3
+
+
+def test_4xx_is_not_retried():
+    S = server_module()
+    with S.ScriptedOpenAI([{"status": 400, "message": "bad model"}, "ok"]) as srv:
+        with pytest.raises(LLMError, match="refused"):
+            client(srv).chat(MSGS)
+    assert len(srv.requests) == 1
+
+
+def test_records_replay_and_secrecy(archive):
+    S = server_module()
+    with S.ScriptedOpenAI(['{"answer": 1}', '{"answer": 2}', "free text"]) as srv:
+        c = client(srv, archive)
+        a = c.chat_json(MSGS, SCHEMA, node="n1").data
+        b = c.chat_json(MSGS, SCHEMA, node="n1").data  # the same request twice: two records, in order
+        t = c.chat([{"role": "user", "content": "hello"}], node="n2").text
+    assert (a, b, t) == ({"answer": 1}, {"answer": 2}, "free text")
+    assert recorded_calls(archive) == 3
+    assert c.usage_by_node["n1"].calls == 2 and c.usage_by_node["n2"].calls == 1
+    assert c.usage.cost_usd > 0  # gpt-4o-mini is priced
+    # replay: the server is gone, the answers come from the archive in the same order
+    r = client(None, archive, replay=True)
+    assert r.chat_json(MSGS, SCHEMA).data == {"answer": 1}
+    assert r.chat_json(MSGS, SCHEMA).data == {"answer": 2}
+    assert r.chat([{"role": "user", "content": "hello"}]).text == "free text"
+    assert r.usage.replayed == 3
+    with pytest.raises(LLMError, match="no recorded reply"):
+        r.chat([{"role": "user", "content": "never asked"}])
+    # the key never reaches git
+    objs = subprocess.run(["git", "-C", str(archive.path), "cat-file", "--batch-all-objects", "--batch"],
+                          capture_output=True).stdout
+    assert KEY.encode() not in objs
+    refs = subprocess.run(["git", "-C", str(archive.path), "for-each-ref", LLM_REF_PREFIX], capture_output=True, text=True).stdout
+    assert refs.count(LLM_REF_PREFIX) == 3
+    assert archive.fsck()
+
+
+def test_missing_key_is_one_clear_error(monkeypatch):
+    monkeypatch.delenv("POISE_TEST_KEY")
+    with pytest.raises(LLMError, match="POISE_TEST_KEY"):
+        client(None).chat(MSGS)

@@ -1,0 +1,204 @@
+"""Proposal: tiered context, screening (consistency, feasibility, behavioural novelty), the offline
+proposer end to end with no network, the LLM proposer end to end, and --replay with the server stopped."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.archive import Archive
+from engine.context import build_context, pareto_front
+from engine.errors import PoiseError
+from engine.propose import Proposal, screen
+from engine.proposers import available, get_proposer, register
+from engine.proposers.codegen import normalize, render, set_defaults
+
+RLOO = '''\
+@dataclass
+class Hyperparameters:
+    eps: float = 1e-6
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    loss_agg_mode: str = "token-mean"
+    kl_coef: float = 0.0
+    kl_type: str = "low_var_kl"
+    entropy_coef: float = 0.0
+    loo_scale: float = 1.0
+    """multiplier of the leave-one-out advantage"""
+
+
+def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:
+    """RLOO: reward minus the mean of the other samples of the group, scaled."""
+    scores = batch.rewards.to(torch.float32)
+    stats = group_stats(scores, batch.group)
+    base = torch.where(stats.count < 2, torch.zeros_like(scores), stats.loo_mean)
+    return cfg.loo_scale * (scores - base)
+'''
+GRPO_REWRITTEN = '''\
+def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:
+    """GRPO again, written differently: same behaviour."""
+    r = batch.rewards.float()
+    s = group_stats(r, batch.group)
+    one = s.count < 2
+    centred = r - torch.where(one, torch.zeros_like(r), s.mean)
+    return centred / (torch.where(one, torch.ones_like(r), s.unbiased_std()) + cfg.eps) if cfg.norm_adv_by_std else centred
+'''
+LLM_TOML = ('[propose]\nproposer = "llm"\npopulation = 2\n[llm]\nmodel = "gpt-4o-mini"\napi_key_env = "POISE_TEST_KEY"\n'
+            '[experiment]\ndirective = "cut mean response length by a quarter without losing Overall"\n')
+
+
+def server_module():
+    name = "poise_test_openai_server"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("openai_server.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+def prop(name, edit, **kw):
+    return Proposal(name=name, motivation="m", mechanism=f"{name} mechanism", expected_effect="e", edit=edit, **kw)
+
+
+def test_registry():
+    assert {"offline", "llm"} <= set(available())
+    with pytest.raises(PoiseError, match="unknown proposer"):
+        get_proposer("nope")
+    with pytest.raises(PoiseError, match="already registered"):
+        register("offline")(type("Other", (), {}))
+    with pytest.raises(PoiseError, match="needs an LLM client"):
+        get_proposer("llm")
+
+
+def test_codegen_and_defaults():
+    src = render({"baseline": "valid_bayes", "scale": "analytic", "hp": {"prior_strength": 2.0}})
+    assert "cfg.prior_strength" in src and "cfg.std_floor" in src and "prior_strength: float = 2.0" in src
+    assert "invalid_penalty" not in normalize({"invalid": "none"})["hp"]
+    root = Path(__file__).resolve().parents[1].joinpath("trainer_template", "algorithm.py").read_text()
+    out = set_defaults(root, {"clip_ratio_high": 0.28, "new_knob": 3})
+    assert "clip_ratio_high: float = 0.28" in out and "new_knob: int = 3" in out
+    assert out.replace("0.28", "0.2").replace("    new_knob: int = 3\n", "") == root  # every other byte kept
+    with pytest.raises(PoiseError, match="unknown baseline"):
+        normalize({"baseline": "magic"})
+
+
+def test_screening_drops_inconsistent_and_behavioural_duplicates(archive):
+    cfg = archive.config()
+    cands = [
+        prop("rloo", RLOO, hyperparameters={"loo_scale": 1.5}, expected_gain=0.7),
+        prop("rloo-again", RLOO, hyperparameters={"loo_scale": 1.5}, expected_gain=0.4),
+        prop("grpo-rewritten", GRPO_REWRITTEN),
+        prop("unused-knob", RLOO, hyperparameters={"not_a_knob": 1.0}),
+        prop("nothing", ""),
+        prop("needs-fixing", "import os\n\n\n" + RLOO),
+    ]
+    kept, dropped = screen(archive, "grpo", cands, cfg)
+    why = {p.name: p.screening.get("reason", "") for p in dropped}
+    assert [p.name for p in kept] == ["rloo", "needs-fixing"]
+    assert kept[0].screening["feasible"] and kept[0].screening["novelty"] > 0.01
+    assert not kept[1].screening["feasible"] and "import of 'os'" in kept[1].screening["needs_correction"]
+    assert kept[1].score < kept[0].score
+    assert why["grpo-rewritten"].startswith("duplicate: behaves like archived node 'grpo'")
+    assert why["rloo-again"].startswith("duplicate: behaves like the better-ranked proposal 'rloo'")
+    assert "not_a_knob" in why["unused-knob"] and "changes nothing" in why["nothing"]
+
+
+def test_context_tiers(archive):
+    cfg = archive.config()
+    for name, parent, overall in (("a", "grpo", 0.30), ("b", "a", 0.50), ("c", "grpo", 0.40), ("d", "c", 0.20)):
+        archive.spawn(parent, name, proposal=f"# {name}\n\n## Mechanism\nmechanism of {name}\n")
+        archive.record_results(name, {"overall": overall, "mean_length": 100 * overall})
+    archive.spawn("grpo", "bad", "import os\n", proposal="# bad\n")
+    archive.set_status("bad", "rejected", "static check: import of 'os' is not allowed")
+    ctx = build_context(archive, "a", cfg, seed=0)
+    assert ctx.parent.name == "a" and ctx.parent.mechanism == "mechanism of a"
+    assert [s.name for s in ctx.frontier] == ["b"]
+    assert {s.name for s in ctx.exploratory} <= {"c", "d"} and "b" not in {s.name for s in ctx.exploratory}
+    assert [s.name for s in ctx.rejected] == ["bad"] and "import of 'os'" in ctx.rejected[0].reason
+    text = ctx.render()
+    assert "Pareto-frontier" in text and "avoid repeating" in text and "```python" in text
+    assert pareto_front({"x": {"o": 1, "l": 5}, "y": {"o": 2, "l": 9}, "z": {"o": 0.5, "l": 6}}, ("o", "-l")) == ["x", "y"]
+
+
+def test_offline_proposer_needs_no_network(tmp_path, cli):
+    exp = tmp_path / "exp"
+    assert cli("init", str(exp)).returncode == 0
+    env = {"OPENAI_BASE_URL": "http://127.0.0.1:9/v1", "OPENAI_API_KEY": ""}  # nothing listens there
+    r = cli("spawn", "grpo", "--auto", "--proposer", "offline", "--seed", "3", "-C", str(exp), env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    arch = Archive(exp)
+    child = next(n for n in arch.nodes().values() if n.name != "grpo")
+    assert child.status == "verified" and child.trailer("Poise-Proposer") == "offline"
+    rec = json.loads(arch.read_file(child.name, "records/proposal.json"))
+    assert rec["components"]["baseline"] in ("group_mean", "loo", "valid_bayes", "batch")
+    assert arch.read_file(child.name, "tests/test_intent.py") is not None
+    assert json.loads(arch.read_file(child.name, "verification.json"))["ok"]
+    assert arch.diff("grpo", child.name, ["algorithm.py"])  # real code changed
+    # the offline proposer is deterministic for a seed and reads the child's components next time
+    off = get_proposer("offline")
+    ctx = build_context(arch, child.name, arch.config(), seed=1)
+    a = off.propose(arch, child.name, ctx, arch.config(), 3, 1)
+    b = off.propose(arch, child.name, ctx, arch.config(), 3, 1)
+    assert [p.edit for p in a] == [p.edit for p in b] and len({p.edit for p in a}) > 1
+    assert ctx.parent.components == rec["components"]
+    assert arch.fsck()
+
+
+def test_llm_proposal_to_verified_node_and_replay(tmp_path, cli):
+    S = server_module()
+    toml = tmp_path / "poise.toml"
+    toml.write_text(LLM_TOML)
+    exp = tmp_path / "exp"
+    assert cli("init", str(exp), "--config", str(toml)).returncode == 0
+    reply = S.proposal_reply("RLOO scaled", RLOO, hyperparameters={"loo_scale": 1.5},
+                             intents=("correct_above_wrong", "rare_success_larger"))
+    with S.ScriptedOpenAI(["{broken json", reply]) as srv:  # the first reply is malformed: re-asked
+        env = {"OPENAI_BASE_URL": srv.base_url, "POISE_TEST_KEY": "sk-test-key"}
+        r1 = cli("propose", "grpo", "--json", "-C", str(exp), env=env)
+        srv.default = lambda req: reply
+        r2 = cli("spawn", "grpo", "--auto", "-C", str(exp), env=env)
+    assert r1.returncode == 0, r1.stdout + r1.stderr
+    assert r2.returncode == 0, r2.stdout + r2.stderr
+    assert "cut mean response length" in srv.requests[0]["messages"][1]["content"]
+    kept = json.loads(r1.stdout)["kept"]
+    assert [k["name"] for k in kept] == ["rloo-scaled"] and kept[0]["proposer"] == "llm"
+    arch = Archive(exp)
+    node = arch.node("rloo-scaled")
+    assert node.status == "verified" and node.trailer("Poise-Proposer") == "llm"
+    assert "loo_scale: float = 1.5" in arch.algorithm("rloo-scaled")
+    assert "def test_intent_rare_success_larger" in arch.read_file("rloo-scaled", "tests/test_intent.py")
+    assert json.loads(arch.read_file("rloo-scaled", "records/llm_usage.json"))["propose_call"]["calls"] >= 1
+    # --replay with the server stopped: the same proposals, and the same node in a fresh archive
+    fresh = tmp_path / "fresh"
+    assert cli("init", str(fresh), "--config", str(toml)).returncode == 0
+    subprocess.run(["git", "-C", str(fresh), "fetch", "-q", str(exp), "refs/poise-llm/*:refs/poise-llm/*"], check=True)
+    r3 = cli("propose", "grpo", "--json", "--replay", "-C", str(fresh), env={"OPENAI_BASE_URL": "http://127.0.0.1:9/v1"})
+    assert r3.returncode == 0, r3.stderr
+    replayed = json.loads(r3.stdout)["kept"]
+    usage, usage0 = replayed[0].pop("llm_usage"), kept[0].pop("llm_usage")
+    assert replayed == kept and usage["replayed"] == usage["calls"] == usage0["calls"] == 2
+    r4 = cli("spawn", "grpo", "--auto", "--replay", "-C", str(fresh), env={"OPENAI_BASE_URL": "http://127.0.0.1:9/v1"})
+    assert r4.returncode == 0, r4.stdout + r4.stderr
+    assert Archive(fresh).algorithm("rloo-scaled") == arch.algorithm("rloo-scaled")
+    assert Archive(fresh).node("rloo-scaled").status == "verified"
+
+
+def test_fingerprint_ignores_a_constant_scale_but_sees_loss_terms():
+    from engine.fingerprint import DUPLICATE_TOL, compute, distance
+    from trainer_template.loader import load_algorithm, make_config
+
+    root = Path(__file__).resolve().parents[1].joinpath("trainer_template", "algorithm.py").read_text()
+    g = compute(load_algorithm(root, "g"))
+    scaled = root.replace("return centred / (std + cfg.eps)", "return 2.0 * centred / (std + cfg.eps)")
+    assert scaled != root and distance(g, compute(load_algorithm(scaled, "s"))) < DUPLICATE_TOL
+    dr = root.replace("if cfg.norm_adv_by_std:", "if False:")
+    assert distance(g, compute(load_algorithm(dr, "dr"))) > 0.01
+    m = load_algorithm(root, "kl")
+    assert distance(g, compute(m, make_config(m, {"kl_coef": 0.01}))) > 0.1
+    assert distance(g, compute(m, make_config(m, {"entropy_coef": 0.001}))) > 0.1

@@ -1,0 +1,124 @@
+"""Verification through the real CLI: generated suites committed into nodes, hand-written edits checked
+like generated ones, and the bounded correction loop driven by a scripted OpenAI-protocol server."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+from engine.archive import Archive
+
+NAN_EDIT = '''\
+def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:
+    """Divides by a zero scale: NaN everywhere."""
+    scores = batch.rewards.to(torch.float32)
+    return (scores - scores.mean()) / (scores.std() * 0.0)
+'''
+GOOD_EDIT = '''\
+def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:
+    """Dr.GRPO: centred by the group mean, no std scaling."""
+    scores = batch.rewards.to(torch.float32)
+    stats = group_stats(scores, batch.group)
+    return scores - torch.where(stats.count < 2, torch.zeros_like(scores), stats.mean)
+'''
+OS_EDIT = "import os\n\n\n" + GOOD_EDIT
+LOOP_EDIT = GOOD_EDIT.replace('    scores = batch', '    while True:\n        pass\n    scores = batch')
+ALLOC_EDIT = GOOD_EDIT.replace('    scores = batch', '    chunks = []\n    while True:\n        chunks.append(torch.empty(2 ** 26))\n    scores = batch')
+
+
+def server_module():
+    name = "poise_test_openai_server"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("openai_server.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+def test_verify_command_commits_the_suite(archive, cli):
+    r = cli("verify", "grpo", "-C", str(archive.path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "verified" in r.stdout
+    node = archive.node("grpo")
+    assert node.status == "verified"
+    rec = json.loads(archive.read_file("grpo", "verification.json"))
+    assert rec["ok"] and rec["passed"] >= 20 and len(rec["fingerprint"]) > 100
+    suite = archive.read_file("grpo", "tests/test_interface.py")
+    assert "def test_advantages_shape_dtype_finite" in suite and "all_invalid" in archive.read_file("grpo", "tests/conftest.py")
+
+
+def test_hand_written_edit_is_verified_like_a_generated_one(archive, cli, tmp_path):
+    good, bad, hostile = tmp_path / "good.py", tmp_path / "nan.py", tmp_path / "os.py"
+    good.write_text(GOOD_EDIT)
+    bad.write_text(NAN_EDIT)
+    hostile.write_text(OS_EDIT)
+    r = cli("spawn", "grpo", "--name", "dr", "--edit", str(good), "-C", str(archive.path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert archive.node("dr").status == "verified" and archive.node("dr").trailer("Poise-Proposer") == "manual"
+    r = cli("spawn", "grpo", "--name", "nan", "--edit", str(bad), "-C", str(archive.path))
+    assert r.returncode == 2 and "rejected" in r.stdout and "non-finite" in r.stdout
+    node = archive.node("nan")
+    assert node.status == "rejected" and "non-finite" in node.trailer("Poise-Reason")
+    assert json.loads(archive.read_file("nan", "verification.json"))["ok"] is False
+    r = cli("spawn", "grpo", "--name", "sneaky", "--edit", str(hostile), "-C", str(archive.path))
+    assert r.returncode == 2 and "import of 'os'" in r.stdout
+    assert json.loads(archive.read_file("sneaky", "verification.json"))["static"].endswith("is not allowed (allowed: __future__, math, dataclasses, typing, torch, torch.nn, "
+                                                                            "torch.nn.functional, trainer_template.interface, functools, itertools, numbers, enum)")
+    # the old behaviour stays available, and the archive is intact
+    r = cli("spawn", "grpo", "--name", "raw", "--edit", str(bad), "--no-verify", "-C", str(archive.path))
+    assert r.returncode == 0 and archive.node("raw").status == "spawned"
+    r = cli("spawn", "grpo", "--edit", str(good), "-C", str(archive.path))
+    assert r.returncode == 2 and "Missing option '--name'" in r.stderr
+    r = cli("log", "-C", str(archive.path))
+    assert r.returncode == 0 and "nan" in r.stdout and "rejected" in r.stdout
+    assert archive.fsck()
+
+
+def test_correction_loop_rejects_hostile_code_and_the_engine_keeps_running(tmp_path, cli):
+    S = server_module()
+    toml = tmp_path / "poise.toml"
+    toml.write_text('[propose]\nproposer = "llm"\ncorrection_rounds = 4\npopulation = 1\n'
+                    '[llm]\nmodel = "gpt-4o-mini"\napi_key_env = "POISE_TEST_KEY"\n')
+    assert cli("init", str(tmp_path / "exp"), "--config", str(toml)).returncode == 0
+    arch = Archive(tmp_path / "exp")
+    script = [S.proposal_reply("sneaky", OS_EDIT), S.revise_reply(LOOP_EDIT), S.revise_reply(ALLOC_EDIT), S.revise_reply(NAN_EDIT)]
+    with S.ScriptedOpenAI(script) as srv:
+        env = {"OPENAI_BASE_URL": srv.base_url, "POISE_TEST_KEY": "sk-test-key", "POISE_VERIFY_CALL_S": "1",
+               "POISE_VERIFY_MEMORY_MB": "1500"}
+        r = cli("spawn", "grpo", "--auto", "-C", str(arch.path), env=env)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert len(srv.requests) == 4
+    # every failure went back to the implementer
+    assert "import of 'os'" in srv.requests[1]["messages"][-1]["content"]
+    assert "longer than" in srv.requests[2]["messages"][-1]["content"]
+    node = arch.node("sneaky")
+    assert node.status == "rejected" and "non-finite" in node.trailer("Poise-Reason")
+    log = arch.read_file("sneaky", "records/failures.txt")
+    assert "import of 'os'" in log and "longer than" in log and "non-finite" in log
+    assert "memory" in log.lower() or "allocate" in log.lower()
+    usage = json.loads(arch.read_file("sneaky", "records/llm_usage.json"))
+    assert usage["corrections"]["calls"] == 3 and usage["propose_call"]["calls"] == 1
+    assert cli("log", "-C", str(arch.path)).returncode == 0
+    assert arch.fsck()
+
+
+def test_endpoint_lost_during_correction_still_archives_the_reason(archive):
+    from engine.config import LLMConfig
+    from engine.implement import implement
+    from engine.llm import LLMClient
+    from engine.propose import Proposal
+
+    S = server_module()
+    with S.ScriptedOpenAI([{"status": 500}] * 5) as srv:
+        llm = LLMClient(LLMConfig(base_url=srv.base_url, max_retries=1, api_key_env="POISE_NO_SUCH_KEY"), archive, backoff_s=0.01)
+        p = Proposal(name="sneaky", motivation="m", mechanism="m", expected_effect="e", edit=OS_EDIT, proposer="llm")
+        node = implement(archive, "grpo", p, archive.config(), llm=llm)
+    assert node.status == "rejected" and "import of 'os'" in node.trailer("Poise-Reason")
+    log = archive.read_file("sneaky", "records/failures.txt")
+    assert "correction after round 1 failed" in log and "HTTP 500" in log
+    assert archive.algorithm("sneaky") == archive.algorithm("grpo")  # never-passing code is kept aside
+    assert "import os" in archive.read_file("sneaky", "records/rejected_edit.py")
+    assert archive.fsck()

@@ -1,0 +1,270 @@
+"""The verl adapter on the CPU: registration, verl's own compute_advantage, extras routing, reward,
+data, and the protocol's hydra overrides composed against verl's shipped config."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("verl")
+from verl import DataProto  # noqa: E402
+from verl.trainer.ppo import core_algos  # noqa: E402
+from verl.trainer.ppo.ray_trainer import compute_advantage  # noqa: E402
+
+from trainer_template.interface import RolloutBatch  # noqa: E402
+from trainer_template.loader import load_algorithm, make_config  # noqa: E402
+from trainer_template.priors import prior_source  # noqa: E402
+from trainer_template.verl_backend import registered_name  # noqa: E402
+from trainer_template.verl_backend.adapter import (  # noqa: E402
+    VerlRegistrationError,
+    compute_advantage_with_extras,
+    extras_from_records,
+    register_node,
+)
+from trainer_template.verl_backend.trainer import ExtrasRoutingMixin  # noqa: E402
+
+
+
+def _data(scores, groups, t=5, extras=None) -> DataProto:
+    n = len(scores)
+    mask = torch.ones(n, t)
+    mask[::3, -2:] = 0.0
+    tok = torch.zeros(n, t)
+    tok[:, 0] = torch.tensor(scores, dtype=torch.float32)
+    non_tensors = {"uid": np.array([f"p{g}" for g in groups], dtype=object)}
+    non_tensors.update({k: np.array(v) for k, v in (extras or {}).items()})
+    return DataProto.from_dict(tensors={"token_level_rewards": tok, "response_mask": mask}, non_tensors=non_tensors)
+
+
+SCORES = [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0]
+GROUPS = [0] * 8 + [1] * 3 + [2]
+VALID = [True, True, True, True, True, True, False, False, True, True, False, True]
+
+
+def test_grpo_node_through_verls_compute_advantage():
+    name = register_node("vb_grpo", prior_source("grpo"))
+    assert name == registered_name("vb_grpo") == "poise_vb_grpo"
+    ours = compute_advantage(_data(SCORES, GROUPS), adv_estimator=name, config=None)
+    ref = compute_advantage(_data(SCORES, GROUPS), adv_estimator="grpo")
+    assert torch.allclose(ours.batch["advantages"], ref.batch["advantages"], atol=1e-6)
+    assert torch.equal(ours.batch["advantages"], ours.batch["returns"])
+
+
+def test_extras_routing_delivers_valid_and_correct():
+    """vm_av_grpo depends on `valid`: routed through verl's compute_advantage it must equal the module
+    called directly with those flags, and differ from the unrouted default (all valid)."""
+    name = register_node("vb_vm", prior_source("vm_av_grpo"))
+    extras = {"format_valid": [float(v) for v in VALID], "acc": SCORES}
+    routed = compute_advantage_with_extras(_data(SCORES, GROUPS, extras=extras), adv_estimator=name, config=None)
+    unrouted = compute_advantage(_data(SCORES, GROUPS), adv_estimator=name, config=None)
+    mod = load_algorithm(prior_source("vm_av_grpo"), "vm")
+    data = _data(SCORES, GROUPS)
+    direct = mod.compute_advantages(
+        RolloutBatch(rewards=torch.tensor(SCORES), group=torch.tensor(GROUPS), valid=torch.tensor(VALID),
+                     correct=torch.tensor(SCORES) > 0, lengths=data.batch["response_mask"].sum(-1).long()),
+        make_config(mod),
+    )
+    mask = data.batch["response_mask"]
+    assert torch.allclose(routed.batch["advantages"], direct.unsqueeze(-1) * mask, atol=1e-6)
+    assert routed.batch["advantages"][6, 0] == pytest.approx(-1.0)  # invalid_advantage reached the sample
+    assert not torch.allclose(routed.batch["advantages"], unrouted.batch["advantages"])
+
+
+def test_trainer_mixin_routes_reward_extra_info():
+    """The trainer override reads per-sample reward_extra_info records (as V1 stores them) and runs the
+    base trainer's own advantage step with valid / correct delivered."""
+    seen = {}
+
+    def spy(token_level_rewards, response_mask, index=None, config=None, **kw):
+        from trainer_template.verl_backend import adapter
+
+        seen.update(adapter._EXTRAS.get() or {})
+        z = torch.zeros_like(token_level_rewards)
+        return z, z
+
+    core_algos.register_adv_est("poise_test_spy")(spy)
+
+    class Base:  # the V1 trainer's contract: _compute_advantage(batch, metrics) on the same batch order
+        global_steps, total_training_steps = 3, 12
+
+        def _compute_advantage(self, batch, metrics):
+            return compute_advantage(batch, adv_estimator="poise_test_spy", config=None)
+
+    records = [{"format_valid": float(v), "acc": s, "score": s} for v, s in zip(VALID, SCORES)]
+    records[2] = None  # a sample whose reward produced no extras counts as invalid / wrong
+
+    class Trainer(ExtrasRoutingMixin, Base):
+        def _poise_reward_extras(self, batch):
+            return extras_from_records(records)
+
+    metrics = {}
+    Trainer()._compute_advantage(_data(SCORES, GROUPS), metrics)
+    expect_valid = np.array(VALID)
+    expect_valid[2] = False
+    assert seen["valid"].tolist() == expect_valid.tolist()
+    assert seen["correct"].tolist() == [bool(s) for s in SCORES]
+    assert seen["progress"] == pytest.approx(0.25)
+    assert metrics["poise/valid_rate"] == pytest.approx(expect_valid.mean())
+
+
+def test_registration_rejects_clashes():
+    src = prior_source("rloo")
+    assert register_node("vb_rloo", src) == register_node("vb_rloo", src)  # idempotent
+    with pytest.raises(VerlRegistrationError, match="different mechanism"):
+        register_node("vb_rloo", prior_source("grpo"))
+    core_algos.register_policy_loss("poise_vb_taken")(lambda *a, **k: None)
+    with pytest.raises(VerlRegistrationError, match="already has"):
+        register_node("vb_taken", src)
+    with pytest.raises(VerlRegistrationError):
+        register_node("vb_broken", "def compute_advantages(:\n")
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_policy_loss_equals_vanilla_with_global_batch_info(mode):
+    from omegaconf import OmegaConf
+
+    name = register_node("vb_loss", prior_source("grpo"))
+    gen = torch.Generator().manual_seed(0)
+    old = -torch.rand(6, 8, generator=gen) * 2
+    logp = old + torch.randn(6, 8, generator=gen) * 0.5
+    adv = torch.randn(6, 1, generator=gen).expand(6, 8).contiguous()
+    mask = (torch.rand(6, 8, generator=gen) > 0.3).float()
+    info = {"dp_size": 2, "batch_num_tokens": 70, "global_batch_size": 13, "loss_scale_factor": None}
+    cfg = OmegaConf.create({"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0,
+                            "global_batch_info": info})
+    ref, ref_m = core_algos.compute_policy_loss_vanilla(old, logp, adv, mask, loss_agg_mode=mode, config=cfg)
+    lp = logp.clone().requires_grad_(True)
+    ours, m = core_algos.get_policy_loss_fn(name)(old, lp, adv, mask, loss_agg_mode=mode, config=cfg)
+    assert torch.allclose(ours, ref, atol=1e-6)
+    assert m["actor/pg_clipfrac"] == pytest.approx(ref_m["actor/pg_clipfrac"], abs=1e-6)
+    assert m["actor/ppo_kl"] == pytest.approx(ref_m["actor/ppo_kl"], abs=1e-6)
+    ours.backward()
+    assert torch.isfinite(lp.grad).all()
+
+
+def test_plugin_registers_when_verl_imports_it(tmp_path, monkeypatch):
+    """verl imports external modules (VERL_USE_EXTERNAL_MODULES at `import verl`, model.external_lib in
+    the workers) with import_external_libs; the plugin then registers the node the environment names."""
+    from verl.utils.import_utils import import_external_libs
+
+    algo = tmp_path / "algorithm.py"
+    algo.write_text(prior_source("dr_grpo"))
+    hp = tmp_path / "hparams.json"
+    hp.write_text('{"eps": 0.001}')
+    monkeypatch.setenv("POISE_NODE_NAME", "vb_plug")
+    monkeypatch.setenv("POISE_ALGORITHM_FILE", str(algo))
+    monkeypatch.setenv("POISE_HPARAMS", str(hp))
+    monkeypatch.delitem(sys.modules, "trainer_template.verl_backend.plugin", raising=False)
+    import_external_libs("trainer_template.verl_backend.plugin")
+    assert sys.modules["trainer_template.verl_backend.plugin"].REGISTERED == "poise_vb_plug"
+    assert "poise_vb_plug" in core_algos.ADV_ESTIMATOR_REGISTRY and "poise_vb_plug" in core_algos.POLICY_LOSS_REGISTRY
+    monkeypatch.delenv("POISE_NODE_NAME")
+    monkeypatch.delitem(sys.modules, "trainer_template.verl_backend.plugin")
+    import_external_libs("trainer_template.verl_backend.plugin")  # nothing named: registers nothing
+    assert sys.modules["trainer_template.verl_backend.plugin"].REGISTERED is None
+
+
+def test_compute_score():
+    from trainer_template.verl_backend.reward import compute_score
+
+    assert compute_score("math", r"so the answer is $\boxed{\frac{1}{2}}$", "0.5", {}) == {"score": 1.0, "acc": 1.0, "format_valid": 1.0}
+    assert compute_score("math", r"\boxed{3}", "4", None) == {"score": 0.0, "acc": 0.0, "format_valid": 1.0}
+    assert compute_score("math", "I think it is 4", "4", None) == {"score": 0.0, "acc": 0.0, "format_valid": 0.0}
+    assert compute_score("math", r"first \boxed{1} then \boxed{4}", "4", None)["acc"] == 1.0
+    result = {}
+    th = threading.Thread(target=lambda: result.update(compute_score("math", r"\boxed{2\sqrt{2}}", r"\sqrt{8}", None)))
+    th.start()
+    th.join()
+    assert result["acc"] == 1.0  # outside the main thread (no SIGALRM) grading still works
+
+
+def test_data_subset_is_seeded_and_shipped_with_provenance(tmp_path):
+    from trainer_template.verl_backend import data_prep
+
+    raw = data_prep.SOURCE.read_bytes()
+    assert hashlib.sha256(raw).hexdigest() == data_prep.SOURCE_SHA256
+    prov = (data_prep.SOURCE.parent / "PROVENANCE.md").read_text()
+    assert data_prep.SOURCE_SHA256 in prov and "e8c4e3c2d19739d3dff59e577d1c97090cc15f59" in prov
+    train, val = data_prep.sample_subset(5000, seed=0)
+    again, _ = data_prep.sample_subset(5000, seed=0)
+    other, _ = data_prep.sample_subset(5000, seed=1)
+    assert len(train) == 5000 and train == again and train != other
+    tr_ids = {r["extra_info"]["source_index"] for r in train}
+    assert len(tr_ids) == 5000 and not tr_ids & {r["extra_info"]["source_index"] for r in val}
+    assert {r["extra_info"]["level"] for r in train} == {"Level 3", "Level 4", "Level 5"}
+    row = train[0]
+    assert row["prompt"][0] == {"role": "system", "content": data_prep.SYSTEM_PROMPT}
+    assert data_prep.gold_answer(r"a \boxed{1} b \boxed{\frac{2}{3}}") == r"\frac{2}{3}"
+    import pandas as pd
+
+    tp, vp = data_prep.write_parquet(tmp_path, n=50, seed=0)
+    df = pd.read_parquet(tp)
+    assert len(df) == 50 and set(df.columns) >= {"data_source", "prompt", "reward_model", "extra_info"}
+    assert df.iloc[0]["reward_model"]["ground_truth"] == data_prep.sample_subset(50, 0)[0][0]["reward_model"]["ground_truth"]
+
+
+def test_overrides_compose_against_verls_config(archive):
+    import verl
+    from hydra import compose, initialize_config_dir
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    from trainer_template.verl_backend.launch import prepare_launch
+
+    from trainer_template.loader import AlgorithmLoadError
+
+    archive.spawn("grpo", "dr", algorithm=prior_source("dr_grpo"))
+    with pytest.raises(AlgorithmLoadError, match="unknown hyperparameters"):
+        prepare_launch(archive, "dr", hparams={"no_such_field": 1}, dry_run=True)
+    launch = prepare_launch(archive, "dr", dry_run=True)
+    assert launch.cmd[1:3] == ["-m", "verl.trainer.main_ppo"]
+    with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
+        cfg = compose("ppo_trainer", overrides=launch.overrides)
+    validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    a, r = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    assert cfg.algorithm.adv_estimator == a.policy_loss.loss_mode == "poise_dr"
+    assert a.optim.lr == 1e-6 and cfg.data.train_batch_size == 256 and r.n == 8 and cfg.trainer.total_epochs == 8
+    assert cfg.data.max_prompt_length == 1024 and cfg.data.max_response_length == 3000
+    assert a.use_kl_loss and a.kl_loss_type == "low_var_kl" and r.name == "vllm"
+    assert a.loss_agg_mode == "seq-mean-token-sum-norm"  # the node's own aggregation reaches verl
+    assert list(cfg.trainer.logger) == ["console", "mlflow"] and cfg.trainer.v1.trainer_mode == "poise_sync"
+    assert cfg.actor_rollout_ref.model.external_lib == "trainer_template.verl_backend.plugin"
+    env_vars = cfg.ray_kwargs.ray_init.runtime_env.env_vars
+    assert env_vars.MLFLOW_TRACKING_URI == launch.env["MLFLOW_TRACKING_URI"] and env_vars.POISE_NODE_NAME == "dr"
+
+
+def test_launch_opens_the_nodes_mlflow_run(archive):
+    import mlflow
+
+    from engine.tracking import find_runs
+    from trainer_template.verl_backend.launch import prepare_launch
+
+    launch = prepare_launch(archive, "grpo", dry_run=False)
+    assert Path(launch.files["algorithm"]).read_text() == archive.algorithm("grpo")
+    assert Path(launch.files["train"]).is_file() and Path(launch.files["val"]).is_file()
+    runs = find_runs(archive, "grpo")
+    assert [r.info.run_id for r in runs] == [launch.env["MLFLOW_RUN_ID"]]
+    # what verl's MLflow logger does with these variables: attach to the run and log into it
+    mlflow.set_tracking_uri(launch.env["MLFLOW_TRACKING_URI"])
+    with mlflow.start_run(run_id=launch.env["MLFLOW_RUN_ID"]):
+        mlflow.log_metric("critic/score/mean", 0.5, step=1)
+    assert find_runs(archive, "grpo")[0].data.metrics["critic/score/mean"] == 0.5
+
+
+def test_cli_train_dry_run(cli, archive):
+    out = cli("train", "grpo", "--backend", "verl", "--dry-run", "--hparam", "clip_ratio_high=0.28",
+              "--set", "trainer.total_epochs=1", "--archive", str(archive.path))
+    assert out.returncode == 0, out.stderr
+    assert "actor_rollout_ref.actor.clip_ratio_high=0.28" in out.stdout
+    assert "trainer.total_epochs=1" in out.stdout and "trainer.total_epochs=8" not in out.stdout  # --set replaces
+    assert "-m verl.trainer.main_ppo" in out.stdout and "MLFLOW_RUN_ID=" in out.stdout
+    assert "algorithm.adv_estimator=poise_grpo" in out.stdout and "actor_rollout_ref.rollout.n=8" in out.stdout
+    assert not (Path(archive.path) / ".poise" / "verl").exists()  # a dry run writes nothing
+    bad = cli("train", "grpo", "--backend", "proxy", "--archive", str(archive.path))
+    assert bad.returncode == 1 and "unknown training backend" in bad.stderr

@@ -1,0 +1,194 @@
+"""The verl command line of the paper's protocol for one node (hydra overrides + environment).
+
+Protocol: Qwen2.5-Math-1.5B, 5,000 MATH L3-5 problems, lr 1e-6, global batch 256 prompts, n = 8
+samples, 8 epochs, prompt 1024 / response 3000 tokens, KL loss (low_var_kl), vLLM rollout, MLflow
+logging into the node's run. Assumed where the paper is silent: 4 PPO mini-batches per step
+(``ppo_mini_batch_size`` 64), KL coefficient 0.001 (verl's default) unless the node sets ``kl_coef``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from trainer_template.verl_backend import ENV_ALGORITHM_FILE, ENV_HPARAMS, ENV_NODE, registered_name
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PLUGIN = "trainer_template.verl_backend.plugin"
+REWARD_FILE = Path(__file__).resolve().parent / "reward.py"
+DEFAULT_MODEL = "Qwen/Qwen2.5-Math-1.5B"
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """The paper's standardized verl protocol (defaults) — every field a hydra setting."""
+
+    model: str = DEFAULT_MODEL
+    lr: float = 1e-6
+    train_batch_size: int = 256
+    ppo_mini_batch_size: int = 64
+    n: int = 8
+    epochs: int = 8
+    max_prompt_length: int = 1024
+    max_response_length: int = 3000
+    kl_coef: float = 0.001
+    temperature: float = 1.0
+    n_gpus: int = 8
+    tensor_parallel: int = 1
+    gpu_memory_utilization: float = 0.6
+    seed: int = 0
+
+
+@dataclass
+class Launch:
+    """What ``poise-git train`` runs: ``cmd`` with ``env`` (only the variables it adds)."""
+
+    cmd: list[str]
+    env: dict[str, str]
+    overrides: list[str]
+    files: dict[str, str] = field(default_factory=dict)
+
+
+_SAFE = re.compile(r"[\w./:@+\-~ ]*")
+
+
+def _fmt(v: Any) -> str:
+    """A hydra override value: booleans lower-case, strings with grammar characters single-quoted."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    s = str(v)
+    if _SAFE.fullmatch(s):
+        return s
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def node_settings(cfg: Any) -> dict[str, Any]:
+    """The loss-side settings verl must share with the node (aggregation, clip ratios, KL, entropy)."""
+    d = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(vars(cfg))
+    return {k: d[k] for k in ("loss_agg_mode", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "kl_coef", "kl_type", "entropy_coef") if k in d}
+
+
+def build_overrides(
+    node: str,
+    cfg: Any,
+    *,
+    train_file: str,
+    val_file: str,
+    ckpt_dir: str,
+    project: str,
+    env_for_workers: Mapping[str, str],
+    protocol: Protocol = Protocol(),
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """Hydra overrides of verl's ``ppo_trainer`` config for ``node`` (its mechanism registered by name)."""
+    s = node_settings(cfg)
+    name = registered_name(node)
+    p = protocol
+    kl = s.get("kl_coef") or p.kl_coef
+    ov = [
+        f"algorithm.adv_estimator={name}",
+        "algorithm.use_kl_in_reward=false",
+        f"data.train_files={_fmt(train_file)}",
+        f"data.val_files={_fmt(val_file)}",
+        f"data.train_batch_size={p.train_batch_size}",
+        f"data.max_prompt_length={p.max_prompt_length}",
+        f"data.max_response_length={p.max_response_length}",
+        "data.filter_overlong_prompts=true",
+        "data.truncation=error",
+        f"data.seed={p.seed}",
+        f"actor_rollout_ref.model.path={_fmt(p.model)}",
+        f"actor_rollout_ref.model.external_lib={PLUGIN}",
+        f"actor_rollout_ref.actor.optim.lr={p.lr}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={p.ppo_mini_batch_size}",
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={max(16384, 2 * (p.max_prompt_length + p.max_response_length))}",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        f"actor_rollout_ref.actor.kl_loss_coef={kl}",
+        f"actor_rollout_ref.actor.kl_loss_type={s.get('kl_type', 'low_var_kl')}",
+        f"actor_rollout_ref.actor.entropy_coeff={s.get('entropy_coef', 0.0)}",
+        f"actor_rollout_ref.actor.loss_agg_mode={s.get('loss_agg_mode', 'token-mean')}",
+        f"actor_rollout_ref.actor.clip_ratio_low={s.get('clip_ratio_low', 0.2)}",
+        f"actor_rollout_ref.actor.clip_ratio_high={s.get('clip_ratio_high', 0.2)}",
+        f"actor_rollout_ref.actor.clip_ratio_c={s.get('clip_ratio_c', 3.0)}",
+        f"actor_rollout_ref.actor.policy_loss.loss_mode={name}",
+        "actor_rollout_ref.rollout.name=vllm",
+        f"actor_rollout_ref.rollout.n={p.n}",
+        f"actor_rollout_ref.rollout.temperature={p.temperature}",
+        f"actor_rollout_ref.rollout.tensor_model_parallel_size={p.tensor_parallel}",
+        f"actor_rollout_ref.rollout.gpu_memory_utilization={p.gpu_memory_utilization}",
+        f"reward.custom_reward_function.path={_fmt(REWARD_FILE)}",
+        "reward.custom_reward_function.name=compute_score",
+        "trainer.use_v1=true",
+        "trainer.v1.trainer_mode=poise_sync",
+        "trainer.logger=['console','mlflow']",
+        f"trainer.project_name={_fmt(project)}",
+        f"trainer.experiment_name={node}",
+        f"trainer.total_epochs={p.epochs}",
+        f"trainer.n_gpus_per_node={p.n_gpus}",
+        "trainer.nnodes=1",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        f"trainer.default_local_dir={_fmt(ckpt_dir)}",
+    ]
+    ov += [f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}={_fmt(v)}" for k, v in sorted(env_for_workers.items())]
+    replaced = {_key(e) for e in extra}
+    return [o for o in ov if _key(o) not in replaced] + list(extra)
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def prepare_launch(
+    archive,
+    node: str,
+    *,
+    protocol: Protocol = Protocol(),
+    hparams: Mapping[str, Any] | None = None,
+    extra: Sequence[str] = (),
+    dry_run: bool = False,
+    run_id: str | None = None,
+) -> Launch:
+    """Everything ``poise-git train NODE --backend verl`` needs. Unless ``dry_run``, writes the node's
+    algorithm.py, its hyperparameters and the parquet data under ``<archive>/.poise/verl`` and opens the
+    node's MLflow run (``MLFLOW_RUN_ID``)."""
+    from engine.tracking import node_run, tracking_uri
+    from trainer_template.loader import load_algorithm, make_config
+
+    source = archive.algorithm(node)
+    cfg = make_config(load_algorithm(source, node), hparams)
+    root = Path(archive.path).resolve() / ".poise" / "verl"
+    work, data = root / "nodes" / node, root / "data" / f"math_l3to5_n5000_seed{protocol.seed}"
+    files = {"algorithm": str(work / "algorithm.py"), "hparams": str(work / "hparams.json"),
+             "train": str(data / "train.parquet"), "val": str(data / "val.parquet"), "ckpt": str(work / "checkpoints")}
+    if not dry_run:
+        work.mkdir(parents=True, exist_ok=True)
+        Path(files["algorithm"]).write_text(source, encoding="utf-8")
+        Path(files["hparams"]).write_text(json.dumps(dict(hparams or {}), sort_keys=True), encoding="utf-8")
+        if not (Path(files["train"]).is_file() and Path(files["val"]).is_file()):
+            from trainer_template.verl_backend.data_prep import write_parquet
+
+            write_parquet(data, n=5000, seed=protocol.seed)
+        if run_id is None:
+            with node_run(archive, node, run_name=f"{node}-verl", tags={"poise.backend": "verl"}) as run:
+                run_id = run.info.run_id
+    env = {
+        ENV_NODE: node,
+        ENV_ALGORITHM_FILE: files["algorithm"],
+        ENV_HPARAMS: files["hparams"],
+        "VERL_USE_EXTERNAL_MODULES": PLUGIN,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p),
+        "MLFLOW_TRACKING_URI": tracking_uri(archive.path),
+        "MLFLOW_RUN_ID": run_id or "new-run-created-at-launch",
+    }
+    project = getattr(getattr(archive.config(), "experiment", None), "name", None) or "poise"
+    overrides = build_overrides(node, cfg, train_file=files["train"], val_file=files["val"], ckpt_dir=files["ckpt"],
+                                project=project, env_for_workers=env, protocol=protocol, extra=extra)
+    return Launch(cmd=[sys.executable, "-m", "verl.trainer.main_ppo", *overrides], env=env, overrides=overrides, files=files)

@@ -1,0 +1,34 @@
+"""verl reward function: ``reward.custom_reward_function.path=<this file>``, ``name=compute_score``.
+
+score 1.0 when the last ``\\boxed{}`` of the response is math-verify-equivalent to the gold answer, else
+0.0; ``format_valid`` says a boxed answer was found, ``acc`` that it was correct. verl stores the two
+extras per sample (``reward_extra_info``); the poise trainer routes them to the estimator as
+``valid`` / ``correct``.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from evaluators.grading import _wrap, extract_boxed, is_equivalent
+
+
+def _equivalent(gold: str, pred: str) -> bool:
+    if threading.current_thread() is threading.main_thread():
+        return is_equivalent(gold, pred)
+    # math-verify's timeouts use SIGALRM, which only works in the main thread; verl's reward workers
+    # may call from another thread, where an alarm error would silently grade everything wrong.
+    from math_verify import parse, verify
+
+    g = parse(_wrap(gold), parsing_timeout=None)
+    p = parse(_wrap(pred), parsing_timeout=None)
+    return bool(g and p and verify(g, p, timeout_seconds=None))
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None, **_: Any) -> dict:
+    """{"score": 0/1, "acc": 0/1, "format_valid": 0/1} for one response (verl's signature)."""
+    pred = extract_boxed(solution_str or "")
+    valid = pred is not None and pred != ""
+    correct = bool(valid and ground_truth is not None and _equivalent(str(ground_truth), pred))
+    return {"score": 1.0 if correct else 0.0, "acc": 1.0 if correct else 0.0, "format_valid": 1.0 if valid else 0.0}
