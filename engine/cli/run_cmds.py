@@ -137,6 +137,9 @@ def run(
         console.print(f"initialized archive [bold]{arch.path}[/] with root node [bold]grpo[/]")
     else:
         arch = Archive(path)
+    import logging
+
+    logging.getLogger("mlflow").setLevel(logging.WARNING)  # schema/experiment notices would break the live display
     with _Display(arch.path / ".poise" / "run.log") as display:
         summary = Loop(arch, opts, on_event=display).run()
     _print_summary(arch, summary, report=not no_report)
