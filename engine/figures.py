@@ -131,18 +131,34 @@ def dynamics(nodes: Mapping[str, Any], names: list[str], out: Path) -> dict[str,
         return None
     plt = _plt()
     fig, axes = plt.subplots(1, len(DYNAMICS), figsize=(13, 3.6))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (key, label) in zip(axes, DYNAMICS):
-        for k, t in series.items():
-            ys = t.get(key) or []
+        for i, (k, t) in enumerate(series.items()):
+            ys = [float(y) for y in (t.get(key) or [])]
             if ys:
                 steps = t["step"][: len(ys)]
-                ax.plot(steps, ys[: len(steps)], label=k, lw=1.5)
+                ys = ys[: len(steps)]
+                c = colors[i % len(colors)]
+                ax.plot(steps, ys, color=c, lw=0.8, alpha=0.25)
+                ax.plot(steps, _smooth(ys), color=c, lw=1.8, label=k)
         ax.set_title(label)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle("Training dynamics: the root and the best nodes")
+    fig.suptitle("Training dynamics: the root and the best nodes (faint: per step; solid: moving mean)")
     return _save(fig, out, "dynamics")
+
+
+def _smooth(ys: list[float]) -> list[float]:
+    """Trailing moving mean over ~1/10 of the series (at least 1 point)."""
+    w = max(1, len(ys) // 10)
+    out, acc = [], 0.0
+    for i, y in enumerate(ys):
+        acc += y
+        if i >= w:
+            acc -= ys[i - w]
+        out.append(acc / min(i + 1, w))
+    return out
 
 
 def accuracy_length(nodes: Mapping[str, Any], exp, out: Path) -> dict[str, str] | None:

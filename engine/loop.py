@@ -60,6 +60,9 @@ class RunSummary:
     stop_reason: str
     best: str | None
     best_utility: float | None
+    best_candidate: str | None
+    """the best node the run made (it may trail the root)"""
+    best_candidate_utility: float | None
     root_utility: float | None
     counts: dict[str, int]
     usage: dict[str, Any]
@@ -207,6 +210,7 @@ class Loop:
             self.rec.data["selections"][str(r)] = sel
             self.rec.data["round"] = r
             self._save(f"poise: run {self.rec.id} round {r} selected {', '.join(s.chosen)}")
+            self.emit({"kind": "round", "round": r, "parents": len(sel), "planned": int(self.plan["parents"])})
             self.emit({"kind": "log", "msg": f"round {r}: parents " + ", ".join(f"{e['node']} (s={_f(e['score'])})" for e in sel)})
         done = self.rec.data["done"].setdefault(str(r), [])
         for entry in sel:
@@ -369,8 +373,10 @@ class Loop:
         root = nodes.get(ROOT_NAME) or next((n for n in nodes.values() if not n.parents), None)
         mine = run_nodes(nodes, self.rec.id)
         counts = {s: sum(1 for n in mine.values() if n.status == s) for s in ("evaluated", "failed", "rejected", "verified", "spawned", "evaluating")}
+        cand = obj.best_node({k: n for k, n in nodes.items() if n.parents}, exp)
         return RunSummary(self.rec.id, (first, last), self.stop_reason or "", best,
-                          obj.node_utility(nodes[best], exp) if best else None, obj.node_utility(root, exp),
+                          obj.node_utility(nodes[best], exp) if best else None,
+                          cand, obj.node_utility(nodes[cand], exp) if cand else None, obj.node_utility(root, exp),
                           counts, self.usage(nodes).to_dict(), obj.describe(exp))
 
 

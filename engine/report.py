@@ -135,9 +135,11 @@ def render(archive: Archive, out_dir: str | Path | None = None, experiment: Expe
     parts.append("<h2>Nodes</h2><p class='sub'>U with its 95% interval; a child is <b>better</b> than its parent only when its "
                  "interval lies wholly above the parent's (<i>within noise</i> otherwise; <i>no interval</i> with one seed).</p>")
     parts.append(_table(rows, exp))
-    if best and root and best != root:
-        diff = archive.diff(root, best, [ALGORITHM])
-        parts.append(f"<h2>Mechanism of the best node ({html.escape(best)}) vs the root</h2><pre>{html.escape(diff or '(no change)')}</pre>")
+    shown = best if best != root else next((k for k, _ in ranked if k != root), None)
+    if shown and root:
+        what = "the best node" if shown == best else "the best candidate (the root remains best)"
+        diff = archive.diff(root, shown, [ALGORITHM])
+        parts.append(f"<h2>Mechanism of {what}: {html.escape(shown)} vs the root</h2><pre>{html.escape(diff or '(no change)')}</pre>")
     parts.append("</body></html>")
     page = out / "index.html"
     page.write_text("\n".join(parts), encoding="utf-8")

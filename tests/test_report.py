@@ -131,7 +131,7 @@ def test_report_command_writes_figures_and_renders(tmp_path, cli):
     for node in ("grpo", "dr-grpo", "clip-higher", "dr-grpo-kl", "no-iv", "broken", "hostile", "recorded"):
         assert f"<td>{node}</td>" in html
     assert "NaN loss at step 3" in html and "within noise" in html and "better" in html
-    assert "Mechanism of the best node (no-iv)" in html
+    assert "Mechanism of the best node: no-iv vs the root" in html
     assert "<h2>Rounds</h2>" in html and "<td>dr-grpo-kl (0.4000)</td>" not in html and "no-iv (0.6100)" in html
     loaded = _render_in_chromium(page)
     assert len(loaded) == 4 and all(ok for _src, ok in loaded), loaded

@@ -29,6 +29,7 @@ class _Display:
         self.live = Live(self.progress, console=console, refresh_per_second=4, transient=False)
         self.state = {"round": "—", "stage": "start", "node": "", "best": "—"}
         self.done = 0
+        self.population = 1
         self.log_file = None
         if log_path is not None:
             log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -60,10 +61,14 @@ class _Display:
         if kind == "plan":
             n = (e["last"] - e["first"] + 1) * e["parents"] * e["population"]
             self.done = int(e.get("done", 0))
+            self.population = int(e["population"])
             self.progress.update(self.task, total=n, completed=self.done)
             self.log(f"run {e['run']}{' (resumed)' if e['resume'] else ''}: rounds {e['first']}–{e['last']}, {e['parents']} parents × "
                      f"{e['population']} candidates, {e['seeds']} seed(s), {e['workers']} worker(s){' on Ray ' + e['ray'] if e['ray'] else ''}; "
                      f"{e['objective']}; {e['budget']}")
+        elif kind == "round" and self.progress.tasks[0].total:
+            missing = (int(e["planned"]) - int(e["parents"])) * self.population
+            self.progress.update(self.task, total=max(self.done, self.progress.tasks[0].total - missing))
         elif kind == "stage":
             self.state.update(round=e.get("round") or self.state["round"], stage=e["stage"], node=e.get("node", ""))
         elif kind == "node":
@@ -156,13 +161,22 @@ def _print_summary(arch, s, report: bool) -> None:
     console.print(f"candidates: {c['evaluated']} evaluated, {c['failed']} failed, {c['rejected']} rejected"
                   + (f", {c['verified'] + c['spawned'] + c['evaluating']} pending (`--resume`)" if c['verified'] + c['spawned'] + c['evaluating'] else "")
                   + f"; wall {s.usage['wall_s']:.0f} s; {s.objective}")
+    root = "grpo" if arch.exists("grpo") else None
     if s.best:
-        root_txt = f" (root {s.root_utility:.4f})" if s.root_utility is not None else ""
+        root_txt = ""
+        if s.root_utility is not None and s.best != root:
+            from engine.objective import promotion
+            from engine.report import report_experiment
+
+            nodes = arch.nodes()
+            root_txt = f" (root {s.root_utility:.4f}; {promotion(nodes[s.best], nodes[root], report_experiment(arch))} vs the root)"
         console.print(f"[bold green]best node: {s.best}[/]  U {s.best_utility:.4f}{root_txt}")
-        root = "grpo" if arch.exists("grpo") else None
-        if root and s.best != root:
-            diff = arch.diff(root, s.best, [ALGORITHM])
-            console.print(Panel(Syntax(diff or "(no change)", "diff", theme="ansi_dark"), title=f"mechanism diff: {root} -> {s.best}"))
+    shown = s.best if s.best != root else s.best_candidate
+    if shown and root:
+        if shown != s.best:
+            console.print(f"no candidate beat the root; the best candidate is [bold]{shown}[/] (U {s.best_candidate_utility:.4f})")
+        diff = arch.diff(root, shown, [ALGORITHM])
+        console.print(Panel(Syntax(diff or "(no change)", "diff", theme="ansi_dark"), title=f"mechanism diff: {root} -> {shown}"))
     if report:
         from engine.report import render
 
