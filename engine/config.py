@@ -47,6 +47,10 @@ class ProxyConfig:
 
     preset: str = "default"
     """default | smoke (a seconds-long protocol for tests)"""
+    parallel: int = 0
+    """seeds run at once as separate processes (0: one per CPU core)"""
+    cache_dir: str = ""
+    """where the warm-start checkpoint is cached (empty: $POISE_CACHE_DIR or ~/.cache/poise-git/proxy)"""
 
 
 @dataclass(frozen=True)

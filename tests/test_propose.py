@@ -24,6 +24,7 @@ class Hyperparameters:
     eps: float = 1e-6
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0
     loss_agg_mode: str = "token-mean"
     kl_coef: float = 0.0
     kl_type: str = "low_var_kl"

@@ -35,7 +35,12 @@ def evaluate(
     else:
         from engine.evaluate import evaluate_node
 
-        payload = evaluate_node(arch, node, backend=backend, seeds=seeds, preset=preset)
+        with console.status(f"evaluating [bold]{node}[/] on the {backend} backend ...") as status:
+            def on_event(msg: str) -> None:
+                console.print(f"  {msg}", highlight=False)
+                status.update(f"evaluating [bold]{node}[/]: {msg}")
+
+            payload = evaluate_node(arch, node, backend=backend, seeds=seeds, preset=preset, on_event=on_event)
     status = payload.get("status", "evaluated")
     metrics = payload.get("metrics", {})
     head = f"[bold]{node}[/] {status}"

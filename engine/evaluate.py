@@ -1,0 +1,250 @@
+"""Evaluate a node under the standardized protocol: the embedded CPU proxy (one sandboxed process per
+seed, seeds in parallel), aggregate mean + 95% interval, record results.json and one MLflow run per seed.
+
+The node's ``algorithm.py`` is read from its commit, never from a working directory. Torch and MLflow
+are imported only in the children / inside functions, so importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from importlib import metadata
+from pathlib import Path
+from typing import Callable, Mapping
+
+from engine.errors import PoiseError
+
+TRAJECTORY_POINTS = 100
+# two-sided 95% Student-t quantiles by degrees of freedom (1..30); 1.96 beyond
+_T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+
+class EvaluationError(PoiseError):
+    """The evaluation could not run (unknown backend or preset, the proxy's warm start failed...)."""
+
+
+def t95(df: int) -> float:
+    return _T95[df - 1] if 1 <= df <= len(_T95) else 1.96
+
+
+def mean_interval(values: list[float]) -> tuple[float, list[float] | None]:
+    """Mean and the 95% Student-t interval of the mean (None for a single value)."""
+    n = len(values)
+    m = sum(values) / n
+    if n < 2:
+        return m, None
+    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1))
+    h = t95(n - 1) * sd / math.sqrt(n)
+    return m, [m - h, m + h]
+
+
+def downsample(traj: Mapping[str, list], points: int = TRAJECTORY_POINTS) -> dict[str, list]:
+    """Every signal at <= ``points`` evenly spaced steps (the last step always kept)."""
+    steps = list(traj.get("step", []))
+    n = len(steps)
+    if n <= points:
+        idx = list(range(n))
+    else:
+        idx = sorted({round(i * (n - 1) / (points - 1)) for i in range(points)})
+    return {k: [v[i] for i in idx if i < len(v)] for k, v in traj.items()}
+
+
+def _mean_trajectory(trajs: list[dict]) -> dict[str, list]:
+    trajs = [t for t in trajs if t.get("step")]
+    if not trajs:
+        return {}
+    n = min(len(t["step"]) for t in trajs)
+    out: dict[str, list] = {"step": trajs[0]["step"][:n]}
+    for key in trajs[0]:
+        if key == "step":
+            continue
+        col = []
+        for i in range(n):
+            vals = [t[key][i] for t in trajs if key in t and i < len(t[key]) and t[key][i] is not None]
+            col.append(sum(vals) / len(vals) if vals else None)
+        out[key] = col
+    return out
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": sys.version.split()[0]}
+    for dist in ("poise-git", "torch", "mlflow"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "unknown" if dist != "poise-git" else "0.1.0"
+    return out
+
+
+def _python() -> str:
+    return sys.executable
+
+
+def evaluate_node(archive, name: str, backend: str = "proxy", seeds: int | list[int] | None = None,
+                  preset: str | None = None, timeout_s: float | None = None, tags: Mapping[str, str] | None = None,
+                  *, on_event: Callable[[str], None] | None = None, cache_dir: str | None = None) -> dict:
+    """Evaluate ``name`` and record results.json (status evaluated | failed). Returns the payload.
+
+    ``seeds``: a count N (seeds 0..N-1) or an explicit list; default ``[evaluation].seeds``.
+    ``preset``: the proxy protocol preset (default ``[proxy].preset``). ``on_event``: progress lines.
+    """
+    from trainer_template.proxy.protocol import PRESETS, get_protocol
+
+    say = on_event or (lambda _msg: None)
+    if backend != "proxy":
+        raise EvaluationError(f"evaluate: backend {backend!r} is not available here; the built-in backend is 'proxy' "
+                              "(use --suite for benchmark scoring)")
+    cfg = archive.config()
+    node = archive.node(name)
+    preset = preset or cfg.proxy.preset
+    if preset not in PRESETS:
+        raise EvaluationError(f"unknown proxy preset {preset!r} (known: {', '.join(PRESETS)})")
+    protocol = get_protocol(preset)
+    seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds or range(cfg.evaluation.seeds))
+    if not seed_list or any((not isinstance(s, int)) or s < 0 for s in seed_list):
+        raise EvaluationError(f"evaluate: seeds must be a positive count or a list of non-negative integers, got {seeds!r}")
+    timeout = float(timeout_s or cfg.evaluation.timeout_s)
+    source = archive.algorithm(name)
+    commit = node.commit
+    prior_status = node.status
+    t_start = time.monotonic()
+    base = {"backend": "proxy", "preset": preset, "protocol": protocol.to_dict(), "protocol_hash": protocol.hash(),
+            "seeds": seed_list, "node_commit": commit, "versions": _versions()}
+
+    try:
+        compile(source, f"{name}/algorithm.py", "exec")
+    except SyntaxError as exc:
+        payload = {**base, "status": "failed", "reason": f"algorithm.py does not compile: {exc.msg} (line {exc.lineno})",
+                   "metrics": {}, "intervals": {}, "per_seed": [], "mlflow_run_ids": [], "trajectory": {},
+                   "wall_time_s": 0.0}
+        archive.record_results(name, payload)
+        archive.set_status(name, "failed", reason=payload["reason"])
+        return payload
+
+    archive.set_status(name, "evaluating")
+    try:
+        return _run(archive, name, cfg, protocol, preset, seed_list, timeout, source, base, tags, say, cache_dir,
+                    prior_status, t_start)
+    except BaseException as exc:  # interrupted or crashed: the node must not stay "evaluating"
+        if archive.node(name).status == "evaluating":
+            archive.set_status(name, prior_status, reason=f"evaluation interrupted: {type(exc).__name__}")
+        raise
+
+
+def _run(archive, name, cfg, protocol, preset, seed_list, timeout, source, base, tags, say, cache_dir,
+         prior_status, t_start) -> dict:
+    from engine.sandbox import child_env, run_limited
+
+    cache_dir = cache_dir or cfg.proxy.cache_dir or None
+    env = child_env({"POISE_CACHE_DIR": str(Path(cache_dir).expanduser())} if cache_dir else None)
+    say(f"warm start ({preset}) ...")
+    ws = run_limited([_python(), "-m", "trainer_template.proxy.worker", "warmstart", "--preset", preset],
+                     timeout_s=max(timeout, 600.0), env=env)
+    if not ws.ok:
+        archive.set_status(name, prior_status, reason=f"proxy warm start failed: {ws.reason()}")
+        raise EvaluationError(f"the proxy's warm start failed: {ws.reason()}")
+
+    workers = max(1, min(len(seed_list), cfg.proxy.parallel or (os.cpu_count() or 1)))
+    with tempfile.TemporaryDirectory(prefix="poise-eval-") as tmp:
+        algo_path = Path(tmp) / "algorithm.py"
+        algo_path.write_text(source, encoding="utf-8")
+
+        def one(seed: int) -> dict:
+            out = Path(tmp) / f"seed{seed}.json"
+            cmd = [_python(), "-m", "trainer_template.proxy.worker", "run", "--preset", preset, "--algorithm",
+                   str(algo_path), "--name", name, "--seed", str(seed), "--out", str(out)]
+            res = run_limited(cmd, timeout_s=timeout, cpu_s=timeout * 1.5, memory_mb=cfg.evaluation.memory_mb, env=env)
+            data = json.loads(out.read_text()) if out.is_file() else {"trajectory": {}, "metrics": {}}
+            if not res.ok:
+                data.update(status="failed", reason=f"seed {seed}: {res.reason()}", metrics={})
+            elif data.get("status") not in ("ok", "failed"):
+                data.update(status="failed", reason=f"seed {seed}: the worker wrote no result")
+            elif data["status"] == "failed":
+                data["reason"] = f"seed {seed}: {data.get('reason')}"
+            data["seed"], data["wall_s"] = seed, res.wall_s
+            say(f"seed {seed}: {data['status']}" + (f" ({data['reason']})" if data["status"] != "ok" else
+                                                     f" overall {data['metrics'].get('overall', float('nan')):.3f}"))
+            return data
+
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            runs = list(pool.map(one, seed_list))
+
+    run_ids = _log_mlflow(archive, name, runs, base, tags, say)
+    failed = [r for r in runs if r["status"] != "ok"]
+    with_metrics = [r for r in runs if r.get("metrics")]
+    metrics, intervals = {}, {}
+    for key in sorted({k for r in with_metrics for k in r["metrics"]}):
+        vals = [r["metrics"][key] for r in with_metrics if key in r["metrics"]]
+        metrics[key], iv = mean_interval(vals)
+        if iv:
+            intervals[key] = iv
+    trajectory = failed[0].get("trajectory", {}) if failed else _mean_trajectory([r["trajectory"] for r in runs])
+    payload = {
+        **base,
+        "status": "failed" if failed else "evaluated",
+        "metrics": metrics,
+        "intervals": intervals,
+        "per_seed": [{"seed": r["seed"], "status": "evaluated" if r["status"] == "ok" else "failed",
+                      **({"reason": r["reason"]} if r["status"] != "ok" else {}), "metrics": r.get("metrics", {}),
+                      "mlflow_run_id": run_ids.get(r["seed"]), "wall_s": round(r["wall_s"], 3),
+                      "timings": r.get("timings", {}), "peak_rss_mb": r.get("peak_rss_mb")} for r in runs],
+        "mlflow_run_ids": [run_ids[s] for s in seed_list if run_ids.get(s)],
+        "wall_time_s": round(time.monotonic() - t_start, 3),
+        "trajectory": downsample(trajectory),
+    }
+    if failed:
+        payload["reason"] = "; ".join(r["reason"] for r in failed)[:1000]
+    archive.record_results(name, json.loads(json.dumps(payload, allow_nan=False)))
+    if failed:
+        archive.set_status(name, "failed", reason=payload["reason"])  # the Poise-Reason trailer
+    return payload
+
+
+def mlflow_key(key: str) -> str:
+    """MLflow's name for a metric key: '@' is not allowed there (``hard/pass@8`` -> ``hard/pass_at_8``)."""
+    return key.replace("@", "_at_")
+
+
+def _log_mlflow(archive, name: str, runs: list[dict], base: dict, tags: Mapping[str, str] | None,
+                say: Callable[[str], None]) -> dict[int, str]:
+    """One MLflow run per seed: protocol params, per-step train/* metrics (batched), eval/* metrics."""
+    try:
+        from mlflow.entities import Metric, Param
+        from mlflow.tracking import MlflowClient
+
+        from engine.tracking import node_run
+    except Exception as exc:  # pragma: no cover - mlflow is a dependency
+        say(f"MLflow unavailable: {exc}")
+        return {}
+    ids: dict[int, str] = {}
+    params = [Param("preset", base["preset"]), Param("protocol_hash", base["protocol_hash"])]
+    params += [Param(f"{sec}.{k}", str(v)) for sec in ("warmstart", "rl", "eval") for k, v in base["protocol"][sec].items()]
+    for r in runs:
+        run_tags = {"poise.backend": "proxy", "poise.seed": str(r["seed"]), "poise.preset": base["preset"],
+                    "poise.status": "evaluated" if r["status"] == "ok" else "failed", **(tags or {})}
+        try:
+            with node_run(archive, name, run_name=f"{name}/seed{r['seed']}", tags=run_tags) as run:
+                client = MlflowClient()
+                rid = run.info.run_id
+                now = int(time.time() * 1000)
+                traj = r.get("trajectory", {})
+                metrics = [Metric(k, float(v), now, int(step)) for k, vals in traj.items() if k != "step"
+                           for step, v in zip(traj.get("step", []), vals) if v is not None]
+                metrics += [Metric(mlflow_key(f"eval/{k}"), float(v), now, 0) for k, v in r.get("metrics", {}).items()]
+                for i in range(0, len(metrics), 1000):
+                    client.log_batch(rid, metrics=metrics[i:i + 1000], params=params if i == 0 else [])
+                if not metrics:
+                    client.log_batch(rid, params=params)
+                if r["status"] != "ok":
+                    client.set_tag(rid, "poise.reason", str(r.get("reason", ""))[:500])
+                ids[r["seed"]] = rid
+        except Exception as exc:
+            say(f"MLflow logging failed for seed {r['seed']}: {type(exc).__name__}: {exc}")
+    return ids

@@ -1,0 +1,161 @@
+"""The RL loop: sample G responses per prompt, score them, call the node's ``compute_advantages`` and
+``policy_loss``, update with AdamW; a frozen copy of the warm start is the KL reference.
+
+Seeds are paired: seed s fixes the prompt stream and the sampling generator of every step, so two
+candidates share the initial checkpoint, the prompts and the sampling noise (until their policies
+differ). A candidate that raises, produces NaN/inf or collapses stops the run with ``CandidateFailure``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from typing import Any, Callable
+
+import torch
+
+from trainer_template.interface import RolloutBatch
+from trainer_template.proxy import task
+from trainer_template.proxy.model import TinyGPT, generate, response_logprobs
+from trainer_template.proxy.protocol import RL
+
+SIGNALS = ("train/reward_mean", "train/valid_rate", "train/correct_rate", "train/entropy", "train/kl",
+           "train/response_length", "train/clipfrac", "train/grad_norm", "train/adv_mean", "train/adv_std",
+           "train/adv_min", "train/adv_max", "train/pg_loss")
+
+
+class CandidateFailure(RuntimeError):
+    """The candidate broke the run: an exception, a non-finite value, a bad shape, or a collapse."""
+
+
+def _finite(t: torch.Tensor) -> bool:
+    return bool(torch.isfinite(t).all())
+
+
+def _call(fn: Callable, what: str, step: int, *args, **kwargs) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:
+        raise CandidateFailure(f"{what} raised {type(exc).__name__}: {exc} (step {step})") from exc
+
+
+def _expand_advantages(adv: Any, b: int, t: int, step: int) -> torch.Tensor:
+    if not isinstance(adv, torch.Tensor):
+        raise CandidateFailure(f"compute_advantages returned {type(adv).__name__}, not a Tensor (step {step})")
+    adv = adv.detach().to(torch.float32)
+    if tuple(adv.shape) == (b,):
+        adv = adv[:, None].expand(b, t)
+    elif tuple(adv.shape) != (b, t):
+        raise CandidateFailure(f"compute_advantages returned shape {tuple(adv.shape)}, expected [{b}] (step {step})")
+    if not _finite(adv):
+        raise CandidateFailure(f"compute_advantages produced NaN/inf (step {step})")
+    return adv
+
+
+def train(model: TinyGPT, module: Any, cfg: Any, rl: RL, seed: int, *, trajectory: dict[str, list],
+          on_step: Callable[[int], None] | None = None) -> TinyGPT:
+    """Run ``rl.steps`` RL steps in place on ``model``; per-step signals are appended to ``trajectory``."""
+    torch.manual_seed(seed)
+    ref = copy.deepcopy(model).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    opt = torch.optim.AdamW(model.parameters(), lr=rl.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, rl.warmup_steps * rl.minibatches)))
+    prompt_gen = torch.Generator().manual_seed(1_000_003 * (seed + 1))
+    weights = task.k_weights(rl.k_power)
+    first: dict[str, float] = {}
+    for step in range(rl.steps):
+        t0 = time.perf_counter()
+        ks = task.sample_ks(prompt_gen, rl.prompts, weights)
+        problems = [task.sample_problem(prompt_gen, k) for k in ks]
+        rep_problems = [p for p in problems for _ in range(rl.group)]
+        prompts = task.prompts_tensor(problems).repeat_interleave(rl.group, dim=0)
+        sample_gen = torch.Generator().manual_seed(seed * 100_003 + step)
+        model.eval()
+        responses = generate(model, prompts, task.MAX_RESPONSE, task.EOS, task.PAD, temperature=rl.temperature,
+                             generator=sample_gen)
+        t = int(task.response_mask(responses).sum(1).max())
+        responses = responses[:, :t]
+        mask = task.response_mask(responses)
+        valid, correct, lengths = task.score(responses, rep_problems)
+        rewards = correct.to(torch.float32)
+        with torch.no_grad():
+            old_logp, ent = response_logprobs(model, prompts, responses, rl.temperature)
+            ref_logp, _ = response_logprobs(ref, prompts, responses, rl.temperature)
+        mf = mask.to(torch.float32)
+        seq_entropy = (ent * mf).sum(1) / mf.sum(1).clamp(min=1)
+        b = responses.shape[0]
+        batch = RolloutBatch(rewards=rewards, group=torch.arange(rl.prompts).repeat_interleave(rl.group),
+                             valid=valid, correct=correct, lengths=lengths, token_entropy=seq_entropy,
+                             progress=step / max(1, rl.steps - 1))
+        adv_raw = _call(module.compute_advantages, "compute_advantages", step, batch, cfg)
+        adv = _expand_advantages(adv_raw, b, t, step)
+        model.train()
+        order = torch.randperm(b, generator=sample_gen)
+        clipfracs, gnorms, losses = [], [], []
+        for mb in order.chunk(rl.minibatches):
+            logp, ent_mb = response_logprobs(model, prompts[mb], responses[mb], rl.temperature)
+            out = _call(module.policy_loss, "policy_loss", step, logp, old_logp[mb], adv[mb], mask[mb], cfg,
+                        ref_log_prob=ref_logp[mb], entropy=ent_mb)
+            if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], torch.Tensor) and out[0].dim() == 0):
+                raise CandidateFailure(f"policy_loss must return (scalar Tensor, dict) (step {step})")
+            loss, lm = out
+            if not _finite(loss):
+                raise CandidateFailure(f"policy_loss produced NaN/inf (step {step})")
+            opt.zero_grad(set_to_none=True)
+            try:
+                loss.backward()
+            except Exception as exc:
+                raise CandidateFailure(f"policy_loss backward failed: {type(exc).__name__}: {exc} (step {step})") from exc
+            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), rl.grad_clip)
+            if not _finite(gn):
+                raise CandidateFailure(f"non-finite gradient norm (step {step})")
+            opt.step()
+            sched.step()
+            with torch.no_grad():
+                ratio = torch.exp((logp.detach() - old_logp[mb]).clamp(-20, 20))
+                m = mf[mb]
+                # clip fraction measured by the harness (the candidate's own metric may differ)
+                lo = adv[mb] < 0
+                clipped = torch.where(lo, ratio < 0.8, ratio > 1.2)
+                cf = (lm.get("pg_clipfrac") if isinstance(lm, dict) and isinstance(lm.get("pg_clipfrac"), (int, float))
+                      else float((clipped.float() * m).sum() / m.sum().clamp(min=1)))
+            clipfracs.append(float(cf))
+            gnorms.append(float(gn))
+            losses.append(float(loss.detach()))
+        with torch.no_grad():
+            kl = float(((old_logp - ref_logp) * mf).sum() / mf.sum().clamp(min=1))
+        a = adv[:, 0] if adv_raw.dim() == 1 else (adv * mf).sum(1) / mf.sum(1).clamp(min=1)
+        row = {
+            "train/reward_mean": float(rewards.mean()), "train/valid_rate": float(valid.float().mean()),
+            "train/correct_rate": float(correct.float().mean()), "train/entropy": float(seq_entropy.mean()),
+            "train/kl": kl, "train/response_length": float(lengths.float().mean()),
+            "train/clipfrac": sum(clipfracs) / len(clipfracs), "train/grad_norm": sum(gnorms) / len(gnorms),
+            "train/adv_mean": float(a.mean()), "train/adv_std": float(a.std()) if b > 1 else 0.0,
+            "train/adv_min": float(a.min()), "train/adv_max": float(a.max()), "train/pg_loss": sum(losses) / len(losses),
+            "train/step_s": time.perf_counter() - t0,
+        }
+        trajectory.setdefault("step", []).append(step)
+        for k, v in row.items():
+            trajectory.setdefault(k, []).append(v if math.isfinite(v) else None)
+        _check_collapse(trajectory, rl, step, first)
+        if on_step:
+            on_step(step)
+    return model
+
+
+def _check_collapse(traj: dict[str, list], rl: RL, step: int, first: dict[str, float]) -> None:
+    """Collapse: the rolling reward or valid rate falls below collapse_ratio x its first-window value."""
+    w = rl.collapse_window
+    if step + 1 == w:
+        for key in ("train/reward_mean", "train/valid_rate"):
+            first[key] = sum(traj[key][:w]) / w
+    if step + 1 < 2 * w or not first:
+        return
+    for key, label in (("train/reward_mean", "reward"), ("train/valid_rate", "valid rate")):
+        base = first[key]
+        now = sum(traj[key][-w:]) / w
+        if base >= 0.05 and now < rl.collapse_ratio * base:
+            raise CandidateFailure(f"collapsed: rolling {label} {now:.3f} fell below {rl.collapse_ratio:g} x its "
+                                   f"initial {base:.3f} (step {step})")
