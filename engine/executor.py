@@ -1,0 +1,299 @@
+"""Parallel evaluation of candidates: a local pool of worker processes (default) or Ray tasks.
+
+Every evaluation runs ``python -m engine.executor JOB`` — a fresh process (one torch thread) calling
+``engine.evaluate.evaluate_node`` — in its own session with a hard wall-clock limit: past the limit the
+whole process tree is killed (its descendants too, even those that started their own process groups)
+and the node is recorded as ``failed`` with the reason. A worker also dies with the process that
+started it (PR_SET_PDEATHSIG), so a killed loop leaves no orphaned evaluation behind.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+RESULT_MARK = "POISE-EVAL-RESULT "
+STOPPED = "stopped"
+"""outcome status of an evaluation the loop itself stopped (budget, interrupt): nothing is recorded"""
+
+
+@dataclass
+class EvalJob:
+    """One candidate evaluation. ``timeout_s`` is the hard wall-clock limit of the whole process tree."""
+
+    archive: str
+    node: str
+    backend: str = "proxy"
+    seeds: int | None = None
+    preset: str | None = None
+    timeout_s: float = 1800.0
+    tags: dict[str, str] = field(default_factory=dict)
+    devices: float = 1.0
+    """devices the evaluation holds (GPUs on verl, seed processes on the proxy): for budgets and Ray"""
+
+
+@dataclass
+class EvalOutcome:
+    node: str
+    status: str
+    """evaluated | failed"""
+    reason: str = ""
+    overall: float | None = None
+    wall_s: float = 0.0
+    timed_out: bool = False
+
+
+def _grace(timeout_s: float) -> float:
+    """Extra time past the evaluation's own limit before the tree is killed from outside: the worker's
+    start-up (imports, the proxy's warm-start lookup) comes on top of the evaluation's own clock."""
+    return min(60.0, 0.25 * timeout_s) + 15.0
+
+
+def run_job(job: EvalJob) -> EvalOutcome:
+    """Run one evaluation in a limited worker process; record a failure on the node if it dies."""
+    from engine.sandbox import child_env
+
+    start = time.monotonic()
+    limit = job.timeout_s + _grace(job.timeout_s)
+    cmd = [sys.executable, "-m", "engine.executor", json.dumps(asdict(job))]
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=child_env(), start_new_session=True)
+    _LIVE.add(proc)
+    timed_out = False
+    try:
+        out, err = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        kill_tree(proc.pid)
+        out, err = proc.communicate()
+    finally:
+        kill_tree(proc.pid)
+        _LIVE.discard(proc)
+    wall = time.monotonic() - start
+    if _LIVE.was_stopped(proc.pid):
+        return EvalOutcome(job.node, STOPPED, "stopped by the loop; left for --resume", None, wall, False)
+    for line in reversed((out or "").splitlines()):
+        if line.startswith(RESULT_MARK):
+            data = json.loads(line[len(RESULT_MARK):])
+            return EvalOutcome(job.node, data["status"], data.get("reason", ""), data.get("overall"), wall, False)
+    if timed_out:
+        reason = f"evaluation exceeded the wall-clock limit ({job.timeout_s:.0f} s); its process tree was killed"
+    elif proc.returncode and proc.returncode < 0:
+        reason = f"evaluation process killed by {signal.Signals(-proc.returncode).name}"
+    else:
+        tail = [ln for ln in (err or "").strip().splitlines() if ln.strip()]
+        reason = "evaluation crashed: " + (tail[-1][:250] if tail else f"exit status {proc.returncode}")
+    return record_failure(job, reason, wall, timed_out)
+
+
+def record_failure(job: EvalJob, reason: str, wall_s: float, timed_out: bool = False) -> EvalOutcome:
+    """Mark the node failed (results.json with the reason) unless it already has its results."""
+    from engine.archive import RESULTS, Archive
+
+    arch = Archive(job.archive)
+    node = arch.node(job.node)
+    if node.status in ("evaluated", "failed") and node.results is not None:
+        return EvalOutcome(job.node, node.status, node.trailer("Poise-Reason") or "", node.overall, wall_s, timed_out)
+    payload = {"status": "failed", "reason": reason, "metrics": {}, "backend": job.backend,
+               "seeds": list(range(job.seeds or 1)), "wall_time_s": round(wall_s, 3), "source": "loop"}
+    arch.commit_files(job.node, {RESULTS: json.dumps(payload, indent=2, sort_keys=True) + "\n"},
+                      subject=f"poise: {job.node} failed", status="failed",
+                      trailers={"Poise-Results": "yes", "Poise-Event": "failed", "Poise-Reason": " ".join(reason.split())[:300]})
+    return EvalOutcome(job.node, "failed", reason, None, wall_s, timed_out)
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid``, every descendant and their process groups (never our own group)."""
+    try:
+        import psutil
+
+        root = psutil.Process(pid)
+        procs = root.children(recursive=True) + [root]
+    except Exception:
+        procs = []
+    own = os.getpgrp()
+    groups = {pid}
+    for p in procs:
+        try:
+            groups.add(os.getpgid(p.pid))
+        except OSError:
+            pass
+    for g in groups:
+        if g != own:
+            try:
+                os.killpg(g, signal.SIGKILL)
+            except OSError:
+                pass
+    for p in procs:
+        try:
+            p.kill()
+        except Exception:
+            pass
+
+
+class _Live:
+    """Worker processes in flight, so that shutdown can kill them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._procs: set = set()
+        self._stopped: set[int] = set()
+
+    def add(self, p) -> None:
+        with self._lock:
+            self._procs.add(p)
+
+    def discard(self, p) -> None:
+        with self._lock:
+            self._procs.discard(p)
+
+    def kill_all(self) -> None:
+        with self._lock:
+            procs = list(self._procs)
+            self._stopped.update(p.pid for p in procs)
+        for p in procs:
+            kill_tree(p.pid)
+
+    def was_stopped(self, pid: int) -> bool:
+        with self._lock:
+            return pid in self._stopped
+
+
+_LIVE = _Live()
+
+
+class LocalExecutor:
+    """At most ``workers`` evaluations at once, each its own limited process."""
+
+    kind = "local"
+
+    def __init__(self, workers: int = 1):
+        self.workers = max(1, int(workers))
+        self._pool = cf.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="poise-eval")
+
+    def submit(self, job: EvalJob) -> cf.Future:
+        return self._pool.submit(run_job, job)
+
+    def shutdown(self, kill: bool = False) -> None:
+        if kill:
+            _LIVE.kill_all()
+        self._pool.shutdown(wait=True, cancel_futures=kill)
+
+
+class RayExecutor:
+    """Each evaluation a Ray task declaring its CPUs / GPUs; the task runs the same limited worker.
+
+    ``address``: ``local`` starts a private instance with ``workers`` CPUs; ``auto`` or ``ray://…``
+    joins a cluster. The archive must be reachable from the workers (a shared filesystem)."""
+
+    kind = "ray"
+
+    def __init__(self, address: str = "local", workers: int = 1, num_gpus: float = 0.0, cpus_per_task: float = 1.0):
+        import ray
+
+        self.ray = ray
+        repo = str(Path(__file__).resolve().parents[1])
+        env = {"PYTHONPATH": repo + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")}
+        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "ignore_reinit_error": True,
+                                  "runtime_env": {"env_vars": env}}
+        if address in ("local", "", None):
+            kwargs["num_cpus"] = max(1, int(workers)) * max(1, int(cpus_per_task))  # W evaluations of S seeds at once
+        else:
+            kwargs["address"] = address
+        self._owns = not ray.is_initialized()
+        ray.init(**kwargs)
+        self.num_gpus = num_gpus
+        self._remote = ray.remote(max_retries=0)(run_job)
+        self._pool = cf.ThreadPoolExecutor(max_workers=64, thread_name_prefix="poise-ray")
+        self._refs: set = set()
+        self._stopping = False
+
+    def submit(self, job: EvalJob) -> cf.Future:
+        cpus = 1.0 if self.num_gpus else max(1.0, float(job.seeds or 1))
+        ref = self._remote.options(num_cpus=cpus, num_gpus=self.num_gpus).remote(job)
+        self._refs.add(ref)
+
+        def wait() -> EvalOutcome:
+            # the task enforces the limit itself; this is only a backstop for a lost worker
+            limit = job.timeout_s + 2 * _grace(job.timeout_s) + 60
+            try:
+                return self.ray.get(ref, timeout=limit)
+            except Exception as exc:  # worker lost, task cancelled, or the backstop fired
+                if self._stopping:
+                    return EvalOutcome(job.node, STOPPED, "stopped by the loop; left for --resume")
+                self.ray.cancel(ref, force=True)
+                return record_failure(job, f"Ray task failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}", limit)
+            finally:
+                self._refs.discard(ref)
+
+        return self._pool.submit(wait)
+
+    def shutdown(self, kill: bool = False) -> None:
+        if kill:
+            self._stopping = True
+            for ref in list(self._refs):
+                try:
+                    self.ray.cancel(ref, force=True)
+                except Exception:
+                    pass
+        self._pool.shutdown(wait=True, cancel_futures=kill)
+        if self._owns:
+            self.ray.shutdown()
+
+
+def make_executor(workers: int, ray_address: str | None = None, num_gpus: float = 0.0, seeds: int = 1):
+    if ray_address:
+        return RayExecutor(ray_address, workers, num_gpus, cpus_per_task=1 if num_gpus else seeds)
+    return LocalExecutor(workers)
+
+
+def _die_with_parent() -> None:
+    """PR_SET_PDEATHSIG (Linux): SIGTERM this worker when the thread that started it exits; the handler
+    kills the worker's own descendants (seed processes in their own sessions included), then exits."""
+
+    def on_term(signum, frame) -> None:
+        try:
+            import psutil
+
+            for child in psutil.Process().children(recursive=True):
+                kill_tree(child.pid)
+        finally:
+            os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    except Exception:
+        pass
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _worker(job: EvalJob) -> None:
+    _die_with_parent()
+    import torch
+
+    torch.set_num_threads(1)
+    from engine.archive import Archive
+    from engine.evaluate import evaluate_node
+
+    payload = evaluate_node(Archive(job.archive), job.node, backend=job.backend, seeds=job.seeds, preset=job.preset,
+                            timeout_s=job.timeout_s, tags=job.tags)
+    overall = (payload.get("metrics") or {}).get("overall")
+    out = {"status": payload.get("status", "evaluated"), "reason": payload.get("reason", ""), "overall": overall}
+    print(RESULT_MARK + json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    _worker(EvalJob(**json.loads(sys.argv[1])))

@@ -1,0 +1,185 @@
+"""The report's figures (matplotlib, Agg): each function draws one figure from archived nodes and
+writes ``<stem>.svg`` and ``<stem>.png``; it returns the stem's file names, or None when there is no data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from engine import objective as obj
+
+DYNAMICS = (("train/reward_mean", "reward (mean)"), ("train/entropy", "entropy"), ("train/response_length", "response length"))
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, out: Path, stem: str) -> dict[str, str]:
+    files = {}
+    for ext in ("svg", "png"):
+        path = out / f"{stem}.{ext}"
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+        files[ext] = path.name
+    _plt().close(fig)
+    return files
+
+
+def _layout(nodes: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
+    """x: leaves in depth-first order, a parent centred over its children; y: -depth."""
+    kids: dict[str, list[str]] = {}
+    roots = []
+    for n in sorted(nodes.values(), key=lambda n: n.created):
+        if n.parents and n.parents[0] in nodes:
+            kids.setdefault(n.parents[0], []).append(n.name)
+        else:
+            roots.append(n.name)
+    pos: dict[str, tuple[float, float]] = {}
+    nxt = [0.0]
+
+    def place(name: str) -> float:
+        cs = kids.get(name, [])
+        if not cs:
+            x = nxt[0]
+            nxt[0] += 1.0
+        else:
+            xs = [place(c) for c in cs]
+            x = sum(xs) / len(xs)
+        pos[name] = (x, -float(nodes[name].depth))
+        return x
+
+    for r in roots:
+        place(r)
+    return pos
+
+
+def lineage(nodes: Mapping[str, Any], exp, out: Path) -> dict[str, str] | None:
+    if not nodes:
+        return None
+    plt = _plt()
+    pos = _layout(nodes)
+    width = min(18.0, max(6.0, 0.55 * (max(x for x, _ in pos.values()) + 1)))
+    depth = max(n.depth for n in nodes.values())
+    fig, ax = plt.subplots(figsize=(width, 1.6 + 1.1 * (depth + 1)))
+    for n in nodes.values():
+        for i, p in enumerate(n.parents):
+            if p in pos:
+                (x0, y0), (x1, y1) = pos[p], pos[n.name]
+                ax.plot([x0, x1], [y0, y1], color="#999", lw=1, ls="-" if i == 0 else "--", zorder=1)
+    scored = {k: obj.node_utility(n, exp) for k, n in nodes.items()}
+    vals = [u for u in scored.values() if u is not None]
+    if vals:
+        names = [k for k, u in scored.items() if u is not None]
+        sc = ax.scatter([pos[k][0] for k in names], [pos[k][1] for k in names], c=[scored[k] for k in names],
+                        cmap="viridis", s=160, edgecolors="black", zorder=3, vmin=min(vals), vmax=max(vals) if max(vals) > min(vals) else min(vals) + 1e-9)
+        fig.colorbar(sc, ax=ax, label=f"U ({exp.objective}{' - len penalty' if exp.length_penalty else ''})", shrink=0.8)
+    other = [k for k, u in scored.items() if u is None]
+    if other:
+        ax.scatter([pos[k][0] for k in other], [pos[k][1] for k in other], marker="X", s=110, color="#bbb",
+                   edgecolors="#555", zorder=3, label="failed / rejected / not evaluated")
+        ax.legend(loc="lower right", fontsize=8)
+    if len(nodes) <= 80:
+        for k, (x, y) in pos.items():
+            ax.annotate(k, (x, y), xytext=(0, 9), textcoords="offset points", ha="center", fontsize=7)
+    ax.set_yticks([-d for d in range(depth + 1)], [str(d) for d in range(depth + 1)])
+    ax.set_ylabel("depth")
+    ax.set_xticks([])
+    ax.set_title("Lineage (colour: utility)")
+    ax.margins(x=0.08, y=0.2)
+    return _save(fig, out, "lineage")
+
+
+def frontier(nodes: Mapping[str, Any], exp, out: Path) -> dict[str, str] | None:
+    by_depth: dict[int, list[float]] = {}
+    for n in nodes.values():
+        u = obj.node_utility(n, exp)
+        if u is not None:
+            by_depth.setdefault(n.depth, []).append(u)
+    if not by_depth:
+        return None
+    plt = _plt()
+    depths = list(range(max(by_depth) + 1))
+    best, top3, run = [], [], float("-inf")
+    for d in depths:
+        us = sorted(by_depth.get(d, []), reverse=True)
+        run = max([run] + us)
+        best.append(run)
+        top3.append(sum(us[:3]) / len(us[:3]) if us else float("nan"))
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for d, us in by_depth.items():
+        ax.scatter([d] * len(us), us, color="#cfd8e3", s=25, zorder=1)
+    ax.plot(depths, best, "o-", color="#1f77b4", label="cumulative best", zorder=3)
+    ax.plot(depths, top3, "s--", color="#ff7f0e", label="top-3 mean at depth", zorder=3)
+    ax.set_xlabel("depth")
+    ax.set_ylabel("utility U")
+    ax.set_xticks(depths)
+    ax.set_title("Frontier vs depth")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, out, "frontier")
+
+
+def dynamics(nodes: Mapping[str, Any], names: list[str], out: Path) -> dict[str, str] | None:
+    series = {k: (nodes[k].results or {}).get("trajectory") or {} for k in names if k in nodes}
+    series = {k: t for k, t in series.items() if t.get("step") and any(t.get(key) for key, _ in DYNAMICS)}
+    if not series:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(DYNAMICS), figsize=(13, 3.6))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (key, label) in zip(axes, DYNAMICS):
+        for i, (k, t) in enumerate(series.items()):
+            ys = [float(y) for y in (t.get(key) or [])]
+            if ys:
+                steps = t["step"][: len(ys)]
+                ys = ys[: len(steps)]
+                c = colors[i % len(colors)]
+                ax.plot(steps, ys, color=c, lw=0.8, alpha=0.25)
+                ax.plot(steps, _smooth(ys), color=c, lw=1.8, label=k)
+        ax.set_title(label)
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("Training dynamics: the root and the best nodes (faint: per step; solid: moving mean)")
+    return _save(fig, out, "dynamics")
+
+
+def _smooth(ys: list[float]) -> list[float]:
+    """Trailing moving mean over ~1/10 of the series (at least 1 point)."""
+    w = max(1, len(ys) // 10)
+    out, acc = [], 0.0
+    for i, y in enumerate(ys):
+        acc += y
+        if i >= w:
+            acc -= ys[i - w]
+        out.append(acc / min(i + 1, w))
+    return out
+
+
+def accuracy_length(nodes: Mapping[str, Any], exp, out: Path) -> dict[str, str] | None:
+    pts = {k: (float(n.metrics[exp.objective]), float(n.metrics["mean_length"])) for k, n in nodes.items()
+           if n.status == "evaluated" and exp.objective in n.metrics and "mean_length" in n.metrics}
+    if not pts:
+        return None
+    plt = _plt()
+    front = obj.pareto_front({k: (a, -ln) for k, (a, ln) in pts.items()})
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    ax.scatter([ln for _, ln in pts.values()], [a for a, _ in pts.values()], color="#9aa9bb", s=30, label="nodes")
+    fr = sorted((pts[k] for k in front), key=lambda p: p[1])
+    ax.plot([ln for _, ln in fr], [a for a, _ in fr], "o-", color="#d62728", label="Pareto front")
+    for k in front:
+        ax.annotate(k, (pts[k][1], pts[k][0]), xytext=(4, 4), textcoords="offset points", fontsize=7)
+    roots = [k for k, n in nodes.items() if not n.parents and k in pts]
+    for k in roots:
+        ax.scatter([pts[k][1]], [pts[k][0]], marker="*", s=220, color="gold", edgecolors="black", zorder=4, label=f"root ({k})")
+    ax.set_xlabel("mean response length")
+    ax.set_ylabel(exp.objective)
+    ax.set_title("Accuracy vs length")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, out, "accuracy_length")

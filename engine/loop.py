@@ -1,0 +1,411 @@
+"""The closed loop: per round, select K parents -> propose N per parent (screened) -> implement + verify
+(bounded correction) -> evaluate (S paired seeds, in parallel) -> reflect; the archive (git) records it.
+
+State lives in git only (``engine.runstate``): a crash at any point is finished by ``run --resume``.
+The loop reports progress through ``on_event(dict)`` and never imports the CLI.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from engine import objective as obj
+from engine.archive import ROOT_NAME, Archive
+from engine.budget import Budget, Usage, exhausted
+from engine.config import validate
+from engine.errors import PoiseError
+from engine.executor import STOPPED, EvalJob, EvalOutcome, make_executor
+from engine.runstate import RunRecord, last_round, load_run, new_run_id, node_round, pending_work, run_nodes, save_run
+
+Event = Callable[[dict], None]
+PROPOSE_ATTEMPTS = 3
+"""proposal calls per parent and round while screening leaves fewer than N candidates"""
+_PLAN_KEYS = ("rounds", "parents", "population", "seeds", "proposer", "backend", "preset", "eval_timeout_s", "seed", "gpus_per_eval")
+
+
+@dataclass
+class RunOptions:
+    """What ``poise-git run`` asks for; None = from the resumed run, else poise.toml / defaults."""
+
+    rounds: int | None = None
+    parents: int | None = None
+    population: int | None = None
+    seeds: int | None = None
+    proposer: str | None = None
+    backend: str | None = None
+    preset: str | None = None
+    workers: int | None = None
+    ray: str | None = None
+    gpus_per_eval: float | None = None
+    directive: str | None = None
+    objective: str | None = None
+    budget: Budget = field(default_factory=Budget)
+    eval_timeout_s: float | None = None
+    seed: int | None = None
+    resume: bool = False
+    replay: bool = False
+    """answer LLM calls from the archive's recorded calls (no endpoint)"""
+
+
+@dataclass
+class RunSummary:
+    run_id: str
+    rounds: tuple[int, int]
+    stop_reason: str
+    best: str | None
+    best_utility: float | None
+    best_candidate: str | None
+    """the best node the run made (it may trail the root)"""
+    best_candidate_utility: float | None
+    root_utility: float | None
+    counts: dict[str, int]
+    usage: dict[str, Any]
+    objective: str
+
+
+def _slug(text: str) -> str:
+    s = re.sub(r"[^a-z0-9]+", "-", (text or "candidate").lower()).strip("-")
+    return (s or "candidate")[:40].strip("-")
+
+
+class Loop:
+    def __init__(self, archive: Archive, opts: RunOptions, on_event: Event | None = None):
+        self.archive = archive
+        self.opts = opts
+        self.emit = on_event or (lambda e: None)
+        self.t0 = time.monotonic()
+        self.futures: dict[cf.Future, tuple[str, int]] = {}
+        self.stop_reason: str | None = None
+        self.executor = None
+        self._killed = False  # in-flight evaluations were stopped (wall-time budget): no new ones
+
+    # -- plan ----------------------------------------------------------------------------------
+    def _plan(self) -> RunRecord:
+        o, nodes = self.opts, self.archive.nodes()
+        rec = load_run(self.archive)
+        base = self.archive.config()
+        if o.resume:
+            if rec is None:
+                raise PoiseError("nothing to resume: no `poise-git run` has started in this archive")
+            plan = dict(rec.data["plan"])
+            for k in _PLAN_KEYS:
+                if getattr(o, k) is not None:
+                    plan[k] = getattr(o, k)
+            exp = dataclasses.replace(base.experiment, **rec.data.get("experiment", {}))
+            budget = Budget.from_dict(rec.data.get("budget")).merged(o.budget)
+        else:
+            rid = new_run_id()
+            plan = {k: getattr(o, k) for k in _PLAN_KEYS}
+            plan.update(start_round=last_round(nodes) + 1)
+            exp, budget = base.experiment, o.budget
+            rec = RunRecord({"id": rid, "selections": {}, "done": {}, "usage": {}, "started": time.time()}, rec.commit if rec else None)
+        exp = obj.with_objective(exp, o.objective, o.directive)
+        defaults = {"rounds": 1, "parents": base.select.k, "population": base.propose.population, "seeds": base.evaluation.seeds,
+                    "proposer": base.propose.proposer, "backend": base.evaluation.backend, "preset": base.proxy.preset,
+                    "eval_timeout_s": base.evaluation.timeout_s, "seed": base.select.seed, "gpus_per_eval": 1.0}
+        plan = {k: (plan.get(k) if plan.get(k) is not None else defaults.get(k)) for k in (*_PLAN_KEYS, "start_round")}
+        for k in ("rounds", "parents", "population", "seeds"):
+            if int(plan[k]) < 1:
+                raise PoiseError(f"--{k} must be >= 1, got {plan[k]}")
+        self.cfg = dataclasses.replace(
+            base, experiment=exp,
+            evaluation=dataclasses.replace(base.evaluation, backend=plan["backend"], seeds=int(plan["seeds"]), timeout_s=float(plan["eval_timeout_s"])),
+            proxy=dataclasses.replace(base.proxy, preset=plan["preset"]),
+            select=dataclasses.replace(base.select, k=int(plan["parents"]), seed=int(plan["seed"])),
+            propose=dataclasses.replace(base.propose, proposer=plan["proposer"], population=int(plan["population"])))
+        validate(self.cfg)
+        rec.data.update(plan=plan, experiment=dataclasses.asdict(exp), budget=budget.to_dict(), status="running", stop_reason=None)
+        self.plan, self.budget, self.rec = plan, budget, rec
+        self.prior_wall = float(rec.data.get("usage", {}).get("wall_s", 0.0))
+        self.prior_llm = (int(rec.data.get("usage", {}).get("tokens", 0)), float(rec.data.get("usage", {}).get("cost_usd", 0.0)))
+        self.llm = None
+        if plan["proposer"] == "llm" or o.replay:
+            from engine.llm import make_client
+
+            self.llm = make_client(self.cfg, self.archive, replay=o.replay)
+        return save_run(self.archive, rec, f"poise: run {rec.id} {'resumed' if o.resume else 'started'}")
+
+    # -- budgets -------------------------------------------------------------------------------
+    def usage(self, nodes=None) -> Usage:
+        nodes = nodes if nodes is not None else self.archive.nodes()
+        mine = run_nodes(nodes, self.rec.id)
+        tok, cost = _llm_usage(self.llm)
+        u = Usage(candidates=len(mine), wall_s=self.prior_wall + time.monotonic() - self.t0,
+                  tokens=self.prior_llm[0] + tok, cost_usd=self.prior_llm[1] + cost)
+        gpus = float(self.plan["gpus_per_eval"])
+        for n in mine.values():
+            r = n.results or {}
+            devices = gpus if r.get("backend") == "verl" else len(r.get("seeds") or [1])
+            u.device_hours += float(r.get("wall_time_s") or 0.0) * devices / 3600.0
+        return u
+
+    def _check_budget(self) -> bool:
+        if self.stop_reason is None:
+            self.stop_reason = exhausted(self.budget, self.usage())
+        return self.stop_reason is None
+
+    def _save(self, subject: str) -> None:
+        self.rec.data["usage"] = self.usage().to_dict()
+        save_run(self.archive, self.rec, subject)
+
+    # -- the run -------------------------------------------------------------------------------
+    def run(self) -> RunSummary:
+        self._plan()
+        p = self.plan
+        first, last = int(p["start_round"]), int(p["start_round"]) + int(p["rounds"]) - 1
+        workers = self.opts.workers or max(1, (os.cpu_count() or 1) // int(p["seeds"]))
+        self.emit({"kind": "plan", "run": self.rec.id, "first": first, "last": last, "parents": p["parents"],
+                   "population": p["population"], "seeds": p["seeds"], "budget": self.budget.describe(),
+                   "objective": obj.describe(self.cfg.experiment), "workers": workers, "ray": self.opts.ray or "",
+                   "resume": self.opts.resume, "done": sum(1 for n in run_nodes(self.archive.nodes(), self.rec.id).values()
+                                                           if n.status in ("evaluated", "failed", "rejected"))})
+        self.executor = make_executor(workers, self.opts.ray, float(p["gpus_per_eval"]) if p["backend"] == "verl" else 0.0, int(p["seeds"]))
+        try:
+            self._finish_pending(resuming=True)
+            # the round in progress: from the children's Poise-Round trailers and the recorded selection
+            r = max(first, int(self.rec.data.get("round") or first), last_round(run_nodes(self.archive.nodes(), self.rec.id)))
+            while r <= last and self._check_budget():
+                self._round(r)
+                if self.stop_reason:
+                    break
+                self.rec.data["completed_round"] = r
+                r += 1
+                self._save(f"poise: run {self.rec.id} round {r - 1} done")
+            if self.stop_reason is None:
+                self.stop_reason = f"finished {last - first + 1} round(s)"
+                self.rec.data["status"] = "finished"
+            else:
+                self.rec.data["status"] = "stopped"
+        except BaseException as exc:
+            self.stop_reason = f"interrupted ({type(exc).__name__}); `poise-git run --resume` continues"
+            self.rec.data["status"] = "stopped"
+            self.executor.shutdown(kill=True)
+            self.rec.data["stop_reason"] = self.stop_reason
+            self._save(f"poise: run {self.rec.id} stopped")
+            raise
+        self.executor.shutdown(kill=False)
+        self.rec.data["stop_reason"] = self.stop_reason
+        self._save(f"poise: run {self.rec.id} {self.rec.data['status']}")
+        self.emit({"kind": "stop", "reason": self.stop_reason})
+        return self._summary(first, last)
+
+    def _round(self, r: int) -> None:
+        sel = self.rec.data["selections"].get(str(r))
+        if sel is None:
+            self.emit({"kind": "stage", "round": r, "stage": "select", "node": ""})
+            from engine.select import select_parents
+
+            s = select_parents(self.archive, self.cfg, k=int(self.plan["parents"]), seed=int(self.plan["seed"]) + r)
+            if not s.chosen:
+                self.stop_reason = "no node can be a parent (nothing evaluated successfully)"
+                return
+            scores = {row["node"]: row.get("score") for row in s.rows}
+            sel = [{"node": c, "rank": i + 1, "score": scores.get(c)} for i, c in enumerate(s.chosen)]
+            self.rec.data["selections"][str(r)] = sel
+            self.rec.data["round"] = r
+            self._save(f"poise: run {self.rec.id} round {r} selected {', '.join(s.chosen)}")
+            self.emit({"kind": "round", "round": r, "parents": len(sel), "planned": int(self.plan["parents"])})
+            self.emit({"kind": "log", "msg": f"round {r}: parents " + ", ".join(f"{e['node']} (s={_f(e['score'])})" for e in sel)})
+        done = self.rec.data["done"].setdefault(str(r), [])
+        for entry in sel:
+            if entry["node"] in done:
+                continue
+            self._expand(r, entry)
+            if self.stop_reason:
+                break
+            done.append(entry["node"])
+            self._save(f"poise: run {self.rec.id} round {r} parent {entry['node']} expanded")
+        self._drain(block=True)
+        if not self.stop_reason:
+            self._finish_pending(resuming=False)
+
+    def _expand(self, r: int, entry: dict) -> None:
+        """Bring ``entry``'s parent to N children this round; screening may return fewer proposals than
+        asked, so the proposer is asked again (new seed) up to PROPOSE_ATTEMPTS times."""
+        parent = entry["node"]
+        for attempt in range(PROPOSE_ATTEMPTS):
+            nodes = self.archive.nodes()
+            have = [n for n in run_nodes(nodes, self.rec.id).values() if node_round(n) == r and parent in n.parents]
+            need = int(self.plan["population"]) - len(have)
+            if need <= 0 or not self._check_budget():
+                return
+            self.emit({"kind": "stage", "round": r, "stage": "propose", "node": parent})
+            seed = int(self.plan["seed"]) * 100_000 + r * 1000 + len(have) * 10 + attempt
+            self._implement_all(r, entry, self._propose(parent, need, seed)[:need])
+            if self.stop_reason:
+                return
+
+    def _propose(self, parent: str, n: int, seed: int) -> list:
+        from engine.propose import propose
+
+        try:
+            return propose(self.archive, parent, self.cfg, n=n, proposer=self.plan["proposer"], seed=seed, **self._llm_kw())
+        except PoiseError as exc:
+            self.emit({"kind": "log", "msg": f"{parent}: proposal failed: {exc}"})
+            return []
+
+    def _implement_all(self, r: int, entry: dict, proposals: list) -> None:
+        from engine.implement import implement
+
+        parent = entry["node"]
+        for prop in proposals:
+            if not self._check_budget():
+                return
+            name = self._name(prop.name)
+            self.emit({"kind": "stage", "round": r, "stage": "implement", "node": name, "parent": parent})
+            trailers = {"Poise-Round": str(r), "Poise-Selection-Rank": str(entry["rank"]),
+                        "Poise-Selection-Score": _f(entry["score"]), "Poise-Proposer": str(prop.proposer or self.plan["proposer"]),
+                        "Poise-Run": self.rec.id}
+            try:
+                node = implement(self.archive, parent, prop, self.cfg, name=name, trailers=trailers, **self._llm_kw())
+            except PoiseError as exc:
+                self.emit({"kind": "log", "msg": f"{name}: not implemented: {exc}"})
+                continue
+            self.emit({"kind": "node", "node": node.name, "status": node.status, "round": r, "parent": parent,
+                       "reason": node.trailer("Poise-Reason") or ""})
+            if node.status == "verified":
+                self._submit(node.name, r)
+            self._drain(block=False)
+
+    def _llm_kw(self) -> dict:
+        return {"llm": self.llm} if self.llm is not None else {}
+
+    def _name(self, proposal_name: str) -> str:
+        base, i = _slug(proposal_name), 1
+        name = base
+        while self.archive.exists(name):
+            i += 1
+            name = f"{base}-{i}"
+        return name
+
+    # -- evaluation, reflection, recovery ------------------------------------------------------
+    def _submit(self, name: str, r: int | None) -> None:
+        if self._killed:
+            return  # left verified / evaluating: `--resume` evaluates it
+        p = self.plan
+        job = EvalJob(str(self.archive.path), name, p["backend"], int(p["seeds"]), p["preset"], float(p["eval_timeout_s"]),
+                      tags={"poise.round": str(r), "poise.run": self.rec.id})
+        self.emit({"kind": "stage", "round": r, "stage": "evaluate", "node": name})
+        self.futures[self.executor.submit(job)] = (name, r)
+
+    def _drain(self, block: bool) -> None:
+        """Collect finished evaluations (all of them when ``block``), reflect on each."""
+        while self.futures:
+            done, _ = cf.wait(list(self.futures), timeout=1.0 if block else 0, return_when=cf.FIRST_COMPLETED)
+            for fut in done:
+                name, r = self.futures.pop(fut)
+                try:
+                    out: EvalOutcome = fut.result()
+                except Exception as exc:  # the executor itself failed: the node stays pending for --resume
+                    self.emit({"kind": "log", "msg": f"{name}: evaluation error {type(exc).__name__}: {exc}"})
+                    continue
+                if out.status != STOPPED:
+                    self._after_eval(out, r)
+            if not block:
+                return
+            self.emit({"kind": "tick", "elapsed": time.monotonic() - self.t0})
+            if self.budget.wall_s is not None and self.usage().wall_s >= self.budget.wall_s:
+                self.stop_reason = exhausted(self.budget, self.usage())
+                left = [n for n, _ in self.futures.values()]
+                self._killed = True
+                self.executor.shutdown(kill=True)
+                self.futures.clear()
+                self.emit({"kind": "log", "msg": f"stopped {len(left)} evaluation(s) in flight ({', '.join(left)}); `--resume` finishes them"})
+                return
+
+    def _after_eval(self, out: EvalOutcome, r: int | None) -> None:
+        nodes = self.archive.nodes()
+        node = nodes.get(out.node)
+        parent = nodes.get(node.parent) if node is not None and node.parent else None
+        verdict = obj.promotion(node, parent, self.cfg.experiment) if parent is not None else ""
+        u = obj.node_utility(node, self.cfg.experiment)
+        self.emit({"kind": "node", "node": out.node, "status": out.status, "round": r, "utility": u, "verdict": verdict,
+                   "parent": parent.name if parent is not None else "", "reason": out.reason, "wall_s": out.wall_s})
+        if out.status == "evaluated" and node is not None and node.parents:
+            self._reflect(out.node, r)
+        best = obj.best_node(nodes, self.cfg.experiment)
+        if best:
+            self.emit({"kind": "best", "node": best, "utility": obj.node_utility(nodes[best], self.cfg.experiment)})
+
+    def _reflect(self, name: str, r: int | None) -> None:
+        from engine.reflect import reflect_node
+
+        self.emit({"kind": "stage", "round": r, "stage": "reflect", "node": name})
+        try:
+            reflect_node(self.archive, name, self.cfg, llm=self.llm)
+        except PoiseError as exc:
+            self.emit({"kind": "log", "msg": f"{name}: reflection failed: {exc}"})
+
+    def _finish_pending(self, resuming: bool) -> None:
+        nodes = self.archive.nodes()
+        todo = pending_work(self.archive, nodes)
+        if not todo:
+            return
+        if resuming:
+            self.emit({"kind": "log", "msg": f"finishing {todo.count()} pending node(s): verify {todo.verify}, evaluate {todo.evaluate}, reflect {todo.reflect}"})
+        for name in todo.verify:
+            from engine.verify import verify_node
+
+            self.emit({"kind": "stage", "round": node_round(nodes[name]), "stage": "verify", "node": name})
+            res = verify_node(self.archive, name, self.cfg)
+            status = self.archive.node(name).status
+            self.emit({"kind": "node", "node": name, "status": status, "round": node_round(nodes[name]), "reason": "" if res.ok else res.reason})
+            if status == "verified":
+                todo.evaluate.append(name)
+        if todo.evaluate and resuming:
+            _close_dangling_runs(self.archive, todo.evaluate)
+        for name in todo.evaluate:
+            self._submit(name, node_round(nodes[name]) if name in nodes else None)
+        self._drain(block=True)
+        for name in todo.reflect:
+            self._reflect(name, node_round(nodes[name]))
+
+    def _summary(self, first: int, last: int) -> RunSummary:
+        nodes = self.archive.nodes()
+        exp = self.cfg.experiment
+        best = obj.best_node(nodes, exp)
+        root = nodes.get(ROOT_NAME) or next((n for n in nodes.values() if not n.parents), None)
+        mine = run_nodes(nodes, self.rec.id)
+        counts = {s: sum(1 for n in mine.values() if n.status == s) for s in ("evaluated", "failed", "rejected", "verified", "spawned", "evaluating")}
+        cand = obj.best_node({k: n for k, n in nodes.items() if n.parents}, exp)
+        return RunSummary(self.rec.id, (first, last), self.stop_reason or "", best,
+                          obj.node_utility(nodes[best], exp) if best else None,
+                          cand, obj.node_utility(nodes[cand], exp) if cand else None, obj.node_utility(root, exp),
+                          counts, self.usage(nodes).to_dict(), obj.describe(exp))
+
+
+def _f(v: Any) -> str:
+    return "—" if v is None else f"{float(v):.4g}"
+
+
+def _llm_usage(llm) -> tuple[int, float]:
+    """(tokens, USD) the run's LLM client has spent in this process."""
+    u = getattr(llm, "usage", None)
+    if u is None:
+        return 0, 0.0
+    return int(u.prompt_tokens + u.completion_tokens), float(u.cost_usd)
+
+
+def _close_dangling_runs(archive: Archive, names: list[str]) -> None:
+    """MLflow runs a killed evaluation left RUNNING are marked KILLED, so none is counted twice."""
+    from engine.tracking import MLFLOW_DB
+
+    if not os.environ.get("MLFLOW_TRACKING_URI") and not (archive.path / MLFLOW_DB).exists():
+        return
+    try:
+        from engine.tracking import find_runs
+        import mlflow
+
+        client = mlflow.MlflowClient()
+        for name in names:
+            for run in find_runs(archive, name):
+                if run.info.status == "RUNNING":
+                    client.set_terminated(run.info.run_id, "KILLED")
+    except Exception:  # tracking is best effort here; the node's own state is in git
+        pass

@@ -1,0 +1,136 @@
+"""The experiment's objective as the loop and the report use it: utility, its interval, noise-aware
+promotion, the Pareto front, and the ``--objective`` syntax.
+
+U(y) = y[objective] - length_penalty * y[mean_length] (``engine.config.utility``). Its 95% interval is the
+objective's interval shifted by the same length term (the length is treated as known).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Iterable, Mapping
+
+from engine.config import ExperimentConfig, utility
+from engine.errors import ConfigError
+
+_METRIC = r"[A-Za-z_][A-Za-z0-9_@/.:-]*"
+_PENALIZED = re.compile(rf"^\s*({_METRIC})\s*-\s*([0-9.eE+-]+)\s*\*\s*mean_length\s*$")
+_PARETO = re.compile(r"^\s*pareto\s*\((.*)\)\s*$")
+
+BETTER, WORSE, WITHIN, UNRESOLVED, NOT_EVALUATED = "better", "worse", "within noise", "no interval", "not evaluated"
+
+
+def parse_objective(text: str) -> dict[str, Any]:
+    """``overall`` | ``overall - 0.002*mean_length`` | ``pareto(overall, -mean_length)`` -> the
+    ExperimentConfig fields it sets (``objective``, ``length_penalty``, ``pareto_objectives``)."""
+    text = (text or "").strip()
+    if not text:
+        raise ConfigError("--objective is empty")
+    m = _PARETO.match(text)
+    if m:
+        metrics = tuple(p.strip() for p in m.group(1).split(",") if p.strip())
+        if len(metrics) < 2 or not all(re.fullmatch(rf"-?{_METRIC}", p) for p in metrics):
+            raise ConfigError(f"--objective {text!r}: pareto(...) needs two or more metric names, e.g. pareto(overall, -mean_length)")
+        first = next(p for p in metrics if not p.startswith("-")) if any(not p.startswith("-") for p in metrics) else "overall"
+        return {"objective": first, "pareto_objectives": metrics}
+    m = _PENALIZED.match(text)
+    if m:
+        try:
+            lam = float(m.group(2))
+        except ValueError:
+            raise ConfigError(f"--objective {text!r}: bad length penalty {m.group(2)!r}") from None
+        if lam < 0:
+            raise ConfigError(f"--objective {text!r}: the length penalty must be >= 0")
+        return {"objective": m.group(1), "length_penalty": lam}
+    if re.fullmatch(_METRIC, text):
+        return {"objective": text}
+    raise ConfigError(f"--objective {text!r} not understood; use METRIC, 'METRIC - L*mean_length' or 'pareto(M1, -M2)'")
+
+
+def with_objective(exp: ExperimentConfig, text: str | None = None, directive: str | None = None) -> ExperimentConfig:
+    changes: dict[str, Any] = parse_objective(text) if text else {}
+    if directive is not None:
+        changes["directive"] = directive
+    return dataclasses.replace(exp, **changes) if changes else exp
+
+
+def describe(exp: ExperimentConfig) -> str:
+    """A one-line statement of the objective, e.g. ``maximize overall - 0.002*mean_length``."""
+    s = f"maximize {exp.objective}" + (f" - {exp.length_penalty:g}*mean_length" if exp.length_penalty else "")
+    if exp.pareto_objectives:
+        s += f"; Pareto over ({', '.join(exp.pareto_objectives)})"
+    return s
+
+
+def has_length_objective(exp: ExperimentConfig) -> bool:
+    return bool(exp.length_penalty) or any(p.lstrip("-") == "mean_length" for p in exp.pareto_objectives)
+
+
+def node_utility(node: Any, exp: ExperimentConfig) -> float | None:
+    if node is None or node.status != "evaluated" or not node.results:
+        return None
+    return utility(node.metrics, exp)
+
+
+def utility_interval(node: Any, exp: ExperimentConfig) -> tuple[float, float] | None:
+    """The 95% interval of U, from the objective's recorded interval; None when unknown."""
+    if node is None or not node.results:
+        return None
+    iv = (node.results.get("intervals") or {}).get(exp.objective)
+    if not iv or len(iv) != 2 or iv[0] is None or iv[1] is None:
+        return None
+    shift = 0.0
+    if exp.length_penalty and "mean_length" in node.metrics:
+        shift = exp.length_penalty * float(node.metrics["mean_length"])
+    return float(iv[0]) - shift, float(iv[1]) - shift
+
+
+def promotion(child: Any, parent: Any, exp: ExperimentConfig) -> str:
+    """Noise-aware comparison: ``better`` only when the child's interval lies wholly above the parent's,
+    ``worse`` when wholly below, else ``within noise``; ``no interval`` when either lacks one."""
+    if node_utility(child, exp) is None or node_utility(parent, exp) is None:
+        return NOT_EVALUATED
+    a, b = utility_interval(child, exp), utility_interval(parent, exp)
+    if a is None or b is None:
+        return UNRESOLVED
+    if a[0] > b[1]:
+        return BETTER
+    if a[1] < b[0]:
+        return WORSE
+    return WITHIN
+
+
+def ranked(nodes: Mapping[str, Any], exp: ExperimentConfig) -> list[tuple[str, float]]:
+    """Evaluated nodes by utility, best first."""
+    rows = [(name, node_utility(n, exp)) for name, n in nodes.items()]
+    return sorted(((k, u) for k, u in rows if u is not None), key=lambda kv: -kv[1])
+
+
+def best_node(nodes: Mapping[str, Any], exp: ExperimentConfig) -> str | None:
+    r = ranked(nodes, exp)
+    return r[0][0] if r else None
+
+
+def pareto_front(points: Mapping[str, Iterable[float]]) -> set[str]:
+    """Names of the non-dominated points (every coordinate maximized)."""
+    pts = {k: tuple(v) for k, v in points.items()}
+    front = set()
+    for k, p in pts.items():
+        dominated = any(all(x >= y for x, y in zip(q, p)) and any(x > y for x, y in zip(q, p)) for j, q in pts.items() if j != k)
+        if not dominated:
+            front.add(k)
+    return front
+
+
+def objective_vector(node: Any, exp: ExperimentConfig) -> tuple[float, ...] | None:
+    """The node's metric vector under ``pareto_objectives`` (signs flipped so that larger is better)."""
+    names = exp.pareto_objectives or (exp.objective,)
+    m = node.metrics if node is not None and node.status == "evaluated" else {}
+    out = []
+    for p in names:
+        key = p.lstrip("-")
+        if key not in m:
+            return None
+        out.append(-float(m[key]) if p.startswith("-") else float(m[key]))
+    return tuple(out)

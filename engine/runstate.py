@@ -1,0 +1,127 @@
+"""What a run has done, read back from git — the only place it lives (besides MLflow).
+
+- Node state is the nodes' own trailers: ``Poise-Status``, ``Poise-Round``, ``Poise-Run``. The pending
+  work after a crash is derived from it: ``spawned`` -> verify; ``verified``/``evaluating`` without
+  results -> evaluate; ``evaluated`` without REFLECTION.md -> reflect.
+- The run's plan (rounds, parents, population, objective, budgets), each round's selection, the parents
+  whose proposals are done, and the usage so far are a small JSON record committed on the ref
+  ``refs/poise/run`` (one commit per update, compare-and-swap; ``git log refs/poise/run`` is the run's
+  history). It holds no node state, so it cannot disagree with the nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.archive import REFLECTION, ROOT_NAME, Archive, Node
+from engine.errors import PoiseError
+
+RUN_REF = "refs/poise/run"
+RUN_FILE = "run.json"
+
+
+class RunStateError(PoiseError):
+    """The run record cannot be read or was changed by another process."""
+
+
+@dataclass
+class RunRecord:
+    data: dict[str, Any]
+    commit: str | None = None
+
+    @property
+    def id(self) -> str:
+        return self.data["id"]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+
+def load_run(archive: Archive) -> RunRecord | None:
+    """The latest run record, or None when no run ever started in this archive."""
+    if not archive.git.ok("rev-parse", "--verify", "-q", RUN_REF):
+        return None
+    commit = archive.git.text("rev-parse", "--verify", RUN_REF).strip()
+    blob = archive.git.cat_blobs([f"{commit}:{RUN_FILE}"])[0]
+    if blob is None:
+        raise RunStateError(f"{RUN_REF} has no {RUN_FILE}; the run record is damaged")
+    try:
+        return RunRecord(json.loads(blob), commit)
+    except json.JSONDecodeError as exc:
+        raise RunStateError(f"{RUN_REF}:{RUN_FILE} is not valid JSON: {exc}") from None
+
+
+def save_run(archive: Archive, rec: RunRecord, subject: str) -> RunRecord:
+    """Commit the record on ``refs/poise/run`` (compare-and-swap against the commit it was read from)."""
+    text = json.dumps(rec.data, indent=2, sort_keys=True) + "\n"
+    oid = archive.git.write_blobs([text.encode()])[0]
+    tree = archive.git.write_tree({RUN_FILE: ("100644", oid)})
+    msg = f"{subject}\n\nPoise-Run: {rec.id}\nPoise-Event: run\n"
+    commit = archive.git.commit_tree(tree, [rec.commit] if rec.commit else [], msg)
+    if not archive.git.update_ref(RUN_REF, commit, rec.commit, f"poise run {rec.id}"):
+        raise RunStateError("another `poise-git run` is writing this archive (the run record moved); stop it first")
+    rec.commit = commit
+    return rec
+
+
+def new_run_id() -> str:
+    import secrets
+
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+def node_round(node: Node) -> int | None:
+    v = node.trailer("Poise-Round")
+    try:
+        return int(v) if v is not None else None
+    except ValueError:
+        return None
+
+
+def last_round(nodes: dict[str, Node]) -> int:
+    """The highest ``Poise-Round`` in the archive (0 when no loop ever spawned a child)."""
+    return max((r for r in (node_round(n) for n in nodes.values()) if r is not None), default=0)
+
+
+def run_nodes(nodes: dict[str, Node], run_id: str) -> dict[str, Node]:
+    return {k: n for k, n in nodes.items() if n.trailer("Poise-Run") == run_id}
+
+
+@dataclass
+class Pending:
+    """Work a crash left behind, by the stage that finishes it."""
+
+    verify: list[str] = field(default_factory=list)
+    evaluate: list[str] = field(default_factory=list)
+    reflect: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.verify or self.evaluate or self.reflect)
+
+    def count(self) -> int:
+        return len(self.verify) + len(self.evaluate) + len(self.reflect)
+
+
+def pending_work(archive: Archive, nodes: dict[str, Node]) -> Pending:
+    """Unfinished loop nodes (those with a ``Poise-Round``) and the root when it has no results."""
+    out = Pending()
+    ours = [n for n in nodes.values() if node_round(n) is not None or n.name == ROOT_NAME or not n.parents]
+    ours.sort(key=lambda n: (n.depth, n.created))
+    evaluated = []
+    for n in ours:
+        if n.status == "spawned":
+            if n.parents:
+                out.verify.append(n.name)
+            else:
+                out.evaluate.append(n.name)  # the root is the template: nothing to verify
+        elif n.status in ("verified", "evaluating") and n.results is None:
+            out.evaluate.append(n.name)
+        elif n.status == "evaluated" and n.parents:
+            evaluated.append(n)
+    if evaluated:
+        blobs = archive.git.cat_blobs([f"{n.commit}:{REFLECTION}" for n in evaluated])
+        out.reflect = [n.name for n, b in zip(evaluated, blobs) if b is None]
+    return out
