@@ -14,6 +14,13 @@ if [ ! -f "$stamp" ]; then
     "$VPY" -m pip install -q "torch==2.13.0" || "$VPY" -m pip install -q torch
   fi
   "$VPY" -m pip install -q -e ".[verl,dev]"
+  # Headless Chromium renders the HTML report in its test; installed only as root with apt
+  # (set POISE_NO_APT=1 to skip). Without it that one test skips with its reason.
+  if [ -z "${POISE_NO_APT:-}" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+     && ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+      || echo "poise-git: chromium could not be installed; the report render test will skip" >&2
+  fi
   rm -f .venv/.poise-setup-*
   touch "$stamp"
 fi

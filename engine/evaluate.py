@@ -98,9 +98,14 @@ def evaluate_node(archive, name: str, backend: str = "proxy", seeds: int | list[
     from trainer_template.proxy.protocol import PRESETS, get_protocol
 
     say = on_event or (lambda _msg: None)
+    if backend == "verl":
+        from engine.evaluate_verl import evaluate_node_verl
+
+        return evaluate_node_verl(archive, name, timeout_s=float(timeout_s or archive.config().evaluation.timeout_s),
+                                  tags=tags, on_event=on_event)
     if backend != "proxy":
-        raise EvaluationError(f"evaluate: backend {backend!r} is not available here; the built-in backend is 'proxy' "
-                              "(use --suite for benchmark scoring)")
+        raise EvaluationError(f"evaluate: unknown backend {backend!r}; use 'proxy' (CPU) or 'verl' (GPU), "
+                              "or --suite for benchmark scoring")
     cfg = archive.config()
     node = archive.node(name)
     preset = preset or cfg.proxy.preset

@@ -177,6 +177,7 @@ class Loop:
                 self.rec.data["completed_round"] = r
                 r += 1
                 self._save(f"poise: run {self.rec.id} round {r - 1} done")
+                self.archive.maintain()  # plumbing never auto-gcs: pack refs and objects between rounds
             if self.stop_reason is None:
                 self.stop_reason = f"finished {last - first + 1} round(s)"
                 self.rec.data["status"] = "finished"
