@@ -42,7 +42,7 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"
 LOSS_KNOBS = ("clip", "loss_agg", "kl", "entropy")
 DEFAULT_SPEC: dict[str, Any] = {
     "baseline": "group_mean", "scale": "group_std", "invalid": "none", "all_fail": "none", "length": "none",
-    "adv_clip": "none", "hp": {"eps": 1e-6, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2,
+    "adv_clip": "none", "hp": {"eps": 1e-6, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0,
                                "loss_agg_mode": "token-mean", "kl_coef": 0.0, "kl_type": "low_var_kl", "entropy_coef": 0.0},
 }
 _DOCS = {
@@ -53,6 +53,7 @@ _DOCS = {
     "length_lambda": "exponent of the length ratio scaling negative advantages",
     "length_coef": "weight of the centred length penalty", "adv_clip": "advantages are clipped to [-adv_clip, adv_clip]",
     "clip_ratio_low": "PPO clip epsilon below 1", "clip_ratio_high": "PPO clip epsilon above 1",
+    "clip_ratio_c": "dual-clip bound for negative advantages (verl's clip_ratio_c)",
     "loss_agg_mode": "token-mean | seq-mean-token-mean | seq-mean-token-sum-norm",
     "kl_coef": "weight of the KL-to-reference loss term (0 disables it)", "kl_type": "k1 | k2 | k3 | low_var_kl",
     "entropy_coef": "weight of the entropy bonus (subtracted from the loss)",
@@ -98,34 +99,19 @@ _LENGTH = {
 }
 _CLIP = {"none": ("", []), "clip": ("clipped", ["adv = adv.clamp(-cfg.adv_clip, cfg.adv_clip)"])}
 
-POLICY_LOSS = '''\
-def policy_loss(
-    log_prob: torch.Tensor,
-    old_log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    cfg: Hyperparameters,
-    ref_log_prob: torch.Tensor | None = None,
-    entropy: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO-clip loss. log_prob, old_log_prob, advantages, response_mask, entropy: [B, T]; returns a scalar."""
-    pg_losses, clipped = ppo_clip_loss(log_prob, old_log_prob, advantages, cfg.clip_ratio_low, cfg.clip_ratio_high)
-    loss = agg_loss(pg_losses, response_mask, cfg.loss_agg_mode)
-    mask = response_mask.to(log_prob.dtype)
-    metrics = {
-        "pg_loss": float(loss.detach()),
-        "pg_clipfrac": float((clipped.to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1.0)),
-    }
-    if cfg.kl_coef > 0 and ref_log_prob is not None:
-        kl = agg_loss(kl_penalty(log_prob, ref_log_prob, cfg.kl_type), response_mask, cfg.loss_agg_mode)
-        loss = loss + cfg.kl_coef * kl
-        metrics["kl_loss"] = float(kl.detach())
-    if cfg.entropy_coef != 0 and entropy is not None:
-        ent = agg_loss(entropy, response_mask, cfg.loss_agg_mode)
-        loss = loss - cfg.entropy_coef * ent
-        metrics["entropy"] = float(ent.detach())
-    return loss, metrics
-'''
+
+def _root_policy_loss() -> str:
+    """The root's ``policy_loss`` (trainer_template/algorithm.py), verbatim: loss-side mechanisms are
+    expressed through the Hyperparameters it reads (clip ratios, aggregation, KL, entropy)."""
+    import ast
+
+    from trainer_template import ALGORITHM_FILE
+
+    src = ALGORITHM_FILE.read_text(encoding="utf-8")
+    for node in ast.parse(src).body:
+        if isinstance(node, ast.FunctionDef) and node.name == "policy_loss":
+            return "\n".join(src.splitlines()[node.lineno - 1 : node.end_lineno]) + "\n"
+    raise RuntimeError("trainer_template/algorithm.py has no policy_loss")
 
 
 def normalize(spec: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -178,7 +164,7 @@ def render(spec: Mapping[str, Any]) -> str:
     lines += ["", "", "def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:",
               f'    """Sequence-level advantages [B]. {doc}."""']
     lines += [f"    {ln}" for ln in body]
-    return "\n".join(lines) + "\n\n\n" + POLICY_LOSS
+    return "\n".join(lines) + "\n\n\n" + _root_policy_loss()
 
 
 def _literal(value: Any) -> cst.BaseExpression:
