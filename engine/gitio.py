@@ -137,23 +137,8 @@ class Git:
         return results
 
     def cat_blobs(self, specs: list[str]) -> list[bytes | None]:
-        """Read many objects (``rev:path`` or ids) in one ``cat-file --batch``; None where missing."""
-        if not specs:
-            return []
-        out = self.run("cat-file", "--batch", input=("\n".join(specs) + "\n").encode("utf-8"))
-        results: list[bytes | None] = []
-        pos = 0
-        for _ in specs:
-            nl = out.index(b"\n", pos)
-            header = out[pos:nl].decode("utf-8", "replace")
-            pos = nl + 1
-            if header.endswith(" missing") or header.endswith(" ambiguous"):
-                results.append(None)
-                continue
-            size = int(header.rsplit(" ", 1)[1])
-            results.append(out[pos : pos + size])
-            pos += size + 1
-        return results
+        """Read many objects' contents (``rev:path`` or ids) in one ``cat-file --batch``; None where missing."""
+        return [None if obj is None else obj[2] for obj in self.cat_objects(specs)]
 
     def update_ref(self, ref: str, new: str, old: str | None, message: str = "poise") -> bool:
         """Compare-and-swap ``ref`` from ``old`` (None: must not exist) to ``new``; False if lost."""

@@ -1,6 +1,6 @@
 """A real HTTP server on 127.0.0.1 speaking the OpenAI chat-completions protocol with scripted replies.
 
-Load it from a test with ``load_server_module()`` (tests/ is not a package). Each scripted item is a
+Tests import it as ``openai_server`` (pytest puts tests/ on the path; tests/ is not a package). Each scripted item is a
 reply text, a dict ``{"status": 429, "headers": {...}}`` (an error response), or a callable
 ``request -> text``; when the script is empty the ``default`` callable answers (or a 500).
 """

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
-import sys
-from pathlib import Path
 
+import openai_server  # tests/openai_server.py (tests/ is on pythonpath)
 import pytest
 
 from engine.config import LLMConfig
@@ -14,16 +12,6 @@ from engine.llm import LLM_REF_PREFIX, LLMClient, LLMError, recorded_calls
 
 SCHEMA = {"type": "object", "required": ["answer"], "properties": {"answer": {"type": "integer"}}}
 KEY = "sk-test-SECRET-0123456789abcdef"
-
-
-def server_module():
-    name = "poise_test_openai_server"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("openai_server.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
 
 
 def client(server, archive=None, replay=False, **kw):
@@ -42,7 +30,7 @@ MSGS = [{"role": "user", "content": "what is six times seven? reply as JSON"}]
 
 
 def test_malformed_reply_is_reasked():
-    S = server_module()
+    S = openai_server
     with S.ScriptedOpenAI(["this is not json", '{"answer": "forty-two"}', '```json\n{"answer": 42}\n```']) as srv:
         reply = client(srv).chat_json(MSGS, SCHEMA)
     assert reply.data == {"answer": 42}
@@ -54,7 +42,7 @@ def test_malformed_reply_is_reasked():
 
 
 def test_reask_is_bounded():
-    S = server_module()
+    S = openai_server
     with S.ScriptedOpenAI(["nope"] * 5) as srv:
         with pytest.raises(LLMError, match="malformed after 2 re-asks"):
             client(srv, reask=2).chat_json(MSGS, SCHEMA)
@@ -62,7 +50,7 @@ def test_reask_is_bounded():
 
 
 def test_429_then_success_is_retried():
-    S = server_module()
+    S = openai_server
     script = [{"status": 429, "headers": {"retry-after-ms": "20"}}, {"status": 503}, '{"answer": 42}']
     with S.ScriptedOpenAI(script) as srv:
         c = client(srv)
@@ -73,7 +61,7 @@ def test_429_then_success_is_retried():
 
 
 def test_persistent_5xx_gives_one_clear_error():
-    S = server_module()
+    S = openai_server
     with S.ScriptedOpenAI([{"status": 500}] * 10) as srv:
         with pytest.raises(LLMError, match="failed after 3 attempts"):
             client(srv, max_retries=2).chat(MSGS)
@@ -81,7 +69,7 @@ def test_persistent_5xx_gives_one_clear_error():
 
 
 def test_4xx_is_not_retried():
-    S = server_module()
+    S = openai_server
     with S.ScriptedOpenAI([{"status": 400, "message": "bad model"}, "ok"]) as srv:
         with pytest.raises(LLMError, match="refused"):
             client(srv).chat(MSGS)
@@ -89,7 +77,7 @@ def test_4xx_is_not_retried():
 
 
 def test_records_replay_and_secrecy(archive):
-    S = server_module()
+    S = openai_server
     with S.ScriptedOpenAI(['{"answer": 1}', '{"answer": 2}', "free text"]) as srv:
         c = client(srv, archive)
         a = c.chat_json(MSGS, SCHEMA, node="n1").data

@@ -3,12 +3,11 @@ proposer end to end with no network, the LLM proposer end to end, and --replay w
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
-import sys
 from pathlib import Path
 
+import openai_server  # tests/openai_server.py (tests/ is on pythonpath)
 import pytest
 
 from engine.archive import Archive
@@ -51,16 +50,6 @@ def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tenso
 '''
 LLM_TOML = ('[propose]\nproposer = "llm"\npopulation = 2\n[llm]\nmodel = "gpt-4o-mini"\napi_key_env = "POISE_TEST_KEY"\n'
             '[experiment]\ndirective = "cut mean response length by a quarter without losing Overall"\n')
-
-
-def server_module():
-    name = "poise_test_openai_server"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("openai_server.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
 
 
 def prop(name, edit, **kw):
@@ -152,7 +141,7 @@ def test_offline_proposer_needs_no_network(tmp_path, cli):
 
 
 def test_llm_proposal_to_verified_node_and_replay(tmp_path, cli):
-    S = server_module()
+    S = openai_server
     toml = tmp_path / "poise.toml"
     toml.write_text(LLM_TOML)
     exp = tmp_path / "exp"

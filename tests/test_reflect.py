@@ -3,10 +3,8 @@ OpenAI-protocol server, REFLECTION.md committed, and the text logged to the node
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
+import openai_server  # tests/openai_server.py (tests/ is on pythonpath)
 import pytest
 
 from engine.config import LLMConfig
@@ -23,16 +21,6 @@ SICK = {"step": STEPS, "train/entropy": [1.0, 0.8, 0.5, 0.3, 0.2, 0.1, 0.08, 0.0
         "train/reward_mean": [0.1, 0.3, 0.4, 0.45, 0.46, 0.46, 0.46, 0.46, 0.465, 0.46],
         "train/response_length": [200, 230, 260, 300, 340, 380, 400, 420, 430, 440],
         "train/valid_rate": [0.95, 0.9, 0.85, 0.8, 0.78, 0.76, 0.75, 0.74, 0.73, 0.72]}
-
-
-def server_module():
-    name = "poise_test_openai_server"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("openai_server.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
 
 
 def results(overall, lo, hi, traj, valid=0.9, length=200.0, run_ids=()):
@@ -82,7 +70,7 @@ def test_llm_narrative_and_mlflow(archive, monkeypatch, tmp_path):
     with node_run(archive, "kid") as run:
         run_id = run.info.run_id
     archive.record_results("kid", results(0.40, 0.37, 0.43, SICK, run_ids=[run_id]))
-    S = server_module()
+    S = openai_server
     with S.ScriptedOpenAI(["The helper doubles the scale, which sharpens updates and collapses entropy."]) as srv:
         llm = LLMClient(LLMConfig(base_url=srv.base_url, api_key_env="POISE_TEST_KEY"), archive)
         text = reflect_node(archive, "kid", archive.config(), llm=llm)

@@ -3,10 +3,9 @@ like generated ones, and the bounded correction loop driven by a scripted OpenAI
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
+
+import openai_server  # tests/openai_server.py (tests/ is on pythonpath)
 
 from engine.archive import Archive
 
@@ -26,16 +25,6 @@ def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tenso
 OS_EDIT = "import os\n\n\n" + GOOD_EDIT
 LOOP_EDIT = GOOD_EDIT.replace('    scores = batch', '    while True:\n        pass\n    scores = batch')
 ALLOC_EDIT = GOOD_EDIT.replace('    scores = batch', '    chunks = []\n    while True:\n        chunks.append(torch.empty(2 ** 26))\n    scores = batch')
-
-
-def server_module():
-    name = "poise_test_openai_server"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("openai_server.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
 
 
 def test_verify_command_commits_the_suite(archive, cli):
@@ -78,7 +67,7 @@ def test_hand_written_edit_is_verified_like_a_generated_one(archive, cli, tmp_pa
 
 
 def test_correction_loop_rejects_hostile_code_and_the_engine_keeps_running(tmp_path, cli):
-    S = server_module()
+    S = openai_server
     toml = tmp_path / "poise.toml"
     toml.write_text('[propose]\nproposer = "llm"\ncorrection_rounds = 4\npopulation = 1\n'
                     '[llm]\nmodel = "gpt-4o-mini"\napi_key_env = "POISE_TEST_KEY"\n')
@@ -111,7 +100,7 @@ def test_endpoint_lost_during_correction_still_archives_the_reason(archive):
     from engine.llm import LLMClient
     from engine.propose import Proposal
 
-    S = server_module()
+    S = openai_server
     with S.ScriptedOpenAI([{"status": 500}] * 5) as srv:
         llm = LLMClient(LLMConfig(base_url=srv.base_url, max_retries=1, api_key_env="POISE_NO_SUCH_KEY"), archive, backoff_s=0.01)
         p = Proposal(name="sneaky", motivation="m", mechanism="m", expected_effect="e", edit=OS_EDIT, proposer="llm")
