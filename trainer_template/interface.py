@@ -71,26 +71,82 @@ class RolloutBatch:
         return int(self.rewards.shape[0])
 
 
-@dataclass
 class GroupStats:
     """Per-sample views of per-group statistics (every field is [B], gathered at each sample's group).
 
     count: members of the group that pass the mask; sum/mean/var/std over those members (population
     variance, i.e. divided by count; 0 where count < 1); min/max over masked members (0 where none);
     loo_mean: leave-one-out mean of the *other* masked members (the sample itself excluded when it is
-    masked in; 0 where no other member exists). ``index`` is the dense group index [B] in [0, n_groups).
+    masked in; 0 where no other member exists). ``index`` is the group index [B] in [0, n_slots);
+    ``n_groups`` the number of distinct groups. Each statistic is computed on first access only.
     """
 
-    index: Tensor
-    n_groups: int
-    count: Tensor
-    sum: Tensor
-    mean: Tensor
-    var: Tensor
-    std: Tensor
-    min: Tensor
-    max: Tensor
-    loo_mean: Tensor
+    def __init__(self, values: Tensor, index: Tensor, n_slots: int, mask: Tensor):
+        self.index = index
+        self._values, self._mask, self._mf = values, mask, mask.to(values.dtype)
+        self._zeros = torch.zeros(n_slots, dtype=values.dtype, device=values.device)
+        self._count_g = self._zeros.clone().index_add_(0, index, self._mf)
+        self._sum_g = self._zeros.clone().index_add_(0, index, values * self._mf)
+        self._mean_g = torch.where(self._count_g > 0, self._sum_g / self._count_g.clamp(min=1.0), self._zeros)
+        self._cache: dict[str, Tensor] = {}
+
+    def _get(self, key: str, fn) -> Tensor:
+        if key not in self._cache:
+            self._cache[key] = fn()
+        return self._cache[key]
+
+    @property
+    def n_groups(self) -> int:
+        return int(torch.unique(self.index).numel())
+
+    @property
+    def count(self) -> Tensor:
+        return self._get("count", lambda: self._count_g[self.index])
+
+    @property
+    def sum(self) -> Tensor:
+        return self._get("sum", lambda: self._sum_g[self.index])
+
+    @property
+    def mean(self) -> Tensor:
+        return self._get("mean", lambda: self._mean_g[self.index])
+
+    @property
+    def var(self) -> Tensor:
+        def compute() -> Tensor:
+            dev = (self._values - self.mean) * self._mf
+            ss = self._zeros.clone().index_add_(0, self.index, dev * dev)
+            return torch.where(self._count_g > 0, ss / self._count_g.clamp(min=1.0), self._zeros)[self.index]
+
+        return self._get("var", compute)
+
+    @property
+    def std(self) -> Tensor:
+        return self._get("std", lambda: self.var.clamp(min=0).sqrt())
+
+    def _extreme(self, reduce: str) -> Tensor:
+        big = torch.finfo(self._values.dtype).max
+        fill = big if reduce == "amin" else -big
+        src = torch.where(self._mask, self._values, torch.full_like(self._values, fill))
+        out = self._zeros.clone().fill_(fill).scatter_reduce(0, self.index, src, reduce)
+        return torch.where(self._count_g > 0, out, self._zeros)[self.index]
+
+    @property
+    def min(self) -> Tensor:
+        return self._get("min", lambda: self._extreme("amin"))
+
+    @property
+    def max(self) -> Tensor:
+        return self._get("max", lambda: self._extreme("amax"))
+
+    @property
+    def loo_mean(self) -> Tensor:
+        def compute() -> Tensor:
+            others = self.count - self._mf
+            loo = (self.sum - self._values * self._mf) / others.clamp(min=1.0)
+            return torch.where(others > 0, loo, torch.zeros_like(self._values))
+
+        return self._get("loo_mean", compute)
 
     def unbiased_std(self) -> Tensor:
         """Sample standard deviation (divided by count - 1), as torch.std; 0 for count < 2."""
@@ -102,41 +158,20 @@ class GroupStats:
 def group_stats(values: Tensor, group: Tensor, mask: Optional[Tensor] = None) -> GroupStats:
     """Vectorized group statistics of ``values`` [B] over ``group`` ids [B] (no Python loop over groups).
 
-    ``mask`` [B] bool selects the members that enter the statistics (default: all). Uses
-    ``torch.unique(return_inverse=True)`` + ``index_add_`` / ``scatter_reduce``; O(B).
+    ``mask`` [B] bool selects the members that enter the statistics (default: all). Dense non-negative
+    ids (< B, as the harnesses pass) index the statistics directly; any other ids go through
+    ``torch.unique(return_inverse=True)``. ``index_add_`` / ``scatter_reduce``; O(B).
     """
     values = values.to(torch.float32) if not torch.is_floating_point(values) else values
-    idx_u, index = torch.unique(group, return_inverse=True)
-    g = int(idx_u.numel())
+    n = values.shape[0]
+    group = group.reshape(-1)
+    if n and not torch.is_floating_point(group) and bool((group >= 0).all()) and int(group.max()) < n:
+        index, slots = group.to(torch.long), n
+    else:
+        _, index = torch.unique(group, return_inverse=True)
+        slots = max(n, 1)
     m = torch.ones_like(values, dtype=torch.bool) if mask is None else mask.to(torch.bool)
-    mf = m.to(values.dtype)
-    zeros = torch.zeros(g, dtype=values.dtype, device=values.device)
-    count = zeros.clone().index_add_(0, index, mf)
-    total = zeros.clone().index_add_(0, index, values * mf)
-    safe = count.clamp(min=1.0)
-    mean = torch.where(count > 0, total / safe, zeros)
-    dev = (values - mean[index]) * mf
-    var = torch.where(count > 0, zeros.clone().index_add_(0, index, dev * dev) / safe, zeros)
-    big = torch.finfo(values.dtype).max
-    vmin = zeros.clone().fill_(big).scatter_reduce(0, index, torch.where(m, values, torch.full_like(values, big)), "amin")
-    vmax = zeros.clone().fill_(-big).scatter_reduce(0, index, torch.where(m, values, torch.full_like(values, -big)), "amax")
-    vmin = torch.where(count > 0, vmin, zeros)
-    vmax = torch.where(count > 0, vmax, zeros)
-    c_i = count[index]
-    others = c_i - mf
-    loo = torch.where(others > 0, (total[index] - values * mf) / others.clamp(min=1.0), torch.zeros_like(values))
-    return GroupStats(
-        index=index,
-        n_groups=g,
-        count=c_i,
-        sum=total[index],
-        mean=mean[index],
-        var=var[index],
-        std=var[index].clamp(min=0).sqrt(),
-        min=vmin[index],
-        max=vmax[index],
-        loo_mean=loo,
-    )
+    return GroupStats(values, index, slots, m)
 
 
 def masked_mean(x: Tensor, mask: Tensor, dim: Optional[int] = None) -> Tensor:
