@@ -8,6 +8,8 @@ through the archive's LibCST spawn. :func:`set_defaults` rewrites dataclass defa
 
 from __future__ import annotations
 
+import json
+
 import keyword
 from typing import Any, Mapping
 
@@ -151,8 +153,11 @@ def render(spec: Mapping[str, Any]) -> str:
     """The edit (Hyperparameters, compute_advantages, policy_loss) implementing ``spec``."""
     s = normalize(spec)
     lines = ["@dataclass", "class Hyperparameters:"]
-    for k, v in s["hp"].items():
-        lines += [f"    {k}: {type(v).__name__} = {v!r}", f'    """{_DOCS.get(k, k)}"""']
+    base = list(DEFAULT_SPEC["hp"])  # the root's field order first, so `git diff` shows only real changes
+    for k in sorted(s["hp"], key=lambda k: (base.index(k) if k in base else len(base), k)):
+        v = s["hp"][k]
+        lit = json.dumps(v) if isinstance(v, str) else repr(v)
+        lines += [f"    {k}: {type(v).__name__} = {lit}", f'    """{_DOCS.get(k, k)}"""']
     body: list[str] = ["scores = batch.rewards.to(torch.float32)", "valid = batch.valid.to(torch.bool)",
                        "stats = group_stats(scores, batch.group)", "singleton = stats.count < 2"]
     body += _BASELINE[s["baseline"]][1] + _SCALE[s["scale"]][1]
@@ -169,7 +174,7 @@ def render(spec: Mapping[str, Any]) -> str:
 
 def _literal(value: Any) -> cst.BaseExpression:
     if isinstance(value, bool) or isinstance(value, (int, float, str)):
-        return cst.parse_expression(repr(value))
+        return cst.parse_expression(json.dumps(value) if isinstance(value, str) else repr(value))
     raise EditError(f"hyperparameter value {value!r} must be a number, bool or string")
 
 
