@@ -12,7 +12,7 @@ import json
 import time
 from typing import Any
 
-from evaluators.benchmarks import PRESETS, Benchmark, file_sha256, load_problems, suite as suite_spec
+from evaluators.benchmarks import Benchmark, file_sha256, load_problems, suite as suite_spec
 from evaluators.errors import EvaluationError
 from evaluators.generation import BACKENDS, SYSTEM_PROMPT, Sampling, make_backend
 from evaluators.grading import GRADER_VERSION
