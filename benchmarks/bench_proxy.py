@@ -7,7 +7,10 @@ Prints four figures, each against a reference measured in the same run:
 3. paired-seed noise of Overall and the minimum detectable difference at 6 paired seeds (target 0.03);
 4. the published mechanisms (trainer_template.priors) ranked by Overall with 95% intervals.
 
-Options: ``--seeds N`` (paired seeds for 3 and 4, default 3), ``--preset``, ``--parallel P``,
+Figure 4 also has the warm start alone (no RL, evaluated at each seed) and GRPO's paired gain over it.
+
+Options: ``--seeds N`` (paired seeds for 4, default 3), ``--noise-seeds M`` (paired seeds of GRPO and
+Dr.GRPO for 3, default N), ``--preset``, ``--parallel P``,
 ``--only grpo,dr_grpo`` (a subset of the ranking; GRPO, the reference, always runs),
 ``--no-regressions`` (skip figure 2), ``--json OUT``.
 """
@@ -91,6 +94,7 @@ def run_seed(tmp: Path, label: str, source: str, seed: int, preset: str, overrid
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--noise-seeds", type=int, default=0, help="seeds of GRPO and Dr.GRPO for figure 3 (default: --seeds)")
     ap.add_argument("--preset", default="default")
     ap.add_argument("--parallel", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--only", default="")
@@ -111,7 +115,9 @@ def main() -> None:
         sys.exit(f"warm start failed: {ws.reason()}")
     print(f"preset {args.preset} ({proto.hash()[:19]}), warm start ready in {ws.wall_s:.1f} s "
           f"(cached: {ws.wall_s < 20}); {args.seeds} paired seeds, {args.parallel} parallel processes", flush=True)
-    jobs = [(f"{n}", prior(n), s, o) for n, o in ranked for s in range(args.seeds)]
+    noise_seeds = max(args.seeds, args.noise_seeds)
+    per = {n: noise_seeds if n in ("grpo", "dr_grpo") else args.seeds for n, _ in ranked}
+    jobs = [(f"{n}", prior(n), s, o) for n, o in ranked for s in range(per[n])]
     if not args.no_regressions:
         jobs += [("sign_flip", edited(SIGN_FLIP), 0, None), ("invalid_sign", edited(INVALID_SIGN), 0, None)]
     with tempfile.TemporaryDirectory() as d, ThreadPoolExecutor(args.parallel) as pool:
@@ -139,11 +145,11 @@ def main() -> None:
               f"{'FLAGGED' if flagged else 'not flagged'}  {r.get('reason', '')}")
 
     print("\n3. paired-seed noise of Overall")
-    gs = [ov(by["grpo"][s]) for s in range(args.seeds)]
+    gs = [ov(by["grpo"][s]) for s in range(noise_seeds)]
     sd_seed = statistics_sd(gs)
     print(f"   GRPO overall by seed: {', '.join(f'{v:.3f}' for v in gs)}; seed-to-seed SD {sd_seed:.4f}")
     if "dr_grpo" in by:
-        d = [ov(by["dr_grpo"][s]) - ov(by["grpo"][s]) for s in range(args.seeds)]
+        d = [ov(by["dr_grpo"][s]) - ov(by["grpo"][s]) for s in range(noise_seeds)]
         sd_d = statistics_sd(d)
         mdd = (t95(5) + 0.920) * sd_d / math.sqrt(6)
         print(f"   paired differences Dr.GRPO - GRPO: {', '.join(f'{v:+.3f}' for v in d)}; SD {sd_d:.4f} "
@@ -151,8 +157,16 @@ def main() -> None:
         print(f"   minimum detectable difference at 6 paired seeds (5% two-sided, 80% power): {mdd:.4f} "
               f"(target <= 0.03; ratio {mdd / 0.03:.2f}); unpaired: {(t95(10) + 0.879) * sd_seed * math.sqrt(2 / 6):.4f}")
 
-    print("\n4. published mechanisms on the proxy (mean overall, 95% interval over seeds, hard/pass@8, valid rate)")
-    rows = []
+    print(f"\n4. published mechanisms on the proxy ({args.seeds} paired seeds: mean overall, 95% interval, hard/pass@8, "
+          "valid rate)")
+    base = warmstart_alone(proto, args.seeds)
+    m, iv = mean_interval([b["overall"] for b in base])
+    gain = [ov(by["grpo"][s]) - base[s]["overall"] for s in range(args.seeds)]
+    gm, giv = mean_interval(gain)
+    print(f"   warm start alone (no RL): overall {m:.3f} [{iv[0]:.3f}, {iv[1]:.3f}]; GRPO's paired gain over it "
+          f"{gm:+.3f} [{giv[0]:+.3f}, {giv[1]:+.3f}]")
+    rows = [("warm start (no RL)", m, iv, sum(b["hard/pass@8"] for b in base) / len(base),
+             sum(b["valid_rate"] for b in base) / len(base), 0)]
     for n, _ in ranked:
         rs = [by[n][s] for s in range(args.seeds) if by[n][s].get("metrics")]
         fails = sum(1 for s in range(args.seeds) if by[n][s]["status"] != "ok")
@@ -171,6 +185,18 @@ def main() -> None:
     print(f"\ntotal wall time {time.monotonic() - t0:.0f} s (machine shared: timings are inflated by other load)")
     if args.json:
         Path(args.json).write_text(json.dumps(runs, default=str, indent=1))
+
+
+def warmstart_alone(proto, seeds: int) -> list[dict]:
+    """The warm start's metrics without RL, with each seed's evaluation sampling noise."""
+    import torch
+
+    from trainer_template.proxy import evalset
+    from trainer_template.proxy.warmstart import ensure_warmstart, load_warmstart
+
+    torch.set_num_threads(1)
+    model = load_warmstart(ensure_warmstart(proto), proto.warmstart)
+    return [evalset.evaluate(model, proto.eval, s) for s in range(seeds)]
 
 
 def statistics_sd(vals: list[float]) -> float:

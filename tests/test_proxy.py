@@ -118,8 +118,8 @@ def test_short_rl_run_learns(smoke_warmstart):
     assert len(r) == proto.rl.steps
     last = slice(-10, None)
     # the seeded run is deterministic; the margins leave room for other platforms' float differences
-    assert sum(r[last]) / 10 > r[0] + 0.05, r  # the reward rises (0.61 at step 0)
-    assert sum(v[last]) / 10 > v[0] + 0.05, v  # mostly by fixing the answer format
+    assert sum(r[last]) / 10 > r[0] + 0.1, r  # the reward rises (0.46 at step 0, 0.66 over the last 10)
+    assert sum(v[last]) / 10 > v[0] + 0.1, v  # mostly by fixing the answer format (0.77 -> 0.99)
     for key in rl.SIGNALS:
         assert len(traj[key]) == proto.rl.steps and all(v is not None and math.isfinite(v) for v in traj[key]), key
     assert traj["train/kl"][-1] > traj["train/kl"][0]  # the policy moved away from the frozen reference

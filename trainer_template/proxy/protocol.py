@@ -32,11 +32,12 @@ class WarmStart:
     d_model: int = 64
     heads: int = 4
     layers: int = 2
-    steps: int = 1000
+    steps: int = 1500
+    """1,000 steps leave hard successes that are lucky guesses (no correct chain); 2,000 solve the task"""
     batch: int = 64
     lr: float = 3e-3
-    k_power: float = 1.0
-    """P(k) proportional to k^-k_power over k = 1..8 (favours short chains)"""
+    k_power: float = 0.0
+    """P(k) proportional to k^-k_power over k = 1..8 (0: uniform)"""
     broken_rate: float = 0.15
     """fraction of examples with damaged answer delimiters"""
     seed: int = 1234
@@ -44,13 +45,14 @@ class WarmStart:
 
 @dataclass(frozen=True)
 class RL:
-    steps: int = 250
+    steps: int = 150
+    """the gain over the warm start is reached by ~50-150 steps and flat after (measured to 250)"""
     prompts: int = 16
     group: int = 8
     minibatches: int = 2
     """updates per step (PPO mini-batches; the second one is off-policy, so clipping matters)"""
-    lr: float = 1e-4
-    """3e-4 drifted off the warm start here (KL ~1 and falling reward by step 100); 1e-4 improved it"""
+    lr: float = 5e-5
+    """2e-4 and above sharpen the policy (entropy down, hard pass@8 down) and erode the easy split"""
     warmup_steps: int = 10
     """linear learning-rate warm-up (Adam's first steps are otherwise full-size sign steps)"""
     grad_clip: float = 1.0
@@ -97,7 +99,7 @@ PRESETS = {
     "default": Protocol(),
     "smoke": Protocol(  # the default warm start (shared checkpoint), a seconds-long RL run and evaluation
         preset="smoke",
-        rl=RL(steps=30, prompts=16, group=8, minibatches=2, lr=3e-4, k_power=3.0, collapse_window=8),
+        rl=RL(steps=30, prompts=16, group=8, minibatches=2, lr=3e-4, k_power=1.0, collapse_window=8),
         eval=Eval(prompts_per_split=12, samples=16),
     ),
 }
