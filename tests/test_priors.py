@@ -61,10 +61,15 @@ CASES = [
     ("av_grpo", ONE_IN_8, {"sigma_min": 0.5}, [1.75] + [-0.25] * 7),  # the floor is active above 0.33
     ("av_grpo", ALL_CORRECT, {}, [0.0] * 8),
     ("av_grpo", SINGLETONS, {}, [0.0, 0.0]),
+    ("av_grpo", ALL_WRONG, {}, [0.0] * 8),  # mu = 0: scale is the floor, numerator 0
+    ("av_grpo", INVALID, {}, [0.875 / S_POP] + [-0.125 / S_POP] * 7),  # validity is ignored
     ("vm_av_grpo", ALL_CORRECT, {}, [0.1 / 0.3] * 8),
     ("vm_av_grpo", ALL_WRONG, {}, [-0.1 / 0.3 * r for r in rho]),
     ("vm_av_grpo", ONE_IN_8, {}, [2.0] + [-0.5] * 7),
     ("vm_av_grpo", INVALID, {}, [0.75 / math.sqrt(0.1875)] + [-0.25 / math.sqrt(0.1875)] * 5 + [-1.0] * 2),
+    # all-fail with two invalid: mu = (0 + 1) / (6 + 2) = 1/8, so the six valid get -0.125 / sqrt(7/64)
+    ("vm_av_grpo", dict(rewards=[0.0] * 8, valid=[True] * 6 + [False] * 2), {}, [-0.125 / S_POP] * 6 + [-1.0] * 2),
+    ("vm_av_grpo", dict(rewards=[0.0] * 8, valid=[False] * 8), {}, [-1.0] * 8),  # no valid member
     ("vm_av_grpo", SINGLETONS, {}, [(1 / 3) / math.sqrt(2 / 9), -(1 / 3) / math.sqrt(2 / 9)]),
     ("vm_av_grpo", dict(rewards=[1.0, 0.0, 0.0], lengths=[10, 10, 1000]), {"alpha": 0.0, "beta": 0.0},
      [(2 / 3) / math.sqrt(2 / 9), -(1 / 3) / math.sqrt(2 / 9) * 0.5, -(1 / 3) / math.sqrt(2 / 9) * 2.0]),
@@ -74,6 +79,7 @@ CASES = [
     ("msa_grpo", dict(rewards=[1.0] + [0.0] * 7, lengths=[5] + [10] * 7), {},
      [0.875 / S_POP * (5 / 9.375) ** -0.5] + [-0.125 / S_POP * (10 / 9.375) ** 0.5] * 7),
     ("msa_grpo", SINGLETONS, {}, [0.0, 0.0]),
+    ("msa_grpo", INVALID, {}, [0.875 / S_POP] + [-0.125 / S_POP] * 7),  # validity is ignored
     ("fa_grpo", ALL_CORRECT, {}, [0.0] * 8),
     ("fa_grpo", ALL_WRONG, {}, [-0.1] * 8),
     ("fa_grpo", dict(rewards=[0.0] * 8, valid=[True] * 7 + [False]), {}, [-0.1] * 7 + [-0.5]),
@@ -85,9 +91,14 @@ CASES = [
     ("bn_grpo", MIXED_BATCH, {}, [0.875 / math.sqrt(0.875 / 15)] + [-0.125 / math.sqrt(0.875 / 15)] * 7 + [0.0] * 8),
     ("bn_grpo", ONE_IN_8, {"adv_clip": 1.0}, [1.0] + [-0.125 / S_UNB] * 7),
     ("bn_grpo", SINGLETONS, {}, [0.0, 0.0]),
+    ("bn_grpo", ALL_WRONG, {}, [0.0] * 8),
+    ("bn_grpo", INVALID, {}, [0.875 / (S_UNB + 1e-6)] + [-0.125 / (S_UNB + 1e-6)] * 7),  # validity is ignored
     ("sa_grpo", MIXED_BATCH, {}, [1.3125] + [-0.6875] * 7 + [0.4375] * 8),  # all-correct group leaks +0.44
     ("sa_grpo", ALL_WRONG, {}, [0.0] * 8),
     ("sa_grpo", SINGLETONS, {}, [(1 - 0.5 * 1 - 0.25) / 0.5, (0 - 0.25) / 0.5]),
+    ("sa_grpo", ALL_CORRECT, {}, [0.0] * 8),
+    ("sa_grpo", ONE_IN_8, {}, [(1 - 0.125) / 0.5] + [(0 - 0.125) / 0.5] * 7),  # group mean = batch mean
+    ("sa_grpo", INVALID, {}, [1.75] + [-0.25] * 7),  # validity is ignored
     ("dfr_grpo", ONE_IN_8, {}, [0.875 / S_POP] + [-0.125 / S_POP] * 7),
     ("dfr_grpo", INVALID, {}, [0.125 + (5 / 6) / math.sqrt(5 / 36)] + [0.125 - (1 / 6) / math.sqrt(5 / 36)] * 5 + [-0.375] * 2),
     ("dfr_grpo", ALL_WRONG, {}, [0.0] * 8),  # no entropy given: silent
@@ -95,21 +106,29 @@ CASES = [
      [0.1 * (0.1 * (i + 1) - 0.45) / math.sqrt(0.0525) for i in range(8)]),
     ("dfr_grpo", ALL_CORRECT, {}, [0.0] * 8),
     ("dfr_grpo", SINGLETONS, {}, [0.0, 0.0]),
+    # all-fail with two invalid: format stream +0.125 / -0.375; entropy z-scored over the six valid
+    ("dfr_grpo", dict(rewards=[0.0] * 8, valid=[True] * 6 + [False] * 2, entropy=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.9, 0.9]),
+     {}, [0.125 + 0.1 * (0.1 * (i + 1) - 0.35) / math.sqrt(0.175 / 6) for i in range(6)] + [-0.375] * 2),
     ("dace_grpo", ALL_CORRECT, {}, [0.2 * (1 - r) for r in rho]),
     ("dace_grpo", TWO_CORRECT, {}, [z2_s + 0.2 * 0.25 * 0.5, z2_s - 0.2 * 0.25 * 0.5] + [z2_f] * 6),
     ("dace_grpo", ONE_IN_8, {}, [z_s] + [z_f] * 7),
     ("dace_grpo", ALL_WRONG, {}, [0.0] * 8),
     ("dace_grpo", SINGLETONS, {}, [1.0, 0.0]),
+    ("dace_grpo", INVALID, {}, [z_s] + [z_f] * 7),  # equal lengths: no bonus; validity is ignored
     ("cag_grpo", ALL_CORRECT, {}, [-0.2 * (r - 1) for r in rho]),
     ("cag_grpo", TWO_CORRECT, {}, [z2_s, z2_s] + [z2_f] * 6),  # success rate 0.25 < gate
     ("cag_grpo", TWO_CORRECT, {"gate": 0.2}, [z2_s + 0.1, z2_s - 0.1] + [z2_f] * 6),
     ("cag_grpo", ALL_WRONG, {}, [0.0] * 8),
     ("cag_grpo", SINGLETONS, {}, [1.0, 0.0]),
+    ("cag_grpo", ONE_IN_8, {}, [z_s] + [z_f] * 7),  # success rate 1/8 < gate
+    ("cag_grpo", INVALID, {}, [z_s] + [z_f] * 7),
     ("dcbe_grpo", ALL_CORRECT, {}, [0.2 * (1 - r) for r in rho]),
     ("dcbe_grpo", TWO_CORRECT, {}, [z2_s + 0.1, z2_s - 0.1] + [z2_f] * 6),
     ("dcbe_grpo", TWO_CORRECT, {"length_coef": 10.0}, [z2_s + 5.0, 0.05] + [z2_f] * 6),  # sign kept
     ("dcbe_grpo", ALL_WRONG, {}, [0.0] * 8),
     ("dcbe_grpo", SINGLETONS, {}, [0.0, 0.0]),
+    ("dcbe_grpo", ONE_IN_8, {}, [z_s] + [z_f] * 7),  # a lone correct answer is its own length reference
+    ("dcbe_grpo", INVALID, {}, [z_s] + [z_f] * 7),
 ]
 
 
