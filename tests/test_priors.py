@@ -197,6 +197,20 @@ def test_card(name):
         assert section in card
 
 
+SEED_PAPER = ("av_grpo", "vm_av_grpo", "msa_grpo", "fa_grpo", "bn_grpo", "sa_grpo", "dfr_grpo", "dace_grpo",
+              "cag_grpo", "dcbe_grpo")
+
+
+@pytest.mark.parametrize("name", SEED_PAPER)
+def test_seed_paper_cards_cite_and_state_what_is_unconfirmed(name):
+    """The appendix equations are unverified: each card cites the paper, says what is assumed, labels its figures."""
+    card = prior_card(name)
+    assert "arXiv:2603.23951" in card
+    assert "Unconfirmed" in card
+    results = card.split("**Reported results.**")[1].split("**Notes.**")[0]
+    assert "(abstract)" in results and "(secondary)" in results
+
+
 def test_registry_rejects_duplicates_and_unknown_names():
     with pytest.raises(ValueError, match="duplicate"):
         _build_registry(["grpo", "rloo", "grpo"])
