@@ -3,8 +3,10 @@
     .venv/bin/python benchmarks/bench_advantage.py [--prompts 256] [--samples 8] [--tokens 3000]
 
 End to end = verl's estimator signature: token rewards [B, T] + mask + uid array in, advantages [B, T]
-out (ours: the verl adapter around trainer_template/algorithm.py). Grouping step = the same with T = 1
-(the per-group statistics alone, without the [B, T] broadcast); for ours also the bare
+out (ours: the verl adapter around trainer_template/algorithm.py). Both do two passes over [B, T]: the
+reward row sum and the masked broadcast; the response lengths are counted only when a mechanism reads
+``batch.lengths`` (GRPO does not; the row "reads lengths" shows that third pass). Grouping step = the
+same with T = 1 (the per-group statistics alone, without the [B, T] broadcast); for ours also the bare
 ``compute_advantages`` on a ready ``RolloutBatch``. Targets: end to end at least as fast as
 grpo_vectorized; grouping >= 100x faster than verl's loop; outputs equal (atol 1e-6).
 """
@@ -16,6 +18,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -74,6 +77,13 @@ def main() -> None:
     if vec is not None:
         fns["verl grpo_vectorized"] = lambda: vec(tok, mask, uids)[0]
     fns["ours (adapter)"] = lambda: ours(tok, mask, uids)[0]
+
+    def grpo_reading_lengths(batch, c):
+        batch.lengths  # noqa: B018 - forces the [B, T] count a length-aware mechanism pays for
+        return algo.compute_advantages(batch, c)
+
+    reads = make_estimator(SimpleNamespace(compute_advantages=grpo_reading_lengths), cfg)
+    fns["ours (reads lengths)"] = lambda: reads(tok, mask, uids)[0]
     rows = timed_all(fns, args.repeats)
     gfns = {
         "verl loop": lambda: core_algos.compute_grpo_outcome_advantage(tok1, mask1, uids)[0],
