@@ -199,3 +199,35 @@ def test_rollout_batch_rejects_bad_shapes():
     with pytest.raises(ValueError, match="progress"):
         RolloutBatch(torch.zeros(3), torch.zeros(3, dtype=torch.long), torch.ones(3, dtype=torch.bool),
                      torch.ones(3, dtype=torch.bool), torch.ones(3, dtype=torch.long), progress=1.5)
+
+
+def test_rollout_batch_lazy_lengths_computed_once_on_first_read():
+    mask = (torch.arange(7).unsqueeze(0) < torch.tensor([[7], [1], [4]])).float()
+    calls = []
+
+    def count():
+        calls.append(1)
+        return mask.sum(-1).round().long()
+
+    b = RolloutBatch(torch.zeros(3), torch.zeros(3, dtype=torch.long), torch.ones(3, dtype=torch.bool),
+                     torch.ones(3, dtype=torch.bool), count)
+    assert calls == [] and b.size == 3  # other fields never trigger it
+    assert b.lengths.tolist() == [7, 1, 4] and b.lengths.dtype == torch.long
+    assert b.lengths is b.lengths and calls == [1]  # kept after the first read
+    assert torch.equal(b.lengths, mask.sum(-1).round().long())  # exactly the eager sum
+    assert "lengths=tensor([7, 1, 4])" in repr(b)
+    with pytest.raises(AttributeError, match="no_such"):
+        b.no_such
+
+
+def test_rollout_batch_lazy_lengths_checked_like_eager():
+    args = (torch.zeros(3), torch.zeros(3, dtype=torch.long), torch.ones(3, dtype=torch.bool), torch.ones(3, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"lengths must have shape \[3\], got \(2,\)"):
+        RolloutBatch(*args, torch.ones(2, dtype=torch.long))
+    wrong = RolloutBatch(*args, lambda: torch.ones(2, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"lengths must have shape \[3\], got \(2,\)"):
+        wrong.lengths
+    with pytest.raises(ValueError, match=r"lengths must have shape \[3\], got \(3, 1\)"):
+        RolloutBatch(*args, lambda: torch.ones(3, 1, dtype=torch.long)).lengths
+    with pytest.raises(ValueError, match="must return a Tensor"):
+        RolloutBatch(*args, lambda: [1, 2, 3]).lengths

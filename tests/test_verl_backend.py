@@ -76,6 +76,79 @@ def test_extras_routing_delivers_valid_and_correct():
     assert not torch.allclose(routed.batch["advantages"], unrouted.batch["advantages"])
 
 
+def _ragged(n=16, t=40, mask_dtype=torch.int64, seed=0) -> tuple[DataProto, torch.Tensor]:
+    """A batch of 2 groups with response lengths 1..t (verl's response_mask is int64 in the trainer)."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, t + 1, (n,), generator=gen)
+    mask = torch.arange(t).unsqueeze(0) < lengths.unsqueeze(1)
+    tok = torch.zeros(n, t)
+    tok[torch.arange(n), lengths - 1] = torch.randint(0, 2, (n,), generator=gen).float()
+    uids = np.array([f"p{i // 8}" for i in range(n)], dtype=object)
+    data = DataProto.from_dict(tensors={"token_level_rewards": tok, "response_mask": mask.to(mask_dtype)},
+                               non_tensors={"uid": uids})
+    return data, lengths
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.int64, torch.float32, torch.bool])
+def test_adapter_counts_lengths_only_when_the_mechanism_reads_them(mask_dtype):
+    """The adapter hands RolloutBatch a function for the lengths: a mechanism that never reads them costs
+    no pass over the [B, T] mask; one that does gets the exact token counts [B] long."""
+    from types import SimpleNamespace
+
+    from trainer_template.verl_backend.adapter import make_estimator
+
+    seen = []
+
+    def no_lengths(batch, cfg):
+        seen.append(batch)
+        return batch.rewards - 0.5
+
+    def reads_lengths(batch, cfg):
+        seen.append(batch)
+        return batch.lengths.to(torch.float32) / 100.0
+
+    for fn in (no_lengths, reads_lengths):
+        core_algos.register_adv_est(f"poise_test_{fn.__name__}_{str(mask_dtype)[6:]}")(
+            make_estimator(SimpleNamespace(compute_advantages=fn), None))
+    data, lengths = _ragged(mask_dtype=mask_dtype)
+    mask = data.batch["response_mask"].to(torch.float32)
+    out = compute_advantage(data, adv_estimator=f"poise_test_no_lengths_{str(mask_dtype)[6:]}", config=None)
+    assert "lengths" not in vars(seen[0])  # never counted
+    assert torch.equal(out.batch["advantages"], (data.batch["token_level_rewards"].sum(-1) - 0.5).unsqueeze(-1) * mask)
+    assert seen[0].lengths.dtype == torch.long and torch.equal(seen[0].lengths, lengths)  # exact when read late
+    data, lengths = _ragged(mask_dtype=mask_dtype, seed=1)
+    mask = data.batch["response_mask"].to(torch.float32)
+    out = compute_advantage(data, adv_estimator=f"poise_test_reads_lengths_{str(mask_dtype)[6:]}", config=None)
+    assert torch.equal(seen[1].lengths, lengths)
+    assert torch.allclose(out.batch["advantages"], (lengths.float() / 100.0).unsqueeze(-1) * mask, atol=1e-7)
+
+
+@pytest.mark.parametrize("prior", ["dace_grpo", "cag_grpo", "msa_grpo"])
+def test_length_priors_through_verl_equal_the_eager_batch(prior):
+    """A prior that reads lengths, through verl's compute_advantage, equals the module called directly on
+    a batch built with the eager token counts."""
+    name = register_node(f"vb_len_{prior}", prior_source(prior))
+    data, lengths = _ragged(n=24, t=60, seed=2)
+    out = compute_advantage(data, adv_estimator=name, config=None)
+    mod = load_algorithm(prior_source(prior), prior)
+    scores = data.batch["token_level_rewards"].sum(-1)
+    groups = torch.arange(24) // 8
+    direct = mod.compute_advantages(
+        RolloutBatch(rewards=scores, group=groups, valid=torch.ones(24, dtype=torch.bool), correct=scores > 0,
+                     lengths=lengths), make_config(mod))
+    mask = data.batch["response_mask"].to(torch.float32)
+    assert torch.allclose(out.batch["advantages"], direct.unsqueeze(-1) * mask, atol=1e-6)
+    assert out.batch["advantages"].dtype == torch.float32
+
+
+def test_adapter_rejects_mismatched_mask():
+    name = register_node("vb_mismatch", prior_source("grpo"))
+    data, _ = _ragged()
+    fn = core_algos.get_adv_estimator_fn(name)
+    with pytest.raises(ValueError, match="same shape"):
+        fn(data.batch["token_level_rewards"], data.batch["response_mask"][:1], np.asarray(data.non_tensor_batch["uid"]))
+
+
 def test_trainer_mixin_routes_reward_extra_info():
     """The trainer override reads per-sample reward_extra_info records (as V1 stores them) and runs the
     base trainer's own advantage step with valid / correct delivered."""

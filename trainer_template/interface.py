@@ -13,7 +13,7 @@ the vectorized group statistics and loss utilities every mechanism may use; cand
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
@@ -45,30 +45,52 @@ class RolloutBatch:
     lengths:       [B] long    number of response tokens (padding excluded).
     token_entropy: [B] float   optional mean per-token policy entropy of each response.
     progress:      float       training progress in [0, 1] (for schedules); 0.0 when unknown.
+
+    A harness whose lengths cost a pass over a [B, T] mask may pass ``lengths`` as a function of no
+    arguments returning the [B] tensor: it runs on the first read of ``batch.lengths`` (never, for a
+    mechanism that does not read it), is checked like an eager value, and is kept for later reads.
     """
 
     rewards: Tensor
     group: Tensor
     valid: Tensor
     correct: Tensor
-    lengths: Tensor
+    lengths: Tensor | Callable[[], Tensor]
     token_entropy: Optional[Tensor] = None
     progress: float = 0.0
 
     def __post_init__(self) -> None:
         n = self.rewards.shape[0]
-        for name in ("group", "valid", "correct", "lengths"):
-            t = getattr(self, name)
-            if t.dim() != 1 or t.shape[0] != n:
-                raise ValueError(f"RolloutBatch.{name} must have shape [{n}], got {tuple(t.shape)}")
+        if callable(self.lengths) and not isinstance(self.lengths, Tensor):
+            self.__dict__["_lengths_fn"] = self.__dict__.pop("lengths")  # read through __getattr__
+        for name in ("group", "valid", "correct") + (() if "_lengths_fn" in self.__dict__ else ("lengths",)):
+            _check_1d(name, getattr(self, name), n)
         if self.token_entropy is not None and tuple(self.token_entropy.shape) != (n,):
             raise ValueError(f"RolloutBatch.token_entropy must have shape [{n}]")
         if not 0.0 <= float(self.progress) <= 1.0:
             raise ValueError("RolloutBatch.progress must lie in [0, 1]")
 
+    def __getattr__(self, name: str):
+        # Only reached when ``lengths`` is not yet in the instance dict, i.e. given as a function.
+        fn = self.__dict__.get("_lengths_fn") if name == "lengths" else None
+        if fn is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        value = fn()
+        if not isinstance(value, Tensor):
+            raise ValueError(f"RolloutBatch.lengths function must return a Tensor, got {type(value).__name__}")
+        _check_1d("lengths", value, self.rewards.shape[0])
+        del self.__dict__["_lengths_fn"]
+        self.__dict__["lengths"] = value
+        return value
+
     @property
     def size(self) -> int:
         return int(self.rewards.shape[0])
+
+
+def _check_1d(name: str, t: Tensor, n: int) -> None:
+    if t.dim() != 1 or t.shape[0] != n:
+        raise ValueError(f"RolloutBatch.{name} must have shape [{n}], got {tuple(t.shape)}")
 
 
 class GroupStats:

@@ -4,7 +4,8 @@ Estimator: ``fn(token_level_rewards [B,T], response_mask [B,T], index (np.ndarra
 **kw) -> (advantages [B,T], returns [B,T])``; the node's sequence advantages [B] are broadcast over the
 response tokens and masked. ``valid`` / ``correct`` come from :func:`routed_extras` (set by the trainer
 subclass from the reward function's extras); without them every response counts as valid and a
-response is correct when its reward is positive.
+response is correct when its reward is positive. The response lengths are counted from the mask only
+if the mechanism reads ``batch.lengths``, so GRPO-like mechanisms make two [B, T] passes, as verl does.
 
 Policy loss: ``fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
 rollout_is_weights) -> (loss, metrics)``. verl adds the KL-to-reference and entropy terms itself
@@ -95,6 +96,17 @@ def _row_sum(x: torch.Tensor) -> torch.Tensor:
     return x.sum(dim=-1)
 
 
+def _token_counts(response_mask: torch.Tensor):
+    """A function returning the response lengths [B] long; :class:`RolloutBatch` calls it only when the
+    mechanism reads ``batch.lengths`` (GRPO never does: one [B, T] pass saved)."""
+
+    def count() -> torch.Tensor:
+        n = _row_sum(response_mask)
+        return (n.round() if n.is_floating_point() else n).to(torch.long)
+
+    return count
+
+
 def make_estimator(module, cfg):
     """verl-signature advantage estimator calling ``module.compute_advantages(batch, cfg)``."""
 
@@ -102,6 +114,9 @@ def make_estimator(module, cfg):
         with torch.no_grad():
             rewards = _row_sum(token_level_rewards).to(torch.float32)
             n = rewards.shape[0]
+            if tuple(response_mask.shape) != tuple(token_level_rewards.shape):
+                raise ValueError(f"response_mask {tuple(response_mask.shape)} and token_level_rewards "
+                                 f"{tuple(token_level_rewards.shape)} must have the same shape [B, T]")
             extras = _EXTRAS.get() or {}
             valid, correct = extras.get("valid"), extras.get("correct")
             dev = rewards.device
@@ -113,7 +128,7 @@ def make_estimator(module, cfg):
                 group=_group_ids(index, n, dev),
                 valid=valid_t,
                 correct=correct_t,
-                lengths=_row_sum(response_mask).round().to(torch.long),
+                lengths=_token_counts(response_mask),
                 progress=min(max(progress, 0.0), 1.0),
             )
             adv = module.compute_advantages(batch, cfg)
