@@ -58,12 +58,8 @@ def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tenso
 
 
 def prior(name: str) -> str:
-    try:
-        from trainer_template.priors import prior_source
-    except ImportError:
-        if name == "grpo":
-            return ALGORITHM_FILE.read_text()
-        raise
+    from trainer_template.priors import prior_source
+
     return prior_source(name)
 
 

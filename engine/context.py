@@ -13,6 +13,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine import objective
 from engine.config import utility
 
 MAX_PER_TIER = 3
@@ -95,19 +96,13 @@ def pareto_front(rows: dict[str, dict[str, float]], objectives: tuple[str, ...])
     """Nodes no other node dominates; an objective prefixed '-' is minimized."""
     keys = [(o.lstrip("-"), -1.0 if o.startswith("-") else 1.0) for o in objectives]
     pts = {n: [m[k] * s for k, s in keys] for n, m in rows.items() if all(k in m for k, _ in keys)}
-    front = []
-    for n, p in pts.items():
-        if not any(all(x >= y for x, y in zip(q, p)) and any(x > y for x, y in zip(q, p)) for o, q in pts.items() if o != n):
-            front.append(n)
-    return sorted(front)
+    return sorted(objective.pareto_front(pts))
 
 
 def load_priors(limit: int = 6) -> list[dict[str, str]]:
-    """Literature prior cards from ``trainer_template.priors`` ([] when that package is absent)."""
-    try:
-        from trainer_template import priors  # type: ignore[attr-defined]
-    except ImportError:
-        return []
+    """Literature prior cards from ``trainer_template.priors``."""
+    from trainer_template import priors
+
     out = []
     try:
         for name in list(priors.list_priors())[:limit]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trainer_template import ALGORITHM_FILE
+
 PRIORS_DIR = Path(__file__).resolve().parent
 
 _ORDER = (
@@ -17,12 +19,15 @@ _ORDER = (
 
 
 def _build_registry(names) -> dict[str, Path]:
-    """{name: module path}; a duplicate name or a name without its .py and .md is rejected."""
+    """{name: module path}; a duplicate name or a name without its .py and .md is rejected.
+
+    ``grpo`` is the root itself: its module is ``trainer_template/algorithm.py`` (one copy, not a twin)."""
     registry: dict[str, Path] = {}
     for name in names:
         if name in registry:
             raise ValueError(f"duplicate prior name {name!r}")
-        src, card = PRIORS_DIR / f"{name}.py", PRIORS_DIR / f"{name}.md"
+        src = ALGORITHM_FILE if name == "grpo" else PRIORS_DIR / f"{name}.py"
+        card = PRIORS_DIR / f"{name}.md"
         if not src.is_file() or not card.is_file():
             raise ValueError(f"prior {name!r} needs both {src.name} and {card.name}")
         registry[name] = src
@@ -50,4 +55,5 @@ def prior_source(name: str) -> str:
 
 def prior_card(name: str) -> str:
     """The prior's markdown card (motivation, method, equations, reported results)."""
-    return _path(name).with_suffix(".md").read_text(encoding="utf-8")
+    _path(name)  # an unknown name raises KeyError
+    return (PRIORS_DIR / f"{name}.md").read_text(encoding="utf-8")
