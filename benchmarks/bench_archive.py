@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.archive import REF_PREFIX, Archive  # noqa: E402
+from engine.archive.store import REF_PREFIX, Archive  # noqa: E402
 
 
 def bulk_load(arch: Archive, start: int, stop: int, rng: random.Random, commits: dict[str, str]) -> None:

@@ -30,8 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.evaluate import mean_interval, t95  # noqa: E402
-from engine.sandbox import child_env, run_limited  # noqa: E402
+from engine.operators.evaluate import mean_interval, t95  # noqa: E402
+from engine.sandbox.process import child_env, run_limited  # noqa: E402
 from trainer_template import ALGORITHM_FILE  # noqa: E402
 
 RANKED = [("grpo", {}), ("dr_grpo", {}), ("rloo", {}), ("av_grpo", {"sigma_min": 0.4}), ("vm_av_grpo", {}),
@@ -64,7 +64,7 @@ def prior(name: str) -> str:
 
 
 def edited(edit: str) -> str:
-    from engine.edit import apply_edit
+    from engine.archive.edit import apply_edit
 
     return apply_edit(ALGORITHM_FILE.read_text(), edit)
 

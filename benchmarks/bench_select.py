@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.archive import Node, _assign_depths  # noqa: E402
+from engine.archive.store import Node, _assign_depths  # noqa: E402
 from engine.config import Config
 from engine.select import select_parents
 from engine.select.features import code_vector, descendant_gain

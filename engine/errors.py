@@ -15,3 +15,7 @@ class ArchiveError(PoiseError):
 
 class EditError(PoiseError):
     """An edit of algorithm.py is rejected (syntax error, interface dropped or re-signed...)."""
+
+
+class EvaluationError(PoiseError):
+    """The evaluation could not run (unknown backend or preset, the proxy's warm start failed...)."""

@@ -181,7 +181,7 @@ def _log_mlflow(archive, name: str, payload: dict, samples: list[dict]) -> str:
 
     import mlflow
 
-    from engine.tracking import node_run
+    from engine.archive.tracking import node_run
 
     tags = {"poise.eval": "suite", "poise.suite": payload["suite"], "poise.backend": payload["backend"],
             "poise.protocol_hash": payload["protocol_hash"], "poise.grader": GRADER_VERSION}

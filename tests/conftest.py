@@ -52,6 +52,6 @@ def cli():
 
 @pytest.fixture
 def archive(tmp_path):
-    from engine.archive import Archive
+    from engine.archive.store import Archive
 
     return Archive.init(tmp_path / "exp")

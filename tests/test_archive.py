@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.archive import ALGORITHM, Archive, check_name
+from engine.archive.store import ALGORITHM, Archive, check_name
 from engine.errors import ArchiveError, EditError
 from trainer_template import ALGORITHM_FILE
 
@@ -204,7 +204,7 @@ def test_edit_errors_are_edit_errors(archive):
 _SPAWNER = """
 import sys
 sys.path.insert(0, {repo!r})
-from engine.archive import Archive
+from engine.archive.store import Archive
 arch = Archive({path!r})
 name = sys.argv[1]
 arch.spawn("grpo", name, "SCALE_" + name.replace("-", "_") + " = 1.0\\n", proposal="p " + name)

@@ -1,4 +1,4 @@
-"""engine.evaluate on the smoke proxy: results on the node's branch, failures recorded, MLflow runs, CLI."""
+"""engine.operators.evaluate on the smoke proxy: results on the node's branch, failures recorded, MLflow runs, CLI."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from engine.archive import Archive
+from engine.archive.store import Archive
 
 BROKEN = '''
 def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:
@@ -38,8 +38,8 @@ def exp(tmp_path_factory):
 
 
 def test_evaluate_records_results_on_the_branch_and_mlflow(exp):
-    from engine.evaluate import evaluate_node
-    from engine.tracking import find_runs, tracking_uri
+    from engine.operators.evaluate import evaluate_node
+    from engine.archive.tracking import find_runs, tracking_uri
 
     events = []
     payload = evaluate_node(exp, "grpo", seeds=2, preset="smoke", on_event=events.append)
@@ -76,8 +76,8 @@ def test_evaluate_records_results_on_the_branch_and_mlflow(exp):
 
 
 def test_broken_candidate_is_recorded_as_failed(exp):
-    from engine.evaluate import evaluate_node
-    from engine.tracking import find_runs
+    from engine.operators.evaluate import evaluate_node
+    from engine.archive.tracking import find_runs
 
     payload = evaluate_node(exp, "broken", seeds=1, preset="smoke")
     assert payload["status"] == "failed"
@@ -92,7 +92,8 @@ def test_broken_candidate_is_recorded_as_failed(exp):
 
 
 def test_unknown_preset_and_backend_are_clear_errors(exp):
-    from engine.evaluate import EvaluationError, evaluate_node
+    from engine.errors import EvaluationError
+    from engine.operators.evaluate import evaluate_node
 
     with pytest.raises(EvaluationError, match="unknown proxy preset"):
         evaluate_node(exp, "drgrpo", preset="giant")
@@ -119,8 +120,8 @@ def test_cli_evaluate_smoke(exp, cli):
 
 def test_tracking_never_leaks_the_store_into_the_environment(tmp_path, monkeypatch):
     """mlflow.set_tracking_uri exports $MLFLOW_TRACKING_URI; two archives in one process stay apart."""
-    from engine.archive import Archive
-    from engine.tracking import find_runs, node_run
+    from engine.archive.store import Archive
+    from engine.archive.tracking import find_runs, node_run
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     a, b = Archive.init(tmp_path / "a"), Archive.init(tmp_path / "b")

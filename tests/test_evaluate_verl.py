@@ -6,8 +6,9 @@ import subprocess
 
 import pytest
 
-from engine.evaluate import EvaluationError, evaluate_node
-from engine.evaluate_verl import final_checkpoint
+from engine.errors import EvaluationError
+from engine.operators.evaluate import evaluate_node
+from engine.operators.evaluate_verl import final_checkpoint
 
 
 def test_verl_backend_without_gpu_is_one_clear_error(archive, cli):

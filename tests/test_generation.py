@@ -161,7 +161,7 @@ def _scripted(limit=2):
 
 
 def test_openai_backend_suite_recorded_on_node_and_mlflow(archive):
-    from engine.tracking import find_runs
+    from engine.archive.tracking import find_runs
     from evaluators.suite import evaluate_node_on_suite
 
     with _Server(*_scripted()) as srv:

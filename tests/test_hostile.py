@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import PoiseError
-from engine.implement import build_source
-from engine.verify import VerifyLimits, verify_source
+from engine.operators.implement import build_source
+from engine.operators.verify import VerifyLimits, verify_source
 from trainer_template import ALGORITHM_FILE
 
 ROOT = ALGORITHM_FILE.read_text()
@@ -130,7 +130,7 @@ def test_the_baseline_itself_passes():
 
 @pytest.mark.parametrize("tail", ["print('at import')\n", "for i in range(3):\n    pass\n", "if True:\n    import os\n"])
 def test_whole_file_module_level_code_is_rejected(tail):
-    from engine.implement import StaticCheckError, static_check
+    from engine.operators.static_check import StaticCheckError, static_check
 
     with pytest.raises(StaticCheckError, match="module level"):
         static_check(ROOT + "\n" + tail, ROOT)

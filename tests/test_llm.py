@@ -1,4 +1,4 @@
-"""engine.llm through the real openai client against a real HTTP server on 127.0.0.1."""
+"""engine.operators.llm through the real openai client against a real HTTP server on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import openai_server  # tests/openai_server.py (tests/ is on pythonpath)
 import pytest
 
 from engine.config import LLMConfig
-from engine.llm import LLM_REF_PREFIX, LLMClient, LLMError, recorded_calls
+from engine.operators.llm import LLM_REF_PREFIX, LLMClient, LLMError, recorded_calls
 
 SCHEMA = {"type": "object", "required": ["answer"], "properties": {"answer": {"type": "integer"}}}
 KEY = "sk-test-SECRET-0123456789abcdef"

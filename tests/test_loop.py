@@ -15,7 +15,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-for _mod in ("engine.select", "engine.propose", "engine.implement", "engine.verify", "engine.evaluate", "engine.reflect"):
+for _mod in ("engine.select", "engine.operators.propose", "engine.operators.implement", "engine.operators.verify", "engine.operators.evaluate", "engine.operators.reflect"):
     try:
         __import__(_mod)
     except ModuleNotFoundError as _exc:  # only the operator module itself missing skips; any other import error fails
@@ -32,7 +32,7 @@ def _final(nodes) -> dict[str, str]:
 
 def _events(arch, name: str) -> list[str]:
     """The Poise-Event of every commit of the node itself (not of its ancestors)."""
-    from engine.archive import parse_trailers
+    from engine.archive.store import parse_trailers
 
     out = arch.git.text("log", "--format=%B%x1e", f"refs/heads/poise/{name}")
     events = []
@@ -61,8 +61,8 @@ def _copy(src: Path, tmp_path: Path) -> Path:
 
 
 def test_run_end_to_end_budget_stop_and_resume(evaluated_root, tmp_path, cli):
-    from engine.archive import Archive
-    from engine.tracking import find_runs
+    from engine.archive.store import Archive
+    from engine.archive.tracking import find_runs
 
     exp = _copy(evaluated_root, tmp_path)
     p = cli("run", "-C", str(exp), "--rounds", "2", "--parents", "1", "--population", "2", "--budget", "candidates=3", *SMALL, timeout=900)
@@ -100,7 +100,7 @@ def test_run_end_to_end_budget_stop_and_resume(evaluated_root, tmp_path, cli):
 
 
 def test_kill_9_then_resume_finishes_without_duplicates(evaluated_root, tmp_path):
-    from engine.archive import Archive
+    from engine.archive.store import Archive
 
     exp = _copy(evaluated_root, tmp_path)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])), COLUMNS="200")
@@ -143,7 +143,7 @@ def test_kill_9_then_resume_finishes_without_duplicates(evaluated_root, tmp_path
 
 
 def test_hung_candidate_is_cut_off_by_the_limit(archive):
-    from engine.executor import EvalJob, LocalExecutor
+    from engine.loop.executor import EvalJob, LocalExecutor
 
     archive.record_results("grpo", {"overall": 0.5})
     edit = ("def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:\n"
@@ -165,7 +165,7 @@ def test_hung_candidate_is_cut_off_by_the_limit(archive):
 
 def test_ray_backed_run_on_a_local_instance(evaluated_root, tmp_path, cli):
     pytest.importorskip("ray")
-    from engine.archive import Archive
+    from engine.archive.store import Archive
 
     exp = _copy(evaluated_root, tmp_path)
     p = cli("run", "-C", str(exp), "--rounds", "1", "--parents", "1", "--population", "1", "--ray", "local", "--workers", "2",

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from engine.budget import Budget, Usage, exhausted
+from engine.loop.budget import Budget, Usage, exhausted
 from engine.errors import ConfigError
 
 
@@ -29,7 +29,7 @@ def test_budget_parse_and_first_exhausted():
 
 def test_objective_syntax_covers_the_length_compression_experiment():
     from engine.config import ExperimentConfig
-    from engine.objective import describe, has_length_objective, parse_objective, with_objective
+    from engine.select.objective import describe, has_length_objective, parse_objective, with_objective
 
     assert parse_objective("overall") == {"objective": "overall"}
     assert parse_objective("overall - 0.002*mean_length") == {"objective": "overall", "length_penalty": 0.002}
@@ -43,7 +43,7 @@ def test_objective_syntax_covers_the_length_compression_experiment():
 
 
 def test_pending_work_follows_the_status_machine(archive):
-    from engine.runstate import pending_work
+    from engine.loop.state import pending_work
 
     nodes = archive.nodes()
     assert pending_work(archive, nodes).evaluate == ["grpo"]  # the root is evaluated first
@@ -66,7 +66,7 @@ def test_pending_work_follows_the_status_machine(archive):
 
 
 def test_run_record_lives_on_a_git_ref_with_compare_and_swap(archive):
-    from engine.runstate import RUN_REF, RunRecord, RunStateError, last_round, load_run, save_run
+    from engine.loop.state import RUN_REF, RunRecord, RunStateError, last_round, load_run, save_run
 
     assert load_run(archive) is None
     rec = save_run(archive, RunRecord({"id": "r1", "plan": {"rounds": 2}, "selections": {}}), "poise: run r1 started")
@@ -86,7 +86,7 @@ def test_run_record_lives_on_a_git_ref_with_compare_and_swap(archive):
 def test_executor_records_a_crashed_evaluation_as_failed(archive):
     """A worker that dies (here: the node's evaluation raises inside the worker) gives a failed node
     with the reason, never an exception in the loop."""
-    from engine.executor import EvalJob, LocalExecutor
+    from engine.loop.executor import EvalJob, LocalExecutor
 
     archive.spawn("grpo", "ghost-backend", trailers={"Poise-Round": "1"}, status="verified")
     ex = LocalExecutor(2)
@@ -107,7 +107,7 @@ def test_kill_tree_reaches_descendants_in_their_own_sessions(tmp_path):
 
     import psutil
 
-    from engine.executor import kill_tree
+    from engine.loop.executor import kill_tree
 
     script = tmp_path / "spawner.py"
     script.write_text(

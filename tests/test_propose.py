@@ -10,12 +10,12 @@ from pathlib import Path
 import openai_server  # tests/openai_server.py (tests/ is on pythonpath)
 import pytest
 
-from engine.archive import Archive
-from engine.context import build_context, pareto_front
+from engine.archive.store import Archive
+from engine.operators.context import build_context, pareto_front
 from engine.errors import PoiseError
-from engine.propose import Proposal, screen
-from engine.proposers import available, get_proposer, register
-from engine.proposers.codegen import normalize, render, set_defaults
+from engine.operators.propose import Proposal, screen
+from engine.operators.proposers import available, get_proposer, register
+from engine.operators.proposers.codegen import normalize, render, set_defaults
 
 RLOO = '''\
 @dataclass
@@ -180,7 +180,7 @@ def test_llm_proposal_to_verified_node_and_replay(tmp_path, cli):
 
 
 def test_fingerprint_ignores_a_constant_scale_but_sees_loss_terms():
-    from engine.fingerprint import DUPLICATE_TOL, compute, distance
+    from engine.operators.fingerprint import DUPLICATE_TOL, compute, distance
     from trainer_template.loader import load_algorithm, make_config
 
     root = Path(__file__).resolve().parents[1].joinpath("trainer_template", "algorithm.py").read_text()

@@ -9,8 +9,8 @@ import pytest
 
 from engine.config import LLMConfig
 from engine.errors import PoiseError
-from engine.llm import LLMClient
-from engine.reflect import metric_diagnostics, reflect_node, trajectory_diagnostics
+from engine.operators.llm import LLMClient
+from engine.operators.reflect import metric_diagnostics, reflect_node, trajectory_diagnostics
 
 STEPS = list(range(0, 100, 10))
 HEALTHY = {"step": STEPS, "train/entropy": [1.0 - 0.03 * i for i in range(10)], "train/kl": [0.01] * 10,
@@ -61,7 +61,7 @@ def test_reflect_command_commits_reflection(archive, cli):
 
 
 def test_llm_narrative_and_mlflow(archive, monkeypatch, tmp_path):
-    from engine.tracking import find_runs, node_run
+    from engine.archive.tracking import find_runs, node_run
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setenv("POISE_TEST_KEY", "sk-test")

@@ -31,7 +31,7 @@ def _payload(overall: float, half: float | None, length: float, slope: float = 0
 
 
 def _build(tmp_path: Path):
-    from engine.archive import Archive
+    from engine.archive.store import Archive
 
     arch = Archive.init(tmp_path / "exp")
     arch.record_results("grpo", _payload(0.50, 0.02, 22.0))
@@ -51,7 +51,7 @@ def _build(tmp_path: Path):
 
 
 def test_rows_give_deltas_and_noise_aware_verdicts(tmp_path):
-    from engine.report import node_rows, report_experiment
+    from engine.report.html import node_rows, report_experiment
 
     arch = _build(tmp_path)
     rows = {r["node"]: r for r in node_rows(arch.nodes(), report_experiment(arch))}
@@ -68,7 +68,7 @@ def test_rows_give_deltas_and_noise_aware_verdicts(tmp_path):
 
 def test_length_penalty_shifts_utility_and_interval(tmp_path):
     from engine.config import ExperimentConfig
-    from engine.report import node_rows
+    from engine.report.html import node_rows
 
     arch = _build(tmp_path)
     exp = ExperimentConfig(objective="overall", length_penalty=0.01)
@@ -138,8 +138,8 @@ def test_report_command_writes_figures_and_renders(tmp_path, cli):
 
 
 def test_report_on_fresh_archive_says_no_data(tmp_path):
-    from engine.archive import Archive
-    from engine.report import render
+    from engine.archive.store import Archive
+    from engine.report.html import render
 
     arch = Archive.init(tmp_path / "exp")
     page = render(arch)

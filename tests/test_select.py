@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.archive import Archive
+from engine.archive.store import Archive
 from engine.config import Config, ExperimentConfig, SelectConfig
 from engine.select import SelectError, retrospect, select_parents
 from engine.select.features import descendant_gain

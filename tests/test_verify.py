@@ -7,7 +7,7 @@ import json
 
 import openai_server  # tests/openai_server.py (tests/ is on pythonpath)
 
-from engine.archive import Archive
+from engine.archive.store import Archive
 
 NAN_EDIT = '''\
 def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:
@@ -96,9 +96,9 @@ def test_correction_loop_rejects_hostile_code_and_the_engine_keeps_running(tmp_p
 
 def test_endpoint_lost_during_correction_still_archives_the_reason(archive):
     from engine.config import LLMConfig
-    from engine.implement import implement
-    from engine.llm import LLMClient
-    from engine.propose import Proposal
+    from engine.operators.implement import implement
+    from engine.operators.llm import LLMClient
+    from engine.operators.propose import Proposal
 
     S = openai_server
     with S.ScriptedOpenAI([{"status": 500}] * 5) as srv:

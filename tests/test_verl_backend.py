@@ -315,7 +315,7 @@ def test_overrides_compose_against_verls_config(archive):
 def test_launch_opens_the_nodes_mlflow_run(archive):
     import mlflow
 
-    from engine.tracking import find_runs, set_uri
+    from engine.archive.tracking import find_runs, set_uri
     from trainer_template.verl_backend.launch import prepare_launch
 
     launch = prepare_launch(archive, "grpo", dry_run=False)

@@ -42,7 +42,7 @@ def composed(tmp_path_factory):
     from omegaconf import OmegaConf
     from verl.utils.import_utils import import_external_libs
 
-    from engine.archive import Archive
+    from engine.archive.store import Archive
     from trainer_template.verl_backend.launch import prepare_launch
 
     root = tmp_path_factory.mktemp("v1")

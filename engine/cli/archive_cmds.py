@@ -13,7 +13,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.tree import Tree
 
-from engine.archive import ALGORITHM, Archive, Node
+from engine.archive.store import ALGORITHM, Archive, Node
 from engine.cli import ArchiveOpt, console
 from engine.errors import ArchiveError, PoiseError
 
@@ -82,7 +82,7 @@ def spawn(
     console.print(arch.diff(parent, name, stat=True).rstrip(), highlight=False)
     if edit_src is not None and not no_verify:
         from engine.cli.operator_cmds import report_verification
-        from engine.verify import verify_node
+        from engine.operators.verify import verify_node
 
         with console.status(f"verifying {name}…"):
             res = verify_node(arch, name, arch.config())
@@ -91,8 +91,8 @@ def spawn(
 
 def _spawn_auto(parent: str, name: Optional[str], proposer: Optional[str], replay: bool, seed: Optional[int], archive: Path) -> None:
     from engine.cli.operator_cmds import make_llm, print_usage
-    from engine.implement import implement
-    from engine.propose import propose_all
+    from engine.operators.implement import implement
+    from engine.operators.propose import propose_all
 
     arch = Archive(archive)
     cfg = arch.config()

@@ -22,7 +22,7 @@ def evaluate(
     archive: Path = ArchiveOpt,
 ) -> None:
     """Evaluate a node under one standardized protocol and record results.json on its branch."""
-    from engine.archive import Archive
+    from engine.archive.store import Archive
 
     arch = Archive(archive)
     if suite:
@@ -33,7 +33,7 @@ def evaluate(
         payload = evaluate_node_on_suite(arch, node, suite=suite, backend=backend, model=model, base_url=base_url, limit=limit,
                                          preset=preset)
     else:
-        from engine.evaluate import evaluate_node
+        from engine.operators.evaluate import evaluate_node
 
         with console.status(f"evaluating [bold]{node}[/] on the {backend} backend ...") as status:
             def on_event(msg: str) -> None:

@@ -20,7 +20,7 @@ def make_llm(arch, cfg, proposer: str | None, replay: bool):
     """An LLM client when the llm proposer is in use, else None."""
     if (proposer or cfg.propose.proposer) != "llm":
         return None
-    from engine.llm import make_client
+    from engine.operators.llm import make_client
 
     return make_client(cfg, arch, replay=replay)
 
@@ -42,8 +42,8 @@ def propose(
     archive: Path = ArchiveOpt,
 ) -> None:
     """Propose N candidate mechanisms for PARENT, screened for consistency, feasibility, novelty and expected gain."""
-    from engine.archive import Archive
-    from engine.propose import propose_all
+    from engine.archive.store import Archive
+    from engine.operators.propose import propose_all
 
     arch = Archive(archive)
     cfg = arch.config()
@@ -74,8 +74,8 @@ def verify(
 ) -> None:
     """Static checks + the generated test suite (sandboxed); records verification.json and tests/.
     Exits with status 2 when the node is rejected."""
-    from engine.archive import Archive
-    from engine.verify import verify_node
+    from engine.archive.store import Archive
+    from engine.operators.verify import verify_node
 
     arch = Archive(archive)
     with console.status(f"verifying {node}…"):
@@ -100,8 +100,8 @@ def reflect(
     """Diagnose NODE against its parent (entropy, KL, plateau, length, validity, metric intervals); commit REFLECTION.md."""
     from rich.markdown import Markdown
 
-    from engine.archive import Archive
-    from engine.reflect import reflect_node
+    from engine.archive.store import Archive
+    from engine.operators.reflect import reflect_node
 
     arch = Archive(archive)
     cfg = arch.config()

@@ -118,15 +118,15 @@ def run(
 
     Creates the archive first when --archive does not exist (or is empty). Stops cleanly at the first
     exhausted budget; `--resume` continues after a stop or a crash, from git alone."""
-    from engine.archive import Archive
-    from engine.budget import Budget
-    from engine.loop import Loop, RunOptions
+    from engine.archive.store import Archive
+    from engine.loop.budget import Budget
+    from engine.loop.core import Loop, RunOptions
 
     opts = RunOptions(rounds=rounds, parents=parents, population=population, seeds=seeds, proposer=proposer, backend=backend,
                       preset=preset, workers=workers, ray=ray, directive=directive, objective=objective,
                       budget=Budget.parse(budget), eval_timeout_s=eval_timeout, seed=seed, resume=resume, replay=replay)
     if objective:
-        from engine.objective import parse_objective
+        from engine.select.objective import parse_objective
 
         parse_objective(objective)  # a bad objective fails before anything is created
     if proposer is not None and proposer not in ("offline", "llm"):
@@ -154,7 +154,7 @@ def _print_summary(arch, s, report: bool) -> None:
     from rich.panel import Panel
     from rich.syntax import Syntax
 
-    from engine.archive import ALGORITHM
+    from engine.archive.store import ALGORITHM
 
     c = s.counts
     console.print(f"\n[bold]run {s.run_id}[/] rounds {s.rounds[0]}–{s.rounds[1]}: {s.stop_reason}")
@@ -165,8 +165,8 @@ def _print_summary(arch, s, report: bool) -> None:
     if s.best:
         root_txt = ""
         if s.root_utility is not None and s.best != root:
-            from engine.objective import promotion
-            from engine.report import report_experiment
+            from engine.select.objective import promotion
+            from engine.report.html import report_experiment
 
             nodes = arch.nodes()
             root_txt = f" (root {s.root_utility:.4f}; {promotion(nodes[s.best], nodes[root], report_experiment(arch))} vs the root)"
@@ -178,7 +178,7 @@ def _print_summary(arch, s, report: bool) -> None:
         diff = arch.diff(root, shown, [ALGORITHM])
         console.print(Panel(Syntax(diff or "(no change)", "diff", theme="ansi_dark"), title=f"mechanism diff: {root} -> {shown}"))
     if report:
-        from engine.report import render
+        from engine.report.html import render
 
         page = render(arch)
         console.print(f"report: [bold]{page}[/]")
@@ -192,9 +192,9 @@ def report(
     top: int = typer.Option(3, "--top", help="Best nodes shown in the training-dynamics figure."),
 ) -> None:
     """Write an HTML report: lineage, frontier vs depth, training dynamics, accuracy vs length, node table."""
-    from engine.archive import Archive
-    from engine.objective import with_objective
-    from engine.report import render, report_experiment
+    from engine.archive.store import Archive
+    from engine.select.objective import with_objective
+    from engine.report.html import render, report_experiment
 
     arch = Archive(archive)
     exp = with_objective(report_experiment(arch), objective) if objective else None
@@ -209,8 +209,8 @@ def ui(
 ) -> None:
     """Start the MLflow UI on the archive's store (one worker, job execution off). With
     MLFLOW_TRACKING_URI pointing at a server, print that server instead."""
-    from engine.archive import Archive
-    from engine.tracking import tracking_uri
+    from engine.archive.store import Archive
+    from engine.archive.tracking import tracking_uri
 
     arch = Archive(archive)
     uri = tracking_uri(arch.path)

@@ -25,7 +25,7 @@ def select(
 ) -> None:
     """Score every node with s(d) = w_pareto*U_pareto + w_perf*U_perf + w_div*U_div + w_bayes*alpha_GP
     and pick the next parents (greedy, diversity-aware, without replacement)."""
-    from engine.archive import Archive
+    from engine.archive.store import Archive
     from engine.select import select_parents
 
     sel = select_parents(Archive(archive), None, k=k, seed=seed)
@@ -67,7 +67,7 @@ def retrospect(
     """Retrospective parent retention: per round, did the top-ranked selected parent produce the
     strongest descendant; gains parent -> best descendant; selected parents below the root that later
     led above it."""
-    from engine.archive import Archive
+    from engine.archive.store import Archive
     from engine.select import retrospect as run
 
     rep = run(Archive(archive))

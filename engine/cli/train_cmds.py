@@ -43,7 +43,7 @@ def train(
     import os
     import subprocess
 
-    from engine.archive import Archive
+    from engine.archive.store import Archive
     from trainer_template.loader import AlgorithmLoadError
     from trainer_template.verl_backend.launch import Protocol, prepare_launch
 

@@ -1,4 +1,4 @@
-"""Per-seed subprocess entry point (run by engine.evaluate inside engine.sandbox limits).
+"""Per-seed subprocess entry point (run by engine.operators.evaluate inside engine.sandbox.process limits).
 
     python -m trainer_template.proxy.worker warmstart --preset default [--cache-dir D]
     python -m trainer_template.proxy.worker run --algorithm A.py --seed 0 --out R.json [--preset P]

@@ -159,7 +159,7 @@ def prepare_launch(
     """Everything ``poise-git train NODE --backend verl`` needs. Unless ``dry_run``, writes the node's
     algorithm.py, its hyperparameters and the parquet data under ``<archive>/.poise/verl`` and opens the
     node's MLflow run (``MLFLOW_RUN_ID``)."""
-    from engine.tracking import node_run, tracking_uri
+    from engine.archive.tracking import node_run, tracking_uri
     from trainer_template.loader import load_algorithm, make_config
 
     source = archive.algorithm(node)

@@ -7,7 +7,7 @@ Two candidates whose fingerprints agree within ``DUPLICATE_TOL`` in every part (
 constant positive scale; loss probes in relative L2) are near-duplicates, whatever their code looks like.
 
 Computing a fingerprint executes candidate code: it only ever runs in a limited subprocess
-(``fingerprints(...)`` -> ``python -m engine.fingerprint``), after the static checks.
+(``fingerprints(...)`` -> ``python -m engine.operators.fingerprint``), after the static checks.
 """
 
 from __future__ import annotations
@@ -143,9 +143,9 @@ def fingerprints(sources: Sequence[str], *, timeout_s: float = 120.0, memory_mb:
     """Fingerprint many (statically checked) sources in ONE limited subprocess; an error string per failure."""
     if not sources:
         return []
-    from engine.sandbox import child_env, run_limited
+    from engine.sandbox.process import child_env, run_limited
 
-    res = run_limited([sys.executable, "-m", "engine.fingerprint"], timeout_s=timeout_s, cpu_s=timeout_s,
+    res = run_limited([sys.executable, "-m", "engine.operators.fingerprint"], timeout_s=timeout_s, cpu_s=timeout_s,
                       memory_mb=memory_mb, env=child_env(), input=json.dumps(list(sources)))
     if not res.ok:
         return [f"fingerprinting failed: {res.reason()}"] * len(sources)

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine import figures
-from engine import objective as obj
-from engine.archive import ALGORITHM, ROOT_NAME, Archive
+from engine.report import figures
+from engine.select import objective as obj
+from engine.archive.store import ALGORITHM, ROOT_NAME, Archive
 from engine.config import ExperimentConfig
 
 REPORT_DIR = Path(".poise") / "report"
@@ -25,7 +25,7 @@ REPORT_DIR = Path(".poise") / "report"
 
 def report_experiment(archive: Archive) -> ExperimentConfig:
     """The objective of the last run (it may override poise.toml), else poise.toml's."""
-    from engine.runstate import load_run
+    from engine.loop.state import load_run
 
     exp = archive.config().experiment
     rec = load_run(archive)
@@ -85,7 +85,7 @@ th{background:#f4f6f8}.pos{color:#08753a}.neg{color:#b00020}.better{font-weight:
 
 def render(archive: Archive, out_dir: str | Path | None = None, experiment: ExperimentConfig | None = None, top: int = 3) -> Path:
     """Write ``index.html`` and its figures; returns the page's path."""
-    from engine.runstate import load_run
+    from engine.loop.state import load_run
 
     out = Path(out_dir) if out_dir else archive.path / REPORT_DIR
     out.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,7 @@ sent back to it for a corrected edit (:meth:`LLMProposer.revise`)."""
 from __future__ import annotations
 
 from engine.errors import PoiseError
-from engine.proposers import register
+from engine.operators.proposers import register
 
 SYSTEM = """You are a research scientist designing policy-optimization (RL) algorithms for training language \
 models on verifiable math problems (GRPO family). A mechanism is a Python file `algorithm.py` with:
@@ -33,7 +33,7 @@ _HP = {"type": "object", "additionalProperties": {"type": ["number", "boolean", 
 
 
 def proposals_schema() -> dict:
-    from engine.propose import INTENTS
+    from engine.operators.propose import INTENTS
 
     item = {"type": "object", "required": ["name", "motivation", "mechanism", "expected_effect", "code"],
             "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 80}, "motivation": {"type": "string"},
@@ -59,7 +59,7 @@ class LLMProposer:
         self.llm = llm
 
     def propose(self, archive, parent: str, context, cfg, n: int, seed: int | None) -> list:
-        from engine.propose import Proposal, slug
+        from engine.operators.propose import Proposal, slug
 
         user = (f"{context.render()}\n\n## Task\nPropose {n} distinct candidate mechanisms that improve on the parent "
                 f"node `{parent}` under the directive (if any). For each give: name (short, kebab-case), motivation, "

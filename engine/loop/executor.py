@@ -1,6 +1,6 @@
 """Parallel evaluation of candidates: a local pool of worker processes (default) or Ray tasks.
 
-Every evaluation runs ``python -m engine.executor JOB`` — a fresh process (one torch thread) calling
+Every evaluation runs ``python -m engine.loop.executor JOB`` — a fresh process (one torch thread) calling
 ``engine.evaluate.evaluate_node`` — in its own session with a hard wall-clock limit: past the limit the
 whole process tree is killed (its descendants too, even those that started their own process groups)
 and the node is recorded as ``failed`` with the reason. A worker also dies with the process that
@@ -60,11 +60,11 @@ def _grace(timeout_s: float) -> float:
 
 def run_job(job: EvalJob) -> EvalOutcome:
     """Run one evaluation in a limited worker process; record a failure on the node if it dies."""
-    from engine.sandbox import child_env
+    from engine.sandbox.process import child_env
 
     start = time.monotonic()
     limit = job.timeout_s + _grace(job.timeout_s)
-    cmd = [sys.executable, "-m", "engine.executor", json.dumps(asdict(job))]
+    cmd = [sys.executable, "-m", "engine.loop.executor", json.dumps(asdict(job))]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=child_env(), start_new_session=True)
     _LIVE.add(proc)
@@ -97,7 +97,7 @@ def run_job(job: EvalJob) -> EvalOutcome:
 
 def record_failure(job: EvalJob, reason: str, wall_s: float, timed_out: bool = False) -> EvalOutcome:
     """Mark the node failed (results.json with the reason) unless it already has its results."""
-    from engine.archive import RESULTS, Archive
+    from engine.archive.store import RESULTS, Archive
 
     arch = Archive(job.archive)
     node = arch.node(job.node)
@@ -201,7 +201,7 @@ class RayExecutor:
         import ray
 
         self.ray = ray
-        repo = str(Path(__file__).resolve().parents[1])
+        repo = str(Path(__file__).resolve().parents[2])
         env = {"PYTHONPATH": repo + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")}
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "ignore_reinit_error": True,
                                   "runtime_env": {"env_vars": env}}
@@ -285,8 +285,8 @@ def _worker(job: EvalJob) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from engine.archive import Archive
-    from engine.evaluate import evaluate_node
+    from engine.archive.store import Archive
+    from engine.operators.evaluate import evaluate_node
 
     payload = evaluate_node(Archive(job.archive), job.node, backend=job.backend, seeds=job.seeds, preset=job.preset,
                             timeout_s=job.timeout_s, tags=job.tags)

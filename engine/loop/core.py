@@ -1,7 +1,7 @@
 """The closed loop: per round, select K parents -> propose N per parent (screened) -> implement + verify
 (bounded correction) -> evaluate (S paired seeds, in parallel) -> reflect; the archive (git) records it.
 
-State lives in git only (``engine.runstate``): a crash at any point is finished by ``run --resume``.
+State lives in git only (``engine.loop.state``): a crash at any point is finished by ``run --resume``.
 The loop reports progress through ``on_event(dict)`` and never imports the CLI.
 """
 
@@ -15,13 +15,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from engine import objective as obj
-from engine.archive import ROOT_NAME, Archive
-from engine.budget import Budget, Usage, exhausted
+from engine.select import objective as obj
+from engine.archive.store import ROOT_NAME, Archive
+from engine.loop.budget import Budget, Usage, exhausted
 from engine.config import validate
 from engine.errors import PoiseError
-from engine.executor import STOPPED, EvalJob, EvalOutcome, make_executor
-from engine.runstate import RunRecord, last_round, load_run, new_run_id, node_round, pending_work, run_nodes, save_run
+from engine.loop.executor import STOPPED, EvalJob, EvalOutcome, make_executor
+from engine.loop.state import RunRecord, last_round, load_run, new_run_id, node_round, pending_work, run_nodes, save_run
 
 Event = Callable[[dict], None]
 PROPOSE_ATTEMPTS = 3
@@ -126,7 +126,7 @@ class Loop:
         self.prior_llm = (int(rec.data.get("usage", {}).get("tokens", 0)), float(rec.data.get("usage", {}).get("cost_usd", 0.0)))
         self.llm = None
         if plan["proposer"] == "llm" or o.replay:
-            from engine.llm import make_client
+            from engine.operators.llm import make_client
 
             self.llm = make_client(self.cfg, self.archive, replay=o.replay)
         return save_run(self.archive, rec, f"poise: run {rec.id} {'resumed' if o.resume else 'started'}")
@@ -243,7 +243,7 @@ class Loop:
                 return
 
     def _propose(self, parent: str, n: int, seed: int) -> list:
-        from engine.propose import propose
+        from engine.operators.propose import propose
 
         try:
             return propose(self.archive, parent, self.cfg, n=n, proposer=self.plan["proposer"], seed=seed, **self._llm_kw())
@@ -252,7 +252,7 @@ class Loop:
             return []
 
     def _implement_all(self, r: int, entry: dict, proposals: list) -> None:
-        from engine.implement import implement
+        from engine.operators.implement import implement
 
         parent = entry["node"]
         for prop in proposals:
@@ -335,7 +335,7 @@ class Loop:
             self.emit({"kind": "best", "node": best, "utility": obj.node_utility(nodes[best], self.cfg.experiment)})
 
     def _reflect(self, name: str, r: int | None) -> None:
-        from engine.reflect import reflect_node
+        from engine.operators.reflect import reflect_node
 
         self.emit({"kind": "stage", "round": r, "stage": "reflect", "node": name})
         try:
@@ -351,7 +351,7 @@ class Loop:
         if resuming:
             self.emit({"kind": "log", "msg": f"finishing {todo.count()} pending node(s): verify {todo.verify}, evaluate {todo.evaluate}, reflect {todo.reflect}"})
         for name in todo.verify:
-            from engine.verify import verify_node
+            from engine.operators.verify import verify_node
 
             self.emit({"kind": "stage", "round": node_round(nodes[name]), "stage": "verify", "node": name})
             res = verify_node(self.archive, name, self.cfg)
@@ -395,12 +395,12 @@ def _llm_usage(llm) -> tuple[int, float]:
 
 def _close_dangling_runs(archive: Archive, names: list[str]) -> None:
     """MLflow runs a killed evaluation left RUNNING are marked KILLED, so none is counted twice."""
-    from engine.tracking import MLFLOW_DB
+    from engine.archive.tracking import MLFLOW_DB
 
     if not os.environ.get("MLFLOW_TRACKING_URI") and not (archive.path / MLFLOW_DB).exists():
         return
     try:
-        from engine.tracking import find_runs
+        from engine.archive.tracking import find_runs
         import mlflow
 
         client = mlflow.MlflowClient()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from engine import objective as obj
+from engine.select import objective as obj
 
 DYNAMICS = (("train/reward_mean", "reward (mean)"), ("train/entropy", "entropy"), ("train/response_length", "response length"))
 

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.archive import REFLECTION, ROOT_NAME, Archive, Node
+from engine.archive.store import REFLECTION, ROOT_NAME, Archive, Node
 from engine.errors import PoiseError
 
 RUN_REF = "refs/poise/run"

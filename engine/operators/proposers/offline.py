@@ -5,7 +5,7 @@ Each candidate mutates ONE component of the parent's spec (baseline, scale, inva
 handling, length shaping, advantage clipping, clip ratios, aggregation mode, KL or entropy coefficient)
 or crosses the parent with an evaluated reference node (uniform crossover per component). Continuous
 hyperparameters are sampled by Optuna's TPE, warm-started with every archived node that has a spec and
-a utility. The code is rendered by :mod:`engine.proposers.codegen` and applied through LibCST.
+a utility. The code is rendered by :mod:`engine.operators.proposers.codegen` and applied through LibCST.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import math
 import random
 from typing import Any
 
-from engine.proposers import register
-from engine.proposers.codegen import CONTINUOUS, LOSS_AGG_MODES, LOSS_KNOBS, OPTIONS, describe, normalize, render
+from engine.operators.proposers import register
+from engine.operators.proposers.codegen import CONTINUOUS, LOSS_AGG_MODES, LOSS_KNOBS, OPTIONS, describe, normalize, render
 
 MUTABLE = tuple(OPTIONS) + LOSS_KNOBS
 
@@ -82,7 +82,7 @@ class OfflineProposer:
         self.llm = llm  # unused: the offline proposer never calls an endpoint
 
     def propose(self, archive, parent: str, context, cfg, n: int, seed: int | None) -> list:
-        from engine.propose import Proposal
+        from engine.operators.propose import Proposal
 
         seed = seed if seed is not None else len(archive.nodes())
         rng = random.Random(seed)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import PoiseError
-from engine.verify_suite import CONFTEST, INTENT_TESTS, INTERFACE_TESTS, intent_suite
+from engine.operators.verify_suite import CONFTEST, INTENT_TESTS, INTERFACE_TESTS, intent_suite
 
 VERIFICATION = "verification.json"
 
@@ -73,7 +73,7 @@ c = Collect()
 rc = pytest.main(["-q", "--maxfail=2", "-p", "no:cacheprovider", "tests"], plugins=[c])
 out = {"returncode": int(rc), "tests": c.rows, "fingerprint": None}
 if rc == 0:
-    from engine.fingerprint import compute
+    from engine.operators.fingerprint import compute
     from trainer_template.loader import load_algorithm
     out["fingerprint"] = compute(load_algorithm(open("algorithm.py").read(), "verified"))
 json.dump(out, open(sys.argv[1], "w"))
@@ -91,7 +91,7 @@ def generate_suite(intents: tuple[str, ...] | list[str] = ()) -> dict[str, str]:
 
 def run_suite(source: str, files: dict[str, str], limits: VerifyLimits) -> tuple[bool, str, dict[str, Any]]:
     """Run the suite against ``source`` in a limited subprocess; (ok, reason, report)."""
-    from engine.sandbox import child_env, run_limited
+    from engine.sandbox.process import child_env, run_limited
 
     with tempfile.TemporaryDirectory(prefix="poise-verify-") as tmp:
         root = Path(tmp)
@@ -130,7 +130,7 @@ def run_suite(source: str, files: dict[str, str], limits: VerifyLimits) -> tuple
 
 def verify_source(source: str, parent_source: str | None, intents=(), limits: VerifyLimits | None = None) -> VerifyResult:
     """Static checks, then the generated suite in a sandbox (nothing recorded)."""
-    from engine.implement import static_check
+    from engine.operators.static_check import static_check
 
     limits = limits or VerifyLimits.from_env()
     files = generate_suite(tuple(intents))

@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine import objective
+from engine.select import objective
 from engine.config import utility
 
 MAX_PER_TIER = 3

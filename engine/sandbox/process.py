@@ -89,7 +89,7 @@ def kill_group(pid: int) -> None:
 
 def child_env(extra: Mapping[str, str] | None = None, *, drop_secrets: bool = True) -> dict[str, str]:
     """The environment for an untrusted child: one torch thread, no API keys, the project importable."""
-    repo = str(Path(__file__).resolve().parents[1])
+    repo = str(Path(__file__).resolve().parents[2])
     env = {k: v for k, v in os.environ.items() if not (drop_secrets and _secret(k))}
     env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("OMP_NUM_THREADS", "1")

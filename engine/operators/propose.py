@@ -72,7 +72,7 @@ def slug(text: str) -> str:
 
 def archived_fingerprints(archive, nodes=None) -> tuple[dict[str, list[float]], list[tuple[str, str]]]:
     """(recorded fingerprints of live nodes from verification.json, [(node, source)] still to compute)."""
-    from engine.implement import static_check
+    from engine.operators.static_check import static_check
 
     nodes = nodes if nodes is not None else archive.nodes()
     live = [n for n in nodes.values() if n.status not in ("rejected", "failed")]
@@ -104,8 +104,9 @@ def screen(archive, parent: str, proposals: list[Proposal], cfg, *, nodes=None) 
     Logically inconsistent proposals and near-duplicates are dropped. Code that fails to build, the static
     checks or the fingerprint bank is kept with ``screening['feasible'] = False`` and half the score: the
     implementer's correction loop gets to fix it. Feasible proposals rank first."""
-    from engine.fingerprint import DUPLICATE_TOL, distance, fingerprints, nearest
-    from engine.implement import build_source, static_check
+    from engine.operators.fingerprint import DUPLICATE_TOL, distance, fingerprints, nearest
+    from engine.operators.implement import build_source
+    from engine.operators.static_check import static_check
 
     parent_src = archive.algorithm(parent)
     candidates: list[tuple[Proposal, str | None]] = []
@@ -181,15 +182,15 @@ def screen(archive, parent: str, proposals: list[Proposal], cfg, *, nodes=None) 
 def propose_all(archive, parent: str, cfg, n: int | None = None, proposer: str | None = None, seed: int | None = None, *,
                 llm=None, replay: bool = False) -> tuple[list[Proposal], list[Proposal]]:
     """(kept[:n] best first, dropped) — :func:`propose` plus the screened-out candidates and why."""
-    from engine.context import build_context
-    from engine.proposers import get_proposer
+    from engine.operators.context import build_context
+    from engine.operators.proposers import get_proposer
 
     n = n or cfg.propose.population
     if n < 1:
         raise PoiseError("--n must be >= 1")
     name = proposer or cfg.propose.proposer
     if name == "llm" and llm is None:
-        from engine.llm import make_client
+        from engine.operators.llm import make_client
 
         llm = make_client(cfg, archive, replay=replay)
     nodes = archive.nodes()

@@ -151,7 +151,7 @@ def _log_mlflow(archive, results: dict[str, Any], text: str) -> None:
         return
     from mlflow.tracking import MlflowClient
 
-    from engine.tracking import tracking_uri
+    from engine.archive.tracking import tracking_uri
 
     client = MlflowClient(tracking_uri(archive.path))
     for rid in run_ids:

@@ -24,7 +24,7 @@ class Proposer(Protocol):
 
 
 _REGISTRY: dict[str, Callable[..., Proposer]] = {}
-_BUILTINS = {"offline": "engine.proposers.offline", "llm": "engine.proposers.llm"}
+_BUILTINS = {"offline": "engine.operators.proposers.offline", "llm": "engine.operators.proposers.llm"}
 
 
 def register(name: str):

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from engine.config import DEFAULT_TOML
-from engine.edit import apply_edit, check_interface
+from engine.archive.edit import apply_edit, check_interface
 from engine.errors import ArchiveError
-from engine.gitio import Git, GitError, parse_tree
+from engine.archive.gitio import Git, GitError, parse_tree
 
 REF_PREFIX = "refs/heads/poise/"
 ROOT_NAME = "grpo"

@@ -18,16 +18,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable, Mapping
 
-from engine.errors import PoiseError
+from engine.errors import EvaluationError
 
 TRAJECTORY_POINTS = 100
 # two-sided 95% Student-t quantiles by degrees of freedom (1..30); 1.96 beyond
 _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
-
-
-class EvaluationError(PoiseError):
-    """The evaluation could not run (unknown backend or preset, the proxy's warm start failed...)."""
 
 
 def t95(df: int) -> float:
@@ -99,7 +95,7 @@ def evaluate_node(archive, name: str, backend: str = "proxy", seeds: int | list[
 
     say = on_event or (lambda _msg: None)
     if backend == "verl":
-        from engine.evaluate_verl import evaluate_node_verl
+        from engine.operators.evaluate_verl import evaluate_node_verl
 
         return evaluate_node_verl(archive, name, timeout_s=float(timeout_s or archive.config().evaluation.timeout_s),
                                   tags=tags, on_event=on_event)
@@ -145,7 +141,7 @@ def evaluate_node(archive, name: str, backend: str = "proxy", seeds: int | list[
 
 def _run(archive, name, cfg, protocol, preset, seed_list, timeout, source, base, tags, say, cache_dir,
          prior_status, t_start) -> dict:
-    from engine.sandbox import child_env, run_limited
+    from engine.sandbox.process import child_env, run_limited
 
     cache_dir = cache_dir or cfg.proxy.cache_dir or None
     env = child_env({"POISE_CACHE_DIR": str(Path(cache_dir).expanduser())} if cache_dir else None)
@@ -224,7 +220,7 @@ def _log_mlflow(archive, name: str, runs: list[dict], base: dict, tags: Mapping[
         from mlflow.entities import Metric, Param
         from mlflow.tracking import MlflowClient
 
-        from engine.tracking import node_run
+        from engine.archive.tracking import node_run
     except Exception as exc:  # pragma: no cover - mlflow is a dependency
         say(f"MLflow unavailable: {exc}")
         return {}

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Mapping
 
-from engine.errors import PoiseError
+from engine.errors import EvaluationError, PoiseError
 
 # verl saves at the last step when save_freq > 0; a huge period means "only at the end". The HF copy is
 # what vLLM loads for the evaluation.
@@ -33,8 +33,7 @@ def final_checkpoint(ckpt_dir: str | Path) -> Path | None:
 def evaluate_node_verl(archive, name: str, *, timeout_s: float, model: str | None = None, gpus: int | None = None,
                        tags: Mapping[str, str] | None = None, on_event=None) -> dict:
     """Train ``name`` with verl, then score the checkpoint on math6 (vLLM); records like the proxy."""
-    from engine.evaluate import EvaluationError
-    from engine.sandbox import run_limited
+    from engine.sandbox.process import run_limited
 
     try:
         import torch

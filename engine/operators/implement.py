@@ -1,0 +1,111 @@
+"""Implementation (Phase II): a proposal becomes a node — static checks, LibCST spawn, verification,
+and a bounded correction loop feeding failures back to the proposer that wrote the code.
+
+Static checks (``engine.operators.static_check``) run before any candidate code executes. A candidate
+that never passes in R rounds is archived ``rejected`` with its reason.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Mapping
+
+from engine.archive.edit import apply_edit, check_interface
+from engine.errors import EditError, PoiseError
+from engine.operators.static_check import StaticCheckError, static_check
+
+def build_source(parent_source: str, edit: str, hyperparameters: Mapping | None = None) -> str:
+    """The candidate's algorithm.py: the LibCST edit applied, then hyperparameter defaults set."""
+    src = apply_edit(parent_source, edit) if edit.strip() else parent_source
+    if hyperparameters:
+        from engine.operators.proposers.codegen import set_defaults
+
+        src = set_defaults(src, hyperparameters)
+    return src
+
+
+def implement(archive, parent, proposal, cfg, name: str | None = None, trailers: Mapping | None = None, *,
+              rounds: int | None = None, llm=None, limits=None, progress=None):
+    """Spawn ``proposal`` off ``parent`` (str, or a list for a crossover), verify it, correct it for at most
+    R rounds (``[propose].correction_rounds``); return the Node, ``verified`` or ``rejected``."""
+    from engine.operators.proposers import get_proposer
+    from engine.operators.verify import verify_node
+
+    parents = [parent] if isinstance(parent, str) else list(parent)
+    parents += [p for p in getattr(proposal, "parents", ()) if p not in parents]
+    rounds = max(1, rounds if rounds is not None else cfg.propose.correction_rounds)
+    name = name or unique_name(archive, proposal.name)
+    parent_src = archive.algorithm(parents[0])
+    proposer = get_proposer(proposal.proposer, llm=llm)
+    tr = {"Poise-Proposer": proposal.proposer, "Poise-Event": "spawn"}
+    tr.update({k: v for k, v in (trailers or {}).items()})
+    failures: list[str] = []
+    notes: list[str] = []
+    node_made = False
+    current = proposal
+    for r in range(1, rounds + 1):
+        if progress:
+            progress(f"{name}: implementation round {r}/{rounds}")
+        src, problem = None, ""
+        try:
+            src = build_source(parent_src, current.edit, current.hyperparameters)
+            static_check(src, parent_src)
+        except PoiseError as exc:
+            problem = f"static check: {exc}"
+        if not problem:
+            files = {"records/proposal.json": json.dumps(current.to_record(), indent=1, sort_keys=True)}
+            if not node_made:
+                archive.spawn(parents, name, algorithm=src, proposal=current.markdown(), files=files, trailers=tr)
+                node_made = True
+            else:
+                archive.commit_files(name, {"algorithm.py": src, "PROPOSAL.md": current.markdown(), **files},
+                                     subject=f"poise: correction {r} of {name}", status="spawned",
+                                     trailers={"Poise-Event": "correction", "Poise-Correction": str(r), "Poise-Reason": []})
+            result = verify_node(archive, name, cfg, proposal=current, limits=limits)
+            if result.ok:
+                _record_usage(archive, name, llm, proposal)
+                return archive.node(name)
+            problem = f"verification: {result.reason}"
+        failures.append(f"round {r}: {problem}")
+        try:
+            revised = proposer.revise(archive, parents[0], current, problem, cfg, node=name) if r < rounds else None
+        except PoiseError as exc:  # e.g. the endpoint went away: the node is still archived with its reason
+            notes.append(f"correction after round {r} failed: {exc}")
+            break
+        if revised is None:
+            break
+        current = replace(revised, proposer=proposal.proposer, parents=proposal.parents)
+    reason = failures[-1].split(": ", 1)[1] if failures else "no candidate"
+    log = "\n".join(failures + notes) + "\n"
+    if not node_made:
+        files = {"records/rejected_edit.py": current.edit or "", "records/failures.txt": log}
+        archive.spawn(parents, name, algorithm=parent_src, proposal=current.markdown(), files=files, trailers=tr)
+        archive.set_status(name, "rejected", reason)
+    else:
+        archive.set_status(name, "rejected", reason, files={"records/failures.txt": log})
+    _record_usage(archive, name, llm, proposal)
+    return archive.node(name)
+
+
+def _record_usage(archive, name: str, llm, proposal) -> None:
+    if llm is None or proposal.proposer != "llm":
+        return
+    usage = llm.node_usage(name)
+    record = {"propose_call": proposal.llm_usage, "corrections": usage, "model": llm.model}
+    if usage["calls"] or proposal.llm_usage:
+        archive.commit_files(name, {"records/llm_usage.json": json.dumps(record, indent=1, sort_keys=True)},
+                             subject=f"poise: LLM usage of {name}", trailers={"Poise-Event": "llm-usage"})
+
+
+def unique_name(archive, base: str) -> str:
+    import re
+
+    base = re.sub(r"[^A-Za-z0-9._-]+", "-", base or "candidate").strip("-.")[:60] or "candidate"
+    nodes = archive.nodes()
+    if base not in nodes:
+        return base
+    i = 2
+    while f"{base}-{i}" in nodes:
+        i += 1
+    return f"{base}-{i}"

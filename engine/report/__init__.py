@@ -1,0 +1,1 @@
+"""The HTML report (``html``) and its figures (``figures``)."""

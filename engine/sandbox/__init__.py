@@ -1,0 +1,1 @@
+"""Where candidate code runs: a child process with limits (``process``)."""
