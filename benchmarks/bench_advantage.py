@@ -76,8 +76,13 @@ def main() -> None:
     cfg = make_config(algo)
     ours = make_estimator(algo, cfg)
     _, group = np.unique(uids.astype(str), return_inverse=True)
-    ready = RolloutBatch(rewards=scores, group=torch.as_tensor(group), valid=torch.ones(b, dtype=torch.bool),
-                         correct=scores > 0, lengths=lengths)
+    ready = RolloutBatch(
+        rewards=scores,
+        group=torch.as_tensor(group),
+        valid=torch.ones(b, dtype=torch.bool),
+        correct=scores > 0,
+        lengths=lengths,
+    )
 
     vec = getattr(core_algos, "compute_grpo_vectorized_outcome_advantage", None)
     fns = {"verl loop": lambda: core_algos.compute_grpo_outcome_advantage(tok, mask, uids)[0]}
@@ -102,8 +107,10 @@ def main() -> None:
     grp = timed_all(gfns, args.repeats)
 
     ref = rows["verl loop"][1]
-    print(f"GRPO advantage, {args.prompts} prompts x {args.samples} samples x {t} tokens (B={b}), "
-          f"median of {args.repeats}, torch threads {torch.get_num_threads()}")
+    print(
+        f"GRPO advantage, {args.prompts} prompts x {args.samples} samples x {t} tokens (B={b}), "
+        f"median of {args.repeats}, torch threads {torch.get_num_threads()}"
+    )
     print("end to end [B,T]:")
     base = rows["verl loop"][0]
     for name, (ms, out) in rows.items():
@@ -112,15 +119,20 @@ def main() -> None:
     if vec is None:
         print("  verl grpo_vectorized: not present in this verl version")
     else:
-        print(f"  ours vs grpo_vectorized: {rows['verl grpo_vectorized'][0] / rows['ours (adapter)'][0]:.2f}x (target >= 1)")
+        print(
+            f"  ours vs grpo_vectorized: "
+            f"{rows['verl grpo_vectorized'][0] / rows['ours (adapter)'][0]:.2f}x (target >= 1)"
+        )
     print("grouping step (per-sample statistics, no [B,T] broadcast):")
     gbase = grp["verl loop"][0]
     for name, (ms, out) in grp.items():
         out = out.reshape(-1)
         eq = torch.allclose(out, ref[torch.arange(b), 0] if out.numel() == b else out, atol=1e-6)
         print(f"  {name:<28} {ms:9.3f} ms   verl-loop/this {gbase / ms:8.1f}x   equal={eq}")
-    print(f"  target: ours (compute_advantages) >= 100x verl loop -> "
-          f"{gbase / grp['ours (compute_advantages)'][0]:.0f}x")
+    print(
+        f"  target: ours (compute_advantages) >= 100x verl loop -> "
+        f"{gbase / grp['ours (compute_advantages)'][0]:.0f}x"
+    )
 
 
 if __name__ == "__main__":

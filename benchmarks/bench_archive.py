@@ -27,7 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.archive.store import REF_PREFIX, Archive  # noqa: E402
 
 
-def bulk_load(arch: Archive, start: int, stop: int, rng: random.Random, commits: dict[str, str]) -> None:
+def bulk_load(
+    arch: Archive, start: int, stop: int, rng: random.Random, commits: dict[str, str]
+) -> None:
     """Append nodes n<start>..n<stop-1> with fast-import (parents drawn among existing nodes)."""
     base = arch.algorithm("grpo")
     names = list(commits)
@@ -57,15 +59,20 @@ def bulk_load(arch: Archive, start: int, stop: int, rng: random.Random, commits:
         data(algo)
         lines.append(b"D results.json\n")
         if has_results:
-            res = json.dumps({"metrics": {"overall": rng.random(), "mean_length": rng.uniform(10, 30)}}).encode()
+            res = json.dumps(
+                {"metrics": {"overall": rng.random(), "mean_length": rng.uniform(10, 30)}}
+            ).encode()
             lines.append(b"M 100644 inline results.json\n")
             data(res)
         lines.append(b"\n")
         names.append(name)
         commits[name] = f":{i + 1}"
     marks = Path(tempfile.mktemp(suffix=".marks"))
-    subprocess.run(["git", "-C", str(arch.path), "fast-import", "--quiet", f"--export-marks={marks}"],
-                   input=b"".join(lines), check=True)
+    subprocess.run(
+        ["git", "-C", str(arch.path), "fast-import", "--quiet", f"--export-marks={marks}"],
+        input=b"".join(lines),
+        check=True,
+    )
     for line in marks.read_text().splitlines():
         mark, oid = line.split()
         idx = int(mark[1:]) - 1
@@ -78,7 +85,9 @@ def time_spawns(arch: Archive, count: int, tag: str) -> list[float]:
     out = []
     for i in range(count):
         t = time.perf_counter()
-        arch.spawn(parents[i % len(parents)], f"s{tag}-{i}", f"BENCH_{i} = {i}\n", proposal=f"bench {i}")
+        arch.spawn(
+            parents[i % len(parents)], f"s{tag}-{i}", f"BENCH_{i} = {i}\n", proposal=f"bench {i}"
+        )
         out.append(time.perf_counter() - t)
     return out
 
@@ -118,7 +127,9 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--nodes", type=int, default=10_000)
     ap.add_argument("--spawns", type=int, default=60)
     ap.add_argument("--no-reference", action="store_true", help="skip the GitPython reference")
@@ -127,7 +138,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         arch = Archive.init(Path(tmp) / "exp")
         commits = {"grpo": arch.tip("grpo")}
-        print(f"{'nodes':>7} {'spawn median ms':>16} {'spawn p99 ms':>13} {'read s':>8} {'gitpython read s':>17} {'ratio':>6}")
+        print(
+            f"{'nodes':>7} {'spawn median ms':>16} {'spawn p99 ms':>13} {'read s':>8} "
+            f"{'gitpython read s':>17} {'ratio':>6}"
+        )
         rows = {}
         for size in sorted({min(1000, args.nodes), args.nodes}):
             t = time.perf_counter()
@@ -142,10 +156,15 @@ def main() -> None:
                 assert m == n
             med, p99 = statistics.median(spawns) * 1e3, pct(spawns, 0.99) * 1e3
             rows[size] = (med, read_s)
-            print(f"{n:>7} {med:>16.1f} {p99:>13.1f} {read_s:>8.3f} {ref_s:>17.2f} {ref_s / read_s:>5.0f}x   (bulk load {load_s:.1f} s)")
+            print(
+                f"{n:>7} {med:>16.1f} {p99:>13.1f} {read_s:>8.3f} {ref_s:>17.2f} {ref_s / read_s:>5.0f}x"
+                f"   (bulk load {load_s:.1f} s)"
+            )
         med, read_s = rows[args.nodes]
-        print(f"targets at {args.nodes} nodes: spawn median {med:.1f} ms (<= 25: {'ok' if med <= 25 else 'MISSED'}), "
-              f"lineage read {read_s:.3f} s (<= 0.5: {'ok' if read_s <= 0.5 else 'MISSED'})")
+        print(
+            f"targets at {args.nodes} nodes: spawn median {med:.1f} ms (<= 25: {'ok' if med <= 25 else 'MISSED'}), "
+            f"lineage read {read_s:.3f} s (<= 0.5: {'ok' if read_s <= 0.5 else 'MISSED'})"
+        )
         t = time.perf_counter()
         ok = arch.fsck()
         print(f"git fsck --strict: {'clean' if ok else 'ERRORS'} ({time.perf_counter() - t:.1f} s)")

@@ -34,8 +34,16 @@ from engine.operators.evaluate import mean_interval, t95  # noqa: E402
 from engine.sandbox.process import child_env, run_limited  # noqa: E402
 from trainer_template import ALGORITHM_FILE  # noqa: E402
 
-RANKED = [("grpo", {}), ("dr_grpo", {}), ("rloo", {}), ("av_grpo", {"sigma_min": 0.4}), ("vm_av_grpo", {}),
-          ("fa_grpo", {}), ("bn_grpo", {}), ("sa_grpo", {})]
+RANKED = [
+    ("grpo", {}),
+    ("dr_grpo", {}),
+    ("rloo", {}),
+    ("av_grpo", {"sigma_min": 0.4}),
+    ("vm_av_grpo", {}),
+    ("fa_grpo", {}),
+    ("bn_grpo", {}),
+    ("sa_grpo", {}),
+]
 
 SIGN_FLIP = '''
 def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:
@@ -69,12 +77,28 @@ def edited(edit: str) -> str:
     return apply_edit(ALGORITHM_FILE.read_text(), edit)
 
 
-def run_seed(tmp: Path, label: str, source: str, seed: int, preset: str, overrides: dict | None = None) -> dict:
+def run_seed(
+    tmp: Path, label: str, source: str, seed: int, preset: str, overrides: dict | None = None
+) -> dict:
     algo = tmp / f"{label}.py"
     algo.write_text(source)
     out = tmp / f"{label}-s{seed}.json"
-    cmd = [sys.executable, "-m", "trainer_template.proxy.worker", "run", "--preset", preset, "--algorithm", str(algo),
-           "--name", label, "--seed", str(seed), "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "trainer_template.proxy.worker",
+        "run",
+        "--preset",
+        preset,
+        "--algorithm",
+        str(algo),
+        "--name",
+        label,
+        "--seed",
+        str(seed),
+        "--out",
+        str(out),
+    ]
     if overrides:
         cmd += ["--overrides", json.dumps(overrides)]
     res = run_limited(cmd, timeout_s=3600, memory_mb=4096, env=child_env())
@@ -82,20 +106,31 @@ def run_seed(tmp: Path, label: str, source: str, seed: int, preset: str, overrid
     if not res.ok:
         data["status"], data["reason"] = "failed", res.reason()
     data.update(label=label, seed=seed, wall_s=res.wall_s)
-    print(f"  {label:>14} seed {seed}: {data['status']:6} overall {data.get('metrics', {}).get('overall', float('nan')):.3f}"
-          f"  {res.wall_s:6.1f} s  {data.get('reason', '')}", flush=True)
+    print(
+        f"  {label:>14} seed {seed}: {data['status']:6} "
+        f"overall {data.get('metrics', {}).get('overall', float('nan')):.3f}"
+        f"  {res.wall_s:6.1f} s  {data.get('reason', '')}",
+        flush=True,
+    )
     return data
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--noise-seeds", type=int, default=0, help="seeds of GRPO and Dr.GRPO for figure 3 (default: --seeds)")
+    ap.add_argument(
+        "--noise-seeds",
+        type=int,
+        default=0,
+        help="seeds of GRPO and Dr.GRPO for figure 3 (default: --seeds)",
+    )
     ap.add_argument("--preset", default="default")
     ap.add_argument("--parallel", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--only", default="")
     ap.add_argument("--json", default="")
-    ap.add_argument("--no-regressions", action="store_true", help="skip figure 2 (the two deliberate bugs)")
+    ap.add_argument(
+        "--no-regressions", action="store_true", help="skip figure 2 (the two deliberate bugs)"
+    )
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
     ranked = [(n, o) for n, o in RANKED if not only or n in only]
@@ -105,19 +140,37 @@ def main() -> None:
     from trainer_template.proxy.protocol import get_protocol
 
     proto = get_protocol(args.preset)
-    ws = run_limited([sys.executable, "-m", "trainer_template.proxy.worker", "warmstart", "--preset", args.preset],
-                     timeout_s=3600, env=child_env())
+    ws = run_limited(
+        [
+            sys.executable,
+            "-m",
+            "trainer_template.proxy.worker",
+            "warmstart",
+            "--preset",
+            args.preset,
+        ],
+        timeout_s=3600,
+        env=child_env(),
+    )
     if not ws.ok:
         sys.exit(f"warm start failed: {ws.reason()}")
-    print(f"preset {args.preset} ({proto.hash()[:19]}), warm start ready in {ws.wall_s:.1f} s "
-          f"(cached: {ws.wall_s < 20}); {args.seeds} paired seeds, {args.parallel} parallel processes", flush=True)
+    print(
+        f"preset {args.preset} ({proto.hash()[:19]}), warm start ready in {ws.wall_s:.1f} s "
+        f"(cached: {ws.wall_s < 20}); {args.seeds} paired seeds, {args.parallel} parallel processes",
+        flush=True,
+    )
     noise_seeds = max(args.seeds, args.noise_seeds)
     per = {n: noise_seeds if n in ("grpo", "dr_grpo") else args.seeds for n, _ in ranked}
     jobs = [(f"{n}", prior(n), s, o) for n, o in ranked for s in range(per[n])]
     if not args.no_regressions:
-        jobs += [("sign_flip", edited(SIGN_FLIP), 0, None), ("invalid_sign", edited(INVALID_SIGN), 0, None)]
+        jobs += [
+            ("sign_flip", edited(SIGN_FLIP), 0, None),
+            ("invalid_sign", edited(INVALID_SIGN), 0, None),
+        ]
     with tempfile.TemporaryDirectory() as d, ThreadPoolExecutor(args.parallel) as pool:
-        runs = list(pool.map(lambda j: run_seed(Path(d), j[0], j[1], j[2], args.preset, j[3]), jobs))
+        runs = list(
+            pool.map(lambda j: run_seed(Path(d), j[0], j[1], j[2], args.preset, j[3]), jobs)
+        )
     by = {}
     for r in runs:
         by.setdefault(r["label"], {})[r["seed"]] = r
@@ -127,42 +180,67 @@ def main() -> None:
     g0 = by["grpo"][0]
     tm = g0.get("timings", {})
     steps = proto.rl.steps
-    print(f"   wall {g0['wall_s']:.1f} s (target <= 120 s; ratio {g0['wall_s'] / 120:.2f}), RL {tm.get('rl_s', 0):.1f} s "
-          f"= {tm.get('rl_s', 0) / steps:.3f} s/step, evaluation {tm.get('eval_s', 0):.1f} s, load {tm.get('load_s', 0):.1f} s")
-    print(f"   peak RSS {g0.get('peak_rss_mb', 0):.0f} MiB (target <= 1024 MiB; ratio {g0.get('peak_rss_mb', 0) / 1024:.2f})")
+    print(
+        f"   wall {g0['wall_s']:.1f} s (target <= 120 s; ratio {g0['wall_s'] / 120:.2f}), RL {tm.get('rl_s', 0):.1f} s "
+        f"= {tm.get('rl_s', 0) / steps:.3f} s/step, evaluation {tm.get('eval_s', 0):.1f} s, "
+        f"load {tm.get('load_s', 0):.1f} s"
+    )
+    print(
+        f"   peak RSS {g0.get('peak_rss_mb', 0):.0f} MiB "
+        f"(target <= 1024 MiB; ratio {g0.get('peak_rss_mb', 0) / 1024:.2f})"
+    )
 
-    print("\n2. regressions with one seed (seed 0, reference GRPO seed 0 overall "
-          f"{ov(g0):.3f})")
+    print(f"\n2. regressions with one seed (seed 0, reference GRPO seed 0 overall {ov(g0):.3f})")
     for lab in () if args.no_regressions else ("sign_flip", "invalid_sign"):
         r = by[lab][0]
         delta = ov(r) - ov(g0) if r.get("metrics") else float("nan")
         flagged = r["status"] != "ok" or (delta == delta and delta < -0.05)
-        print(f"   {lab:>13}: {r['status']:6} overall {ov(r):.3f} (delta {delta:+.3f}) -> "
-              f"{'FLAGGED' if flagged else 'not flagged'}  {r.get('reason', '')}")
+        print(
+            f"   {lab:>13}: {r['status']:6} overall {ov(r):.3f} (delta {delta:+.3f}) -> "
+            f"{'FLAGGED' if flagged else 'not flagged'}  {r.get('reason', '')}"
+        )
 
     print("\n3. paired-seed noise of Overall")
     gs = [ov(by["grpo"][s]) for s in range(noise_seeds)]
     sd_seed = statistics_sd(gs)
-    print(f"   GRPO overall by seed: {', '.join(f'{v:.3f}' for v in gs)}; seed-to-seed SD {sd_seed:.4f}")
+    print(
+        f"   GRPO overall by seed: {', '.join(f'{v:.3f}' for v in gs)}; seed-to-seed SD {sd_seed:.4f}"
+    )
     if "dr_grpo" in by:
         d = [ov(by["dr_grpo"][s]) - ov(by["grpo"][s]) for s in range(noise_seeds)]
         sd_d = statistics_sd(d)
         mdd = (t95(5) + 0.920) * sd_d / math.sqrt(6)
-        print(f"   paired differences Dr.GRPO - GRPO: {', '.join(f'{v:+.3f}' for v in d)}; SD {sd_d:.4f} "
-              f"(unpaired SD of a difference would be {sd_seed * math.sqrt(2):.4f})")
-        print(f"   minimum detectable difference at 6 paired seeds (5% two-sided, 80% power): {mdd:.4f} "
-              f"(target <= 0.03; ratio {mdd / 0.03:.2f}); unpaired: {(t95(10) + 0.879) * sd_seed * math.sqrt(2 / 6):.4f}")
+        print(
+            f"   paired differences Dr.GRPO - GRPO: {', '.join(f'{v:+.3f}' for v in d)}; SD {sd_d:.4f} "
+            f"(unpaired SD of a difference would be {sd_seed * math.sqrt(2):.4f})"
+        )
+        print(
+            f"   minimum detectable difference at 6 paired seeds (5% two-sided, 80% power): {mdd:.4f} "
+            f"(target <= 0.03; ratio {mdd / 0.03:.2f}); unpaired: {(t95(10) + 0.879) * sd_seed * math.sqrt(2 / 6):.4f}"
+        )
 
-    print(f"\n4. published mechanisms on the proxy ({args.seeds} paired seeds: mean overall, 95% interval, hard/pass@8, "
-          "valid rate)")
+    print(
+        f"\n4. published mechanisms on the proxy ({args.seeds} paired seeds: mean overall, 95% interval, hard/pass@8, "
+        "valid rate)"
+    )
     base = warmstart_alone(proto, args.seeds)
     m, iv = mean_interval([b["overall"] for b in base])
     gain = [ov(by["grpo"][s]) - base[s]["overall"] for s in range(args.seeds)]
     gm, giv = mean_interval(gain)
-    print(f"   warm start alone (no RL): overall {m:.3f} [{iv[0]:.3f}, {iv[1]:.3f}]; GRPO's paired gain over it "
-          f"{gm:+.3f} [{giv[0]:+.3f}, {giv[1]:+.3f}]")
-    rows = [("warm start (no RL)", m, iv, sum(b["hard/pass@8"] for b in base) / len(base),
-             sum(b["valid_rate"] for b in base) / len(base), 0)]
+    print(
+        f"   warm start alone (no RL): overall {m:.3f} [{iv[0]:.3f}, {iv[1]:.3f}]; GRPO's paired gain over it "
+        f"{gm:+.3f} [{giv[0]:+.3f}, {giv[1]:+.3f}]"
+    )
+    rows = [
+        (
+            "warm start (no RL)",
+            m,
+            iv,
+            sum(b["hard/pass@8"] for b in base) / len(base),
+            sum(b["valid_rate"] for b in base) / len(base),
+            0,
+        )
+    ]
     for n, _ in ranked:
         rs = [by[n][s] for s in range(args.seeds) if by[n][s].get("metrics")]
         fails = sum(1 for s in range(args.seeds) if by[n][s]["status"] != "ok")
@@ -170,15 +248,27 @@ def main() -> None:
             rows.append((n, float("nan"), None, float("nan"), float("nan"), fails))
             continue
         m, iv = mean_interval([ov(r) for r in rs])
-        rows.append((n, m, iv, sum(r["metrics"]["hard/pass@8"] for r in rs) / len(rs),
-                     sum(r["metrics"]["valid_rate"] for r in rs) / len(rs), fails))
+        rows.append(
+            (
+                n,
+                m,
+                iv,
+                sum(r["metrics"]["hard/pass@8"] for r in rs) / len(rs),
+                sum(r["metrics"]["valid_rate"] for r in rs) / len(rs),
+                fails,
+            )
+        )
     rows.sort(key=lambda r: -r[1] if r[1] == r[1] else 1)
-    print("   | rank | mechanism | Overall | 95% interval | hard/pass@8 | valid rate | failed seeds |")
+    print(
+        "   | rank | mechanism | Overall | 95% interval | hard/pass@8 | valid rate | failed seeds |"
+    )
     print("   |---|---|---|---|---|---|---|")
     for i, (n, m, iv, hp, vr, f) in enumerate(rows, 1):
         ivs = f"[{iv[0]:.3f}, {iv[1]:.3f}]" if iv else "-"
         print(f"   | {i} | {n} | {m:.3f} | {ivs} | {hp:.3f} | {vr:.3f} | {f} |")
-    print(f"\ntotal wall time {time.monotonic() - t0:.0f} s (machine shared: timings are inflated by other load)")
+    print(
+        f"\ntotal wall time {time.monotonic() - t0:.0f} s (machine shared: timings are inflated by other load)"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(runs, default=str, indent=1))
 

@@ -119,12 +119,17 @@ def _build_section(cls: type, name: str, raw: Any) -> Any:
     kwargs: dict[str, Any] = {}
     for key, value in raw.items():
         if key in _FORBIDDEN_KEYS:
-            raise ConfigError(f"poise.toml: [{name}].{key} looks like a secret; set it in the environment instead")
+            raise ConfigError(
+                f"poise.toml: [{name}].{key} looks like a secret; set it in the environment instead"
+            )
         if key not in fields:
             known = ", ".join(sorted(fields))
             raise ConfigError(f"poise.toml: unknown setting [{name}].{key} (known: {known})")
         default = fields[key].default
-        if default is dataclasses.MISSING and fields[key].default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        if (
+            default is dataclasses.MISSING
+            and fields[key].default_factory is not dataclasses.MISSING
+        ):  # type: ignore[misc]
             default = fields[key].default_factory()  # type: ignore[misc]
         kwargs[key] = _coerce(name, key, value, default)
     return cls(**kwargs)
@@ -166,7 +171,9 @@ def parse_config(text: str) -> Config:
     hints = {f.name: f.default_factory for f in dataclasses.fields(Config)}  # type: ignore[misc]
     for name, value in raw.items():
         if name not in sections:
-            raise ConfigError(f"poise.toml: unknown section [{name}] (known: {', '.join(sections)})")
+            raise ConfigError(
+                f"poise.toml: unknown section [{name}] (known: {', '.join(sections)})"
+            )
         kwargs[name] = _build_section(type(hints[name]()), name, value)
     cfg = Config(**kwargs)
     validate(cfg)
@@ -182,7 +189,9 @@ def load_config(path: str | Path) -> Config:
 
 def validate(cfg: Config) -> None:
     if cfg.evaluation.backend not in ("proxy", "verl"):
-        raise ConfigError(f"poise.toml: [evaluation].backend must be proxy or verl, got {cfg.evaluation.backend!r}")
+        raise ConfigError(
+            f"poise.toml: [evaluation].backend must be proxy or verl, got {cfg.evaluation.backend!r}"
+        )
     if cfg.evaluation.seeds < 1:
         raise ConfigError("poise.toml: [evaluation].seeds must be >= 1")
     if cfg.select.k < 1:
@@ -192,7 +201,9 @@ def validate(cfg: Config) -> None:
     if cfg.select.beta <= 0:
         raise ConfigError("poise.toml: [select].beta must be > 0")
     if cfg.propose.proposer not in ("offline", "llm"):
-        raise ConfigError(f"poise.toml: [propose].proposer must be offline or llm, got {cfg.propose.proposer!r}")
+        raise ConfigError(
+            f"poise.toml: [propose].proposer must be offline or llm, got {cfg.propose.proposer!r}"
+        )
 
 
 def utility(metrics: dict[str, float], cfg: ExperimentConfig) -> float | None:

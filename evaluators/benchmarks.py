@@ -54,7 +54,9 @@ def gold_answer(dataset: str, row: dict) -> str:
     if dataset == "minerva_math":
         boxed = extract_boxed(row["solution"])
         if boxed is None:
-            raise EvaluationError(f"minerva_math row without a \\boxed{{}} gold in its solution: {row['problem'][:60]!r}")
+            raise EvaluationError(
+                f"minerva_math row without a \\boxed{{}} gold in its solution: {row['problem'][:60]!r}"
+            )
         return normalize_gold(boxed)
     if dataset == "olympiadbench":
         parts: list[str] = []
@@ -84,7 +86,11 @@ def load_problems(bench: Benchmark, limit: int | None = None) -> list[Problem]:
             if not line.strip():
                 continue
             row = json.loads(line)
-            out.append(Problem(bench.key, i, str(row[bench.problem_field]), gold_answer(bench.dataset, row)))
+            out.append(
+                Problem(
+                    bench.key, i, str(row[bench.problem_field]), gold_answer(bench.dataset, row)
+                )
+            )
     return out
 
 
@@ -101,7 +107,10 @@ SUITES: dict[str, tuple[Benchmark, ...]] = {
     ),
 }
 # Presets: "paper" is the protocol; "smoke" shrinks samples and tokens for CPU smoke runs (not comparable).
-PRESETS = {"paper": {"max_samples": None, "max_tokens": MAX_TOKENS}, "smoke": {"max_samples": 2, "max_tokens": 24}}
+PRESETS = {
+    "paper": {"max_samples": None, "max_tokens": MAX_TOKENS},
+    "smoke": {"max_samples": 2, "max_tokens": 24},
+}
 
 
 def suite(name: str, preset: str = "paper") -> tuple[tuple[Benchmark, ...], int]:
@@ -112,7 +121,9 @@ def suite(name: str, preset: str = "paper") -> tuple[tuple[Benchmark, ...], int]
         raise EvaluationError(f"unknown suite preset {preset!r}; known: {', '.join(PRESETS)}")
     cap = PRESETS[preset]["max_samples"]
     benches = tuple(
-        Benchmark(b.key, b.dataset, b.problem_field, min(b.n, cap), min(b.k, cap), b.temperature) if cap else b
+        Benchmark(b.key, b.dataset, b.problem_field, min(b.n, cap), min(b.k, cap), b.temperature)
+        if cap
+        else b
         for b in SUITES[name]
     )
     return benches, int(PRESETS[preset]["max_tokens"])

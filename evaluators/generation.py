@@ -10,14 +10,17 @@ it has one, else as the Qwen ChatML text of that prompt.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from evaluators.errors import EvaluationError
 
 SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
 # The Qwen2.5-Math "qwen25-math-cot" prompt, for models and endpoints without a chat template.
-QWEN25_MATH_COT = "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{problem}<|im_end|>\n<|im_start|>assistant\n"
+QWEN25_MATH_COT = (
+    "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{problem}<|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
 BACKENDS = ("vllm", "openai", "transformers")
 Progress = Callable[[int], None]
 
@@ -44,14 +47,18 @@ def messages(problem: str) -> list[dict[str, str]]:
 def render_prompt(problem: str, tokenizer=None) -> str:
     """The prompt text: the tokenizer's chat template when it has one, else :data:`QWEN25_MATH_COT`."""
     if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages(problem), tokenize=False, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(
+            messages(problem), tokenize=False, add_generation_prompt=True
+        )
     return QWEN25_MATH_COT.format(system=SYSTEM_PROMPT, problem=problem)
 
 
 class Backend:
     name = "base"
 
-    def generate(self, problems: Sequence[str], sampling: Sampling, progress: Progress | None = None) -> list[list[str]]:
+    def generate(
+        self, problems: Sequence[str], sampling: Sampling, progress: Progress | None = None
+    ) -> list[list[str]]:
         raise NotImplementedError
 
     def describe(self) -> dict:
@@ -65,9 +72,20 @@ class Backend:
 def vllm_sampling_kwargs(sampling: Sampling) -> dict:
     """Keyword arguments of ``vllm.SamplingParams``: n=32, T=1.0 for pass@k; n=1, T=0 for greedy."""
     if sampling.greedy:
-        return {"n": 1, "temperature": 0.0, "top_p": 1.0, "max_tokens": sampling.max_tokens, "seed": sampling.seed}
-    return {"n": sampling.n, "temperature": sampling.temperature, "top_p": sampling.top_p,
-            "max_tokens": sampling.max_tokens, "seed": sampling.seed}
+        return {
+            "n": 1,
+            "temperature": 0.0,
+            "top_p": 1.0,
+            "max_tokens": sampling.max_tokens,
+            "seed": sampling.seed,
+        }
+    return {
+        "n": sampling.n,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "max_tokens": sampling.max_tokens,
+        "seed": sampling.seed,
+    }
 
 
 class VLLMBackend(Backend):
@@ -75,11 +93,24 @@ class VLLMBackend(Backend):
 
     name = "vllm"
 
-    def __init__(self, model: str, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.9,
-                 dtype: str = "auto", seed: int = 0, **llm_kwargs):
+    def __init__(
+        self,
+        model: str,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.9,
+        dtype: str = "auto",
+        seed: int = 0,
+        **llm_kwargs,
+    ):
         self.model = model
-        self.llm_kwargs = dict(model=model, tensor_parallel_size=tensor_parallel_size, dtype=dtype, seed=seed,
-                               gpu_memory_utilization=gpu_memory_utilization, **llm_kwargs)
+        self.llm_kwargs = dict(
+            model=model,
+            tensor_parallel_size=tensor_parallel_size,
+            dtype=dtype,
+            seed=seed,
+            gpu_memory_utilization=gpu_memory_utilization,
+            **llm_kwargs,
+        )
         self._llm = None
 
     def llm(self):
@@ -87,11 +118,15 @@ class VLLMBackend(Backend):
             try:
                 from vllm import LLM
             except ImportError as exc:
-                raise EvaluationError("the vllm backend needs vllm on a GPU machine: pip install 'poise-git[vllm]'") from exc
+                raise EvaluationError(
+                    "the vllm backend needs vllm on a GPU machine: pip install 'poise-git[vllm]'"
+                ) from exc
             self._llm = LLM(**self.llm_kwargs)
         return self._llm
 
-    def requests(self, problems: Sequence[str], sampling: Sampling, tokenizer=None) -> tuple[list[str], dict]:
+    def requests(
+        self, problems: Sequence[str], sampling: Sampling, tokenizer=None
+    ) -> tuple[list[str], dict]:
         """(prompt texts, SamplingParams kwargs) for one call of ``LLM.generate``."""
         return [render_prompt(p, tokenizer) for p in problems], vllm_sampling_kwargs(sampling)
 
@@ -106,7 +141,11 @@ class VLLMBackend(Backend):
         return [[o.text for o in out.outputs] for out in outs]
 
     def describe(self):
-        return {"backend": self.name, "model": self.model, "tensor_parallel_size": self.llm_kwargs["tensor_parallel_size"]}
+        return {
+            "backend": self.name,
+            "model": self.model,
+            "tensor_parallel_size": self.llm_kwargs["tensor_parallel_size"],
+        }
 
 
 # ------------------------------------------------------------------------------- OpenAI-compatible
@@ -117,24 +156,52 @@ class OpenAIBackend(Backend):
 
     name = "openai"
 
-    def __init__(self, model: str, base_url: str | None = None, api: str = "auto", concurrency: int = 8,
-                 timeout_s: float = 600.0, max_retries: int = 2):
+    def __init__(
+        self,
+        model: str,
+        base_url: str | None = None,
+        api: str = "auto",
+        concurrency: int = 8,
+        timeout_s: float = 600.0,
+        max_retries: int = 2,
+    ):
         if api not in ("auto", "chat", "completions"):
             raise EvaluationError(f"unknown OpenAI api {api!r}: chat | completions | auto")
         base_url = base_url or os.environ.get("OPENAI_BASE_URL")
         if not base_url:
-            raise EvaluationError("the openai backend needs --base-url (or $OPENAI_BASE_URL), e.g. http://127.0.0.1:8000/v1")
+            raise EvaluationError(
+                "the openai backend needs --base-url (or $OPENAI_BASE_URL), e.g. http://127.0.0.1:8000/v1"
+            )
         from openai import OpenAI
 
-        self.model, self.base_url, self.api, self.concurrency = model, base_url, api, max(1, concurrency)
-        self.client = OpenAI(base_url=base_url, api_key=os.environ.get("OPENAI_API_KEY") or "EMPTY",
-                             timeout=timeout_s, max_retries=max_retries)
+        self.model, self.base_url, self.api, self.concurrency = (
+            model,
+            base_url,
+            api,
+            max(1, concurrency),
+        )
+        self.client = OpenAI(
+            base_url=base_url,
+            api_key=os.environ.get("OPENAI_API_KEY") or "EMPTY",
+            timeout=timeout_s,
+            max_retries=max_retries,
+        )
 
     def _params(self, sampling: Sampling) -> dict:
         if sampling.greedy:
-            return {"n": 1, "temperature": 0.0, "max_tokens": sampling.max_tokens, "seed": sampling.seed}
-        return {"n": sampling.n, "temperature": sampling.temperature, "top_p": sampling.top_p,
-                "max_tokens": sampling.max_tokens, "seed": sampling.seed}
+            return {
+                "n": 1,
+                "temperature": 0.0,
+                "max_tokens": sampling.max_tokens,
+                "seed": sampling.seed,
+            }
+        return {
+            "n": sampling.n,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "max_tokens": sampling.max_tokens,
+            "seed": sampling.seed,
+        }
 
     def _one(self, problem: str, sampling: Sampling) -> list[str]:
         import openai
@@ -142,13 +209,17 @@ class OpenAIBackend(Backend):
         params = self._params(sampling)
         if self.api in ("auto", "chat"):
             try:
-                r = self.client.chat.completions.create(model=self.model, messages=messages(problem), **params)
+                r = self.client.chat.completions.create(
+                    model=self.model, messages=messages(problem), **params
+                )
                 return [c.message.content or "" for c in sorted(r.choices, key=lambda c: c.index)]
             except (openai.BadRequestError, openai.NotFoundError):
                 if self.api == "chat":
                     raise
                 self.api = "completions"
-        r = self.client.completions.create(model=self.model, prompt=render_prompt(problem), **params)
+        r = self.client.completions.create(
+            model=self.model, prompt=render_prompt(problem), **params
+        )
         return [c.text or "" for c in sorted(r.choices, key=lambda c: c.index)]
 
     def generate(self, problems, sampling, progress=None):
@@ -160,9 +231,13 @@ class OpenAIBackend(Backend):
             try:
                 out = self._one(p, sampling)
             except openai.APIConnectionError as exc:
-                raise EvaluationError(f"cannot reach the OpenAI-compatible server at {self.base_url}: {exc}") from None
+                raise EvaluationError(
+                    f"cannot reach the OpenAI-compatible server at {self.base_url}: {exc}"
+                ) from None
             except openai.APIError as exc:
-                raise EvaluationError(f"the server at {self.base_url} refused a request: {exc}") from None
+                raise EvaluationError(
+                    f"the server at {self.base_url} refused a request: {exc}"
+                ) from None
             if progress:
                 progress(1)
             return out
@@ -171,7 +246,12 @@ class OpenAIBackend(Backend):
             return list(ex.map(job, problems))
 
     def describe(self):
-        return {"backend": self.name, "model": self.model, "base_url": self.base_url, "api": self.api}
+        return {
+            "backend": self.name,
+            "model": self.model,
+            "base_url": self.base_url,
+            "api": self.api,
+        }
 
 
 # ------------------------------------------------------------------------------------ transformers
@@ -180,19 +260,25 @@ class TransformersBackend(Backend):
 
     name = "transformers"
 
-    def __init__(self, model: str, device: str | None = None, batch_size: int = 8, dtype: str | None = None):
+    def __init__(
+        self, model: str, device: str | None = None, batch_size: int = 8, dtype: str | None = None
+    ):
         self.model_path, self.batch_size = model, max(1, batch_size)
         try:
             import torch
             from transformers import AutoModelForCausalLM, AutoTokenizer
         except ImportError as exc:  # pragma: no cover
-            raise EvaluationError("the transformers backend needs torch and transformers installed") from exc
+            raise EvaluationError(
+                "the transformers backend needs torch and transformers installed"
+            ) from exc
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(model)
             kw = {"dtype": getattr(torch, dtype)} if dtype else {}
             self.model = AutoModelForCausalLM.from_pretrained(model, **kw)
         except (OSError, ValueError) as exc:
-            raise EvaluationError(f"cannot load model {model!r}: {str(exc).splitlines()[0]}") from None
+            raise EvaluationError(
+                f"cannot load model {model!r}: {str(exc).splitlines()[0]}"
+            ) from None
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model.to(self.device).eval()
         self.tokenizer.padding_side = "left"
@@ -206,19 +292,30 @@ class TransformersBackend(Backend):
         out: list[list[str]] = []
         n = 1 if sampling.greedy else sampling.n
         for start in range(0, len(problems), self.batch_size):
-            batch = [render_prompt(p, self.tokenizer) for p in problems[start : start + self.batch_size]]
-            enc = self.tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
-            kw = dict(max_new_tokens=sampling.max_tokens, num_return_sequences=n,
-                      pad_token_id=self.tokenizer.pad_token_id)
+            batch = [
+                render_prompt(p, self.tokenizer) for p in problems[start : start + self.batch_size]
+            ]
+            enc = self.tokenizer(
+                batch, return_tensors="pt", padding=True, add_special_tokens=False
+            ).to(self.device)
+            kw = dict(
+                max_new_tokens=sampling.max_tokens,
+                num_return_sequences=n,
+                pad_token_id=self.tokenizer.pad_token_id,
+            )
             if self.tokenizer.eos_token_id is not None:
                 kw["eos_token_id"] = self.tokenizer.eos_token_id
             if sampling.greedy:
                 kw.update(do_sample=False)
             else:
-                kw.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+                kw.update(
+                    do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0
+                )
             with torch.no_grad():
                 seqs = self.model.generate(**enc, **kw)
-            texts = self.tokenizer.batch_decode(seqs[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+            texts = self.tokenizer.batch_decode(
+                seqs[:, enc["input_ids"].shape[1] :], skip_special_tokens=True
+            )
             for i in range(len(batch)):
                 out.append(texts[i * n : (i + 1) * n])
             if progress:
@@ -237,4 +334,6 @@ def make_backend(name: str, model: str, base_url: str | None = None, **kwargs) -
         return OpenAIBackend(model, base_url=base_url, **kwargs)
     if name == "transformers":
         return TransformersBackend(model, **kwargs)
-    raise EvaluationError(f"unknown generation backend {name!r}; with --suite use one of {', '.join(BACKENDS)}")
+    raise EvaluationError(
+        f"unknown generation backend {name!r}; with --suite use one of {', '.join(BACKENDS)}"
+    )

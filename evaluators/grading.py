@@ -121,6 +121,7 @@ def grade_answer(gold: str, prediction: str | None, timeout_s: float | None = 5.
     bounded = bool(timeout_s) and threading.current_thread() is threading.main_thread()
     old = None
     if bounded:
+
         def _alarm(signum, frame):
             raise GradingTimeout()
 

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 # Overall = 0.2*AIME24 + 0.2*AIME25 + 0.15*(AMC + MATH-500 + Minerva + OlympiadBench), percentage points.
 OVERALL_WEIGHTS: dict[str, float] = {
-    "aime24": 0.2, "aime25": 0.2, "amc": 0.15, "math500": 0.15, "minerva": 0.15, "olympiadbench": 0.15,
+    "aime24": 0.2,
+    "aime25": 0.2,
+    "amc": 0.15,
+    "math500": 0.15,
+    "minerva": 0.15,
+    "olympiadbench": 0.15,
 }
 
 
@@ -63,8 +68,13 @@ def bootstrap_scores(per_problem: Mapping[str, Sequence[float]], n_boot: int = 1
     return out
 
 
-def bootstrap_intervals(per_problem: Mapping[str, Sequence[float]], n_boot: int = 1000, seed: int = 0,
-                        level: float = 0.95, with_overall: bool = True) -> dict[str, list[float]]:
+def bootstrap_intervals(
+    per_problem: Mapping[str, Sequence[float]],
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+    with_overall: bool = True,
+) -> dict[str, list[float]]:
     """Percentile intervals ``{key: [lo, hi]}`` for each benchmark mean, and for Overall (over the
     same replicates) when every Overall key is present."""
     import numpy as np

@@ -11,9 +11,9 @@ import multiprocessing as mp
 import os
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
-from typing import Callable, Sequence
 
 from evaluators.grading import Grade
 
@@ -72,13 +72,26 @@ class GraderPool:
     ("module:function", ``fn(gold, text, timeout_s) -> Grade``) replaces the math-verify grader.
     """
 
-    def __init__(self, workers: int | None = None, timeout_s: float = 5.0, grace_s: float = 5.0,
-                 chunk: int = 16, memory_mb: int | None = 4096, extract: bool = True,
-                 grader: str | None = None):
+    def __init__(
+        self,
+        workers: int | None = None,
+        timeout_s: float = 5.0,
+        grace_s: float = 5.0,
+        chunk: int = 16,
+        memory_mb: int | None = 4096,
+        extract: bool = True,
+        grader: str | None = None,
+    ):
         self.workers = max(1, int(workers or default_workers()))
-        self.timeout_s, self.grace_s, self.chunk = float(timeout_s), float(grace_s), max(1, int(chunk))
+        self.timeout_s, self.grace_s, self.chunk = (
+            float(timeout_s),
+            float(grace_s),
+            max(1, int(chunk)),
+        )
         self.memory_mb = memory_mb
-        self.grader = grader or ("evaluators.grading:grade_completion" if extract else "evaluators.grading:grade_answer")
+        self.grader = grader or (
+            "evaluators.grading:grade_completion" if extract else "evaluators.grading:grade_answer"
+        )
         ctx_name = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
         self._ctx = mp.get_context(ctx_name)
         if ctx_name == "forkserver":
@@ -88,12 +101,14 @@ class GraderPool:
 
     def _start(self) -> _Slot:
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_worker, args=(child, self.timeout_s, self.memory_mb, self.grader), daemon=True)
+        proc = self._ctx.Process(
+            target=_worker, args=(child, self.timeout_s, self.memory_mb, self.grader), daemon=True
+        )
         proc.start()
         child.close()
         return _Slot(proc, parent)
 
-    def start(self) -> "GraderPool":
+    def start(self) -> GraderPool:
         while len(self._slots) < self.workers:
             self._slots.append(self._start())
         return self
@@ -113,7 +128,9 @@ class GraderPool:
         except OSError:
             pass
 
-    def grade(self, pairs: Sequence[Pair], progress: Callable[[int], None] | None = None) -> list[Grade]:
+    def grade(
+        self, pairs: Sequence[Pair], progress: Callable[[int], None] | None = None
+    ) -> list[Grade]:
         self.start()
         out: list[Grade | None] = [None] * len(pairs)
         queue = deque([(i, str(g), t) for i, (g, t) in enumerate(pairs)])
@@ -182,15 +199,20 @@ class GraderPool:
             self._kill(slot)
         self._slots = []
 
-    def __enter__(self) -> "GraderPool":
+    def __enter__(self) -> GraderPool:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.close()
 
 
-def grade_pairs(pairs: Sequence[Pair], workers: int | None = None, timeout_s: float = 5.0, extract: bool = True,
-                progress: Callable[[int], None] | None = None) -> list[Grade]:
+def grade_pairs(
+    pairs: Sequence[Pair],
+    workers: int | None = None,
+    timeout_s: float = 5.0,
+    extract: bool = True,
+    progress: Callable[[int], None] | None = None,
+) -> list[Grade]:
     """One-shot :class:`GraderPool` grading (see there)."""
     with GraderPool(workers=workers, timeout_s=timeout_s, extract=extract) as pool:
         return pool.grade(pairs, progress=progress)

@@ -12,14 +12,24 @@ import json
 import time
 from typing import Any
 
-from evaluators.benchmarks import Benchmark, file_sha256, load_problems, suite as suite_spec
+from evaluators.benchmarks import Benchmark, file_sha256, load_problems
+from evaluators.benchmarks import suite as suite_spec
 from evaluators.errors import EvaluationError
 from evaluators.generation import BACKENDS, SYSTEM_PROMPT, Sampling, make_backend
 from evaluators.grading import GRADER_VERSION
-from evaluators.metrics import OVERALL_WEIGHTS, bootstrap_intervals, mean_length, overall, pass_at_k, word_count
+from evaluators.metrics import (
+    OVERALL_WEIGHTS,
+    bootstrap_intervals,
+    mean_length,
+    overall,
+    pass_at_k,
+    word_count,
+)
 
 
-def score_benchmark(bench: Benchmark, completions: list[list[str]], grades: list[list]) -> dict[str, Any]:
+def score_benchmark(
+    bench: Benchmark, completions: list[list[str]], grades: list[list]
+) -> dict[str, Any]:
     """Per-problem scores (percentage points) and the benchmark's aggregates."""
     per_problem, lengths, valid, failures = [], [], [], {}
     for texts, gs in zip(completions, grades):
@@ -44,21 +54,53 @@ def score_benchmark(bench: Benchmark, completions: list[list[str]], grades: list
     }
 
 
-def protocol(suite: str, preset: str, benches: tuple[Benchmark, ...], max_tokens: int, limit: int | None,
-             grade_timeout_s: float, seed: int) -> dict[str, Any]:
+def protocol(
+    suite: str,
+    preset: str,
+    benches: tuple[Benchmark, ...],
+    max_tokens: int,
+    limit: int | None,
+    grade_timeout_s: float,
+    seed: int,
+) -> dict[str, Any]:
     return {
-        "suite": suite, "preset": preset, "limit": limit, "max_tokens": max_tokens, "seed": seed,
-        "prompt": {"template": "qwen25-math-cot", "system": SYSTEM_PROMPT, "chat_template": "the model's, when it has one"},
-        "benchmarks": {b.key: {"dataset": b.dataset, "metric": b.metric, "n": b.n, "k": b.k, "temperature": b.temperature,
-                               "sha256": file_sha256(b.dataset)} for b in benches},
+        "suite": suite,
+        "preset": preset,
+        "limit": limit,
+        "max_tokens": max_tokens,
+        "seed": seed,
+        "prompt": {
+            "template": "qwen25-math-cot",
+            "system": SYSTEM_PROMPT,
+            "chat_template": "the model's, when it has one",
+        },
+        "benchmarks": {
+            b.key: {
+                "dataset": b.dataset,
+                "metric": b.metric,
+                "n": b.n,
+                "k": b.k,
+                "temperature": b.temperature,
+                "sha256": file_sha256(b.dataset),
+            }
+            for b in benches
+        },
         "grader": {"version": GRADER_VERSION, "timeout_s": grade_timeout_s},
         "overall_weights": OVERALL_WEIGHTS,
     }
 
 
-def run_suite(backend, benches: tuple[Benchmark, ...], max_tokens: int, limit: int | None = None, seed: int = 0,
-              grade_workers: int | None = None, grade_timeout_s: float = 10.0, n_boot: int = 1000,
-              show_progress: bool = True) -> dict[str, Any]:
+def run_suite(
+    backend,
+    benches: tuple[Benchmark, ...],
+    max_tokens: int,
+    limit: int | None = None,
+    seed: int = 0,
+    grade_workers: int | None = None,
+    grade_timeout_s: float = 10.0,
+    n_boot: int = 1000,
+    show_progress: bool = True,
+) -> dict[str, Any]:
     """Generate, grade and score every benchmark; returns metrics, intervals, counts and samples."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -67,16 +109,27 @@ def run_suite(backend, benches: tuple[Benchmark, ...], max_tokens: int, limit: i
     problems = {b.key: load_problems(b, limit) for b in benches}
     results: dict[str, dict] = {}
     samples: list[dict] = []
-    cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*cols, disable=not show_progress, transient=True) as bar, \
-            GraderPool(workers=grade_workers, timeout_s=grade_timeout_s) as pool:
+    cols = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with (
+        Progress(*cols, disable=not show_progress, transient=True) as bar,
+        GraderPool(workers=grade_workers, timeout_s=grade_timeout_s) as pool,
+    ):
         for b in benches:
             probs = problems[b.key]
             sampling = Sampling(n=b.n, temperature=b.temperature, max_tokens=max_tokens, seed=seed)
             t = bar.add_task(f"generate {b.key}", total=len(probs))
-            completions = backend.generate([p.problem for p in probs], sampling, progress=lambda k, t=t: bar.advance(t, k))
+            completions = backend.generate(
+                [p.problem for p in probs], sampling, progress=lambda k, t=t: bar.advance(t, k)
+            )
             if len(completions) != len(probs):
-                raise EvaluationError(f"{backend.name} returned {len(completions)} outputs for {len(probs)} prompts")
+                raise EvaluationError(
+                    f"{backend.name} returned {len(completions)} outputs for {len(probs)} prompts"
+                )
             pairs = [(p.gold, text) for p, texts in zip(probs, completions) for text in texts]
             g = bar.add_task(f"grade {b.key}", total=len(pairs))
             flat = pool.grade(pairs, progress=lambda k, g=g: bar.advance(g, k))
@@ -87,11 +140,26 @@ def run_suite(backend, benches: tuple[Benchmark, ...], max_tokens: int, limit: i
             results[b.key] = score_benchmark(b, completions, grades)
             for p, texts, gs in zip(probs, completions, grades):
                 for text, gr in zip(texts, gs):
-                    samples.append({"benchmark": b.key, "index": p.index, "gold": p.gold, "completion": text,
-                                    "correct": gr.correct, "valid": gr.valid, "status": gr.status})
+                    samples.append(
+                        {
+                            "benchmark": b.key,
+                            "index": p.index,
+                            "gold": p.gold,
+                            "completion": text,
+                            "correct": gr.correct,
+                            "valid": gr.valid,
+                            "status": gr.status,
+                        }
+                    )
         restarts = pool.restarts
-    return {"benchmarks": results, "samples": samples, "grader_restarts": restarts,
-            "intervals": bootstrap_intervals({k: r["per_problem"] for k, r in results.items()}, n_boot=n_boot, seed=seed)}
+    return {
+        "benchmarks": results,
+        "samples": samples,
+        "grader_restarts": restarts,
+        "intervals": bootstrap_intervals(
+            {k: r["per_problem"] for k, r in results.items()}, n_boot=n_boot, seed=seed
+        ),
+    }
 
 
 def build_metrics(run: dict[str, Any]) -> dict[str, float]:
@@ -107,21 +175,38 @@ def build_metrics(run: dict[str, Any]) -> dict[str, float]:
     metrics["mean_length"] = mean_length({k: r["mean_length"] for k, r in res.items()})
     n = sum(r["samples"] for r in res.values())
     metrics["valid_rate"] = sum(r["valid_rate"] * r["samples"] for r in res.values()) / max(1, n)
-    metrics["grader_failures"] = float(sum(sum(r["grader_failures"].values()) for r in res.values()))
+    metrics["grader_failures"] = float(
+        sum(sum(r["grader_failures"].values()) for r in res.values())
+    )
     return metrics
 
 
-def evaluate_node_on_suite(archive, name: str, suite: str = "math6", backend: str = "transformers", model: str | None = None,
-                           base_url: str | None = None, limit: int | None = None, *, preset: str | None = None,
-                           seed: int = 0, grade_workers: int | None = None, grade_timeout_s: float = 10.0,
-                           n_boot: int = 1000, backend_kwargs: dict | None = None, show_progress: bool = True) -> dict:
+def evaluate_node_on_suite(
+    archive,
+    name: str,
+    suite: str = "math6",
+    backend: str = "transformers",
+    model: str | None = None,
+    base_url: str | None = None,
+    limit: int | None = None,
+    *,
+    preset: str | None = None,
+    seed: int = 0,
+    grade_workers: int | None = None,
+    grade_timeout_s: float = 10.0,
+    n_boot: int = 1000,
+    backend_kwargs: dict | None = None,
+    show_progress: bool = True,
+) -> dict:
     """Score ``model`` (trained with node ``name``'s algorithm) on ``suite`` and record the results on the
     node (results.json, status evaluated | failed) and in an MLflow run. Returns the payload."""
     import platform
 
     preset = {None: "paper", "default": "paper"}.get(preset, preset)
     if backend not in BACKENDS:
-        raise EvaluationError(f"with --suite, --backend must be one of {', '.join(BACKENDS)} (got {backend!r})")
+        raise EvaluationError(
+            f"with --suite, --backend must be one of {', '.join(BACKENDS)} (got {backend!r})"
+        )
     if not model:
         raise EvaluationError("a suite evaluation needs --model (a path, or the served model name)")
     if limit is not None and limit < 1:
@@ -133,14 +218,42 @@ def evaluate_node_on_suite(archive, name: str, suite: str = "math6", backend: st
     t0 = time.time()
     gen = make_backend(backend, model, base_url=base_url, **(backend_kwargs or {}))
     archive.set_status(name, "evaluating")
-    payload: dict[str, Any] = {"backend": backend, "suite": suite, "model": model, "generation": gen.describe(),
-                               "protocol": proto, "protocol_hash": phash, "versions": _versions()}
+    payload: dict[str, Any] = {
+        "backend": backend,
+        "suite": suite,
+        "model": model,
+        "generation": gen.describe(),
+        "protocol": proto,
+        "protocol_hash": phash,
+        "versions": _versions(),
+    }
     try:
-        run = run_suite(gen, benches, max_tokens, limit=limit, seed=seed, grade_workers=grade_workers,
-                        grade_timeout_s=grade_timeout_s, n_boot=n_boot, show_progress=show_progress)
-    except (Exception, KeyboardInterrupt) as exc:  # the node must not stay "evaluating": record, then report
-        reason = str(exc) if isinstance(exc, EvaluationError) else f"{type(exc).__name__}: {exc}".rstrip(": ")
-        payload.update(status="failed", reason=reason[:2000], metrics={}, wall_time_s=round(time.time() - t0, 3))
+        run = run_suite(
+            gen,
+            benches,
+            max_tokens,
+            limit=limit,
+            seed=seed,
+            grade_workers=grade_workers,
+            grade_timeout_s=grade_timeout_s,
+            n_boot=n_boot,
+            show_progress=show_progress,
+        )
+    except (
+        Exception,
+        KeyboardInterrupt,
+    ) as exc:  # the node must not stay "evaluating": record, then report
+        reason = (
+            str(exc)
+            if isinstance(exc, EvaluationError)
+            else f"{type(exc).__name__}: {exc}".rstrip(": ")
+        )
+        payload.update(
+            status="failed",
+            reason=reason[:2000],
+            metrics={},
+            wall_time_s=round(time.time() - t0, 3),
+        )
         archive.record_results(name, payload, status="failed")
         if isinstance(exc, EvaluationError):
             return payload
@@ -148,11 +261,26 @@ def evaluate_node_on_suite(archive, name: str, suite: str = "math6", backend: st
     finally:
         gen.close()
     metrics = build_metrics(run)
-    counts = {k: {"problems": r["problems"], "samples": r["samples"], **{f"grader_{s}": c for s, c in r["grader_failures"].items()}}
-              for k, r in run["benchmarks"].items()}
-    payload.update(status="evaluated", metrics=metrics, intervals=run["intervals"], counts=counts,
-                   grader={"version": GRADER_VERSION, "restarts": run["grader_restarts"], "python": platform.python_version()},
-                   wall_time_s=round(time.time() - t0, 3))
+    counts = {
+        k: {
+            "problems": r["problems"],
+            "samples": r["samples"],
+            **{f"grader_{s}": c for s, c in r["grader_failures"].items()},
+        }
+        for k, r in run["benchmarks"].items()
+    }
+    payload.update(
+        status="evaluated",
+        metrics=metrics,
+        intervals=run["intervals"],
+        counts=counts,
+        grader={
+            "version": GRADER_VERSION,
+            "restarts": run["grader_restarts"],
+            "python": platform.python_version(),
+        },
+        wall_time_s=round(time.time() - t0, 3),
+    )
     try:  # the scores are recorded on the node even when the tracking store is unreachable
         payload["mlflow_run_ids"] = [_log_mlflow(archive, name, payload, run["samples"])]
     except Exception as exc:  # noqa: BLE001
@@ -183,12 +311,25 @@ def _log_mlflow(archive, name: str, payload: dict, samples: list[dict]) -> str:
 
     from engine.archive.tracking import node_run
 
-    tags = {"poise.eval": "suite", "poise.suite": payload["suite"], "poise.backend": payload["backend"],
-            "poise.protocol_hash": payload["protocol_hash"], "poise.grader": GRADER_VERSION}
+    tags = {
+        "poise.eval": "suite",
+        "poise.suite": payload["suite"],
+        "poise.backend": payload["backend"],
+        "poise.protocol_hash": payload["protocol_hash"],
+        "poise.grader": GRADER_VERSION,
+    }
     with node_run(archive, name, run_name=f"{name}:{payload['suite']}", tags=tags) as run:
-        mlflow.log_params({"suite": payload["suite"], "backend": payload["backend"], "model": payload["model"],
-                           "preset": payload["protocol"]["preset"], "limit": payload["protocol"]["limit"],
-                           "max_tokens": payload["protocol"]["max_tokens"], "grader_version": GRADER_VERSION})
+        mlflow.log_params(
+            {
+                "suite": payload["suite"],
+                "backend": payload["backend"],
+                "model": payload["model"],
+                "preset": payload["protocol"]["preset"],
+                "limit": payload["protocol"]["limit"],
+                "max_tokens": payload["protocol"]["max_tokens"],
+                "grader_version": GRADER_VERSION,
+            }
+        )
         mlflow.log_metrics({f"eval/{k}": float(v) for k, v in payload["metrics"].items()})
         for k, (lo, hi) in payload["intervals"].items():
             mlflow.log_metrics({f"eval/{k}/ci_low": lo, f"eval/{k}/ci_high": hi})
@@ -198,5 +339,7 @@ def _log_mlflow(archive, name: str, payload: dict, samples: list[dict]) -> str:
                 for s in samples:
                     f.write(json.dumps(s, ensure_ascii=False) + "\n")
             mlflow.log_artifact(str(p), artifact_path="suite")
-            mlflow.log_dict({k: v for k, v in payload.items() if k != "mlflow_run_ids"}, "suite/results.json")
+            mlflow.log_dict(
+                {k: v for k, v in payload.items() if k != "mlflow_run_ids"}, "suite/results.json"
+            )
         return run.info.run_id

@@ -27,7 +27,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600, input: str | None = None):
+def run_cli(
+    *args: str,
+    cwd: Path | None = None,
+    env: dict | None = None,
+    timeout: float = 600,
+    input: str | None = None,
+):
     """Run the real `poise-git` entry point (``python -m engine``) and return the CompletedProcess."""
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")

@@ -35,19 +35,39 @@ class ScriptedOpenAI:
                 if not self.path.endswith("/chat/completions"):
                     return self._send(404, {"error": {"message": "not found"}})
                 if item is None:
-                    return self._send(500, {"error": {"message": "script exhausted", "type": "server_error"}})
+                    return self._send(
+                        500, {"error": {"message": "script exhausted", "type": "server_error"}}
+                    )
                 if isinstance(item, dict):
-                    return self._send(item.get("status", 500), {"error": {"message": item.get("message", "scripted error")}},
-                                      item.get("headers", {}))
+                    return self._send(
+                        item.get("status", 500),
+                        {"error": {"message": item.get("message", "scripted error")}},
+                        item.get("headers", {}),
+                    )
                 text = item(body) if callable(item) else item
                 prompt = sum(len(m.get("content", "").split()) for m in body.get("messages", []))
                 completion = len(text.split())
-                return self._send(200, {
-                    "id": f"chatcmpl-{len(outer.requests)}", "object": "chat.completion", "created": 0,
-                    "model": body.get("model", "test"),
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
-                })
+                return self._send(
+                    200,
+                    {
+                        "id": f"chatcmpl-{len(outer.requests)}",
+                        "object": "chat.completion",
+                        "created": 0,
+                        "model": body.get("model", "test"),
+                        "choices": [
+                            {
+                                "index": 0,
+                                "message": {"role": "assistant", "content": text},
+                                "finish_reason": "stop",
+                            }
+                        ],
+                        "usage": {
+                            "prompt_tokens": prompt,
+                            "completion_tokens": completion,
+                            "total_tokens": prompt + completion,
+                        },
+                    },
+                )
 
             def _send(self, status, payload, headers=None):
                 data = json.dumps(payload).encode()
@@ -80,11 +100,25 @@ class ScriptedOpenAI:
         self.httpd.server_close()
 
 
-def proposal_reply(name: str, code: str, *, hyperparameters=None, intents=("correct_above_wrong",), gain=0.6) -> str:
-    return json.dumps({"proposals": [{
-        "name": name, "motivation": "test motivation", "mechanism": f"{name}: a scripted mechanism",
-        "expected_effect": "scripted", "hyperparameters": hyperparameters or {}, "code": code,
-        "intents": list(intents), "expected_gain": gain}]})
+def proposal_reply(
+    name: str, code: str, *, hyperparameters=None, intents=("correct_above_wrong",), gain=0.6
+) -> str:
+    return json.dumps(
+        {
+            "proposals": [
+                {
+                    "name": name,
+                    "motivation": "test motivation",
+                    "mechanism": f"{name}: a scripted mechanism",
+                    "expected_effect": "scripted",
+                    "hyperparameters": hyperparameters or {},
+                    "code": code,
+                    "intents": list(intents),
+                    "expected_gain": gain,
+                }
+            ]
+        }
+    )
 
 
 def revise_reply(code: str) -> str:

@@ -13,16 +13,18 @@ from engine.archive.store import ALGORITHM, Archive, check_name
 from engine.errors import ArchiveError, EditError
 from trainer_template import ALGORITHM_FILE
 
-EDIT = '''\
+EDIT = """\
 def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:
     # centred only: Dr.GRPO
     scores = batch.rewards.to(torch.float32)
     return scores - group_stats(scores, batch.group).mean
-'''
+"""
 
 
 def git(path: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(path), *args], check=True, capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["git", "-C", str(path), *args], check=True, capture_output=True, text=True
+    ).stdout
 
 
 def refs(path: Path) -> list[str]:
@@ -110,10 +112,14 @@ def test_records_are_further_commits_never_rewrites(archive):
     archive.record_results("dr", {"overall": 0.51, "mean_length": 20})
     archive.record_reflection("dr", "# Reflection\nentropy stayed high\n")
     log = git(archive.path, "log", "--format=%H", "poise/dr").split()
-    assert first in log and len(log) == 4  # root, spawn, results, reflection: the spawn stays an ancestor
+    assert (
+        first in log and len(log) == 4
+    )  # root, spawn, results, reflection: the spawn stays an ancestor
     n = archive.node("dr")
     assert n.status == "evaluated" and n.metrics == {"overall": 0.51, "mean_length": 20.0}
-    assert n.parents == ("grpo",) and archive.read_file("dr", "REFLECTION.md").startswith("# Reflection")
+    assert n.parents == ("grpo",) and archive.read_file("dr", "REFLECTION.md").startswith(
+        "# Reflection"
+    )
     assert archive.spawn_commit("dr") == first
 
 
@@ -144,8 +150,14 @@ def test_crossover_has_two_parents(archive):
         (["spawn", "grpo", "--name", "x.lock"], "invalid node name"),
         (["spawn", "grpo", "--name", "a b"], "invalid node name"),
         (["spawn", "grpo", "--name", "x", "--edit", "{syntax}"], "syntax error"),
-        (["spawn", "grpo", "--name", "x", "--edit", "{drop}"], "drops the interface function compute_advantages"),
-        (["spawn", "grpo", "--name", "x", "--edit", "{resign}"], "changes the signature of the interface function policy_loss"),
+        (
+            ["spawn", "grpo", "--name", "x", "--edit", "{drop}"],
+            "drops the interface function compute_advantages",
+        ),
+        (
+            ["spawn", "grpo", "--name", "x", "--edit", "{resign}"],
+            "changes the signature of the interface function policy_loss",
+        ),
         (["spawn", "grpo", "--name", "x", "--edit", "{missing}"], "does not exist"),
         (["spawn", "grpo", "--name", "x", "--edit", "{stmt}"], "only hold top-level definitions"),
         (["show", "nope"], "unknown node 'nope'"),
@@ -189,7 +201,9 @@ def test_bad_input_one_clear_line_and_nothing_written(archive, cli, tmp_path, ar
 def test_check_name_agrees_with_git(tmp_path):
     for good in ["a", "dr-grpo", "v1.2_b", "X9"]:
         check_name(good)
-        assert subprocess.run(["git", "check-ref-format", f"refs/heads/poise/{good}"]).returncode == 0
+        assert (
+            subprocess.run(["git", "check-ref-format", f"refs/heads/poise/{good}"]).returncode == 0
+        )
     for bad in ["", ".a", "a..b", "a/b", "a.lock", "a.", "a b", "a~1", "a:b", "-a", "a" * 101]:
         with pytest.raises(ArchiveError):
             check_name(bad)
@@ -214,15 +228,22 @@ arch.record_results("grpo", {{"overall": 0.1, "writer": float(name.split("-")[1]
 
 def test_eight_concurrent_spawners_all_succeed(archive, tmp_path):
     script = tmp_path / "spawner.py"
-    script.write_text(_SPAWNER.format(repo=str(Path(__file__).resolve().parents[1]), path=str(archive.path)))
-    procs = [subprocess.Popen([sys.executable, str(script), f"w-{i}"], stderr=subprocess.PIPE) for i in range(8)]
+    script.write_text(
+        _SPAWNER.format(repo=str(Path(__file__).resolve().parents[1]), path=str(archive.path))
+    )
+    procs = [
+        subprocess.Popen([sys.executable, str(script), f"w-{i}"], stderr=subprocess.PIPE)
+        for i in range(8)
+    ]
     errors = [p.communicate()[1] for p in procs]
     assert all(p.returncode == 0 for p in procs), errors
     nodes = archive.nodes()
     assert {f"w-{i}" for i in range(8)} <= set(nodes)
     assert all(nodes[f"w-{i}"].parents == ("grpo",) for i in range(8))
     # 8 concurrent records on one branch: compare-and-swap retries lose none of them.
-    results_commits = git(archive.path, "log", "--format=%s", "poise/grpo").count("poise: results for grpo")
+    results_commits = git(archive.path, "log", "--format=%s", "poise/grpo").count(
+        "poise: results for grpo"
+    )
     assert results_commits == 8
     assert archive.fsck()
 
@@ -232,7 +253,9 @@ def test_clone_and_read_back(archive, tmp_path):
     archive.spawn("a", "b", "BETA = 2.0\n")
     archive.record_results("b", {"overall": 0.7})
     clone = tmp_path / "clone"
-    subprocess.run(["git", "clone", "-q", "--mirror", str(archive.path), str(clone / ".git")], check=True)
+    subprocess.run(
+        ["git", "clone", "-q", "--mirror", str(archive.path), str(clone / ".git")], check=True
+    )
     subprocess.run(["git", "-C", str(clone), "config", "--bool", "core.bare", "false"], check=True)
     copy = Archive(clone)
     got = {n.name: (n.parents, n.status, n.overall, n.depth) for n in copy.nodes().values()}
@@ -247,9 +270,24 @@ def test_cli_tour(archive, cli, tmp_path):
     prop = tmp_path / "P.md"
     prop.write_text("# Dr.GRPO\nDrop the std.\n")
     a = str(archive.path)
-    p = cli("spawn", "grpo", "--name", "dr", "--edit", str(edit), "--proposal", str(prop), "--archive", a)
+    p = cli(
+        "spawn",
+        "grpo",
+        "--name",
+        "dr",
+        "--edit",
+        str(edit),
+        "--proposal",
+        str(prop),
+        "--archive",
+        a,
+    )
     assert p.returncode == 0, p.stderr
-    assert "spawned dr from grpo" in p.stdout and "algorithm.py" in p.stdout and "PROPOSAL.md" in p.stdout
+    assert (
+        "spawned dr from grpo" in p.stdout
+        and "algorithm.py" in p.stdout
+        and "PROPOSAL.md" in p.stdout
+    )
     res = tmp_path / "r.json"
     res.write_text(json.dumps({"overall": 47.8, "mean_length": 812}))
     assert cli("record", "dr", "--results", str(res), "--archive", a).returncode == 0
@@ -258,9 +296,18 @@ def test_cli_tour(archive, cli, tmp_path):
     data = json.loads(cli("log", "--json", "-C", a).stdout)
     assert [r["node"] for r in data] == ["grpo", "dr"] and data[1]["overall"] == 47.8
     p = cli("show", "dr", "-C", a)
-    assert p.returncode == 0 and "Dr.GRPO" in p.stdout and "mechanism diff vs grpo" in p.stdout and "47.8" in p.stdout
+    assert (
+        p.returncode == 0
+        and "Dr.GRPO" in p.stdout
+        and "mechanism diff vs grpo" in p.stdout
+        and "47.8" in p.stdout
+    )
     p = cli("diff", "grpo", "dr", "-C", a)
-    assert p.returncode == 0 and "+    # centred only: Dr.GRPO" in p.stdout and "PROPOSAL.md" not in p.stdout
+    assert (
+        p.returncode == 0
+        and "+    # centred only: Dr.GRPO" in p.stdout
+        and "PROPOSAL.md" not in p.stdout
+    )
     p = cli("diff", "grpo", "dr", "--all", "-C", a)
     assert "PROPOSAL.md" in p.stdout and "results.json" in p.stdout
     # --archive defaults to the current directory, like git.

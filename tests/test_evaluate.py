@@ -38,26 +38,44 @@ def exp(tmp_path_factory):
 
 
 def test_evaluate_records_results_on_the_branch_and_mlflow(exp):
-    from engine.operators.evaluate import evaluate_node
     from engine.archive.tracking import find_runs, tracking_uri
+    from engine.operators.evaluate import evaluate_node
 
     events = []
     payload = evaluate_node(exp, "grpo", seeds=2, preset="smoke", on_event=events.append)
     assert payload["status"] == "evaluated", payload.get("reason")
     node = Archive(exp.path).node("grpo")  # read back from git alone
     assert node.status == "evaluated" and node.results == json.loads(json.dumps(payload))
-    blob = subprocess.run(["git", "-C", str(exp.path), "show", "poise/grpo:results.json"], capture_output=True,
-                          text=True, check=True).stdout
+    blob = subprocess.run(
+        ["git", "-C", str(exp.path), "show", "poise/grpo:results.json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     res = json.loads(blob)
     m = res["metrics"]
-    for key in ("overall", "mean_length", "valid_rate", "hard/pass@8", "hard/pass@1", "hard/acc@1", "easy/acc@1"):
+    for key in (
+        "overall",
+        "mean_length",
+        "valid_rate",
+        "hard/pass@8",
+        "hard/pass@1",
+        "hard/acc@1",
+        "easy/acc@1",
+    ):
         assert key in m and 0 <= m[key] <= (100 if key == "mean_length" else 1)
     lo, hi = res["intervals"]["overall"]
     assert lo <= m["overall"] <= hi
-    assert res["seeds"] == [0, 1] and len(res["per_seed"]) == 2 and res["protocol_hash"].startswith("sha256:")
+    assert (
+        res["seeds"] == [0, 1]
+        and len(res["per_seed"]) == 2
+        and res["protocol_hash"].startswith("sha256:")
+    )
     assert res["backend"] == "proxy" and res["versions"]["torch"] and res["node_commit"]
     assert len(res["trajectory"]["step"]) == res["protocol"]["rl"]["steps"] <= 100
-    assert {"train/reward_mean", "train/entropy", "train/kl", "train/adv_std"} <= set(res["trajectory"])
+    assert {"train/reward_mean", "train/entropy", "train/kl", "train/adv_std"} <= set(
+        res["trajectory"]
+    )
     assert "Poise-Overall" in node.trailers and exp.fsck()
     assert any("seed 1" in e for e in events)
     # MLflow: one run per seed in the archive's SQLite store, tagged and with batched step metrics
@@ -71,17 +89,21 @@ def test_evaluate_records_results_on_the_branch_and_mlflow(exp):
         assert "eval/hard/pass_at_8" in r.data.metrics  # '@' is not allowed in MLflow names
     from mlflow.tracking import MlflowClient
 
-    hist = MlflowClient(tracking_uri(exp.path)).get_metric_history(runs[0].info.run_id, "train/reward_mean")
+    hist = MlflowClient(tracking_uri(exp.path)).get_metric_history(
+        runs[0].info.run_id, "train/reward_mean"
+    )
     assert len(hist) == res["protocol"]["rl"]["steps"]
 
 
 def test_broken_candidate_is_recorded_as_failed(exp):
-    from engine.operators.evaluate import evaluate_node
     from engine.archive.tracking import find_runs
+    from engine.operators.evaluate import evaluate_node
 
     payload = evaluate_node(exp, "broken", seeds=1, preset="smoke")
     assert payload["status"] == "failed"
-    assert "compute_advantages raised RuntimeError: deliberately broken mechanism" in payload["reason"]
+    assert (
+        "compute_advantages raised RuntimeError: deliberately broken mechanism" in payload["reason"]
+    )
     node = Archive(exp.path).node("broken")
     assert node.status == "failed" and node.results["reason"] == payload["reason"]
     assert "deliberately broken" in node.trailer("Poise-Reason")
@@ -105,14 +127,30 @@ def test_unknown_preset_and_backend_are_clear_errors(exp):
 def test_cli_evaluate_smoke(exp, cli):
     import os
 
-    out = cli("evaluate", "drgrpo", "--preset", "smoke", "--seeds", "1", "-C", str(exp.path),
-              env={"POISE_CACHE_DIR": os.environ["POISE_CACHE_DIR"]})
+    out = cli(
+        "evaluate",
+        "drgrpo",
+        "--preset",
+        "smoke",
+        "--seeds",
+        "1",
+        "-C",
+        str(exp.path),
+        env={"POISE_CACHE_DIR": os.environ["POISE_CACHE_DIR"]},
+    )
     assert out.returncode == 0, out.stderr + out.stdout
     assert "drgrpo evaluated" in out.stdout and "overall" in out.stdout
     node = Archive(exp.path).node("drgrpo")
     assert node.status == "evaluated" and node.overall is not None
-    bad = cli("evaluate", "broken", "--preset", "smoke", "-C", str(exp.path),
-              env={"POISE_CACHE_DIR": os.environ["POISE_CACHE_DIR"]})
+    bad = cli(
+        "evaluate",
+        "broken",
+        "--preset",
+        "smoke",
+        "-C",
+        str(exp.path),
+        env={"POISE_CACHE_DIR": os.environ["POISE_CACHE_DIR"]},
+    )
     assert bad.returncode == 2 and "reason" in bad.stdout
     nope = cli("evaluate", "nosuch", "--preset", "smoke", "-C", str(exp.path))
     assert nope.returncode == 1 and "unknown node" in nope.stderr

@@ -16,13 +16,18 @@ def test_verl_backend_without_gpu_is_one_clear_error(archive, cli):
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible: the refusal path does not apply")
-    before = subprocess.run(["git", "-C", str(archive.path), "for-each-ref"], capture_output=True, text=True).stdout
+    before = subprocess.run(
+        ["git", "-C", str(archive.path), "for-each-ref"], capture_output=True, text=True
+    ).stdout
     with pytest.raises(EvaluationError, match="needs a CUDA GPU"):
         evaluate_node(archive, "grpo", backend="verl")
     p = cli("evaluate", "grpo", "--backend", "verl", "-C", str(archive.path))
     assert p.returncode == 1 and p.stderr.strip().splitlines() == [
-        "error: the verl backend needs a CUDA GPU and none is visible here; use --backend proxy on the CPU"]
-    after = subprocess.run(["git", "-C", str(archive.path), "for-each-ref"], capture_output=True, text=True).stdout
+        "error: the verl backend needs a CUDA GPU and none is visible here; use --backend proxy on the CPU"
+    ]
+    after = subprocess.run(
+        ["git", "-C", str(archive.path), "for-each-ref"], capture_output=True, text=True
+    ).stdout
     assert after == before and archive.node("grpo").status == "spawned"
 
 

@@ -12,8 +12,16 @@ import pytest
 
 from evaluators.benchmarks import SUITES, load_problems
 from evaluators.errors import EvaluationError
-from evaluators.generation import (QWEN25_MATH_COT, SYSTEM_PROMPT, OpenAIBackend, Sampling, TransformersBackend,
-                                   VLLMBackend, render_prompt, vllm_sampling_kwargs)
+from evaluators.generation import (
+    QWEN25_MATH_COT,
+    SYSTEM_PROMPT,
+    OpenAIBackend,
+    Sampling,
+    TransformersBackend,
+    VLLMBackend,
+    render_prompt,
+    vllm_sampling_kwargs,
+)
 from evaluators.metrics import OVERALL_WEIGHTS
 from evaluators.tiny import make_tiny_model
 
@@ -33,13 +41,17 @@ def test_transformers_backend_samples_and_greedy(tiny_backend):
     problems = ["What is $1+1$?", "Compute $2^{10}$.", "Find x."]
     out = tiny_backend.generate(problems, Sampling(n=3, temperature=1.0, max_tokens=12, seed=1))
     assert [len(o) for o in out] == [3, 3, 3]
-    assert all(isinstance(t, str) and len(t) <= 12 * 13 for o in out for t in o)  # <= 12 tokens each
+    assert all(
+        isinstance(t, str) and len(t) <= 12 * 13 for o in out for t in o
+    )  # <= 12 tokens each
     assert len({t for o in out for t in o}) > 3  # sampling varies
     again = tiny_backend.generate(problems, Sampling(n=3, temperature=1.0, max_tokens=12, seed=1))
     assert again == out  # seeded
     g1 = tiny_backend.generate(problems, Sampling(max_tokens=10))
     g2 = tiny_backend.generate(problems[::-1], Sampling(max_tokens=10))
-    assert [len(o) for o in g1] == [1, 1, 1] and g1 == g2[::-1]  # greedy: deterministic, independent of batching
+    assert [len(o) for o in g1] == [1, 1, 1] and g1 == g2[
+        ::-1
+    ]  # greedy: deterministic, independent of batching
 
 
 def test_prompt_uses_chat_template_when_present(tiny, tmp_path):
@@ -47,34 +59,56 @@ def test_prompt_uses_chat_template_when_present(tiny, tmp_path):
 
     with_tpl = AutoTokenizer.from_pretrained(tiny)
     text = render_prompt("Find $x$.", with_tpl)
-    assert text.startswith("<|im_start|>system\n" + SYSTEM_PROMPT) and text.endswith("<|im_start|>assistant\n")
-    with_tpl.chat_template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}>>"
+    assert text.startswith("<|im_start|>system\n" + SYSTEM_PROMPT) and text.endswith(
+        "<|im_start|>assistant\n"
+    )
+    with_tpl.chat_template = (
+        "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}>>"
+    )
     assert render_prompt("Find $x$.", with_tpl) == f"[system] {SYSTEM_PROMPT}\n[user] Find $x$.\n>>"
     plain = AutoTokenizer.from_pretrained(make_tiny_model(tmp_path / "plain", chat_template=False))
     assert not plain.chat_template
-    assert render_prompt("Find $x$.", plain) == QWEN25_MATH_COT.format(system=SYSTEM_PROMPT, problem="Find $x$.")
+    assert render_prompt("Find $x$.", plain) == QWEN25_MATH_COT.format(
+        system=SYSTEM_PROMPT, problem="Find $x$."
+    )
 
 
 # ------------------------------------------------------------------------------------------- vLLM
 def test_vllm_request_construction(tiny):
     from transformers import AutoTokenizer
 
-    assert vllm_sampling_kwargs(Sampling(n=32, temperature=1.0, max_tokens=4096)) == \
-        {"n": 32, "temperature": 1.0, "top_p": 1.0, "max_tokens": 4096, "seed": 0}
-    assert vllm_sampling_kwargs(Sampling(n=32, temperature=0.0, max_tokens=4096, seed=5)) == \
-        {"n": 1, "temperature": 0.0, "top_p": 1.0, "max_tokens": 4096, "seed": 5}
+    assert vllm_sampling_kwargs(Sampling(n=32, temperature=1.0, max_tokens=4096)) == {
+        "n": 32,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "max_tokens": 4096,
+        "seed": 0,
+    }
+    assert vllm_sampling_kwargs(Sampling(n=32, temperature=0.0, max_tokens=4096, seed=5)) == {
+        "n": 1,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "max_tokens": 4096,
+        "seed": 5,
+    }
     b = VLLMBackend("some/model", tensor_parallel_size=2)
     assert b.llm_kwargs["model"] == "some/model" and b.llm_kwargs["tensor_parallel_size"] == 2
     tok = AutoTokenizer.from_pretrained(tiny)
     prompts, kw = b.requests(["Find $x$.", "Find $y$."], Sampling(n=32, temperature=1.0), tok)
-    assert prompts == [render_prompt("Find $x$.", tok), render_prompt("Find $y$.", tok)] and kw["n"] == 32
-    assert b.requests(["Find $x$."], Sampling())[0] == [QWEN25_MATH_COT.format(system=SYSTEM_PROMPT, problem="Find $x$.")]
+    assert (
+        prompts == [render_prompt("Find $x$.", tok), render_prompt("Find $y$.", tok)]
+        and kw["n"] == 32
+    )
+    assert b.requests(["Find $x$."], Sampling())[0] == [
+        QWEN25_MATH_COT.format(system=SYSTEM_PROMPT, problem="Find $x$.")
+    ]
 
 
 def test_vllm_missing_is_one_clear_error():
     pytest.importorskip("torch")
     try:
         import vllm  # noqa: F401
+
         pytest.skip("vllm is installed")
     except ImportError:
         pass
@@ -85,7 +119,9 @@ def test_vllm_missing_is_one_clear_error():
 @pytest.mark.gpu
 def test_vllm_backend_generates_on_gpu(tmp_path):
     pytest.importorskip("vllm")
-    model = make_tiny_model(tmp_path / "tiny128", hidden=128)  # head size 64: every attention backend has it
+    model = make_tiny_model(
+        tmp_path / "tiny128", hidden=128
+    )  # head size 64: every attention backend has it
     b = VLLMBackend(str(model), gpu_memory_utilization=0.3, dtype="float16", enforce_eager=True)
     out = b.generate(["What is 1+1?", "Find x."], Sampling(n=4, temperature=1.0, max_tokens=8))
     assert [len(o) for o in out] == [4, 4]
@@ -110,24 +146,51 @@ class _Server:
                 outer.requests.append((self.path, body))
                 if self.path.endswith("/chat/completions"):
                     if not chat:
-                        return self._send(400, {"error": {"message": "no chat template", "type": "BadRequestError"}})
+                        return self._send(
+                            400,
+                            {"error": {"message": "no chat template", "type": "BadRequestError"}},
+                        )
                     problem = body["messages"][-1]["content"]
                 elif self.path.endswith("/completions"):
-                    problem = body["prompt"].split("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0]
+                    problem = (
+                        body["prompt"].split("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0]
+                    )
                 else:
                     return self._send(404, {"error": {"message": "no such route"}})
                 n, c = body.get("n", 1), correct.get(problem, 0)
-                texts = [f"Reasoning here. So \\boxed{{{answers[problem]}}}." if i < c else "I give up \\boxed{-1}"
-                         for i in range(n)]
+                texts = [
+                    f"Reasoning here. So \\boxed{{{answers[problem]}}}."
+                    if i < c
+                    else "I give up \\boxed{-1}"
+                    for i in range(n)
+                ]
                 if self.path.endswith("/chat/completions"):
-                    choices = [{"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": "stop"}
-                               for i, t in enumerate(texts)]
+                    choices = [
+                        {
+                            "index": i,
+                            "message": {"role": "assistant", "content": t},
+                            "finish_reason": "stop",
+                        }
+                        for i, t in enumerate(texts)
+                    ]
                     obj = "chat.completion"
                 else:
-                    choices = [{"index": i, "text": t, "finish_reason": "stop"} for i, t in enumerate(texts)]
+                    choices = [
+                        {"index": i, "text": t, "finish_reason": "stop"}
+                        for i, t in enumerate(texts)
+                    ]
                     obj = "text_completion"
-                self._send(200, {"id": "x", "object": obj, "created": 0, "model": body["model"], "choices": choices,
-                                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+                self._send(
+                    200,
+                    {
+                        "id": "x",
+                        "object": obj,
+                        "created": 0,
+                        "model": body["model"],
+                        "choices": choices,
+                        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                    },
+                )
 
             def _send(self, code, obj):
                 data = json.dumps(obj).encode()
@@ -165,19 +228,34 @@ def test_openai_backend_suite_recorded_on_node_and_mlflow(archive):
     from evaluators.suite import evaluate_node_on_suite
 
     with _Server(*_scripted()) as srv:
-        payload = evaluate_node_on_suite(archive, "grpo", backend="openai", model="served-model", base_url=srv.url,
-                                         limit=2, n_boot=200, show_progress=False)
+        payload = evaluate_node_on_suite(
+            archive,
+            "grpo",
+            backend="openai",
+            model="served-model",
+            base_url=srv.url,
+            limit=2,
+            n_boot=200,
+            show_progress=False,
+        )
     assert payload["status"] == "evaluated", payload.get("reason")
     m = payload["metrics"]
-    for k in OVERALL_WEIGHTS:  # pass@32 with 1/32 correct on one problem of two -> 50; acc@1 likewise
+    for (
+        k
+    ) in OVERALL_WEIGHTS:  # pass@32 with 1/32 correct on one problem of two -> 50; acc@1 likewise
         assert m[k] == pytest.approx(50.0)
     assert m["overall"] == pytest.approx(50.0)
-    assert m["aime24/mean_accuracy"] == pytest.approx(100 / 64) and m["math500/mean_accuracy"] == pytest.approx(50.0)
+    assert m["aime24/mean_accuracy"] == pytest.approx(100 / 64) and m[
+        "math500/mean_accuracy"
+    ] == pytest.approx(50.0)
     assert m["valid_rate"] == pytest.approx(1.0) and m["mean_length"] > 3
     assert payload["counts"]["aime24"] == {"problems": 2, "samples": 64}
     assert payload["counts"]["minerva"] == {"problems": 2, "samples": 2}
     assert set(payload["intervals"]) == set(OVERALL_WEIGHTS) | {"overall"}
-    assert payload["protocol"]["benchmarks"]["aime25"]["metric"] == "pass@32" and payload["versions"]["grader"]
+    assert (
+        payload["protocol"]["benchmarks"]["aime25"]["metric"] == "pass@32"
+        and payload["versions"]["grader"]
+    )
     # requests: the paper's sampling through the chat endpoint, system prompt included
     paths = {p for p, _ in srv.requests}
     assert paths == {"/v1/chat/completions"}
@@ -186,10 +264,14 @@ def test_openai_backend_suite_recorded_on_node_and_mlflow(archive):
     assert len(aime) == 6 and len(greedy) == 6
     assert all(b["temperature"] == 1.0 and b["max_tokens"] == 4096 for b in aime)
     assert all(b["temperature"] == 0.0 and b["max_tokens"] == 4096 for b in greedy)
-    assert all(b["messages"][0] == {"role": "system", "content": SYSTEM_PROMPT} for b in aime + greedy)
+    assert all(
+        b["messages"][0] == {"role": "system", "content": SYSTEM_PROMPT} for b in aime + greedy
+    )
     node = archive.node("grpo")
     assert node.status == "evaluated" and node.overall == pytest.approx(50.0)
-    assert node.results["intervals"]["overall"][0] <= 50.0 <= node.results["intervals"]["overall"][1]
+    assert (
+        node.results["intervals"]["overall"][0] <= 50.0 <= node.results["intervals"]["overall"][1]
+    )
     runs = find_runs(archive, "grpo")
     assert [r.info.run_id for r in runs] == payload["mlflow_run_ids"]
     assert runs[0].data.metrics["eval/overall"] == pytest.approx(50.0)
@@ -204,10 +286,15 @@ def test_openai_backend_falls_back_to_completions():
         b = OpenAIBackend("base-model", base_url=srv.url, concurrency=2)
         out = b.generate(probs, Sampling(n=3, temperature=1.0, max_tokens=64))
     assert b.api == "completions" and [len(o) for o in out] == [3, 3]
-    assert out[0][0].endswith(f"\\boxed{{{answers[probs[0]]}}}.") and out[0][1] == "I give up \\boxed{-1}"
+    assert (
+        out[0][0].endswith(f"\\boxed{{{answers[probs[0]]}}}.")
+        and out[0][1] == "I give up \\boxed{-1}"
+    )
     comp = [body for path, body in srv.requests if path == "/v1/completions"]
-    assert comp and comp[0]["prompt"] == QWEN25_MATH_COT.format(system=SYSTEM_PROMPT, problem=comp[0]["prompt"].split(
-        "<|im_start|>user\n")[1].split("<|im_end|>")[0])
+    assert comp and comp[0]["prompt"] == QWEN25_MATH_COT.format(
+        system=SYSTEM_PROMPT,
+        problem=comp[0]["prompt"].split("<|im_start|>user\n")[1].split("<|im_end|>")[0],
+    )
 
 
 def test_unreachable_server_marks_node_failed(archive):
@@ -219,8 +306,16 @@ def test_unreachable_server_marks_node_failed(archive):
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
-    payload = evaluate_node_on_suite(archive, "grpo", backend="openai", model="m", base_url=f"http://127.0.0.1:{port}/v1",
-                                     limit=1, show_progress=False, backend_kwargs={"max_retries": 0})
+    payload = evaluate_node_on_suite(
+        archive,
+        "grpo",
+        backend="openai",
+        model="m",
+        base_url=f"http://127.0.0.1:{port}/v1",
+        limit=1,
+        show_progress=False,
+        backend_kwargs={"max_retries": 0},
+    )
     assert payload["status"] == "failed" and "cannot reach" in payload["reason"]
     node = archive.node("grpo")
     assert node.status == "failed" and node.results["status"] == "failed"
@@ -231,9 +326,13 @@ def test_bad_input_is_rejected_before_the_archive_changes(archive):
     from evaluators.suite import evaluate_node_on_suite
 
     tip = archive.tip("grpo")
-    for kwargs, msg in [({"backend": "proxy", "model": "m"}, "--backend must be"), ({"suite": "math7", "model": "m"}, "unknown suite"),
-                        ({"model": None}, "--model"), ({"model": "m", "preset": "huge"}, "preset"),
-                        ({"backend": "openai", "model": "m"}, "--base-url")]:
+    for kwargs, msg in [
+        ({"backend": "proxy", "model": "m"}, "--backend must be"),
+        ({"suite": "math7", "model": "m"}, "unknown suite"),
+        ({"model": None}, "--model"),
+        ({"model": "m", "preset": "huge"}, "preset"),
+        ({"backend": "openai", "model": "m"}, "--base-url"),
+    ]:
         with pytest.raises(EvaluationError, match=msg):
             evaluate_node_on_suite(archive, "grpo", **kwargs)
     assert archive.tip("grpo") == tip
@@ -241,19 +340,47 @@ def test_bad_input_is_rejected_before_the_archive_changes(archive):
 
 # -------------------------------------------------------------------------------------------- CLI
 def test_cli_evaluate_suite_on_tiny_model(archive, tiny, cli):
-    r = cli("evaluate", "grpo", "--suite", "math6", "--backend", "transformers", "--model", str(tiny), "--limit", "1",
-            "--preset", "smoke", "-C", str(archive.path), timeout=300)
+    r = cli(
+        "evaluate",
+        "grpo",
+        "--suite",
+        "math6",
+        "--backend",
+        "transformers",
+        "--model",
+        str(tiny),
+        "--limit",
+        "1",
+        "--preset",
+        "smoke",
+        "-C",
+        str(archive.path),
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "grpo" in r.stdout and "evaluated" in r.stdout
     node = archive.node("grpo")
     res = node.results
-    assert res["suite"] == "math6" and res["protocol"]["preset"] == "smoke" and res["protocol"]["limit"] == 1
-    assert res["counts"]["aime24"] == {"problems": 1, "samples": 2} and res["counts"]["math500"]["samples"] == 1
+    assert (
+        res["suite"] == "math6"
+        and res["protocol"]["preset"] == "smoke"
+        and res["protocol"]["limit"] == 1
+    )
+    assert (
+        res["counts"]["aime24"] == {"problems": 1, "samples": 2}
+        and res["counts"]["math500"]["samples"] == 1
+    )
     assert set(OVERALL_WEIGHTS) <= set(res["metrics"]) and 0 < res["metrics"]["mean_length"] <= 24
-    assert 0.0 <= res["metrics"]["overall"] <= 100.0 and set(res["intervals"]) == set(OVERALL_WEIGHTS) | {"overall"}
+    assert 0.0 <= res["metrics"]["overall"] <= 100.0 and set(res["intervals"]) == set(
+        OVERALL_WEIGHTS
+    ) | {"overall"}
     assert res["generation"] == {"backend": "transformers", "model": str(tiny), "device": "cpu"}
     bad = cli("evaluate", "grpo", "--suite", "math6", "--model", str(tiny), "-C", str(archive.path))
-    assert bad.returncode == 1 and "--backend must be" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    assert (
+        bad.returncode == 1
+        and "--backend must be" in bad.stderr
+        and len(bad.stderr.strip().splitlines()) == 1
+    )
 
 
 def test_scores_are_recorded_when_mlflow_is_unreachable(archive, monkeypatch, tmp_path):
@@ -262,8 +389,20 @@ def test_scores_are_recorded_when_mlflow_is_unreachable(archive, monkeypatch, tm
     (tmp_path / "a-file").write_text("not a directory")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/a-file/mlflow.db")
     with _Server(*_scripted(limit=1)) as srv:
-        payload = evaluate_node_on_suite(archive, "grpo", backend="openai", model="m", base_url=srv.url, limit=1,
-                                         n_boot=50, show_progress=False)
-    assert payload["status"] == "evaluated" and payload["mlflow_run_ids"] == [] and payload["mlflow_error"]
+        payload = evaluate_node_on_suite(
+            archive,
+            "grpo",
+            backend="openai",
+            model="m",
+            base_url=srv.url,
+            limit=1,
+            n_boot=50,
+            show_progress=False,
+        )
+    assert (
+        payload["status"] == "evaluated"
+        and payload["mlflow_run_ids"] == []
+        and payload["mlflow_error"]
+    )
     node = archive.node("grpo")
     assert node.status == "evaluated" and node.overall == pytest.approx(100.0)

@@ -11,15 +11,31 @@ import time
 import pytest
 
 from evaluators.benchmarks import DATA_DIR, SHA256, SUITES, gold_answer, load_problems
-from evaluators.grading import GRADER_VERSION, extract_boxed, grade_answer, grade_completion, is_equivalent
+from evaluators.grading import (
+    GRADER_VERSION,
+    extract_boxed,
+    grade_answer,
+    grade_completion,
+    is_equivalent,
+)
 from evaluators.pool import GraderPool
 
-LINES = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500, "minerva_math": 272, "olympiadbench": 675}
+LINES = {
+    "aime24": 30,
+    "aime25": 30,
+    "amc23": 40,
+    "math500": 500,
+    "minerva_math": 272,
+    "olympiadbench": 675,
+}
 
 
 def test_shipped_files_match_provenance_sha256():
     text = (DATA_DIR / "PROVENANCE.md").read_text()
-    listed = dict((path.split("/")[0], digest) for digest, path in re.findall(r"^([0-9a-f]{64})  (\S+)$", text, re.M))
+    listed = dict(
+        (path.split("/")[0], digest)
+        for digest, path in re.findall(r"^([0-9a-f]{64})  (\S+)$", text, re.M)
+    )
     assert listed == SHA256
     for name, digest in SHA256.items():
         data = (DATA_DIR / name / "test.jsonl").read_bytes()
@@ -31,16 +47,29 @@ def test_gold_extraction_per_benchmark():
     benches = {b.key: b for b in SUITES["math6"]}
     first = {k: load_problems(b, limit=1)[0] for k, b in benches.items()}
     assert first["aime24"].gold == "204"
-    assert first["aime25"].gold == "70" and first["aime25"].problem.startswith("Find the sum of all integer bases")
+    assert first["aime25"].gold == "70" and first["aime25"].problem.startswith(
+        "Find the sum of all integer bases"
+    )
     assert first["amc"].gold == "27"  # the float 27.0
     assert first["math500"].gold == "\\left( 3, \\frac{\\pi}{2} \\right)"
     assert first["minerva"].gold == "1.6"  # the last \boxed{} of the solution
     assert gold_answer("aime24", {"answer": "025"}) == "025"
-    assert gold_answer("minerva_math", {"problem": "p", "solution": "so \\boxed{2} then $\\boxed{\\frac{1}{3}}$"}) == "\\frac{1}{3}"
+    assert (
+        gold_answer(
+            "minerva_math",
+            {"problem": "p", "solution": "so \\boxed{2} then $\\boxed{\\frac{1}{3}}$"},
+        )
+        == "\\frac{1}{3}"
+    )
     row = {"final_answer": ["$69$,$84$"], "is_multiple_answer": True}
     assert gold_answer("olympiadbench", row) == "69, 84"
-    assert gold_answer("olympiadbench", {"final_answer": ["$(-\\infty, 0) \\cup\\{1\\}$."], "is_multiple_answer": False}) \
+    assert (
+        gold_answer(
+            "olympiadbench",
+            {"final_answer": ["$(-\\infty, 0) \\cup\\{1\\}$."], "is_multiple_answer": False},
+        )
         == "(-\\infty, 0) \\cup\\{1\\}"
+    )
     assert all(len(load_problems(b)) == LINES[b.dataset] for b in SUITES["math6"])
 
 
@@ -49,7 +78,11 @@ def test_every_gold_grades_as_its_own_boxed_answer():
     every 20th problem plus every multi-answer gold (all 1,547 pass too; kept small for CI time)."""
     all_probs = [p for b in SUITES["math6"] for p in load_problems(b)]
     assert len(all_probs) == 1547
-    probs = [p for p in all_probs if p.index % 20 == 0 or (p.benchmark == "olympiadbench" and "," in p.gold)]
+    probs = [
+        p
+        for p in all_probs
+        if p.index % 20 == 0 or (p.benchmark == "olympiadbench" and "," in p.gold)
+    ]
     pairs = [(p.gold, f"The answer is $\\boxed{{{p.gold}}}$.") for p in probs]
     with GraderPool(workers=2, timeout_s=10) as pool:
         grades = pool.grade(pairs)
@@ -57,29 +90,32 @@ def test_every_gold_grades_as_its_own_boxed_answer():
     assert len(probs) > 150 and bad == []
 
 
-@pytest.mark.parametrize("gold,pred,expected", [
-    ("\\frac12", "0.5", True),
-    ("0.5", "\\frac{1}{2}", True),
-    ("025", "25", True),
-    ("25", "025", True),
-    ("27", "27.0", True),
-    ("(1,2]", "(1,2]", True),
-    ("(1,2]", "(1,2)", False),
-    ("[\\frac{1}{2}, 8]", "[0.5,8]", True),
-    ("(-\\infty, 0) \\cup\\{1\\}", "(-\\infty,0)\\cup\\{1\\}", True),
-    ("\\{1,2\\}", "\\{2,1\\}", True),
-    ("69, 84", "84, 69", True),  # a multi-answer OlympiadBench row: order-free
-    ("69, 84", "69", False),
-    ("(6,3),(9,3),(9,5),(54,5)", "(9,5),(6,3),(54,5),(9,3)", True),
-    ("(6,3),(9,3),(9,5),(54,5)", "(6,3),(9,3),(9,5)", False),
-    ("45", "45 \\text{ minutes}", True),  # units
-    ("\\frac{41}{12}", "\\frac{41}{12}\\text{ km}", True),
-    ("1.6", "1.6 \\mathrm{~cm}", True),
-    ("4.2", "4.2\\%", True),
-    ("x^2+1", "1+x^2", True),
-    ("\\sqrt{2}/2", "\\frac{\\sqrt{2}}{2}", True),
-    ("3", "4", False),
-])
+@pytest.mark.parametrize(
+    "gold,pred,expected",
+    [
+        ("\\frac12", "0.5", True),
+        ("0.5", "\\frac{1}{2}", True),
+        ("025", "25", True),
+        ("25", "025", True),
+        ("27", "27.0", True),
+        ("(1,2]", "(1,2]", True),
+        ("(1,2]", "(1,2)", False),
+        ("[\\frac{1}{2}, 8]", "[0.5,8]", True),
+        ("(-\\infty, 0) \\cup\\{1\\}", "(-\\infty,0)\\cup\\{1\\}", True),
+        ("\\{1,2\\}", "\\{2,1\\}", True),
+        ("69, 84", "84, 69", True),  # a multi-answer OlympiadBench row: order-free
+        ("69, 84", "69", False),
+        ("(6,3),(9,3),(9,5),(54,5)", "(9,5),(6,3),(54,5),(9,3)", True),
+        ("(6,3),(9,3),(9,5),(54,5)", "(6,3),(9,3),(9,5)", False),
+        ("45", "45 \\text{ minutes}", True),  # units
+        ("\\frac{41}{12}", "\\frac{41}{12}\\text{ km}", True),
+        ("1.6", "1.6 \\mathrm{~cm}", True),
+        ("4.2", "4.2\\%", True),
+        ("x^2+1", "1+x^2", True),
+        ("\\sqrt{2}/2", "\\frac{\\sqrt{2}}{2}", True),
+        ("3", "4", False),
+    ],
+)
 def test_tricky_pairs(gold, pred, expected):
     assert is_equivalent(gold, pred) is expected
 
@@ -88,12 +124,20 @@ def test_olympiad_multi_answer_rows_from_the_data():
     import json
 
     rows = [json.loads(line) for line in (DATA_DIR / "olympiadbench" / "test.jsonl").open()]
-    multi = {r["final_answer"][0]: gold_answer("olympiadbench", r) for r in rows if r["is_multiple_answer"]}
+    multi = {
+        r["final_answer"][0]: gold_answer("olympiadbench", r)
+        for r in rows
+        if r["is_multiple_answer"]
+    }
     assert len([r for r in rows if r["is_multiple_answer"]]) == 94
     assert multi["$69$,$84$"] == "69, 84"
     assert multi["$-2,0,2$"] == "-2,0,2"
-    assert is_equivalent(multi["$69$,$84$"], "84,69") and not is_equivalent(multi["$69$,$84$"], "84")
-    assert is_equivalent(multi["$-2,0,2$"], "2, -2, 0") and not is_equivalent(multi["$-2,0,2$"], "-2, 2")
+    assert is_equivalent(multi["$69$,$84$"], "84,69") and not is_equivalent(
+        multi["$69$,$84$"], "84"
+    )
+    assert is_equivalent(multi["$-2,0,2$"], "2, -2, 0") and not is_equivalent(
+        multi["$-2,0,2$"], "-2, 2"
+    )
 
 
 def test_extract_boxed():
@@ -106,7 +150,7 @@ def test_extract_boxed():
 
 
 def test_grade_statuses_and_format_validity():
-    assert grade_completion("2", "so \\boxed{2}") .status == "ok"
+    assert grade_completion("2", "so \\boxed{2}").status == "ok"
     g = grade_completion("2", "I think it is 2")
     assert (g.correct, g.valid, g.status) == (False, False, "no_answer")
     g = grade_completion("2", "\\boxed{3}")
@@ -116,7 +160,7 @@ def test_grade_statuses_and_format_validity():
     assert GRADER_VERSION
 
 
-HELPER = textwrap.dedent('''
+HELPER = textwrap.dedent("""
     import os, signal, time
     from evaluators.grading import grade_completion
 
@@ -127,15 +171,24 @@ HELPER = textwrap.dedent('''
             signal.signal(signal.SIGALRM, signal.SIG_IGN)  # the alarm cannot break this one
             time.sleep(60)
         return grade_completion(gold, text, timeout_s)
-''')
+""")
 
 
 def test_pool_reports_crashes_and_hangs_and_never_blocks(tmp_path, monkeypatch):
     (tmp_path / "poise_grader_helper.py").write_text(HELPER)
     monkeypatch.syspath_prepend(str(tmp_path))
-    pairs = [("1", "\\boxed{1}"), ("CRASH", "x"), ("2", "\\boxed{2}"), ("HANG", "x"), ("3", "\\boxed{4}"), ("4", "\\boxed{4}")]
+    pairs = [
+        ("1", "\\boxed{1}"),
+        ("CRASH", "x"),
+        ("2", "\\boxed{2}"),
+        ("HANG", "x"),
+        ("3", "\\boxed{4}"),
+        ("4", "\\boxed{4}"),
+    ]
     t0 = time.monotonic()
-    with GraderPool(workers=2, timeout_s=1.0, grace_s=1.0, chunk=3, grader="poise_grader_helper:grade") as pool:
+    with GraderPool(
+        workers=2, timeout_s=1.0, grace_s=1.0, chunk=3, grader="poise_grader_helper:grade"
+    ) as pool:
         grades = pool.grade(pairs)
         restarts = pool.restarts
     assert time.monotonic() - t0 < 30
@@ -145,7 +198,12 @@ def test_pool_reports_crashes_and_hangs_and_never_blocks(tmp_path, monkeypatch):
 
 
 def test_pool_matches_single_process_grading():
-    pairs = [("\\frac12", "\\boxed{0.5}"), ("025", "\\boxed{25}"), ("3", "\\boxed{4}"), ("x", "none")] * 5
+    pairs = [
+        ("\\frac12", "\\boxed{0.5}"),
+        ("025", "\\boxed{25}"),
+        ("3", "\\boxed{4}"),
+        ("x", "none"),
+    ] * 5
     with GraderPool(workers=2, chunk=3) as pool:
         pooled = pool.grade(pairs)
     assert pooled == [grade_completion(g, t) for g, t in pairs]

@@ -22,9 +22,11 @@ def adv(body: str, head: str = "") -> str:
 
 
 def loss_edit(tail: str) -> str:
-    return ('def policy_loss(log_prob, old_log_prob, advantages, response_mask, cfg, ref_log_prob=None, entropy=None):\n'
-            '    pg, _ = ppo_clip_loss(log_prob, old_log_prob, advantages, cfg.clip_ratio_low, cfg.clip_ratio_high)\n'
-            '    loss = agg_loss(pg, response_mask, cfg.loss_agg_mode)\n' + tail)
+    return (
+        "def policy_loss(log_prob, old_log_prob, advantages, response_mask, cfg, ref_log_prob=None, entropy=None):\n"
+        "    pg, _ = ppo_clip_loss(log_prob, old_log_prob, advantages, cfg.clip_ratio_low, cfg.clip_ratio_high)\n"
+        "    loss = agg_loss(pg, response_mask, cfg.loss_agg_mode)\n" + tail
+    )
 
 
 OK = "return batch.rewards.to(torch.float32) - batch.rewards.to(torch.float32).mean()"
@@ -38,8 +40,16 @@ STATIC = [
     ("import-ctypes", adv(OK, "import ctypes\n"), "import of 'ctypes'"),
     ("import-pickle", adv(OK, "import pickle\n"), "import of 'pickle'"),
     ("import-builtins", adv(OK, "import builtins\n"), "import of 'builtins'"),
-    ("torch-multiprocessing", adv(OK, "import torch.multiprocessing\n"), "import of 'torch.multiprocessing'"),
-    ("loader-import", adv(OK, "from trainer_template import loader\n"), "import from 'trainer_template'"),
+    (
+        "torch-multiprocessing",
+        adv(OK, "import torch.multiprocessing\n"),
+        "import of 'torch.multiprocessing'",
+    ),
+    (
+        "loader-import",
+        adv(OK, "from trainer_template import loader\n"),
+        "import from 'trainer_template'",
+    ),
     ("star-import", adv(OK, "from math import *\n"), "from math import *"),
     ("dunder-import", adv("m = __import__('os')\n" + OK), "'__import__'"),
     ("eval", adv("x = eval('1')\n" + OK), "'eval'"),
@@ -47,11 +57,19 @@ STATIC = [
     ("compile", adv("c = compile('1', 'f', 'eval')\n" + OK), "'compile'"),
     ("open-file", adv("open('/etc/passwd').read()\n" + OK), "'open'"),
     ("getattr-private", adv("c = getattr(torch, '_C')\n" + OK), "getattr() needs a constant"),
-    ("getattr-dynamic", adv("name = 'rewards'\nr = getattr(batch, name)\n" + OK), "getattr() needs a constant"),
+    (
+        "getattr-dynamic",
+        adv("name = 'rewards'\nr = getattr(batch, name)\n" + OK),
+        "getattr() needs a constant",
+    ),
     ("globals", adv("g = globals()\n" + OK), "'globals'"),
     ("setattr", adv("setattr(cfg, 'eps', 0.0)\n" + OK), "'setattr'"),
     ("vars", adv("v = vars(cfg)\n" + OK), "'vars'"),
-    ("subclasses-escape", adv("s = ().__class__.__bases__[0].__subclasses__()\n" + OK), "dunder attribute"),
+    (
+        "subclasses-escape",
+        adv("s = ().__class__.__bases__[0].__subclasses__()\n" + OK),
+        "dunder attribute",
+    ),
     ("builtins-name", adv("b = __builtins__\n" + OK), "'__builtins__'"),
     ("torch-load", adv("w = torch.load('weights.pt')\n" + OK), "torch.load is not allowed"),
     ("torch-save", adv("torch.save(batch.rewards, 'x.pt')\n" + OK), "torch.save is not allowed"),
@@ -65,22 +83,50 @@ STATIC = [
     ("global-stmt", adv("global STATE\nSTATE = 1\n" + OK), "global / nonlocal"),
     ("module-level-code", "print('side effect at import')\n" + adv(OK), "and assignments"),
     ("bare-except", adv("try:\n    pass\nexcept:\n    pass\n" + OK), "swallow the sandbox"),
-    ("base-exception", adv("try:\n    pass\nexcept BaseException:\n    pass\n" + OK), "swallow the sandbox"),
+    (
+        "base-exception",
+        adv("try:\n    pass\nexcept BaseException:\n    pass\n" + OK),
+        "swallow the sandbox",
+    ),
     ("foreign-decorator", "@some_decorator\n" + adv(OK), "decorator"),
     ("async", "async def helper():\n    return 1\n\n\n" + adv(OK), "async"),
-    ("signature-changed", "def compute_advantages(batch, cfg, extra=1):\n    return batch.rewards\n", "signature"),
-    ("loss-signature-changed", "def policy_loss(log_prob, advantages, cfg):\n    return log_prob.sum(), {}\n", "signature"),
+    (
+        "signature-changed",
+        "def compute_advantages(batch, cfg, extra=1):\n    return batch.rewards\n",
+        "signature",
+    ),
+    (
+        "loss-signature-changed",
+        "def policy_loss(log_prob, advantages, cfg):\n    return log_prob.sum(), {}\n",
+        "signature",
+    ),
     ("syntax-error", "def compute_advantages(batch, cfg):\n    return (\n", "syntax error"),
     ("huge-constant", adv("x = '" + "a" * 20_500 + "'\n" + OK), "longer than 20 kB"),
 ]
 RUNTIME = [
-    ("nan", adv("s = batch.rewards.to(torch.float32)\nreturn (s - s.mean()) / (s.std() * 0.0)"), "non-finite"),
+    (
+        "nan",
+        adv("s = batch.rewards.to(torch.float32)\nreturn (s - s.mean()) / (s.std() * 0.0)"),
+        "non-finite",
+    ),
     ("infinite-loop", adv("while True:\n    pass"), "longer than"),
-    ("swallowed-loop", adv("while True:\n    try:\n        pass\n    except Exception:\n        pass"), "longer than"),
-    ("unbounded-allocation", adv("chunks = []\nwhile True:\n    chunks.append(torch.empty(2 ** 26))"), "memory"),
+    (
+        "swallowed-loop",
+        adv("while True:\n    try:\n        pass\n    except Exception:\n        pass"),
+        "longer than",
+    ),
+    (
+        "unbounded-allocation",
+        adv("chunks = []\nwhile True:\n    chunks.append(torch.empty(2 ** 26))"),
+        "memory",
+    ),
     ("mutates-input", adv("batch.rewards.mul_(2.0)\n" + OK), "mutated"),
     ("wrong-shape", adv("return batch.rewards.to(torch.float32).unsqueeze(0)"), "shape"),
-    ("non-deterministic", adv("s = batch.rewards.to(torch.float32)\nreturn s - s.mean() + 1e-3 * torch.rand_like(s)"), "not deterministic"),
+    (
+        "non-deterministic",
+        adv("s = batch.rewards.to(torch.float32)\nreturn s - s.mean() + 1e-3 * torch.rand_like(s)"),
+        "not deterministic",
+    ),
     ("detached-loss", loss_edit("    return loss.detach(), {}\n"), "not differentiable"),
     ("raises", adv("raise ValueError('boom: unsupported batch')"), "boom"),
 ]
@@ -119,7 +165,9 @@ def runtime_reasons():
 @pytest.mark.parametrize("case,why", [(c[0], c[2]) for c in RUNTIME], ids=[c[0] for c in RUNTIME])
 def test_runtime_rejection(runtime_reasons, case, why):
     reason = runtime_reasons[case]
-    assert why.lower() in reason.lower() or (why == "memory" and "allocate" in reason.lower()), reason
+    assert why.lower() in reason.lower() or (why == "memory" and "allocate" in reason.lower()), (
+        reason
+    )
 
 
 def test_the_baseline_itself_passes():
@@ -128,7 +176,9 @@ def test_the_baseline_itself_passes():
     assert len(res.report["fingerprint"]) > 100
 
 
-@pytest.mark.parametrize("tail", ["print('at import')\n", "for i in range(3):\n    pass\n", "if True:\n    import os\n"])
+@pytest.mark.parametrize(
+    "tail", ["print('at import')\n", "for i in range(3):\n    pass\n", "if True:\n    import os\n"]
+)
 def test_whole_file_module_level_code_is_rejected(tail):
     from engine.operators.static_check import StaticCheckError, static_check
 

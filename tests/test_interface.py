@@ -71,7 +71,9 @@ def test_grpo_equals_verl(algo, kind, n_groups, g, seed, norm):
     token_rewards = torch.zeros(scores.numel(), t)
     token_rewards[:, 0] = scores  # outcome reward on one token; verl sums over tokens
     index = np.array([f"uid{int(x)}" for x in group], dtype=object)
-    ref, _ = core_algos.compute_grpo_outcome_advantage(token_rewards, mask, index, norm_adv_by_std_in_grpo=norm)
+    ref, _ = core_algos.compute_grpo_outcome_advantage(
+        token_rewards, mask, index, norm_adv_by_std_in_grpo=norm
+    )
     cfg = make_config(algo, {"norm_adv_by_std": norm})
     ours = algo.compute_advantages(_batch(scores, group), cfg)
     assert ours.shape == (scores.numel(),)
@@ -95,7 +97,9 @@ def test_rloo_prior_equals_verl():
 def _loss_inputs(seed: int, b: int = 6, t: int = 9):
     gen = torch.Generator().manual_seed(seed)
     old = -torch.rand(b, t, generator=gen) * 3
-    logp = old + torch.randn(b, t, generator=gen) * 0.6  # ratios well outside [0.8, 1.2] and beyond 3
+    logp = (
+        old + torch.randn(b, t, generator=gen) * 0.6
+    )  # ratios well outside [0.8, 1.2] and beyond 3
     adv = torch.randn(b, 1, generator=gen).expand(b, t) * 2
     mask = (torch.rand(b, t, generator=gen) > 0.25).float()
     mask[0] = 0.0  # a fully masked sequence
@@ -107,8 +111,14 @@ def _verl_actor_cfg(low: float, high: float, mode: str):
     from omegaconf import OmegaConf
 
     return OmegaConf.create(
-        {"clip_ratio": 0.2, "clip_ratio_low": low, "clip_ratio_high": high, "clip_ratio_c": 3.0,
-         "loss_agg_mode": mode, "global_batch_info": {}}
+        {
+            "clip_ratio": 0.2,
+            "clip_ratio_low": low,
+            "clip_ratio_high": high,
+            "clip_ratio_c": 3.0,
+            "loss_agg_mode": mode,
+            "global_batch_info": {},
+        }
     )
 
 
@@ -118,7 +128,11 @@ def _verl_actor_cfg(low: float, high: float, mode: str):
 def test_policy_loss_equals_verl_vanilla(algo, mode, seed, low, high):
     logp, old, adv, mask = _loss_inputs(seed)
     ref_loss, ref_metrics = core_algos.compute_policy_loss_vanilla(
-        old_log_prob=old, log_prob=logp, advantages=adv, response_mask=mask, loss_agg_mode=mode,
+        old_log_prob=old,
+        log_prob=logp,
+        advantages=adv,
+        response_mask=mask,
+        loss_agg_mode=mode,
         config=_verl_actor_cfg(low, high, mode),
     )
     cfg = make_config(algo, {"loss_agg_mode": mode, "clip_ratio_low": low, "clip_ratio_high": high})
@@ -146,7 +160,9 @@ def test_kl_penalty_equals_verl(kl_type):
     gen = torch.Generator().manual_seed(9)
     logp = -torch.rand(5, 13, generator=gen) * 30  # extreme differences exercise both clamps
     ref = -torch.rand(5, 13, generator=gen) * 30
-    assert torch.allclose(kl_penalty(logp, ref, kl_type), core_algos.kl_penalty(logp, ref, kl_type), atol=1e-6)
+    assert torch.allclose(
+        kl_penalty(logp, ref, kl_type), core_algos.kl_penalty(logp, ref, kl_type), atol=1e-6
+    )
 
 
 def test_kl_and_entropy_terms_enter_the_loss(algo):
@@ -194,11 +210,22 @@ def test_group_stats_match_a_loop():
 
 def test_rollout_batch_rejects_bad_shapes():
     with pytest.raises(ValueError, match="group"):
-        RolloutBatch(torch.zeros(3), torch.zeros(2, dtype=torch.long), torch.ones(3, dtype=torch.bool),
-                     torch.ones(3, dtype=torch.bool), torch.ones(3, dtype=torch.long))
+        RolloutBatch(
+            torch.zeros(3),
+            torch.zeros(2, dtype=torch.long),
+            torch.ones(3, dtype=torch.bool),
+            torch.ones(3, dtype=torch.bool),
+            torch.ones(3, dtype=torch.long),
+        )
     with pytest.raises(ValueError, match="progress"):
-        RolloutBatch(torch.zeros(3), torch.zeros(3, dtype=torch.long), torch.ones(3, dtype=torch.bool),
-                     torch.ones(3, dtype=torch.bool), torch.ones(3, dtype=torch.long), progress=1.5)
+        RolloutBatch(
+            torch.zeros(3),
+            torch.zeros(3, dtype=torch.long),
+            torch.ones(3, dtype=torch.bool),
+            torch.ones(3, dtype=torch.bool),
+            torch.ones(3, dtype=torch.long),
+            progress=1.5,
+        )
 
 
 def test_rollout_batch_lazy_lengths_computed_once_on_first_read():
@@ -209,8 +236,13 @@ def test_rollout_batch_lazy_lengths_computed_once_on_first_read():
         calls.append(1)
         return mask.sum(-1).round().long()
 
-    b = RolloutBatch(torch.zeros(3), torch.zeros(3, dtype=torch.long), torch.ones(3, dtype=torch.bool),
-                     torch.ones(3, dtype=torch.bool), count)
+    b = RolloutBatch(
+        torch.zeros(3),
+        torch.zeros(3, dtype=torch.long),
+        torch.ones(3, dtype=torch.bool),
+        torch.ones(3, dtype=torch.bool),
+        count,
+    )
     assert calls == [] and b.size == 3  # other fields never trigger it
     assert b.lengths.tolist() == [7, 1, 4] and b.lengths.dtype == torch.long
     assert b.lengths is b.lengths and calls == [1]  # kept after the first read
@@ -221,7 +253,12 @@ def test_rollout_batch_lazy_lengths_computed_once_on_first_read():
 
 
 def test_rollout_batch_lazy_lengths_checked_like_eager():
-    args = (torch.zeros(3), torch.zeros(3, dtype=torch.long), torch.ones(3, dtype=torch.bool), torch.ones(3, dtype=torch.bool))
+    args = (
+        torch.zeros(3),
+        torch.zeros(3, dtype=torch.long),
+        torch.ones(3, dtype=torch.bool),
+        torch.ones(3, dtype=torch.bool),
+    )
     with pytest.raises(ValueError, match=r"lengths must have shape \[3\], got \(2,\)"):
         RolloutBatch(*args, torch.ones(2, dtype=torch.long))
     wrong = RolloutBatch(*args, lambda: torch.ones(2, dtype=torch.long))

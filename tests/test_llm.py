@@ -15,8 +15,13 @@ KEY = "sk-test-SECRET-0123456789abcdef"
 
 
 def client(server, archive=None, replay=False, **kw):
-    cfg = LLMConfig(model="gpt-4o-mini", base_url=server.base_url if server else "", api_key_env="POISE_TEST_KEY",
-                    max_retries=kw.pop("max_retries", 3), timeout_s=10)
+    cfg = LLMConfig(
+        model="gpt-4o-mini",
+        base_url=server.base_url if server else "",
+        api_key_env="POISE_TEST_KEY",
+        max_retries=kw.pop("max_retries", 3),
+        timeout_s=10,
+    )
     return LLMClient(cfg, archive, replay=replay, backoff_s=0.01, **kw)
 
 
@@ -31,7 +36,9 @@ MSGS = [{"role": "user", "content": "what is six times seven? reply as JSON"}]
 
 def test_malformed_reply_is_reasked():
     S = openai_server
-    with S.ScriptedOpenAI(["this is not json", '{"answer": "forty-two"}', '```json\n{"answer": 42}\n```']) as srv:
+    with S.ScriptedOpenAI(
+        ["this is not json", '{"answer": "forty-two"}', '```json\n{"answer": 42}\n```']
+    ) as srv:
         reply = client(srv).chat_json(MSGS, SCHEMA)
     assert reply.data == {"answer": 42}
     assert len(srv.requests) == 3
@@ -51,7 +58,11 @@ def test_reask_is_bounded():
 
 def test_429_then_success_is_retried():
     S = openai_server
-    script = [{"status": 429, "headers": {"retry-after-ms": "20"}}, {"status": 503}, '{"answer": 42}']
+    script = [
+        {"status": 429, "headers": {"retry-after-ms": "20"}},
+        {"status": 503},
+        '{"answer": 42}',
+    ]
     with S.ScriptedOpenAI(script) as srv:
         c = client(srv)
         reply = c.chat_json(MSGS, SCHEMA)
@@ -81,7 +92,9 @@ def test_records_replay_and_secrecy(archive):
     with S.ScriptedOpenAI(['{"answer": 1}', '{"answer": 2}', "free text"]) as srv:
         c = client(srv, archive)
         a = c.chat_json(MSGS, SCHEMA, node="n1").data
-        b = c.chat_json(MSGS, SCHEMA, node="n1").data  # the same request twice: two records, in order
+        b = c.chat_json(
+            MSGS, SCHEMA, node="n1"
+        ).data  # the same request twice: two records, in order
         t = c.chat([{"role": "user", "content": "hello"}], node="n2").text
     assert (a, b, t) == ({"answer": 1}, {"answer": 2}, "free text")
     assert recorded_calls(archive) == 3
@@ -96,10 +109,16 @@ def test_records_replay_and_secrecy(archive):
     with pytest.raises(LLMError, match="no recorded reply"):
         r.chat([{"role": "user", "content": "never asked"}])
     # the key never reaches git
-    objs = subprocess.run(["git", "-C", str(archive.path), "cat-file", "--batch-all-objects", "--batch"],
-                          capture_output=True).stdout
+    objs = subprocess.run(
+        ["git", "-C", str(archive.path), "cat-file", "--batch-all-objects", "--batch"],
+        capture_output=True,
+    ).stdout
     assert KEY.encode() not in objs
-    refs = subprocess.run(["git", "-C", str(archive.path), "for-each-ref", LLM_REF_PREFIX], capture_output=True, text=True).stdout
+    refs = subprocess.run(
+        ["git", "-C", str(archive.path), "for-each-ref", LLM_REF_PREFIX],
+        capture_output=True,
+        text=True,
+    ).stdout
     assert refs.count(LLM_REF_PREFIX) == 3
     assert archive.fsck()
 

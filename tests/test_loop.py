@@ -15,10 +15,19 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-for _mod in ("engine.select", "engine.operators.propose", "engine.operators.implement", "engine.operators.verify", "engine.operators.evaluate", "engine.operators.reflect"):
+for _mod in (
+    "engine.select",
+    "engine.operators.propose",
+    "engine.operators.implement",
+    "engine.operators.verify",
+    "engine.operators.evaluate",
+    "engine.operators.reflect",
+):
     try:
         __import__(_mod)
-    except ModuleNotFoundError as _exc:  # only the operator module itself missing skips; any other import error fails
+    except (
+        ModuleNotFoundError
+    ) as _exc:  # only the operator module itself missing skips; any other import error fails
         if _exc.name != _mod:
             raise
         pytest.skip(f"the loop's operator {_mod} is not in this tree yet", allow_module_level=True)
@@ -47,9 +56,22 @@ def _events(arch, name: str) -> list[str]:
 def evaluated_root(tmp_path_factory):
     """An archive whose root is already evaluated (really, on the smoke preset), copied by each test."""
     path = tmp_path_factory.mktemp("root") / "exp"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    for args in (["init", str(path)], ["evaluate", "grpo", "-C", str(path), "--preset", "smoke", "--seeds", "1"]):
-        p = subprocess.run([sys.executable, "-m", "engine", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    )
+    for args in (
+        ["init", str(path)],
+        ["evaluate", "grpo", "-C", str(path), "--preset", "smoke", "--seeds", "1"],
+    ):
+        p = subprocess.run(
+            [sys.executable, "-m", "engine", *args],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     return path
 
@@ -65,7 +87,21 @@ def test_run_end_to_end_budget_stop_and_resume(evaluated_root, tmp_path, cli):
     from engine.archive.tracking import find_runs
 
     exp = _copy(evaluated_root, tmp_path)
-    p = cli("run", "-C", str(exp), "--rounds", "2", "--parents", "1", "--population", "2", "--budget", "candidates=3", *SMALL, timeout=900)
+    p = cli(
+        "run",
+        "-C",
+        str(exp),
+        "--rounds",
+        "2",
+        "--parents",
+        "1",
+        "--population",
+        "2",
+        "--budget",
+        "candidates=3",
+        *SMALL,
+        timeout=900,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "candidate budget exhausted: used 3 of 3" in p.stdout
     assert "best node:" in p.stdout and "report:" in p.stdout
@@ -89,7 +125,9 @@ def test_run_end_to_end_budget_stop_and_resume(evaluated_root, tmp_path, cli):
             assert (n.name, n.trailer("Poise-Round")) in tagged
     assert all(r.data.tags.get("mlflow.source.git.commit") for r in runs)
     # a larger budget on --resume continues the same run where it stopped
-    p = cli("run", "-C", str(exp), "--resume", "--budget", "candidates=4", "--no-report", timeout=900)
+    p = cli(
+        "run", "-C", str(exp), "--resume", "--budget", "candidates=4", "--no-report", timeout=900
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "finished 2 round(s)" in p.stdout
     kids = {k: n for k, n in arch.nodes().items() if n.parents}
@@ -103,9 +141,30 @@ def test_kill_9_then_resume_finishes_without_duplicates(evaluated_root, tmp_path
     from engine.archive.store import Archive
 
     exp = _copy(evaluated_root, tmp_path)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])), COLUMNS="200")
-    cmd = [sys.executable, "-m", "engine", "run", "-C", str(exp), "--rounds", "1", "--parents", "1", "--population", "2", *SMALL, "--no-report"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        COLUMNS="200",
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "engine",
+        "run",
+        "-C",
+        str(exp),
+        "--rounds",
+        "1",
+        "--parents",
+        "1",
+        "--population",
+        "2",
+        *SMALL,
+        "--no-report",
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     killed_at = None
     deadline = time.time() + 400
     try:
@@ -117,7 +176,9 @@ def test_kill_9_then_resume_finishes_without_duplicates(evaluated_root, tmp_path
                 nodes = Archive(exp).nodes()
             except Exception:
                 continue
-            busy = [n for n in nodes.values() if n.parents and n.status in ("verified", "evaluating")]
+            busy = [
+                n for n in nodes.values() if n.parents and n.status in ("verified", "evaluating")
+            ]
             if busy:
                 killed_at = {k: n.status for k, n in nodes.items()}
                 os.kill(proc.pid, signal.SIGKILL)
@@ -128,15 +189,25 @@ def test_kill_9_then_resume_finishes_without_duplicates(evaluated_root, tmp_path
         proc.wait(timeout=30)
     assert killed_at is not None, "the run never reached an evaluation"
     arch = Archive(exp)
-    p = subprocess.run([sys.executable, "-m", "engine", "run", "-C", str(exp), "--resume", "--no-report"], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-m", "engine", "run", "-C", str(exp), "--resume", "--no-report"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     nodes = arch.nodes()
     kids = [n for n in nodes.values() if n.parents]
     assert len(kids) == 2, _final(nodes)
-    assert all(n.status in ("evaluated", "failed", "rejected") for n in nodes.values()), _final(nodes)
+    assert all(n.status in ("evaluated", "failed", "rejected") for n in nodes.values()), _final(
+        nodes
+    )
     for n in nodes.values():
-        assert _events(arch, n.name).count("results") + _events(arch, n.name).count("failed") <= 1, (n.name, _events(arch, n.name))
+        assert (
+            _events(arch, n.name).count("results") + _events(arch, n.name).count("failed") <= 1
+        ), (n.name, _events(arch, n.name))
     assert sorted(n.trailer("Poise-Round") for n in kids) == ["1", "1"]
     assert "finishing" in p.stdout  # the pending node was picked up, not re-proposed
     assert arch.fsck()
@@ -146,13 +217,19 @@ def test_hung_candidate_is_cut_off_by_the_limit(archive):
     from engine.loop.executor import EvalJob, LocalExecutor
 
     archive.record_results("grpo", {"overall": 0.5})
-    edit = ("def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:\n"
-            "    while True:\n        pass\n")
+    edit = (
+        "def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:\n"
+        "    while True:\n        pass\n"
+    )
     archive.spawn("grpo", "hangs", edit, trailers={"Poise-Round": "1"}, status="verified")
     ex = LocalExecutor(1)
     t0 = time.monotonic()
     try:
-        out = ex.submit(EvalJob(str(archive.path), "hangs", backend="proxy", seeds=1, preset="smoke", timeout_s=8)).result(timeout=120)
+        out = ex.submit(
+            EvalJob(
+                str(archive.path), "hangs", backend="proxy", seeds=1, preset="smoke", timeout_s=8
+            )
+        ).result(timeout=120)
     finally:
         ex.shutdown()
     wall = time.monotonic() - t0
@@ -168,8 +245,24 @@ def test_ray_backed_run_on_a_local_instance(evaluated_root, tmp_path, cli):
     from engine.archive.store import Archive
 
     exp = _copy(evaluated_root, tmp_path)
-    p = cli("run", "-C", str(exp), "--rounds", "1", "--parents", "1", "--population", "1", "--ray", "local", "--workers", "2",
-            *SMALL, "--no-report", timeout=600)
+    p = cli(
+        "run",
+        "-C",
+        str(exp),
+        "--rounds",
+        "1",
+        "--parents",
+        "1",
+        "--population",
+        "1",
+        "--ray",
+        "local",
+        "--workers",
+        "2",
+        *SMALL,
+        "--no-report",
+        timeout=600,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "on Ray local" in p.stdout
     nodes = Archive(exp).nodes()

@@ -3,20 +3,27 @@ pending-work state machine that `run --resume` follows, and the evaluation execu
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 
-from engine.loop.budget import Budget, Usage, exhausted
 from engine.errors import ConfigError
+from engine.loop.budget import Budget, Usage, exhausted
 
 
 def test_budget_parse_and_first_exhausted():
     b = Budget.parse(["candidates=8", "wall=1.5h,tokens=2e5", "cost=3", "gpu-hours=0.5"])
-    assert (b.candidates, b.wall_s, b.tokens, b.cost_usd, b.device_hours) == (8, 5400.0, 200000, 3.0, 0.5)
+    assert (b.candidates, b.wall_s, b.tokens, b.cost_usd, b.device_hours) == (
+        8,
+        5400.0,
+        200000,
+        3.0,
+        0.5,
+    )
     assert exhausted(b, Usage(candidates=7, wall_s=10)) is None
-    assert exhausted(b, Usage(candidates=8, wall_s=6000)).startswith("candidate budget exhausted: used 8 of 8")
+    assert exhausted(b, Usage(candidates=8, wall_s=6000)).startswith(
+        "candidate budget exhausted: used 8 of 8"
+    )
     assert "wall-time budget exhausted" in exhausted(b, Usage(candidates=1, wall_s=5400))
     assert "accelerator-hour" in exhausted(b, Usage(device_hours=0.6))
     assert Budget.parse(["wall=90s"]).wall_s == 90 and Budget.parse(["wall=30m"]).wall_s == 1800
@@ -29,13 +36,32 @@ def test_budget_parse_and_first_exhausted():
 
 def test_objective_syntax_covers_the_length_compression_experiment():
     from engine.config import ExperimentConfig
-    from engine.select.objective import describe, has_length_objective, parse_objective, with_objective
+    from engine.select.objective import (
+        describe,
+        has_length_objective,
+        parse_objective,
+        with_objective,
+    )
 
     assert parse_objective("overall") == {"objective": "overall"}
-    assert parse_objective("overall - 0.002*mean_length") == {"objective": "overall", "length_penalty": 0.002}
-    assert parse_objective("pareto(overall, -mean_length)") == {"objective": "overall", "pareto_objectives": ("overall", "-mean_length")}
-    exp = with_objective(ExperimentConfig(), "overall - 0.002*mean_length", "cut mean length by a quarter without losing Overall")
-    assert exp.length_penalty == 0.002 and exp.directive.startswith("cut mean length") and has_length_objective(exp)
+    assert parse_objective("overall - 0.002*mean_length") == {
+        "objective": "overall",
+        "length_penalty": 0.002,
+    }
+    assert parse_objective("pareto(overall, -mean_length)") == {
+        "objective": "overall",
+        "pareto_objectives": ("overall", "-mean_length"),
+    }
+    exp = with_objective(
+        ExperimentConfig(),
+        "overall - 0.002*mean_length",
+        "cut mean length by a quarter without losing Overall",
+    )
+    assert (
+        exp.length_penalty == 0.002
+        and exp.directive.startswith("cut mean length")
+        and has_length_objective(exp)
+    )
     assert describe(exp) == "maximize overall - 0.002*mean_length"
     for bad in ("", "pareto(overall)", "overall + length", "overall - x*mean_length"):
         with pytest.raises(ConfigError):
@@ -48,18 +74,20 @@ def test_pending_work_follows_the_status_machine(archive):
     nodes = archive.nodes()
     assert pending_work(archive, nodes).evaluate == ["grpo"]  # the root is evaluated first
     archive.record_results("grpo", {"overall": 0.5})
-    archive.spawn("grpo", "a", trailers={"Poise-Round": "1"})                       # spawned -> verify
-    archive.spawn("grpo", "b", trailers={"Poise-Round": "1"}, status="verified")    # verified -> evaluate
+    archive.spawn("grpo", "a", trailers={"Poise-Round": "1"})  # spawned -> verify
+    archive.spawn(
+        "grpo", "b", trailers={"Poise-Round": "1"}, status="verified"
+    )  # verified -> evaluate
     archive.spawn("grpo", "c", trailers={"Poise-Round": "1"}, status="verified")
-    archive.set_status("c", "evaluating")                                            # evaluating -> evaluate
+    archive.set_status("c", "evaluating")  # evaluating -> evaluate
     archive.spawn("grpo", "d", trailers={"Poise-Round": "1"}, status="verified")
-    archive.record_results("d", {"overall": 0.6})                                    # evaluated -> reflect
+    archive.record_results("d", {"overall": 0.6})  # evaluated -> reflect
     archive.spawn("grpo", "e", trailers={"Poise-Round": "1"}, status="verified")
     archive.record_results("e", {"overall": 0.4})
-    archive.record_reflection("e", "# fine\n")                                       # done
+    archive.record_reflection("e", "# fine\n")  # done
     archive.spawn("grpo", "f", trailers={"Poise-Round": "1"})
-    archive.set_status("f", "rejected", reason="imports os")                         # done
-    archive.spawn("grpo", "manual")                                                  # not the loop's: left alone
+    archive.set_status("f", "rejected", reason="imports os")  # done
+    archive.spawn("grpo", "manual")  # not the loop's: left alone
     todo = pending_work(archive, archive.nodes())
     assert (todo.verify, sorted(todo.evaluate), todo.reflect) == (["a"], ["b", "c"], ["d"])
     assert todo.count() == 4
@@ -69,7 +97,11 @@ def test_run_record_lives_on_a_git_ref_with_compare_and_swap(archive):
     from engine.loop.state import RUN_REF, RunRecord, RunStateError, last_round, load_run, save_run
 
     assert load_run(archive) is None
-    rec = save_run(archive, RunRecord({"id": "r1", "plan": {"rounds": 2}, "selections": {}}), "poise: run r1 started")
+    rec = save_run(
+        archive,
+        RunRecord({"id": "r1", "plan": {"rounds": 2}, "selections": {}}),
+        "poise: run r1 started",
+    )
     stale = RunRecord(dict(rec.data), rec.commit)
     rec.data["round"] = 1
     save_run(archive, rec, "poise: run r1 round 1")
@@ -91,7 +123,15 @@ def test_executor_records_a_crashed_evaluation_as_failed(archive):
     archive.spawn("grpo", "ghost-backend", trailers={"Poise-Round": "1"}, status="verified")
     ex = LocalExecutor(2)
     try:
-        out = ex.submit(EvalJob(str(archive.path), "ghost-backend", backend="no-such-backend", seeds=1, timeout_s=120)).result(timeout=180)
+        out = ex.submit(
+            EvalJob(
+                str(archive.path),
+                "ghost-backend",
+                backend="no-such-backend",
+                seeds=1,
+                timeout_s=120,
+            )
+        ).result(timeout=180)
     finally:
         ex.shutdown()
     node = archive.node("ghost-backend")
@@ -114,8 +154,11 @@ def test_kill_tree_reaches_descendants_in_their_own_sessions(tmp_path):
         "import subprocess, sys, time\n"
         "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True)\n"
         "print(p.pid, flush=True)\n"
-        "time.sleep(300)\n")
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+        "time.sleep(300)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     grandchild = int(proc.stdout.readline())
     assert psutil.pid_exists(grandchild)
     kill_tree(proc.pid)
@@ -147,8 +190,15 @@ def test_ui_serves_the_archive_store_on_localhost(archive, tmp_path):
     repo = Path(__file__).resolve().parents[1]
     env = dict(os.environ, PYTHONPATH=str(repo))
     env.pop("MLFLOW_TRACKING_URI", None)
-    proc = subprocess.Popen([sys.executable, "-m", "engine", "ui", "-C", str(archive.path), "--port", str(port)], cwd=repo, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "engine", "ui", "-C", str(archive.path), "--port", str(port)],
+        cwd=repo,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline, ok = time.time() + 120, False
         while time.time() < deadline and proc.poll() is None:
@@ -159,7 +209,10 @@ def test_ui_serves_the_archive_store_on_localhost(archive, tmp_path):
             except OSError:
                 time.sleep(0.5)
         assert ok, f"the MLflow UI did not come up: {proc.poll()}"
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ajax-api/2.0/mlflow/experiments/search?max_results=10", timeout=10) as r:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/ajax-api/2.0/mlflow/experiments/search?max_results=10",
+            timeout=10,
+        ) as r:
             assert r.status == 200
         assert (archive.path / "mlflow.db").is_file()  # the archive's own store
     finally:

@@ -10,8 +10,14 @@ import pytest
 
 from evaluators.benchmarks import SUITES
 from evaluators.grading import Grade
-from evaluators.metrics import (OVERALL_WEIGHTS, bootstrap_intervals, mean_length, overall, pass_at_k,
-                                word_count)
+from evaluators.metrics import (
+    OVERALL_WEIGHTS,
+    bootstrap_intervals,
+    mean_length,
+    overall,
+    pass_at_k,
+    word_count,
+)
 from evaluators.suite import build_metrics, score_benchmark
 
 
@@ -39,10 +45,13 @@ def test_pass_at_k_special_cases_and_stability():
             pass_at_k(*bad)
 
 
-@pytest.mark.parametrize("row,expected", [
-    ((50.0, 26.7, 84.3, 72.4, 24.6, 35.4), 47.8),  # GRPO, the paper's table
-    ((53.3, 43.3, 88.0, 73.6, 24.3, 35.3), 52.5),  # VM-AV-GRPO
-])
+@pytest.mark.parametrize(
+    "row,expected",
+    [
+        ((50.0, 26.7, 84.3, 72.4, 24.6, 35.4), 47.8),  # GRPO, the paper's table
+        ((53.3, 43.3, 88.0, 73.6, 24.3, 35.3), 52.5),  # VM-AV-GRPO
+    ],
+)
 def test_overall_reproduces_paper_rows(row, expected):
     scores = dict(zip(["aime24", "aime25", "amc", "math500", "minerva", "olympiadbench"], row))
     assert round(overall(scores), 1) == expected
@@ -68,7 +77,9 @@ def test_bootstrap_intervals():
     ci = bootstrap_intervals(per, n_boot=2000, seed=3)
     assert set(ci) == set(OVERALL_WEIGHTS) | {"overall"}
     for k, (lo, hi) in ci.items():
-        mean = overall({j: np.mean(v) for j, v in per.items()}) if k == "overall" else np.mean(per[k])
+        mean = (
+            overall({j: np.mean(v) for j, v in per.items()}) if k == "overall" else np.mean(per[k])
+        )
         assert lo < mean < hi
     # the Overall interval is narrower than a benchmark's (it averages six independent ones)
     assert ci["overall"][1] - ci["overall"][0] < ci["aime24"][1] - ci["aime24"][0]
@@ -101,4 +112,6 @@ def test_score_benchmark_pass_at_k_and_acc():
     assert r2["score"] == 50.0
     run = {"benchmarks": {k: (r if k.startswith(("aime", "amc")) else r2) for k in OVERALL_WEIGHTS}}
     m = build_metrics(run)
-    assert m["overall"] == pytest.approx(50.0) and m["aime24"] == 50.0 and m["grader_failures"] == 3.0
+    assert (
+        m["overall"] == pytest.approx(50.0) and m["aime24"] == 50.0 and m["grader_failures"] == 3.0
+    )

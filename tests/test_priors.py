@@ -16,7 +16,9 @@ S_UNB = math.sqrt(1 / 8)  # unbiased std of one success in eight
 S_POP = math.sqrt(7 / 64)  # population std = sqrt(mu (1 - mu)) at mu = 1/8
 
 
-def batch(rewards, valid=None, lengths=None, group=None, correct=None, entropy=None) -> RolloutBatch:
+def batch(
+    rewards, valid=None, lengths=None, group=None, correct=None, entropy=None
+) -> RolloutBatch:
     r = torch.tensor(rewards, dtype=torch.float32)
     n = r.numel()
     return RolloutBatch(
@@ -41,7 +43,7 @@ MIXED_BATCH = dict(rewards=[1.0] + [0.0] * 7 + [1.0] * 8, group=[0] * 8 + [1] * 
 z_s, z_f = (7 / 8) / (S_UNB + 1e-6), -(1 / 8) / (S_UNB + 1e-6)  # GRPO one in eight
 s2 = math.sqrt(8 / 7 * 0.1875)  # unbiased std of two successes in eight
 z2_s, z2_f = 0.75 / s2, -0.25 / s2
-rho = [l / 13.5 for l in LENS]
+rho = [n / 13.5 for n in LENS]
 
 CASES = [
     # (prior, batch, cfg overrides, expected advantages)
@@ -58,7 +60,12 @@ CASES = [
     ("rloo", ALL_WRONG, {}, [0.0] * 8),
     ("rloo", SINGLETONS, {}, [1.0, 0.0]),
     ("av_grpo", ONE_IN_8, {}, [0.875 / S_POP] + [-0.125 / S_POP] * 7),
-    ("av_grpo", ONE_IN_8, {"sigma_min": 0.5}, [1.75] + [-0.25] * 7),  # the floor is active above 0.33
+    (
+        "av_grpo",
+        ONE_IN_8,
+        {"sigma_min": 0.5},
+        [1.75] + [-0.25] * 7,
+    ),  # the floor is active above 0.33
     ("av_grpo", ALL_CORRECT, {}, [0.0] * 8),
     ("av_grpo", SINGLETONS, {}, [0.0, 0.0]),
     ("av_grpo", ALL_WRONG, {}, [0.0] * 8),  # mu = 0: scale is the floor, numerator 0
@@ -66,18 +73,40 @@ CASES = [
     ("vm_av_grpo", ALL_CORRECT, {}, [0.1 / 0.3] * 8),
     ("vm_av_grpo", ALL_WRONG, {}, [-0.1 / 0.3 * r for r in rho]),
     ("vm_av_grpo", ONE_IN_8, {}, [2.0] + [-0.5] * 7),
-    ("vm_av_grpo", INVALID, {}, [0.75 / math.sqrt(0.1875)] + [-0.25 / math.sqrt(0.1875)] * 5 + [-1.0] * 2),
+    (
+        "vm_av_grpo",
+        INVALID,
+        {},
+        [0.75 / math.sqrt(0.1875)] + [-0.25 / math.sqrt(0.1875)] * 5 + [-1.0] * 2,
+    ),
     # all-fail with two invalid: mu = (0 + 1) / (6 + 2) = 1/8, so the six valid get -0.125 / sqrt(7/64)
-    ("vm_av_grpo", dict(rewards=[0.0] * 8, valid=[True] * 6 + [False] * 2), {}, [-0.125 / S_POP] * 6 + [-1.0] * 2),
+    (
+        "vm_av_grpo",
+        dict(rewards=[0.0] * 8, valid=[True] * 6 + [False] * 2),
+        {},
+        [-0.125 / S_POP] * 6 + [-1.0] * 2,
+    ),
     ("vm_av_grpo", dict(rewards=[0.0] * 8, valid=[False] * 8), {}, [-1.0] * 8),  # no valid member
     ("vm_av_grpo", SINGLETONS, {}, [(1 / 3) / math.sqrt(2 / 9), -(1 / 3) / math.sqrt(2 / 9)]),
-    ("vm_av_grpo", dict(rewards=[1.0, 0.0, 0.0], lengths=[10, 10, 1000]), {"alpha": 0.0, "beta": 0.0},
-     [(2 / 3) / math.sqrt(2 / 9), -(1 / 3) / math.sqrt(2 / 9) * 0.5, -(1 / 3) / math.sqrt(2 / 9) * 2.0]),
+    (
+        "vm_av_grpo",
+        dict(rewards=[1.0, 0.0, 0.0], lengths=[10, 10, 1000]),
+        {"alpha": 0.0, "beta": 0.0},
+        [
+            (2 / 3) / math.sqrt(2 / 9),
+            -(1 / 3) / math.sqrt(2 / 9) * 0.5,
+            -(1 / 3) / math.sqrt(2 / 9) * 2.0,
+        ],
+    ),
     ("msa_grpo", ALL_CORRECT, {}, [0.0] * 8),
     ("msa_grpo", ALL_WRONG, {}, [0.0] * 8),
     ("msa_grpo", ONE_IN_8, {}, [0.875 / S_POP] + [-0.125 / S_POP] * 7),
-    ("msa_grpo", dict(rewards=[1.0] + [0.0] * 7, lengths=[5] + [10] * 7), {},
-     [0.875 / S_POP * (5 / 9.375) ** -0.5] + [-0.125 / S_POP * (10 / 9.375) ** 0.5] * 7),
+    (
+        "msa_grpo",
+        dict(rewards=[1.0] + [0.0] * 7, lengths=[5] + [10] * 7),
+        {},
+        [0.875 / S_POP * (5 / 9.375) ** -0.5] + [-0.125 / S_POP * (10 / 9.375) ** 0.5] * 7,
+    ),
     ("msa_grpo", SINGLETONS, {}, [0.0, 0.0]),
     ("msa_grpo", INVALID, {}, [0.875 / S_POP] + [-0.125 / S_POP] * 7),  # validity is ignored
     ("fa_grpo", ALL_CORRECT, {}, [0.0] * 8),
@@ -88,27 +117,67 @@ CASES = [
     ("fa_grpo", SINGLETONS, {}, [0.0, -0.1]),
     ("bn_grpo", ALL_CORRECT, {}, [0.0] * 8),
     ("bn_grpo", ONE_IN_8, {}, [0.875 / S_UNB] + [-0.125 / S_UNB] * 7),
-    ("bn_grpo", MIXED_BATCH, {}, [0.875 / math.sqrt(0.875 / 15)] + [-0.125 / math.sqrt(0.875 / 15)] * 7 + [0.0] * 8),
+    (
+        "bn_grpo",
+        MIXED_BATCH,
+        {},
+        [0.875 / math.sqrt(0.875 / 15)] + [-0.125 / math.sqrt(0.875 / 15)] * 7 + [0.0] * 8,
+    ),
     ("bn_grpo", ONE_IN_8, {"adv_clip": 1.0}, [1.0] + [-0.125 / S_UNB] * 7),
     ("bn_grpo", SINGLETONS, {}, [0.0, 0.0]),
     ("bn_grpo", ALL_WRONG, {}, [0.0] * 8),
-    ("bn_grpo", INVALID, {}, [0.875 / (S_UNB + 1e-6)] + [-0.125 / (S_UNB + 1e-6)] * 7),  # validity is ignored
-    ("sa_grpo", MIXED_BATCH, {}, [1.3125] + [-0.6875] * 7 + [0.4375] * 8),  # all-correct group leaks +0.44
+    (
+        "bn_grpo",
+        INVALID,
+        {},
+        [0.875 / (S_UNB + 1e-6)] + [-0.125 / (S_UNB + 1e-6)] * 7,
+    ),  # validity is ignored
+    (
+        "sa_grpo",
+        MIXED_BATCH,
+        {},
+        [1.3125] + [-0.6875] * 7 + [0.4375] * 8,
+    ),  # all-correct group leaks +0.44
     ("sa_grpo", ALL_WRONG, {}, [0.0] * 8),
     ("sa_grpo", SINGLETONS, {}, [(1 - 0.5 * 1 - 0.25) / 0.5, (0 - 0.25) / 0.5]),
     ("sa_grpo", ALL_CORRECT, {}, [0.0] * 8),
-    ("sa_grpo", ONE_IN_8, {}, [(1 - 0.125) / 0.5] + [(0 - 0.125) / 0.5] * 7),  # group mean = batch mean
+    (
+        "sa_grpo",
+        ONE_IN_8,
+        {},
+        [(1 - 0.125) / 0.5] + [(0 - 0.125) / 0.5] * 7,
+    ),  # group mean = batch mean
     ("sa_grpo", INVALID, {}, [1.75] + [-0.25] * 7),  # validity is ignored
     ("dfr_grpo", ONE_IN_8, {}, [0.875 / S_POP] + [-0.125 / S_POP] * 7),
-    ("dfr_grpo", INVALID, {}, [0.125 + (5 / 6) / math.sqrt(5 / 36)] + [0.125 - (1 / 6) / math.sqrt(5 / 36)] * 5 + [-0.375] * 2),
+    (
+        "dfr_grpo",
+        INVALID,
+        {},
+        [0.125 + (5 / 6) / math.sqrt(5 / 36)]
+        + [0.125 - (1 / 6) / math.sqrt(5 / 36)] * 5
+        + [-0.375] * 2,
+    ),
     ("dfr_grpo", ALL_WRONG, {}, [0.0] * 8),  # no entropy given: silent
-    ("dfr_grpo", dict(rewards=[0.0] * 8, entropy=[0.1 * (i + 1) for i in range(8)]), {},
-     [0.1 * (0.1 * (i + 1) - 0.45) / math.sqrt(0.0525) for i in range(8)]),
+    (
+        "dfr_grpo",
+        dict(rewards=[0.0] * 8, entropy=[0.1 * (i + 1) for i in range(8)]),
+        {},
+        [0.1 * (0.1 * (i + 1) - 0.45) / math.sqrt(0.0525) for i in range(8)],
+    ),
     ("dfr_grpo", ALL_CORRECT, {}, [0.0] * 8),
     ("dfr_grpo", SINGLETONS, {}, [0.0, 0.0]),
     # all-fail with two invalid: format stream +0.125 / -0.375; entropy z-scored over the six valid
-    ("dfr_grpo", dict(rewards=[0.0] * 8, valid=[True] * 6 + [False] * 2, entropy=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.9, 0.9]),
-     {}, [0.125 + 0.1 * (0.1 * (i + 1) - 0.35) / math.sqrt(0.175 / 6) for i in range(6)] + [-0.375] * 2),
+    (
+        "dfr_grpo",
+        dict(
+            rewards=[0.0] * 8,
+            valid=[True] * 6 + [False] * 2,
+            entropy=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.9, 0.9],
+        ),
+        {},
+        [0.125 + 0.1 * (0.1 * (i + 1) - 0.35) / math.sqrt(0.175 / 6) for i in range(6)]
+        + [-0.375] * 2,
+    ),
     ("dace_grpo", ALL_CORRECT, {}, [0.2 * (1 - r) for r in rho]),
     ("dace_grpo", TWO_CORRECT, {}, [z2_s + 0.2 * 0.25 * 0.5, z2_s - 0.2 * 0.25 * 0.5] + [z2_f] * 6),
     ("dace_grpo", ONE_IN_8, {}, [z_s] + [z_f] * 7),
@@ -127,7 +196,12 @@ CASES = [
     ("dcbe_grpo", TWO_CORRECT, {"length_coef": 10.0}, [z2_s + 5.0, 0.05] + [z2_f] * 6),  # sign kept
     ("dcbe_grpo", ALL_WRONG, {}, [0.0] * 8),
     ("dcbe_grpo", SINGLETONS, {}, [0.0, 0.0]),
-    ("dcbe_grpo", ONE_IN_8, {}, [z_s] + [z_f] * 7),  # a lone correct answer is its own length reference
+    (
+        "dcbe_grpo",
+        ONE_IN_8,
+        {},
+        [z_s] + [z_f] * 7,
+    ),  # a lone correct answer is its own length reference
     ("dcbe_grpo", INVALID, {}, [z_s] + [z_f] * 7),
 ]
 
@@ -137,7 +211,9 @@ def modules():
     return {n: load_algorithm(prior_source(n), n) for n in list_priors()}
 
 
-@pytest.mark.parametrize("name,spec,overrides,expected", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+@pytest.mark.parametrize(
+    "name,spec,overrides,expected", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)]
+)
 def test_hand_computed(modules, name, spec, overrides, expected):
     mod = modules[name]
     adv = mod.compute_advantages(batch(**spec), make_config(mod, overrides))
@@ -172,8 +248,13 @@ def test_protocol(modules, name):
     valid = torch.rand(n, generator=gen) > 0.2
     correct = (torch.rand(n, generator=gen) > 0.5) & valid
     b = RolloutBatch(
-        rewards=correct.float(), group=group, valid=valid, correct=correct,
-        lengths=torch.randint(1, 50, (n,), generator=gen), token_entropy=torch.rand(n, generator=gen), progress=0.3,
+        rewards=correct.float(),
+        group=group,
+        valid=valid,
+        correct=correct,
+        lengths=torch.randint(1, 50, (n,), generator=gen),
+        token_entropy=torch.rand(n, generator=gen),
+        progress=0.3,
     )
     adv = mod.compute_advantages(b, cfg)
     assert adv.shape == (n,) and torch.isfinite(adv).all()
@@ -183,7 +264,9 @@ def test_protocol(modules, name):
     logp = (old + 0.1 * torch.randn(n, t, generator=gen)).requires_grad_(True)
     ref = old.detach() - 0.05
     ent = torch.rand(n, t, generator=gen)
-    loss, metrics = mod.policy_loss(logp, old, adv.unsqueeze(-1).expand(n, t), mask, cfg, ref_log_prob=ref, entropy=ent)
+    loss, metrics = mod.policy_loss(
+        logp, old, adv.unsqueeze(-1).expand(n, t), mask, cfg, ref_log_prob=ref, entropy=ent
+    )
     assert loss.dim() == 0 and torch.isfinite(loss)
     loss.backward()
     assert torch.isfinite(logp.grad).all() and logp.grad.abs().sum() > 0
@@ -197,8 +280,18 @@ def test_card(name):
         assert section in card
 
 
-SEED_PAPER = ("av_grpo", "vm_av_grpo", "msa_grpo", "fa_grpo", "bn_grpo", "sa_grpo", "dfr_grpo", "dace_grpo",
-              "cag_grpo", "dcbe_grpo")
+SEED_PAPER = (
+    "av_grpo",
+    "vm_av_grpo",
+    "msa_grpo",
+    "fa_grpo",
+    "bn_grpo",
+    "sa_grpo",
+    "dfr_grpo",
+    "dace_grpo",
+    "cag_grpo",
+    "dcbe_grpo",
+)
 
 
 @pytest.mark.parametrize("name", SEED_PAPER)

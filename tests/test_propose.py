@@ -11,8 +11,8 @@ import openai_server  # tests/openai_server.py (tests/ is on pythonpath)
 import pytest
 
 from engine.archive.store import Archive
-from engine.operators.context import build_context, pareto_front
 from engine.errors import PoiseError
+from engine.operators.context import build_context, pareto_front
 from engine.operators.propose import Proposal, screen
 from engine.operators.proposers import available, get_proposer, register
 from engine.operators.proposers.codegen import normalize, render, set_defaults
@@ -46,14 +46,25 @@ def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tenso
     s = group_stats(r, batch.group)
     one = s.count < 2
     centred = r - torch.where(one, torch.zeros_like(r), s.mean)
-    return centred / (torch.where(one, torch.ones_like(r), s.unbiased_std()) + cfg.eps) if cfg.norm_adv_by_std else centred
+    if not cfg.norm_adv_by_std:
+        return centred
+    return centred / (torch.where(one, torch.ones_like(r), s.unbiased_std()) + cfg.eps)
 '''
-LLM_TOML = ('[propose]\nproposer = "llm"\npopulation = 2\n[llm]\nmodel = "gpt-4o-mini"\napi_key_env = "POISE_TEST_KEY"\n'
-            '[experiment]\ndirective = "cut mean response length by a quarter without losing Overall"\n')
+LLM_TOML = (
+    '[propose]\nproposer = "llm"\npopulation = 2\n[llm]\nmodel = "gpt-4o-mini"\napi_key_env = "POISE_TEST_KEY"\n'
+    '[experiment]\ndirective = "cut mean response length by a quarter without losing Overall"\n'
+)
 
 
 def prop(name, edit, **kw):
-    return Proposal(name=name, motivation="m", mechanism=f"{name} mechanism", expected_effect="e", edit=edit, **kw)
+    return Proposal(
+        name=name,
+        motivation="m",
+        mechanism=f"{name} mechanism",
+        expected_effect="e",
+        edit=edit,
+        **kw,
+    )
 
 
 def test_registry():
@@ -68,12 +79,20 @@ def test_registry():
 
 def test_codegen_and_defaults():
     src = render({"baseline": "valid_bayes", "scale": "analytic", "hp": {"prior_strength": 2.0}})
-    assert "cfg.prior_strength" in src and "cfg.std_floor" in src and "prior_strength: float = 2.0" in src
+    assert (
+        "cfg.prior_strength" in src
+        and "cfg.std_floor" in src
+        and "prior_strength: float = 2.0" in src
+    )
     assert "invalid_penalty" not in normalize({"invalid": "none"})["hp"]
-    root = Path(__file__).resolve().parents[1].joinpath("trainer_template", "algorithm.py").read_text()
+    root = (
+        Path(__file__).resolve().parents[1].joinpath("trainer_template", "algorithm.py").read_text()
+    )
     out = set_defaults(root, {"clip_ratio_high": 0.28, "new_knob": 3})
     assert "clip_ratio_high: float = 0.28" in out and "new_knob: int = 3" in out
-    assert out.replace("0.28", "0.2").replace("    new_knob: int = 3\n", "") == root  # every other byte kept
+    assert (
+        out.replace("0.28", "0.2").replace("    new_knob: int = 3\n", "") == root
+    )  # every other byte kept
     with pytest.raises(PoiseError, match="unknown baseline"):
         normalize({"baseline": "magic"})
 
@@ -92,7 +111,10 @@ def test_screening_drops_inconsistent_and_behavioural_duplicates(archive):
     why = {p.name: p.screening.get("reason", "") for p in dropped}
     assert [p.name for p in kept] == ["rloo", "needs-fixing"]
     assert kept[0].screening["feasible"] and kept[0].screening["novelty"] > 0.01
-    assert not kept[1].screening["feasible"] and "import of 'os'" in kept[1].screening["needs_correction"]
+    assert (
+        not kept[1].screening["feasible"]
+        and "import of 'os'" in kept[1].screening["needs_correction"]
+    )
     assert kept[1].score < kept[0].score
     assert why["grpo-rewritten"].startswith("duplicate: behaves like archived node 'grpo'")
     assert why["rloo-again"].startswith("duplicate: behaves like the better-ranked proposal 'rloo'")
@@ -101,7 +123,12 @@ def test_screening_drops_inconsistent_and_behavioural_duplicates(archive):
 
 def test_context_tiers(archive):
     cfg = archive.config()
-    for name, parent, overall in (("a", "grpo", 0.30), ("b", "a", 0.50), ("c", "grpo", 0.40), ("d", "c", 0.20)):
+    for name, parent, overall in (
+        ("a", "grpo", 0.30),
+        ("b", "a", 0.50),
+        ("c", "grpo", 0.40),
+        ("d", "c", 0.20),
+    ):
         archive.spawn(parent, name, proposal=f"# {name}\n\n## Mechanism\nmechanism of {name}\n")
         archive.record_results(name, {"overall": overall, "mean_length": 100 * overall})
     archive.spawn("grpo", "bad", "import os\n", proposal="# bad\n")
@@ -109,18 +136,27 @@ def test_context_tiers(archive):
     ctx = build_context(archive, "a", cfg, seed=0)
     assert ctx.parent.name == "a" and ctx.parent.mechanism == "mechanism of a"
     assert [s.name for s in ctx.frontier] == ["b"]
-    assert {s.name for s in ctx.exploratory} <= {"c", "d"} and "b" not in {s.name for s in ctx.exploratory}
+    assert {s.name for s in ctx.exploratory} <= {"c", "d"} and "b" not in {
+        s.name for s in ctx.exploratory
+    }
     assert [s.name for s in ctx.rejected] == ["bad"] and "import of 'os'" in ctx.rejected[0].reason
     text = ctx.render()
     assert "Pareto-frontier" in text and "avoid repeating" in text and "```python" in text
-    assert pareto_front({"x": {"o": 1, "l": 5}, "y": {"o": 2, "l": 9}, "z": {"o": 0.5, "l": 6}}, ("o", "-l")) == ["x", "y"]
+    assert pareto_front(
+        {"x": {"o": 1, "l": 5}, "y": {"o": 2, "l": 9}, "z": {"o": 0.5, "l": 6}}, ("o", "-l")
+    ) == ["x", "y"]
 
 
 def test_offline_proposer_needs_no_network(tmp_path, cli):
     exp = tmp_path / "exp"
     assert cli("init", str(exp)).returncode == 0
-    env = {"OPENAI_BASE_URL": "http://127.0.0.1:9/v1", "OPENAI_API_KEY": ""}  # nothing listens there
-    r = cli("spawn", "grpo", "--auto", "--proposer", "offline", "--seed", "3", "-C", str(exp), env=env)
+    env = {
+        "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
+        "OPENAI_API_KEY": "",
+    }  # nothing listens there
+    r = cli(
+        "spawn", "grpo", "--auto", "--proposer", "offline", "--seed", "3", "-C", str(exp), env=env
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     arch = Archive(exp)
     child = next(n for n in arch.nodes().values() if n.name != "grpo")
@@ -146,8 +182,12 @@ def test_llm_proposal_to_verified_node_and_replay(tmp_path, cli):
     toml.write_text(LLM_TOML)
     exp = tmp_path / "exp"
     assert cli("init", str(exp), "--config", str(toml)).returncode == 0
-    reply = S.proposal_reply("RLOO scaled", RLOO, hyperparameters={"loo_scale": 1.5},
-                             intents=("correct_above_wrong", "rare_success_larger"))
+    reply = S.proposal_reply(
+        "RLOO scaled",
+        RLOO,
+        hyperparameters={"loo_scale": 1.5},
+        intents=("correct_above_wrong", "rare_success_larger"),
+    )
     with S.ScriptedOpenAI(["{broken json", reply]) as srv:  # the first reply is malformed: re-asked
         env = {"OPENAI_BASE_URL": srv.base_url, "POISE_TEST_KEY": "sk-test-key"}
         r1 = cli("propose", "grpo", "--json", "-C", str(exp), env=env)
@@ -162,18 +202,42 @@ def test_llm_proposal_to_verified_node_and_replay(tmp_path, cli):
     node = arch.node("rloo-scaled")
     assert node.status == "verified" and node.trailer("Poise-Proposer") == "llm"
     assert "loo_scale: float = 1.5" in arch.algorithm("rloo-scaled")
-    assert "def test_intent_rare_success_larger" in arch.read_file("rloo-scaled", "tests/test_intent.py")
-    assert json.loads(arch.read_file("rloo-scaled", "records/llm_usage.json"))["propose_call"]["calls"] >= 1
+    assert "def test_intent_rare_success_larger" in arch.read_file(
+        "rloo-scaled", "tests/test_intent.py"
+    )
+    assert (
+        json.loads(arch.read_file("rloo-scaled", "records/llm_usage.json"))["propose_call"]["calls"]
+        >= 1
+    )
     # --replay with the server stopped: the same proposals, and the same node in a fresh archive
     fresh = tmp_path / "fresh"
     assert cli("init", str(fresh), "--config", str(toml)).returncode == 0
-    subprocess.run(["git", "-C", str(fresh), "fetch", "-q", str(exp), "refs/poise-llm/*:refs/poise-llm/*"], check=True)
-    r3 = cli("propose", "grpo", "--json", "--replay", "-C", str(fresh), env={"OPENAI_BASE_URL": "http://127.0.0.1:9/v1"})
+    subprocess.run(
+        ["git", "-C", str(fresh), "fetch", "-q", str(exp), "refs/poise-llm/*:refs/poise-llm/*"],
+        check=True,
+    )
+    r3 = cli(
+        "propose",
+        "grpo",
+        "--json",
+        "--replay",
+        "-C",
+        str(fresh),
+        env={"OPENAI_BASE_URL": "http://127.0.0.1:9/v1"},
+    )
     assert r3.returncode == 0, r3.stderr
     replayed = json.loads(r3.stdout)["kept"]
     usage, usage0 = replayed[0].pop("llm_usage"), kept[0].pop("llm_usage")
     assert replayed == kept and usage["replayed"] == usage["calls"] == usage0["calls"] == 2
-    r4 = cli("spawn", "grpo", "--auto", "--replay", "-C", str(fresh), env={"OPENAI_BASE_URL": "http://127.0.0.1:9/v1"})
+    r4 = cli(
+        "spawn",
+        "grpo",
+        "--auto",
+        "--replay",
+        "-C",
+        str(fresh),
+        env={"OPENAI_BASE_URL": "http://127.0.0.1:9/v1"},
+    )
     assert r4.returncode == 0, r4.stdout + r4.stderr
     assert Archive(fresh).algorithm("rloo-scaled") == arch.algorithm("rloo-scaled")
     assert Archive(fresh).node("rloo-scaled").status == "verified"
@@ -183,9 +247,13 @@ def test_fingerprint_ignores_a_constant_scale_but_sees_loss_terms():
     from engine.operators.fingerprint import DUPLICATE_TOL, compute, distance
     from trainer_template.loader import load_algorithm, make_config
 
-    root = Path(__file__).resolve().parents[1].joinpath("trainer_template", "algorithm.py").read_text()
+    root = (
+        Path(__file__).resolve().parents[1].joinpath("trainer_template", "algorithm.py").read_text()
+    )
     g = compute(load_algorithm(root, "g"))
-    scaled = root.replace("return centred / (std + cfg.eps)", "return 2.0 * centred / (std + cfg.eps)")
+    scaled = root.replace(
+        "return centred / (std + cfg.eps)", "return 2.0 * centred / (std + cfg.eps)"
+    )
     assert scaled != root and distance(g, compute(load_algorithm(scaled, "s"))) < DUPLICATE_TOL
     dr = root.replace("if cfg.norm_adv_by_std:", "if False:")
     assert distance(g, compute(load_algorithm(dr, "dr"))) > 0.01

@@ -12,7 +12,13 @@ from trainer_template import ALGORITHM_FILE
 from trainer_template.loader import load_algorithm, make_config
 from trainer_template.proxy import evalset, rl, task
 from trainer_template.proxy.model import TinyGPT, generate, response_logprobs
-from trainer_template.proxy.protocol import OVERALL_WEIGHTS, PRESETS, WarmStart, get_protocol, overall
+from trainer_template.proxy.protocol import (
+    OVERALL_WEIGHTS,
+    PRESETS,
+    WarmStart,
+    get_protocol,
+    overall,
+)
 from trainer_template.proxy.warmstart import ensure_warmstart, load_warmstart
 
 
@@ -27,8 +33,14 @@ def test_task_running_results_and_verifier():
     assert len(task.encode_prompt(p)) == task.PROMPT_LEN
     good = _resp("0 2 ; 9 9 ; < 9 9 > <eos>")
     assert task.encode_response(p) == good
-    rows = [good, _resp("0 2 ; 9 9 ; < 9 8 > <eos>"), _resp("0 2 ; 9 9 ; 9 9 > <eos>"),
-            _resp("0 2 ; 9 9 ; < 9 9 >"), _resp("< 1 1 > < 9 9 > <eos>"), task.encode_response(p, broken=3)]
+    rows = [
+        good,
+        _resp("0 2 ; 9 9 ; < 9 8 > <eos>"),
+        _resp("0 2 ; 9 9 ; 9 9 > <eos>"),
+        _resp("0 2 ; 9 9 ; < 9 9 >"),
+        _resp("< 1 1 > < 9 9 > <eos>"),
+        task.encode_response(p, broken=3),
+    ]
     width = max(map(len, rows))
     t = torch.tensor([r + [task.PAD] * (width - len(r)) for r in rows])
     valid, correct, lengths = task.score(t, [p] * len(rows))
@@ -69,7 +81,7 @@ def test_kv_cache_sampling_matches_full_forward():
     for _ in range(10):  # the same greedy decode without a cache
         nxt = model(seq)[:, -1].argmax(-1, keepdim=True)
         seq = torch.cat([seq, nxt], 1)
-    assert torch.equal(out, seq[:, task.PROMPT_LEN:])
+    assert torch.equal(out, seq[:, task.PROMPT_LEN :])
     logp, ent = response_logprobs(model, prompts, out)
     assert logp.shape == out.shape and bool((logp <= 0).all()) and bool((ent >= 0).all())
 
@@ -88,7 +100,9 @@ def smoke_warmstart():
 
 
 def test_warmstart_is_built_once_and_cached_by_settings_hash(tmp_path):
-    tiny = dataclasses.replace(PRESETS["smoke"], warmstart=WarmStart(d_model=16, heads=2, layers=1, steps=3, batch=4))
+    tiny = dataclasses.replace(
+        PRESETS["smoke"], warmstart=WarmStart(d_model=16, heads=2, layers=1, steps=3, batch=4)
+    )
     path = ensure_warmstart(tiny, tmp_path)
     assert path.parent == tmp_path and tiny.warmstart_hash() in path.name
     mtime = path.stat().st_mtime_ns
@@ -118,11 +132,17 @@ def test_short_rl_run_learns(smoke_warmstart):
     assert len(r) == proto.rl.steps
     last = slice(-10, None)
     # the seeded run is deterministic; the margins leave room for other platforms' float differences
-    assert sum(r[last]) / 10 > r[0] + 0.1, r  # the reward rises (0.46 at step 0, 0.66 over the last 10)
+    assert sum(r[last]) / 10 > r[0] + 0.1, (
+        r
+    )  # the reward rises (0.46 at step 0, 0.66 over the last 10)
     assert sum(v[last]) / 10 > v[0] + 0.1, v  # mostly by fixing the answer format (0.77 -> 0.99)
     for key in rl.SIGNALS:
-        assert len(traj[key]) == proto.rl.steps and all(v is not None and math.isfinite(v) for v in traj[key]), key
-    assert traj["train/kl"][-1] > traj["train/kl"][0]  # the policy moved away from the frozen reference
+        assert len(traj[key]) == proto.rl.steps and all(
+            v is not None and math.isfinite(v) for v in traj[key]
+        ), key
+    assert (
+        traj["train/kl"][-1] > traj["train/kl"][0]
+    )  # the policy moved away from the frozen reference
 
 
 def test_broken_candidates_raise_candidate_failure(smoke_warmstart):
@@ -141,7 +161,9 @@ def test_broken_candidates_raise_candidate_failure(smoke_warmstart):
     for fn, msg in ((nan_adv, "NaN/inf"), (bad_shape, "shape"), (boom, "ZeroDivisionError")):
         module.compute_advantages = fn
         with pytest.raises(rl.CandidateFailure, match=msg):
-            rl.train(load_warmstart(path, proto.warmstart), module, cfg, proto.rl, seed=0, trajectory={})
+            rl.train(
+                load_warmstart(path, proto.warmstart), module, cfg, proto.rl, seed=0, trajectory={}
+            )
 
 
 def test_seeds_are_paired_and_reproducible(smoke_warmstart):
@@ -151,8 +173,12 @@ def test_seeds_are_paired_and_reproducible(smoke_warmstart):
     runs = []
     for seed in (0, 0, 1):
         traj: dict[str, list] = {}
-        rl.train(load_warmstart(path, proto.warmstart), module, cfg, short, seed=seed, trajectory=traj)
-        runs.append([traj["train/reward_mean"], traj["train/response_length"], traj["train/adv_std"]])
+        rl.train(
+            load_warmstart(path, proto.warmstart), module, cfg, short, seed=seed, trajectory=traj
+        )
+        runs.append(
+            [traj["train/reward_mean"], traj["train/response_length"], traj["train/adv_std"]]
+        )
     assert runs[0] == runs[1]  # same seed: same prompts, same samples, same updates
     assert runs[0] != runs[2]
 

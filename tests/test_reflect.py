@@ -3,7 +3,6 @@ OpenAI-protocol server, REFLECTION.md committed, and the text logged to the node
 
 from __future__ import annotations
 
-
 import openai_server  # tests/openai_server.py (tests/ is on pythonpath)
 import pytest
 
@@ -13,30 +12,51 @@ from engine.operators.llm import LLMClient
 from engine.operators.reflect import metric_diagnostics, reflect_node, trajectory_diagnostics
 
 STEPS = list(range(0, 100, 10))
-HEALTHY = {"step": STEPS, "train/entropy": [1.0 - 0.03 * i for i in range(10)], "train/kl": [0.01] * 10,
-           "train/reward_mean": [0.1 + 0.05 * i for i in range(10)], "train/response_length": [200 + i for i in range(10)],
-           "train/valid_rate": [0.9] * 10}
-SICK = {"step": STEPS, "train/entropy": [1.0, 0.8, 0.5, 0.3, 0.2, 0.1, 0.08, 0.05, 0.05, 0.04],
-        "train/kl": [0.01, 0.01, 0.012, 0.011, 0.4, 0.01, 0.012, 0.01, 0.011, 0.01],
-        "train/reward_mean": [0.1, 0.3, 0.4, 0.45, 0.46, 0.46, 0.46, 0.46, 0.465, 0.46],
-        "train/response_length": [200, 230, 260, 300, 340, 380, 400, 420, 430, 440],
-        "train/valid_rate": [0.95, 0.9, 0.85, 0.8, 0.78, 0.76, 0.75, 0.74, 0.73, 0.72]}
+HEALTHY = {
+    "step": STEPS,
+    "train/entropy": [1.0 - 0.03 * i for i in range(10)],
+    "train/kl": [0.01] * 10,
+    "train/reward_mean": [0.1 + 0.05 * i for i in range(10)],
+    "train/response_length": [200 + i for i in range(10)],
+    "train/valid_rate": [0.9] * 10,
+}
+SICK = {
+    "step": STEPS,
+    "train/entropy": [1.0, 0.8, 0.5, 0.3, 0.2, 0.1, 0.08, 0.05, 0.05, 0.04],
+    "train/kl": [0.01, 0.01, 0.012, 0.011, 0.4, 0.01, 0.012, 0.01, 0.011, 0.01],
+    "train/reward_mean": [0.1, 0.3, 0.4, 0.45, 0.46, 0.46, 0.46, 0.46, 0.465, 0.46],
+    "train/response_length": [200, 230, 260, 300, 340, 380, 400, 420, 430, 440],
+    "train/valid_rate": [0.95, 0.9, 0.85, 0.8, 0.78, 0.76, 0.75, 0.74, 0.73, 0.72],
+}
 
 
 def results(overall, lo, hi, traj, valid=0.9, length=200.0, run_ids=()):
-    return {"status": "evaluated", "metrics": {"overall": overall, "valid_rate": valid, "mean_length": length},
-            "intervals": {"overall": [lo, hi]}, "trajectory": traj, "mlflow_run_ids": list(run_ids)}
+    return {
+        "status": "evaluated",
+        "metrics": {"overall": overall, "valid_rate": valid, "mean_length": length},
+        "intervals": {"overall": [lo, hi]},
+        "trajectory": traj,
+        "mlflow_run_ids": list(run_ids),
+    }
 
 
 def test_trajectory_diagnostics():
     assert trajectory_diagnostics(HEALTHY) == []
     found = "\n".join(trajectory_diagnostics(SICK))
-    for what in ("entropy collapse", "KL spike: 0.4 at step 40", "reward plateau", "length drift", "valid-rate change"):
+    for what in (
+        "entropy collapse",
+        "KL spike: 0.4 at step 40",
+        "reward plateau",
+        "length drift",
+        "valid-rate change",
+    ):
         assert what in found, found
 
 
 def test_metric_diagnostics_intervals():
-    findings, rows = metric_diagnostics(results(0.60, 0.57, 0.63, {}), results(0.50, 0.47, 0.53, {}))
+    findings, rows = metric_diagnostics(
+        results(0.60, 0.57, 0.63, {}), results(0.50, 0.47, 0.53, {})
+    )
     assert any("overall 0.5 -> 0.6" in f and "beyond" in f for f in findings)
     assert ("overall", 0.60, 0.50, pytest.approx(0.10), True) in rows
     findings, _ = metric_diagnostics(results(0.51, 0.47, 0.55, {}), results(0.50, 0.46, 0.54, {}))
@@ -50,7 +70,9 @@ def test_reflect_command_commits_reflection(archive, cli):
     r = cli("reflect", "kid", "--no-llm", "-C", str(archive.path))
     assert r.returncode == 0, r.stderr
     text = archive.read_file("kid", "REFLECTION.md")
-    assert "entropy collapse" in text and "overall 0.5 -> 0.4" in text and "mean length x2.20" in text
+    assert (
+        "entropy collapse" in text and "overall 0.5 -> 0.4" in text and "mean length x2.20" in text
+    )
     assert archive.node("kid").trailer("Poise-Event") == "reflection"
     r = cli("reflect", "grpo", "--no-llm", "-C", str(archive.path))
     assert r.returncode == 0 and "no evaluated parent" in archive.read_file("grpo", "REFLECTION.md")
@@ -71,12 +93,16 @@ def test_llm_narrative_and_mlflow(archive, monkeypatch, tmp_path):
         run_id = run.info.run_id
     archive.record_results("kid", results(0.40, 0.37, 0.43, SICK, run_ids=[run_id]))
     S = openai_server
-    with S.ScriptedOpenAI(["The helper doubles the scale, which sharpens updates and collapses entropy."]) as srv:
+    with S.ScriptedOpenAI(
+        ["The helper doubles the scale, which sharpens updates and collapses entropy."]
+    ) as srv:
         llm = LLMClient(LLMConfig(base_url=srv.base_url, api_key_env="POISE_TEST_KEY"), archive)
         text = reflect_node(archive, "kid", archive.config(), llm=llm)
     assert "## Mechanism-level analysis" in text and "collapses entropy" in text
     prompt = srv.requests[0]["messages"][1]["content"]
-    assert "entropy collapse" in prompt and "helper_scale" in prompt  # diagnostics and the diff went to the model
+    assert (
+        "entropy collapse" in prompt and "helper_scale" in prompt
+    )  # diagnostics and the diff went to the model
     assert llm.usage_by_node["kid"].calls == 1
     from mlflow.tracking import MlflowClient
 

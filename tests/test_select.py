@@ -55,7 +55,9 @@ def lineage(tmp_path_factory):
     """grpo 0.40 -> A 0.50 -> A1 0.60, A2 0.55 ; grpo -> B 0.50 -> B1 0.45 (B == A in code).
     Built once per module; the tests using it only read it."""
     global run_cli
-    spec = importlib.util.spec_from_file_location("_select_conftest", Path(__file__).with_name("conftest.py"))
+    spec = importlib.util.spec_from_file_location(
+        "_select_conftest", Path(__file__).with_name("conftest.py")
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     run_cli = mod.run_cli
@@ -80,7 +82,9 @@ def test_descendant_gain_by_hand(lineage):
     assert gains["A"] == pytest.approx((g * t(0.10 / b) + g * t(0.05 / b)) / 2)
     assert gains["B"] == pytest.approx(g * t(-0.05 / b))
     # root: top-3 by U of {A1 .60 d2, A2 .55 d2, A .50 d1, B .50 d1, B1 .45 d2} -> A1, A2, then B (name tie-break)
-    assert gains["grpo"] == pytest.approx((g**2 * t(0.2 / b) + g**2 * t(0.15 / b) + g * t(0.1 / b)) / 3)
+    assert gains["grpo"] == pytest.approx(
+        (g**2 * t(0.2 / b) + g**2 * t(0.15 / b) + g * t(0.1 / b)) / 3
+    )
     assert "A1" not in gains and count["grpo"] == 5
     gains1, _ = descendant_gain(nodes, util, top_k=1, gamma=g, beta=b)
     assert gains1["grpo"] == pytest.approx(g**2 * t(0.2 / b))
@@ -100,13 +104,17 @@ def test_improving_lineage_outranks_equal_parent(lineage):
 def test_pareto_layers_known_set():
     y = np.array([[3, 1], [1, 3], [2, 2], [2, 1], [1, 2], [1, 1], [0, 0], [3, 1]], dtype=float)
     assert layers(y).tolist() == [0, 0, 0, 1, 1, 2, 3, 0]
-    y3 = np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1], [0, 0, 0], [1, 1, 1], [-np.inf, 5, 5]], dtype=float)
+    y3 = np.array(
+        [[1, 0, 0], [0, 1, 0], [0, 0, 1], [0, 0, 0], [1, 1, 1], [-np.inf, 5, 5]], dtype=float
+    )
     assert layers(y3).tolist() == [1, 1, 1, 2, 0, 0]
     assert strength(np.array([0, 1, 2])).tolist() == [1.0, 0.5, 0.0]
     rng = np.random.default_rng(3)
     pts = np.round(rng.normal(size=(120, 3)), 1)
     lay = layers(pts)
-    for i in range(len(pts)):  # brute force: no point dominates another of its own or an earlier layer
+    for i in range(
+        len(pts)
+    ):  # brute force: no point dominates another of its own or an earlier layer
         dom = (pts >= pts[i]).all(axis=1) & (pts > pts[i]).any(axis=1)
         assert (lay[dom] < lay[i]).all()
         if lay[i] > 0:
@@ -114,9 +122,21 @@ def test_pareto_layers_known_set():
 
 
 def test_default_objectives_and_length_directive(archive, tmp_path):
-    ms = [{"overall": 0.5, "mean_length": 300, "aime/pass@32": 0.2, "math/acc@1": 0.7, "valid_rate": 1.0},
-          {"overall": 0.4, "mean_length": 100, "aime/pass@32": 0.3, "math/acc@1": 0.6}]
-    assert default_objectives(ms, "overall", 0.0) == [("overall", 1.0), ("aime/pass@32", 1.0), ("math/acc@1", 1.0)]
+    ms = [
+        {
+            "overall": 0.5,
+            "mean_length": 300,
+            "aime/pass@32": 0.2,
+            "math/acc@1": 0.7,
+            "valid_rate": 1.0,
+        },
+        {"overall": 0.4, "mean_length": 100, "aime/pass@32": 0.3, "math/acc@1": 0.6},
+    ]
+    assert default_objectives(ms, "overall", 0.0) == [
+        ("overall", 1.0),
+        ("aime/pass@32", 1.0),
+        ("math/acc@1", 1.0),
+    ]
     assert default_objectives(ms, "overall", 1e-3)[-1] == ("mean_length", -1.0)
     record(archive, "grpo", tmp_path, overall=0.5, mean_length=300)
     spawn(archive, "grpo", "short")
@@ -156,7 +176,9 @@ def test_unevaluated_and_failed_nodes(archive, tmp_path):
     spawn(archive, "grpo", "broken")
     archive.set_status("broken", "rejected", reason="static check failed")
     spawn(archive, "grpo", "crash")
-    archive.record_results("crash", {"metrics": {"overall": 0.9}, "status": "failed", "reason": "oom"})
+    archive.record_results(
+        "crash", {"metrics": {"overall": 0.9}, "status": "failed", "reason": "oom"}
+    )
     sel = select_parents(archive, k=3)
     assert sel.chosen == ["grpo"]
     rows = {r["node"]: r for r in sel.rows}
@@ -195,10 +217,28 @@ def test_retrospect_rounds(archive, tmp_path):
     r1 = {"A": ("1", "0.9"), "B": ("2", "0.7")}
     for n, p, u in (("A1", "A", 0.52), ("B1", "B", 0.45)):
         rank, score = r1[p]
-        spawn(archive, p, n, trailers={"Poise-Round": "1", "Poise-Selection-Rank": rank, "Poise-Selection-Score": score})
+        spawn(
+            archive,
+            p,
+            n,
+            trailers={
+                "Poise-Round": "1",
+                "Poise-Selection-Rank": rank,
+                "Poise-Selection-Score": score,
+            },
+        )
         record(archive, n, tmp_path, overall=u)
     for n, p, rank, u in (("B2", "B1", "1", 0.58), ("A1a", "A1", "2", 0.50)):
-        spawn(archive, p, n, trailers={"Poise-Round": "2", "Poise-Selection-Rank": rank, "Poise-Selection-Score": "0.5"})
+        spawn(
+            archive,
+            p,
+            n,
+            trailers={
+                "Poise-Round": "2",
+                "Poise-Selection-Rank": rank,
+                "Poise-Selection-Score": "0.5",
+            },
+        )
         record(archive, n, tmp_path, overall=u)
     rep = retrospect(archive)
     by = {r["round"]: r for r in rep["rounds"]}
@@ -214,9 +254,15 @@ def test_retrospect_rounds(archive, tmp_path):
     # without trailers: generations as rounds, parents ranked by utility
     nodes = {n: v for n, v in archive.nodes().items()}
     for v in nodes.values():
-        v.trailers = {k: x for k, x in v.trailers.items() if not k.startswith(("Poise-Round", "Poise-Selection"))}
+        v.trailers = {
+            k: x
+            for k, x in v.trailers.items()
+            if not k.startswith(("Poise-Round", "Poise-Selection"))
+        }
     rep2 = retrospect(nodes)
-    assert any("generation" in a for a in rep2["assumptions"]) and any("utility" in a for a in rep2["assumptions"])
+    assert any("generation" in a for a in rep2["assumptions"]) and any(
+        "utility" in a for a in rep2["assumptions"]
+    )
     by2 = {r["round"]: r for r in rep2["rounds"]}
     assert by2[2]["top_parent"] == "A" and by2[2]["best_parent"] == "B" and by2[2]["hit"] is False
 
@@ -230,7 +276,11 @@ def test_pareto_layers_match_brute_force():
         y[rng.random((n, m)) < 0.05] = -np.inf
         want, left, layer = np.full(n, -1), set(range(n)), 0
         while left:
-            front = [i for i in left if not any((y[j] >= y[i]).all() and (y[j] > y[i]).any() for j in left)]
+            front = [
+                i
+                for i in left
+                if not any((y[j] >= y[i]).all() and (y[j] > y[i]).any() for j in left)
+            ]
             want[front] = layer
             left -= set(front)
             layer += 1

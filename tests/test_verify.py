@@ -23,8 +23,13 @@ def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tenso
     return scores - torch.where(stats.count < 2, torch.zeros_like(scores), stats.mean)
 '''
 OS_EDIT = "import os\n\n\n" + GOOD_EDIT
-LOOP_EDIT = GOOD_EDIT.replace('    scores = batch', '    while True:\n        pass\n    scores = batch')
-ALLOC_EDIT = GOOD_EDIT.replace('    scores = batch', '    chunks = []\n    while True:\n        chunks.append(torch.empty(2 ** 26))\n    scores = batch')
+LOOP_EDIT = GOOD_EDIT.replace(
+    "    scores = batch", "    while True:\n        pass\n    scores = batch"
+)
+ALLOC_EDIT = GOOD_EDIT.replace(
+    "    scores = batch",
+    "    chunks = []\n    while True:\n        chunks.append(torch.empty(2 ** 26))\n    scores = batch",
+)
 
 
 def test_verify_command_commits_the_suite(archive, cli):
@@ -36,7 +41,9 @@ def test_verify_command_commits_the_suite(archive, cli):
     rec = json.loads(archive.read_file("grpo", "verification.json"))
     assert rec["ok"] and rec["passed"] >= 20 and len(rec["fingerprint"]) > 100
     suite = archive.read_file("grpo", "tests/test_interface.py")
-    assert "def test_advantages_shape_dtype_finite" in suite and "all_invalid" in archive.read_file("grpo", "tests/conftest.py")
+    assert "def test_advantages_shape_dtype_finite" in suite and "all_invalid" in archive.read_file(
+        "grpo", "tests/conftest.py"
+    )
 
 
 def test_hand_written_edit_is_verified_like_a_generated_one(archive, cli, tmp_path):
@@ -46,7 +53,10 @@ def test_hand_written_edit_is_verified_like_a_generated_one(archive, cli, tmp_pa
     hostile.write_text(OS_EDIT)
     r = cli("spawn", "grpo", "--name", "dr", "--edit", str(good), "-C", str(archive.path))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert archive.node("dr").status == "verified" and archive.node("dr").trailer("Poise-Proposer") == "manual"
+    assert (
+        archive.node("dr").status == "verified"
+        and archive.node("dr").trailer("Poise-Proposer") == "manual"
+    )
     r = cli("spawn", "grpo", "--name", "nan", "--edit", str(bad), "-C", str(archive.path))
     assert r.returncode == 2 and "rejected" in r.stdout and "non-finite" in r.stdout
     node = archive.node("nan")
@@ -54,10 +64,14 @@ def test_hand_written_edit_is_verified_like_a_generated_one(archive, cli, tmp_pa
     assert json.loads(archive.read_file("nan", "verification.json"))["ok"] is False
     r = cli("spawn", "grpo", "--name", "sneaky", "--edit", str(hostile), "-C", str(archive.path))
     assert r.returncode == 2 and "import of 'os'" in r.stdout
-    assert json.loads(archive.read_file("sneaky", "verification.json"))["static"].endswith("is not allowed (allowed: __future__, math, dataclasses, typing, torch, torch.nn, "
-                                                                            "torch.nn.functional, trainer_template.interface, functools, itertools, numbers, enum)")
+    assert json.loads(archive.read_file("sneaky", "verification.json"))["static"].endswith(
+        "is not allowed (allowed: __future__, math, dataclasses, typing, torch, torch.nn, "
+        "torch.nn.functional, trainer_template.interface, functools, itertools, numbers, enum)"
+    )
     # the old behaviour stays available, and the archive is intact
-    r = cli("spawn", "grpo", "--name", "raw", "--edit", str(bad), "--no-verify", "-C", str(archive.path))
+    r = cli(
+        "spawn", "grpo", "--name", "raw", "--edit", str(bad), "--no-verify", "-C", str(archive.path)
+    )
     assert r.returncode == 0 and archive.node("raw").status == "spawned"
     r = cli("spawn", "grpo", "--edit", str(good), "-C", str(archive.path))
     assert r.returncode == 2 and "Missing option '--name'" in r.stderr
@@ -69,14 +83,25 @@ def test_hand_written_edit_is_verified_like_a_generated_one(archive, cli, tmp_pa
 def test_correction_loop_rejects_hostile_code_and_the_engine_keeps_running(tmp_path, cli):
     S = openai_server
     toml = tmp_path / "poise.toml"
-    toml.write_text('[propose]\nproposer = "llm"\ncorrection_rounds = 4\npopulation = 1\n'
-                    '[llm]\nmodel = "gpt-4o-mini"\napi_key_env = "POISE_TEST_KEY"\n')
+    toml.write_text(
+        '[propose]\nproposer = "llm"\ncorrection_rounds = 4\npopulation = 1\n'
+        '[llm]\nmodel = "gpt-4o-mini"\napi_key_env = "POISE_TEST_KEY"\n'
+    )
     assert cli("init", str(tmp_path / "exp"), "--config", str(toml)).returncode == 0
     arch = Archive(tmp_path / "exp")
-    script = [S.proposal_reply("sneaky", OS_EDIT), S.revise_reply(LOOP_EDIT), S.revise_reply(ALLOC_EDIT), S.revise_reply(NAN_EDIT)]
+    script = [
+        S.proposal_reply("sneaky", OS_EDIT),
+        S.revise_reply(LOOP_EDIT),
+        S.revise_reply(ALLOC_EDIT),
+        S.revise_reply(NAN_EDIT),
+    ]
     with S.ScriptedOpenAI(script) as srv:
-        env = {"OPENAI_BASE_URL": srv.base_url, "POISE_TEST_KEY": "sk-test-key", "POISE_VERIFY_CALL_S": "1",
-               "POISE_VERIFY_MEMORY_MB": "1500"}
+        env = {
+            "OPENAI_BASE_URL": srv.base_url,
+            "POISE_TEST_KEY": "sk-test-key",
+            "POISE_VERIFY_CALL_S": "1",
+            "POISE_VERIFY_MEMORY_MB": "1500",
+        }
         r = cli("spawn", "grpo", "--auto", "-C", str(arch.path), env=env)
     assert r.returncode == 2, r.stdout + r.stderr
     assert len(srv.requests) == 4
@@ -102,12 +127,25 @@ def test_endpoint_lost_during_correction_still_archives_the_reason(archive):
 
     S = openai_server
     with S.ScriptedOpenAI([{"status": 500}] * 5) as srv:
-        llm = LLMClient(LLMConfig(base_url=srv.base_url, max_retries=1, api_key_env="POISE_NO_SUCH_KEY"), archive, backoff_s=0.01)
-        p = Proposal(name="sneaky", motivation="m", mechanism="m", expected_effect="e", edit=OS_EDIT, proposer="llm")
+        llm = LLMClient(
+            LLMConfig(base_url=srv.base_url, max_retries=1, api_key_env="POISE_NO_SUCH_KEY"),
+            archive,
+            backoff_s=0.01,
+        )
+        p = Proposal(
+            name="sneaky",
+            motivation="m",
+            mechanism="m",
+            expected_effect="e",
+            edit=OS_EDIT,
+            proposer="llm",
+        )
         node = implement(archive, "grpo", p, archive.config(), llm=llm)
     assert node.status == "rejected" and "import of 'os'" in node.trailer("Poise-Reason")
     log = archive.read_file("sneaky", "records/failures.txt")
     assert "correction after round 1 failed" in log and "HTTP 500" in log
-    assert archive.algorithm("sneaky") == archive.algorithm("grpo")  # never-passing code is kept aside
+    assert archive.algorithm("sneaky") == archive.algorithm(
+        "grpo"
+    )  # never-passing code is kept aside
     assert "import os" in archive.read_file("sneaky", "records/rejected_edit.py")
     assert archive.fsck()

@@ -30,7 +30,6 @@ from trainer_template.verl_backend.adapter import (  # noqa: E402
 from trainer_template.verl_backend.trainer import ExtrasRoutingMixin  # noqa: E402
 
 
-
 def _data(scores, groups, t=5, extras=None) -> DataProto:
     n = len(scores)
     mask = torch.ones(n, t)
@@ -39,7 +38,9 @@ def _data(scores, groups, t=5, extras=None) -> DataProto:
     tok[:, 0] = torch.tensor(scores, dtype=torch.float32)
     non_tensors = {"uid": np.array([f"p{g}" for g in groups], dtype=object)}
     non_tensors.update({k: np.array(v) for k, v in (extras or {}).items()})
-    return DataProto.from_dict(tensors={"token_level_rewards": tok, "response_mask": mask}, non_tensors=non_tensors)
+    return DataProto.from_dict(
+        tensors={"token_level_rewards": tok, "response_mask": mask}, non_tensors=non_tensors
+    )
 
 
 SCORES = [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0]
@@ -61,18 +62,27 @@ def test_extras_routing_delivers_valid_and_correct():
     called directly with those flags, and differ from the unrouted default (all valid)."""
     name = register_node("vb_vm", prior_source("vm_av_grpo"))
     extras = {"format_valid": [float(v) for v in VALID], "acc": SCORES}
-    routed = compute_advantage_with_extras(_data(SCORES, GROUPS, extras=extras), adv_estimator=name, config=None)
+    routed = compute_advantage_with_extras(
+        _data(SCORES, GROUPS, extras=extras), adv_estimator=name, config=None
+    )
     unrouted = compute_advantage(_data(SCORES, GROUPS), adv_estimator=name, config=None)
     mod = load_algorithm(prior_source("vm_av_grpo"), "vm")
     data = _data(SCORES, GROUPS)
     direct = mod.compute_advantages(
-        RolloutBatch(rewards=torch.tensor(SCORES), group=torch.tensor(GROUPS), valid=torch.tensor(VALID),
-                     correct=torch.tensor(SCORES) > 0, lengths=data.batch["response_mask"].sum(-1).long()),
+        RolloutBatch(
+            rewards=torch.tensor(SCORES),
+            group=torch.tensor(GROUPS),
+            valid=torch.tensor(VALID),
+            correct=torch.tensor(SCORES) > 0,
+            lengths=data.batch["response_mask"].sum(-1).long(),
+        ),
         make_config(mod),
     )
     mask = data.batch["response_mask"]
     assert torch.allclose(routed.batch["advantages"], direct.unsqueeze(-1) * mask, atol=1e-6)
-    assert routed.batch["advantages"][6, 0] == pytest.approx(-1.0)  # invalid_advantage reached the sample
+    assert routed.batch["advantages"][6, 0] == pytest.approx(
+        -1.0
+    )  # invalid_advantage reached the sample
     assert not torch.allclose(routed.batch["advantages"], unrouted.batch["advantages"])
 
 
@@ -84,8 +94,10 @@ def _ragged(n=16, t=40, mask_dtype=torch.int64, seed=0) -> tuple[DataProto, torc
     tok = torch.zeros(n, t)
     tok[torch.arange(n), lengths - 1] = torch.randint(0, 2, (n,), generator=gen).float()
     uids = np.array([f"p{i // 8}" for i in range(n)], dtype=object)
-    data = DataProto.from_dict(tensors={"token_level_rewards": tok, "response_mask": mask.to(mask_dtype)},
-                               non_tensors={"uid": uids})
+    data = DataProto.from_dict(
+        tensors={"token_level_rewards": tok, "response_mask": mask.to(mask_dtype)},
+        non_tensors={"uid": uids},
+    )
     return data, lengths
 
 
@@ -109,18 +121,30 @@ def test_adapter_counts_lengths_only_when_the_mechanism_reads_them(mask_dtype):
 
     for fn in (no_lengths, reads_lengths):
         core_algos.register_adv_est(f"poise_test_{fn.__name__}_{str(mask_dtype)[6:]}")(
-            make_estimator(SimpleNamespace(compute_advantages=fn), None))
+            make_estimator(SimpleNamespace(compute_advantages=fn), None)
+        )
     data, lengths = _ragged(mask_dtype=mask_dtype)
     mask = data.batch["response_mask"].to(torch.float32)
-    out = compute_advantage(data, adv_estimator=f"poise_test_no_lengths_{str(mask_dtype)[6:]}", config=None)
+    out = compute_advantage(
+        data, adv_estimator=f"poise_test_no_lengths_{str(mask_dtype)[6:]}", config=None
+    )
     assert "lengths" not in vars(seen[0])  # never counted
-    assert torch.equal(out.batch["advantages"], (data.batch["token_level_rewards"].sum(-1) - 0.5).unsqueeze(-1) * mask)
-    assert seen[0].lengths.dtype == torch.long and torch.equal(seen[0].lengths, lengths)  # exact when read late
+    assert torch.equal(
+        out.batch["advantages"],
+        (data.batch["token_level_rewards"].sum(-1) - 0.5).unsqueeze(-1) * mask,
+    )
+    assert seen[0].lengths.dtype == torch.long and torch.equal(
+        seen[0].lengths, lengths
+    )  # exact when read late
     data, lengths = _ragged(mask_dtype=mask_dtype, seed=1)
     mask = data.batch["response_mask"].to(torch.float32)
-    out = compute_advantage(data, adv_estimator=f"poise_test_reads_lengths_{str(mask_dtype)[6:]}", config=None)
+    out = compute_advantage(
+        data, adv_estimator=f"poise_test_reads_lengths_{str(mask_dtype)[6:]}", config=None
+    )
     assert torch.equal(seen[1].lengths, lengths)
-    assert torch.allclose(out.batch["advantages"], (lengths.float() / 100.0).unsqueeze(-1) * mask, atol=1e-7)
+    assert torch.allclose(
+        out.batch["advantages"], (lengths.float() / 100.0).unsqueeze(-1) * mask, atol=1e-7
+    )
 
 
 @pytest.mark.parametrize("prior", ["dace_grpo", "cag_grpo", "msa_grpo"])
@@ -134,8 +158,15 @@ def test_length_priors_through_verl_equal_the_eager_batch(prior):
     scores = data.batch["token_level_rewards"].sum(-1)
     groups = torch.arange(24) // 8
     direct = mod.compute_advantages(
-        RolloutBatch(rewards=scores, group=groups, valid=torch.ones(24, dtype=torch.bool), correct=scores > 0,
-                     lengths=lengths), make_config(mod))
+        RolloutBatch(
+            rewards=scores,
+            group=groups,
+            valid=torch.ones(24, dtype=torch.bool),
+            correct=scores > 0,
+            lengths=lengths,
+        ),
+        make_config(mod),
+    )
     mask = data.batch["response_mask"].to(torch.float32)
     assert torch.allclose(out.batch["advantages"], direct.unsqueeze(-1) * mask, atol=1e-6)
     assert out.batch["advantages"].dtype == torch.float32
@@ -146,7 +177,11 @@ def test_adapter_rejects_mismatched_mask():
     data, _ = _ragged()
     fn = core_algos.get_adv_estimator_fn(name)
     with pytest.raises(ValueError, match="same shape"):
-        fn(data.batch["token_level_rewards"], data.batch["response_mask"][:1], np.asarray(data.non_tensor_batch["uid"]))
+        fn(
+            data.batch["token_level_rewards"],
+            data.batch["response_mask"][:1],
+            np.asarray(data.non_tensor_batch["uid"]),
+        )
 
 
 def test_trainer_mixin_routes_reward_extra_info():
@@ -208,12 +243,28 @@ def test_policy_loss_equals_vanilla_with_global_batch_info(mode):
     logp = old + torch.randn(6, 8, generator=gen) * 0.5
     adv = torch.randn(6, 1, generator=gen).expand(6, 8).contiguous()
     mask = (torch.rand(6, 8, generator=gen) > 0.3).float()
-    info = {"dp_size": 2, "batch_num_tokens": 70, "global_batch_size": 13, "loss_scale_factor": None}
-    cfg = OmegaConf.create({"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0,
-                            "global_batch_info": info})
-    ref, ref_m = core_algos.compute_policy_loss_vanilla(old, logp, adv, mask, loss_agg_mode=mode, config=cfg)
+    info = {
+        "dp_size": 2,
+        "batch_num_tokens": 70,
+        "global_batch_size": 13,
+        "loss_scale_factor": None,
+    }
+    cfg = OmegaConf.create(
+        {
+            "clip_ratio": 0.2,
+            "clip_ratio_low": 0.2,
+            "clip_ratio_high": 0.2,
+            "clip_ratio_c": 3.0,
+            "global_batch_info": info,
+        }
+    )
+    ref, ref_m = core_algos.compute_policy_loss_vanilla(
+        old, logp, adv, mask, loss_agg_mode=mode, config=cfg
+    )
     lp = logp.clone().requires_grad_(True)
-    ours, m = core_algos.get_policy_loss_fn(name)(old, lp, adv, mask, loss_agg_mode=mode, config=cfg)
+    ours, m = core_algos.get_policy_loss_fn(name)(
+        old, lp, adv, mask, loss_agg_mode=mode, config=cfg
+    )
     assert torch.allclose(ours, ref, atol=1e-6)
     assert m["actor/pg_clipfrac"] == pytest.approx(ref_m["actor/pg_clipfrac"], abs=1e-6)
     assert m["actor/ppo_kl"] == pytest.approx(ref_m["actor/ppo_kl"], abs=1e-6)
@@ -236,7 +287,10 @@ def test_plugin_registers_when_verl_imports_it(tmp_path, monkeypatch):
     monkeypatch.delitem(sys.modules, "trainer_template.verl_backend.plugin", raising=False)
     import_external_libs("trainer_template.verl_backend.plugin")
     assert sys.modules["trainer_template.verl_backend.plugin"].REGISTERED == "poise_vb_plug"
-    assert "poise_vb_plug" in core_algos.ADV_ESTIMATOR_REGISTRY and "poise_vb_plug" in core_algos.POLICY_LOSS_REGISTRY
+    assert (
+        "poise_vb_plug" in core_algos.ADV_ESTIMATOR_REGISTRY
+        and "poise_vb_plug" in core_algos.POLICY_LOSS_REGISTRY
+    )
     monkeypatch.delenv("POISE_NODE_NAME")
     monkeypatch.delitem(sys.modules, "trainer_template.verl_backend.plugin")
     import_external_libs("trainer_template.verl_backend.plugin")  # nothing named: registers nothing
@@ -246,12 +300,26 @@ def test_plugin_registers_when_verl_imports_it(tmp_path, monkeypatch):
 def test_compute_score():
     from trainer_template.verl_backend.reward import compute_score
 
-    assert compute_score("math", r"so the answer is $\boxed{\frac{1}{2}}$", "0.5", {}) == {"score": 1.0, "acc": 1.0, "format_valid": 1.0}
-    assert compute_score("math", r"\boxed{3}", "4", None) == {"score": 0.0, "acc": 0.0, "format_valid": 1.0}
-    assert compute_score("math", "I think it is 4", "4", None) == {"score": 0.0, "acc": 0.0, "format_valid": 0.0}
+    assert compute_score("math", r"so the answer is $\boxed{\frac{1}{2}}$", "0.5", {}) == {
+        "score": 1.0,
+        "acc": 1.0,
+        "format_valid": 1.0,
+    }
+    assert compute_score("math", r"\boxed{3}", "4", None) == {
+        "score": 0.0,
+        "acc": 0.0,
+        "format_valid": 1.0,
+    }
+    assert compute_score("math", "I think it is 4", "4", None) == {
+        "score": 0.0,
+        "acc": 0.0,
+        "format_valid": 0.0,
+    }
     assert compute_score("math", r"first \boxed{1} then \boxed{4}", "4", None)["acc"] == 1.0
     result = {}
-    th = threading.Thread(target=lambda: result.update(compute_score("math", r"\boxed{2\sqrt{2}}", r"\sqrt{8}", None)))
+    th = threading.Thread(
+        target=lambda: result.update(compute_score("math", r"\boxed{2\sqrt{2}}", r"\sqrt{8}", None))
+    )
     th.start()
     th.join()
     assert result["acc"] == 1.0  # outside the main thread (no SIGALRM) grading still works
@@ -278,8 +346,16 @@ def test_data_subset_is_seeded_and_shipped_with_provenance(tmp_path):
 
     tp, vp = data_prep.write_parquet(tmp_path, n=50, seed=0)
     df = pd.read_parquet(tp)
-    assert len(df) == 50 and set(df.columns) >= {"data_source", "prompt", "reward_model", "extra_info"}
-    assert df.iloc[0]["reward_model"]["ground_truth"] == data_prep.sample_subset(50, 0)[0][0]["reward_model"]["ground_truth"]
+    assert len(df) == 50 and set(df.columns) >= {
+        "data_source",
+        "prompt",
+        "reward_model",
+        "extra_info",
+    }
+    assert (
+        df.iloc[0]["reward_model"]["ground_truth"]
+        == data_prep.sample_subset(50, 0)[0][0]["reward_model"]["ground_truth"]
+    )
 
 
 def test_overrides_compose_against_verls_config(archive):
@@ -288,28 +364,42 @@ def test_overrides_compose_against_verls_config(archive):
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
-    from trainer_template.verl_backend.launch import prepare_launch
-
     from trainer_template.loader import AlgorithmLoadError
+    from trainer_template.verl_backend.launch import prepare_launch
 
     archive.spawn("grpo", "dr", algorithm=prior_source("dr_grpo"))
     with pytest.raises(AlgorithmLoadError, match="unknown hyperparameters"):
         prepare_launch(archive, "dr", hparams={"no_such_field": 1}, dry_run=True)
     launch = prepare_launch(archive, "dr", dry_run=True)
     assert launch.cmd[1:3] == ["-m", "verl.trainer.main_ppo"]
-    with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
+    with initialize_config_dir(
+        config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None
+    ):
         cfg = compose("ppo_trainer", overrides=launch.overrides)
-    validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    validate_config(
+        config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg)
+    )
     a, r = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
     assert cfg.algorithm.adv_estimator == a.policy_loss.loss_mode == "poise_dr"
-    assert a.optim.lr == 1e-6 and cfg.data.train_batch_size == 256 and r.n == 8 and cfg.trainer.total_epochs == 8
+    assert (
+        a.optim.lr == 1e-6
+        and cfg.data.train_batch_size == 256
+        and r.n == 8
+        and cfg.trainer.total_epochs == 8
+    )
     assert cfg.data.max_prompt_length == 1024 and cfg.data.max_response_length == 3000
     assert a.use_kl_loss and a.kl_loss_type == "low_var_kl" and r.name == "vllm"
     assert a.loss_agg_mode == "seq-mean-token-sum-norm"  # the node's own aggregation reaches verl
-    assert list(cfg.trainer.logger) == ["console", "mlflow"] and cfg.trainer.v1.trainer_mode == "poise_sync"
+    assert (
+        list(cfg.trainer.logger) == ["console", "mlflow"]
+        and cfg.trainer.v1.trainer_mode == "poise_sync"
+    )
     assert cfg.actor_rollout_ref.model.external_lib == "trainer_template.verl_backend.plugin"
     env_vars = cfg.ray_kwargs.ray_init.runtime_env.env_vars
-    assert env_vars.MLFLOW_TRACKING_URI == launch.env["MLFLOW_TRACKING_URI"] and env_vars.POISE_NODE_NAME == "dr"
+    assert (
+        env_vars.MLFLOW_TRACKING_URI == launch.env["MLFLOW_TRACKING_URI"]
+        and env_vars.POISE_NODE_NAME == "dr"
+    )
 
 
 def test_launch_opens_the_nodes_mlflow_run(archive):
@@ -331,13 +421,29 @@ def test_launch_opens_the_nodes_mlflow_run(archive):
 
 
 def test_cli_train_dry_run(cli, archive):
-    out = cli("train", "grpo", "--backend", "verl", "--dry-run", "--hparam", "clip_ratio_high=0.28",
-              "--set", "trainer.total_epochs=1", "--archive", str(archive.path))
+    out = cli(
+        "train",
+        "grpo",
+        "--backend",
+        "verl",
+        "--dry-run",
+        "--hparam",
+        "clip_ratio_high=0.28",
+        "--set",
+        "trainer.total_epochs=1",
+        "--archive",
+        str(archive.path),
+    )
     assert out.returncode == 0, out.stderr
     assert "actor_rollout_ref.actor.clip_ratio_high=0.28" in out.stdout
-    assert "trainer.total_epochs=1" in out.stdout and "trainer.total_epochs=8" not in out.stdout  # --set replaces
+    assert (
+        "trainer.total_epochs=1" in out.stdout and "trainer.total_epochs=8" not in out.stdout
+    )  # --set replaces
     assert "-m verl.trainer.main_ppo" in out.stdout and "MLFLOW_RUN_ID=" in out.stdout
-    assert "algorithm.adv_estimator=poise_grpo" in out.stdout and "actor_rollout_ref.rollout.n=8" in out.stdout
+    assert (
+        "algorithm.adv_estimator=poise_grpo" in out.stdout
+        and "actor_rollout_ref.rollout.n=8" in out.stdout
+    )
     assert not (Path(archive.path) / ".poise" / "verl").exists()  # a dry run writes nothing
     bad = cli("train", "grpo", "--backend", "proxy", "--archive", str(archive.path))
     assert bad.returncode == 1 and "unknown training backend" in bad.stderr

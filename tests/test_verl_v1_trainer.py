@@ -18,7 +18,9 @@ import pytest
 import torch
 
 pytest.importorskip("verl")
-tq = pytest.importorskip("transfer_queue", reason="verl V1's data plane (pip install TransferQueue)")
+tq = pytest.importorskip(
+    "transfer_queue", reason="verl V1's data plane (pip install TransferQueue)"
+)
 ray = pytest.importorskip("ray")
 
 from trainer_template.interface import RolloutBatch  # noqa: E402
@@ -26,11 +28,21 @@ from trainer_template.loader import load_algorithm, make_config  # noqa: E402
 from trainer_template.priors import prior_source  # noqa: E402
 from trainer_template.verl_backend.trainer import TRAINER_MODE, ExtrasRoutingMixin  # noqa: E402
 
-NODE = "v1vm"  # vm_av_grpo: invalid responses get invalid_advantage, statistics over the valid members
+NODE = (
+    "v1vm"  # vm_av_grpo: invalid responses get invalid_advantage, statistics over the valid members
+)
 PLUGIN = "trainer_template.verl_backend.plugin"
 # 2 prompts x 4 samples; per sample: (reward, format_valid, response length)
-SAMPLES = [(1.0, 1, 5), (0.0, 1, 9), (0.0, 0, 3), (0.0, 1, 7),
-           (1.0, 1, 4), (1.0, 1, 6), (0.0, 0, 8), (0.0, 1, 2)]
+SAMPLES = [
+    (1.0, 1, 5),
+    (0.0, 1, 9),
+    (0.0, 0, 3),
+    (0.0, 1, 7),
+    (1.0, 1, 4),
+    (1.0, 1, 6),
+    (0.0, 0, 8),
+    (0.0, 1, 2),
+]
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +62,10 @@ def composed(tmp_path_factory):
     archive.spawn("grpo", NODE, algorithm=prior_source("vm_av_grpo"))
     algo = root / "algorithm.py"
     algo.write_text(archive.algorithm(NODE))
-    small_queue = ["transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
-                   "transfer_queue.backend.SimpleStorage.total_storage_size=1000"]
+    small_queue = [
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+        "transfer_queue.backend.SimpleStorage.total_storage_size=1000",
+    ]
     launch = prepare_launch(archive, NODE, dry_run=True, extra=small_queue)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("POISE_NODE_NAME", NODE)
@@ -63,7 +77,9 @@ def composed(tmp_path_factory):
         mp.delitem(sys.modules, PLUGIN)  # later imports without the environment register nothing
     from verl.trainer.ppo.v1 import get_trainer_cls
 
-    with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
+    with initialize_config_dir(
+        config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None
+    ):
         cfg = compose("ppo_trainer", overrides=launch.overrides)
     OmegaConf.resolve(cfg)
     return cfg, get_trainer_cls(cfg.trainer.v1.trainer_mode)
@@ -82,7 +98,9 @@ def test_poise_sync_is_verls_sync_trainer(composed):
     assert issubclass(cls, PPOTrainerSync) and issubclass(cls, ExtrasRoutingMixin)
     trainer = cls(config=cfg)
     assert trainer.trainer_mode == "sync" and trainer.registered_mode == TRAINER_MODE
-    assert type(trainer.replay_buffer) is ReplayBuffer and trainer.replay_buffer.trainer_mode == "sync"
+    assert (
+        type(trainer.replay_buffer) is ReplayBuffer and trainer.replay_buffer.trainer_mode == "sync"
+    )
     unaliased = type("Unaliased", (ExtrasRoutingMixin, PPOTrainerSync), {})(config=cfg)
     assert type(unaliased.replay_buffer) is ReplayBufferAsync
     from trainer_template.verl_backend.trainer import register_trainer
@@ -113,20 +131,32 @@ def _put_rollouts(partition: str) -> tuple[list[str], object]:
     keys, fields = [], []
     for i, (reward, valid, length) in enumerate(SAMPLES):
         uid, session = f"prompt{i // 4}", i % 4
-        extra = {"reward_extra_info": {"score": reward, "acc": reward, "format_valid": float(valid)}}
-        out = AgentLoopOutput(prompt_ids=[1, 2, 3], response_ids=list(range(10, 10 + length)),
-                              response_mask=[1] * length, reward_score=reward, num_turns=2,
-                              metrics=AgentLoopMetrics(), extra_fields=extra)
+        extra = {
+            "reward_extra_info": {"score": reward, "acc": reward, "format_valid": float(valid)}
+        }
+        out = AgentLoopOutput(
+            prompt_ids=[1, 2, 3],
+            response_ids=list(range(10, 10 + length)),
+            response_mask=[1] * length,
+            reward_score=reward,
+            num_turns=2,
+            metrics=AgentLoopMetrics(),
+            extra_fields=extra,
+        )
         field = out.as_dict()
         field.update(uid=uid, global_steps=3)
         keys.append(f"{uid}_{session}_0")
         fields.append(field)
     tags = [{"status": "success", "response_len": length} for _, _, length in SAMPLES]
-    return keys, tq.kv_batch_put(keys=keys, partition_id=partition, fields=list_of_dict_to_tensordict(fields), tags=tags)
+    return keys, tq.kv_batch_put(
+        keys=keys, partition_id=partition, fields=list_of_dict_to_tensordict(fields), tags=tags
+    )
 
 
 def _advantages(meta) -> torch.Tensor:
-    data = tq.kv_batch_get(keys=meta.keys, partition_id=meta.partition_id, select_fields=["advantages"])
+    data = tq.kv_batch_get(
+        keys=meta.keys, partition_id=meta.partition_id, select_fields=["advantages"]
+    )
     return data["advantages"].to_padded_tensor(0.0)
 
 
@@ -135,8 +165,13 @@ def _direct(valid: list[bool]) -> torch.Tensor:
     mod = load_algorithm(prior_source("vm_av_grpo"), "direct")
     r = torch.tensor([s[0] for s in SAMPLES])
     lengths = torch.tensor([s[2] for s in SAMPLES])
-    batch = RolloutBatch(rewards=r, group=torch.arange(8) // 4, valid=torch.tensor(valid), correct=r > 0,
-                         lengths=lengths)
+    batch = RolloutBatch(
+        rewards=r,
+        group=torch.arange(8) // 4,
+        valid=torch.tensor(valid),
+        correct=r > 0,
+        lengths=lengths,
+    )
     adv = mod.compute_advantages(batch, make_config(mod))
     mask = torch.arange(int(lengths.max())).unsqueeze(0) < lengths.unsqueeze(1)
     return adv.unsqueeze(-1) * mask
@@ -150,9 +185,14 @@ def test_poise_sync_routes_reward_extra_info_through_the_queue(composed, queue):
 
     cfg, cls = composed
     trainer = cls(config=cfg)
-    trainer.global_steps, trainer.total_training_steps = 3, 12  # set by verl's _init_dataloader in init()
+    trainer.global_steps, trainer.total_training_steps = (
+        3,
+        12,
+    )  # set by verl's _init_dataloader in init()
     keys, meta = _put_rollouts("train")
-    assert type(meta).__name__ == "KVBatchMeta" and meta.keys == keys and "extra_fields" in meta.fields
+    assert (
+        type(meta).__name__ == "KVBatchMeta" and meta.keys == keys and "extra_fields" in meta.fields
+    )
 
     metrics: dict = {}
     out = trainer._compute_advantage(meta, metrics)
@@ -160,13 +200,19 @@ def test_poise_sync_routes_reward_extra_info_through_the_queue(composed, queue):
     routed = _advantages(meta)
     valid = [bool(s[1]) for s in SAMPLES]
     assert torch.allclose(routed, _direct(valid), atol=1e-6)
-    assert torch.all(routed[2, :3] == -1.0) and torch.all(routed[6, :8] == -1.0)  # invalid_advantage
+    assert torch.all(routed[2, :3] == -1.0) and torch.all(
+        routed[6, :8] == -1.0
+    )  # invalid_advantage
     assert metrics["poise/valid_rate"] == pytest.approx(np.mean(valid))
     assert metrics["poise/correct_rate"] == pytest.approx(3 / 8)
 
-    PPOTrainerSync._compute_advantage(trainer, meta, {})  # verl's step alone: no extras reach the estimator
+    PPOTrainerSync._compute_advantage(
+        trainer, meta, {}
+    )  # verl's step alone: no extras reach the estimator
     unrouted = _advantages(meta)
     assert torch.allclose(unrouted, _direct([True] * 8), atol=1e-6)
     assert not torch.allclose(unrouted, routed)
-    assert unrouted[2, 0] != -1.0 and unrouted[6, 0] != -1.0  # the invalid responses were scored as valid
+    assert (
+        unrouted[2, 0] != -1.0 and unrouted[6, 0] != -1.0
+    )  # the invalid responses were scored as valid
     tq.kv_clear(keys=keys, partition_id="train")

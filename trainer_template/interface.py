@@ -12,8 +12,8 @@ the vectorized group statistics and loss utilities every mechanism may use; cand
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch
 from torch import Tensor
@@ -56,14 +56,16 @@ class RolloutBatch:
     valid: Tensor
     correct: Tensor
     lengths: Tensor | Callable[[], Tensor]
-    token_entropy: Optional[Tensor] = None
+    token_entropy: Tensor | None = None
     progress: float = 0.0
 
     def __post_init__(self) -> None:
         n = self.rewards.shape[0]
         if callable(self.lengths) and not isinstance(self.lengths, Tensor):
             self.__dict__["_lengths_fn"] = self.__dict__.pop("lengths")  # read through __getattr__
-        for name in ("group", "valid", "correct") + (() if "_lengths_fn" in self.__dict__ else ("lengths",)):
+        for name in ("group", "valid", "correct") + (
+            () if "_lengths_fn" in self.__dict__ else ("lengths",)
+        ):
             _check_1d(name, getattr(self, name), n)
         if self.token_entropy is not None and tuple(self.token_entropy.shape) != (n,):
             raise ValueError(f"RolloutBatch.token_entropy must have shape [{n}]")
@@ -77,7 +79,9 @@ class RolloutBatch:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         value = fn()
         if not isinstance(value, Tensor):
-            raise ValueError(f"RolloutBatch.lengths function must return a Tensor, got {type(value).__name__}")
+            raise ValueError(
+                f"RolloutBatch.lengths function must return a Tensor, got {type(value).__name__}"
+            )
         _check_1d("lengths", value, self.rewards.shape[0])
         del self.__dict__["_lengths_fn"]
         self.__dict__["lengths"] = value
@@ -109,7 +113,9 @@ class GroupStats:
         self._zeros = torch.zeros(n_slots, dtype=values.dtype, device=values.device)
         self._count_g = self._zeros.clone().index_add_(0, index, self._mf)
         self._sum_g = self._zeros.clone().index_add_(0, index, values * self._mf)
-        self._mean_g = torch.where(self._count_g > 0, self._sum_g / self._count_g.clamp(min=1.0), self._zeros)
+        self._mean_g = torch.where(
+            self._count_g > 0, self._sum_g / self._count_g.clamp(min=1.0), self._zeros
+        )
         self._cache: dict[str, Tensor] = {}
 
     def _get(self, key: str, fn) -> Tensor:
@@ -138,7 +144,9 @@ class GroupStats:
         def compute() -> Tensor:
             dev = (self._values - self.mean) * self._mf
             ss = self._zeros.clone().index_add_(0, self.index, dev * dev)
-            return torch.where(self._count_g > 0, ss / self._count_g.clamp(min=1.0), self._zeros)[self.index]
+            return torch.where(self._count_g > 0, ss / self._count_g.clamp(min=1.0), self._zeros)[
+                self.index
+            ]
 
         return self._get("var", compute)
 
@@ -177,7 +185,7 @@ class GroupStats:
         return var.sqrt()
 
 
-def group_stats(values: Tensor, group: Tensor, mask: Optional[Tensor] = None) -> GroupStats:
+def group_stats(values: Tensor, group: Tensor, mask: Tensor | None = None) -> GroupStats:
     """Vectorized group statistics of ``values`` [B] over ``group`` ids [B] (no Python loop over groups).
 
     ``mask`` [B] bool selects the members that enter the statistics (default: all). Dense non-negative
@@ -187,7 +195,12 @@ def group_stats(values: Tensor, group: Tensor, mask: Optional[Tensor] = None) ->
     values = values.to(torch.float32) if not torch.is_floating_point(values) else values
     n = values.shape[0]
     group = group.reshape(-1)
-    if n and not torch.is_floating_point(group) and bool((group >= 0).all()) and int(group.max()) < n:
+    if (
+        n
+        and not torch.is_floating_point(group)
+        and bool((group >= 0).all())
+        and int(group.max()) < n
+    ):
         index, slots = group.to(torch.long), n
     else:
         _, index = torch.unique(group, return_inverse=True)
@@ -196,7 +209,7 @@ def group_stats(values: Tensor, group: Tensor, mask: Optional[Tensor] = None) ->
     return GroupStats(values, index, slots, m)
 
 
-def masked_mean(x: Tensor, mask: Tensor, dim: Optional[int] = None) -> Tensor:
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """Mean of ``x`` over positions where ``mask`` is true (all positions when dim is None)."""
     mask = mask.to(x.dtype)
     if dim is None:

@@ -35,7 +35,9 @@ def _parse(src: str, what: str) -> cst.Module:
     try:
         return _parse_cached(src)
     except cst.ParserSyntaxError as exc:
-        raise EditError(f"{what} has a syntax error at line {exc.raw_line}, column {exc.raw_column}: {exc.message}") from None
+        raise EditError(
+            f"{what} has a syntax error at line {exc.raw_line}, column {exc.raw_column}: {exc.message}"
+        ) from None
 
 
 def _defined_names(stmt: cst.CSTNode) -> list[str]:
@@ -57,7 +59,9 @@ def _defined_names(stmt: cst.CSTNode) -> list[str]:
 
 
 def _is_import(stmt: cst.CSTNode) -> bool:
-    return isinstance(stmt, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body)
+    return isinstance(stmt, cst.SimpleStatementLine) and all(
+        isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body
+    )
 
 
 def _is_docstring(stmt: cst.CSTNode) -> bool:
@@ -80,7 +84,9 @@ def apply_edit(parent_src: str, edit_src: str) -> str:
     edit_body = list(edit.body)
     if edit_body and _has_comment(edit.header):
         # LibCST puts the first statement's leading comment in the module header: keep it with the def.
-        edit_body[0] = edit_body[0].with_changes(leading_lines=[*edit.header, *edit_body[0].leading_lines])
+        edit_body[0] = edit_body[0].with_changes(
+            leading_lines=[*edit.header, *edit_body[0].leading_lines]
+        )
     replacements: dict[str, cst.CSTNode] = {}
     imports: list[cst.CSTNode] = []
     order: list[str] = []
@@ -93,7 +99,9 @@ def apply_edit(parent_src: str, edit_src: str) -> str:
         names = _defined_names(stmt)
         if not names or (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) != 1):
             code = edit.code_for_node(stmt).strip().splitlines()[0]
-            raise EditError(f"the edit may only hold top-level definitions, imports and assignments; found: {code}")
+            raise EditError(
+                f"the edit may only hold top-level definitions, imports and assignments; found: {code}"
+            )
         if len(names) != 1:
             raise EditError(f"one assignment per line in the edit, please: {', '.join(names)}")
         if names[0] in replacements:
@@ -158,7 +166,10 @@ def _interface_signatures(src: str, what: str) -> tuple:
         raise EditError(f"{what} has a syntax error at line {exc.lineno}: {exc.msg}") from None
     found: dict[str, tuple] = {}
     for stmt in tree.body:
-        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name in INTERFACE_FUNCTIONS:
+        if (
+            isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and stmt.name in INTERFACE_FUNCTIONS
+        ):
             if isinstance(stmt, ast.AsyncFunctionDef):
                 raise EditError(f"{what}: {stmt.name} must not be async")
             found[stmt.name] = _signature(stmt)
@@ -177,4 +188,6 @@ def check_interface(parent_src: str, new_src: str) -> None:
     try:
         compile(new_src, "algorithm.py", "exec")
     except SyntaxError as exc:
-        raise EditError(f"the edited algorithm.py does not compile: line {exc.lineno}: {exc.msg}") from None
+        raise EditError(
+            f"the edited algorithm.py does not compile: line {exc.lineno}: {exc.msg}"
+        ) from None

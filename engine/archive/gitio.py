@@ -27,7 +27,9 @@ class GitError(RuntimeError):
         self.args_ = args
         self.returncode = returncode
         self.stderr = stderr.strip()
-        super().__init__(f"git {' '.join(args[:3])}… failed ({returncode}): {self.stderr.splitlines()[-1] if self.stderr else ''}")
+        super().__init__(
+            f"git {' '.join(args[:3])}… failed ({returncode}): {self.stderr.splitlines()[-1] if self.stderr else ''}"
+        )
 
 
 def _env() -> dict[str, str]:
@@ -49,7 +51,7 @@ class Git:
 
     def run(self, *args: str, input: bytes | None = None, check: bool = True) -> bytes:
         cmd = ["git", "-C", str(self.path), *args]
-        proc = subprocess.run(cmd, input=input, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_ENV)
+        proc = subprocess.run(cmd, input=input, capture_output=True, env=_ENV)
         if check and proc.returncode != 0:
             raise GitError(list(args), proc.returncode, proc.stderr.decode("utf-8", "replace"))
         return proc.stdout
@@ -59,7 +61,12 @@ class Git:
 
     def ok(self, *args: str) -> bool:
         cmd = ["git", "-C", str(self.path), *args]
-        return subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_ENV).returncode == 0
+        return (
+            subprocess.run(
+                cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_ENV
+            ).returncode
+            == 0
+        )
 
     # -- objects -------------------------------------------------------------------------------
     def write_blobs(self, contents: list[bytes]) -> list[str]:
@@ -72,7 +79,13 @@ class Git:
                 p = Path(tmp) / str(i)
                 p.write_bytes(data)
                 paths.append(str(p))
-            out = self.text("hash-object", "-w", "--no-filters", "--stdin-paths", input="\n".join(paths).encode() + b"\n")
+            out = self.text(
+                "hash-object",
+                "-w",
+                "--no-filters",
+                "--stdin-paths",
+                input="\n".join(paths).encode() + b"\n",
+            )
         return out.split()
 
     def write_tree(self, files: dict[str, tuple[str, str]]) -> str:
@@ -97,7 +110,9 @@ class Git:
                 kind = {"160000": "commit", "40000": "tree", "040000": "tree"}.get(mode, "blob")
                 mode = "040000" if kind == "tree" else mode
                 lines.append(f"{mode} {kind} {oid}\t{name}")
-        return self.text("mktree", input=("\n".join(lines) + "\n").encode() if lines else b"").strip()
+        return self.text(
+            "mktree", input=("\n".join(lines) + "\n").encode() if lines else b""
+        ).strip()
 
     def commit_tree(self, tree: str, parents: list[str], message: str) -> str:
         args = ["commit-tree", tree]

@@ -14,14 +14,15 @@ import math
 import re
 import subprocess
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
-from engine.config import DEFAULT_TOML
 from engine.archive.edit import apply_edit, check_interface
-from engine.errors import ArchiveError
 from engine.archive.gitio import Git, GitError, parse_tree
+from engine.config import DEFAULT_TOML
+from engine.errors import ArchiveError
 
 REF_PREFIX = "refs/heads/poise/"
 ROOT_NAME = "grpo"
@@ -99,7 +100,11 @@ def validate_metrics(results: Mapping[str, Any]) -> dict[str, float]:
     for key, value in results.items():
         if not isinstance(key, str) or not key:
             raise ArchiveError(f"results: bad metric name {key!r}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(float(value))
+        ):
             raise ArchiveError(f"results: metric {key!r} must be a finite number, got {value!r}")
         out[key] = float(value)
     return out
@@ -111,13 +116,22 @@ class Archive:
     def __init__(self, path: str | Path):
         self.path = Path(path).resolve()
         if not (self.path / ".git").exists() and not (self.path / "HEAD").is_file():
-            raise ArchiveError(f"{self.path} is not a poise-git archive (no git repository; run `poise-git init`)")
+            raise ArchiveError(
+                f"{self.path} is not a poise-git archive (no git repository; run `poise-git init`)"
+            )
         self.git = Git(self.path)
-        if not self.git.ok("rev-parse", "--verify", "-q", REF_PREFIX + ROOT_NAME) and not self._any_node():
-            raise ArchiveError(f"{self.path} is a git repository but not a poise-git archive (no poise/* branches)")
+        if (
+            not self.git.ok("rev-parse", "--verify", "-q", REF_PREFIX + ROOT_NAME)
+            and not self._any_node()
+        ):
+            raise ArchiveError(
+                f"{self.path} is a git repository but not a poise-git archive (no poise/* branches)"
+            )
 
     def _any_node(self) -> bool:
-        return bool(self.git.text("for-each-ref", "--count=1", "--format=%(refname)", REF_PREFIX).strip())
+        return bool(
+            self.git.text("for-each-ref", "--count=1", "--format=%(refname)", REF_PREFIX).strip()
+        )
 
     # -- creation ------------------------------------------------------------------------------
     @classmethod
@@ -129,7 +143,7 @@ class Archive:
         config_toml: str | None = None,
         root_name: str = ROOT_NAME,
         proposal: str | None = None,
-    ) -> "Archive":
+    ) -> Archive:
         """Create an archive whose root node ``poise/<root_name>`` holds the trainer template."""
         from trainer_template import ALGORITHM_FILE
 
@@ -144,14 +158,25 @@ class Archive:
         (path / ".git" / "info" / "exclude").write_text(_EXCLUDE)
         algo = algorithm if algorithm is not None else ALGORITHM_FILE.read_text(encoding="utf-8")
         check_interface(algo, algo)
-        files = {ALGORITHM: algo.encode(), "poise.toml": (config_toml or DEFAULT_TOML).encode(),
-                 "README.md": _EXPERIMENT_README.encode()}
+        files = {
+            ALGORITHM: algo.encode(),
+            "poise.toml": (config_toml or DEFAULT_TOML).encode(),
+            "README.md": _EXPERIMENT_README.encode(),
+        }
         if proposal:
             files[PROPOSAL] = proposal.encode()
         names = list(files)
         oids = git.write_blobs([files[n] for n in names])
         tree = git.write_tree({n: ("100644", o) for n, o in zip(names, oids)})
-        msg = _message(f"poise: root node {root_name}", "", root_name, (), "spawned", time.time(), {"Poise-Event": ["init"]})
+        msg = _message(
+            f"poise: root node {root_name}",
+            "",
+            root_name,
+            (),
+            "spawned",
+            time.time(),
+            {"Poise-Event": ["init"]},
+        )
         commit = git.commit_tree(tree, [], msg)
         if not git.update_ref(REF_PREFIX + root_name, commit, None, "poise init"):
             raise ArchiveError("could not create the root branch")
@@ -169,7 +194,7 @@ class Archive:
             if not rec:
                 continue
             ref, oid, msg = rec.split("\x1f", 2)
-            name = ref[len(REF_PREFIX):]
+            name = ref[len(REF_PREFIX) :]
             tr = parse_trailers(msg)
             nodes[name] = Node(
                 name=name,
@@ -202,9 +227,13 @@ class Archive:
 
     def tip(self, name: str) -> str:
         try:
-            return self.git.text("rev-parse", "--verify", "-q", REF_PREFIX + name + "^{commit}").strip()
+            return self.git.text(
+                "rev-parse", "--verify", "-q", REF_PREFIX + name + "^{commit}"
+            ).strip()
         except GitError:
-            raise ArchiveError(f"unknown node {name!r}" + _did_you_mean(name, self.nodes())) from None
+            raise ArchiveError(
+                f"unknown node {name!r}" + _did_you_mean(name, self.nodes())
+            ) from None
 
     def parents(self, name: str) -> list[str]:
         return list(self.node(name).parents)
@@ -213,7 +242,9 @@ class Archive:
         nodes = self.nodes()
         if name not in nodes:
             raise ArchiveError(f"unknown node {name!r}")
-        return sorted((n.name for n in nodes.values() if name in n.parents), key=lambda c: nodes[c].created)
+        return sorted(
+            (n.name for n in nodes.values() if name in n.parents), key=lambda c: nodes[c].created
+        )
 
     def descendants(self, name: str, nodes: dict[str, Node] | None = None) -> dict[str, int]:
         """``{descendant: generations below name}`` (shortest path), over an already-read lineage."""
@@ -296,8 +327,11 @@ class Archive:
             raise ArchiveError(f"unknown status {status!r}")
         # One cat-file --batch resolves the parents, proves the name free and reads the parent's
         # root tree and algorithm.py (a spawn is 5 git processes in all).
-        specs = [REF_PREFIX + p for p in parents] + [REF_PREFIX + name, REF_PREFIX + parents[0] + "^{tree}",
-                                                     REF_PREFIX + parents[0] + ":" + ALGORITHM]
+        specs = [REF_PREFIX + p for p in parents] + [
+            REF_PREFIX + name,
+            REF_PREFIX + parents[0] + "^{tree}",
+            REF_PREFIX + parents[0] + ":" + ALGORITHM,
+        ]
         objs = self.git.cat_objects(specs)
         for p, obj in zip(parents, objs):
             if obj is None or obj[1] != "commit":
@@ -320,8 +354,11 @@ class Archive:
                 del tree_files[path]
         nested = {p.split("/", 1)[0] for p in (files or {}) if "/" in _clean_path(p)}
         if nested & set(tree_files):  # adding into an inherited directory: expand the full listing
-            tree_files = {p: v for p, v in self.git.ls_tree(parent_commits[0]).items()
-                          if p not in NODE_FILES and not p.startswith(NODE_DIRS)}
+            tree_files = {
+                p: v
+                for p, v in self.git.ls_tree(parent_commits[0]).items()
+                if p not in NODE_FILES and not p.startswith(NODE_DIRS)
+            }
         new_files: dict[str, bytes] = {ALGORITHM: new_src.encode("utf-8")}
         if proposal is not None:
             new_files[PROPOSAL] = proposal.encode("utf-8")
@@ -339,8 +376,15 @@ class Archive:
         if not self.git.update_ref(REF_PREFIX + name, commit, None, f"poise spawn {name}"):
             raise ArchiveError(f"a node named {name!r} already exists (created concurrently)")
         # Built locally: a full lineage read here would cost ~0.3 s at 10k nodes.
-        return Node(name=name, commit=commit, parents=tuple(parents), status=status, created=created,
-                    trailers=parse_trailers(msg), subject=title)
+        return Node(
+            name=name,
+            commit=commit,
+            parents=tuple(parents),
+            status=status,
+            created=created,
+            trailers=parse_trailers(msg),
+            subject=title,
+        )
 
     def commit_files(
         self,
@@ -363,26 +407,50 @@ class Archive:
             for path, data in files.items():
                 path = _clean_path(path)
                 if data is None:
-                    for p in [p for p in tree_files if p == path or p.startswith(path.rstrip("/") + "/")]:
+                    for p in [
+                        p for p in tree_files if p == path or p.startswith(path.rstrip("/") + "/")
+                    ]:
                         del tree_files[p]
                 else:
                     adds[path] = data.encode("utf-8") if isinstance(data, str) else data
             self._write_files(tree_files, adds)
             tree = self.git.write_tree(tree_files)
-            extra = {k: v for k, v in tr.items() if k not in ("Poise-Node", "Poise-Parent", "Poise-Status", "Poise-Created", "Poise-Event")}
+            extra = {
+                k: v
+                for k, v in tr.items()
+                if k
+                not in (
+                    "Poise-Node",
+                    "Poise-Parent",
+                    "Poise-Status",
+                    "Poise-Created",
+                    "Poise-Event",
+                )
+            }
             for k, v in (trailers or {}).items():
                 extra[k] = [v] if isinstance(v, str) else list(v)
             if "Poise-Event" not in (trailers or {}):
                 extra["Poise-Event"] = ["record"]
-            msg = _message(subject, "", name, tuple(tr.get("Poise-Parent", [])), status or (tr.get("Poise-Status") or ["spawned"])[-1],
-                           float((tr.get("Poise-Created") or [time.time()])[-1]), extra)
+            msg = _message(
+                subject,
+                "",
+                name,
+                tuple(tr.get("Poise-Parent", [])),
+                status or (tr.get("Poise-Status") or ["spawned"])[-1],
+                float((tr.get("Poise-Created") or [time.time()])[-1]),
+                extra,
+            )
             commit = self.git.commit_tree(tree, [tip], msg)
             if self.git.update_ref(ref, commit, tip, f"poise record {name}"):
                 return commit
             time.sleep(min(0.005 * (attempt + 1), 0.1))
-        raise ArchiveError(f"could not record on {name!r}: the branch kept moving (lost {retries} compare-and-swaps)")
+        raise ArchiveError(
+            f"could not record on {name!r}: the branch kept moving (lost {retries} compare-and-swaps)"
+        )
 
-    def record_results(self, name: str, results: Mapping[str, Any], *, status: str | None = None) -> str:
+    def record_results(
+        self, name: str, results: Mapping[str, Any], *, status: str | None = None
+    ) -> str:
         """Record ``results.json``. A flat ``{metric: number}`` is wrapped as ``{"metrics": ...}``;
         a dict with a ``metrics`` key is stored as given (intervals, trajectory, provenance...)."""
         if "metrics" in results and isinstance(results["metrics"], Mapping):
@@ -398,18 +466,37 @@ class Archive:
         extra = {"Poise-Results": "yes", "Poise-Event": "results"}
         if overall is not None:
             extra["Poise-Overall"] = f"{overall:.6g}"
-        return self.commit_files(name, {RESULTS: text}, subject=f"poise: results for {name}", status=status, trailers=extra)
+        return self.commit_files(
+            name,
+            {RESULTS: text},
+            subject=f"poise: results for {name}",
+            status=status,
+            trailers=extra,
+        )
 
     def record_reflection(self, name: str, text: str) -> str:
-        return self.commit_files(name, {REFLECTION: text}, subject=f"poise: reflection on {name}", trailers={"Poise-Event": "reflection"})
+        return self.commit_files(
+            name,
+            {REFLECTION: text},
+            subject=f"poise: reflection on {name}",
+            trailers={"Poise-Event": "reflection"},
+        )
 
-    def set_status(self, name: str, status: str, reason: str | None = None, files: Mapping[str, str | bytes | None] | None = None) -> str:
+    def set_status(
+        self,
+        name: str,
+        status: str,
+        reason: str | None = None,
+        files: Mapping[str, str | bytes | None] | None = None,
+    ) -> str:
         if status not in STATUSES:
             raise ArchiveError(f"unknown status {status!r}")
         tr: dict[str, str] = {"Poise-Event": status}
         if reason:
             tr["Poise-Reason"] = " ".join(reason.split())[:300]
-        return self.commit_files(name, dict(files or {}), subject=f"poise: {name} {status}", status=status, trailers=tr)
+        return self.commit_files(
+            name, dict(files or {}), subject=f"poise: {name} {status}", status=status, trailers=tr
+        )
 
     def diff(self, a: str, b: str, paths: list[str] | None = None, stat: bool = False) -> str:
         args = ["diff", "--no-color"]
@@ -428,7 +515,9 @@ class Archive:
     def fsck(self) -> bool:
         return self.git.ok("fsck", "--no-progress", "--strict")
 
-    def _write_files(self, tree_files: dict[str, tuple[str, str]], new_files: Mapping[str, bytes]) -> None:
+    def _write_files(
+        self, tree_files: dict[str, tuple[str, str]], new_files: Mapping[str, bytes]
+    ) -> None:
         names = list(new_files)
         for n, oid in zip(names, self.git.write_blobs([new_files[n] for n in names])):
             tree_files[n] = ("100644", oid)
@@ -436,8 +525,15 @@ class Archive:
 
 def check_name(name: str) -> None:
     """Refuse names outside ``[A-Za-z0-9._-]`` and git's ref rules (stricter than check-ref-format)."""
-    if not isinstance(name, str) or not _NAME_RE.match(name) or name.endswith((".lock", ".")) or ".." in name:
-        raise ArchiveError(f"invalid node name {name!r}: use letters, digits, '.', '_' and '-' (git refuses this name)")
+    if (
+        not isinstance(name, str)
+        or not _NAME_RE.match(name)
+        or name.endswith((".lock", "."))
+        or ".." in name
+    ):
+        raise ArchiveError(
+            f"invalid node name {name!r}: use letters, digits, '.', '_' and '-' (git refuses this name)"
+        )
 
 
 def _clean_path(path: str) -> str:
@@ -455,7 +551,15 @@ def _first_line(text: str | None) -> str:
     return ""
 
 
-def _message(title: str, body: str, name: str, parents: Iterable[str], status: str, created: float, extra: Mapping[str, list[str]]) -> str:
+def _message(
+    title: str,
+    body: str,
+    name: str,
+    parents: Iterable[str],
+    status: str,
+    created: float,
+    extra: Mapping[str, list[str]],
+) -> str:
     lines = [title.strip().splitlines()[0] if title.strip() else f"poise: {name}", ""]
     if body:
         lines += [body.replace("Poise-", "Poise "), ""]

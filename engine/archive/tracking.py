@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Iterator, Mapping
 
 MLFLOW_DB = "mlflow.db"
 
@@ -53,7 +53,9 @@ def _client_setup(archive):
 
 
 @contextlib.contextmanager
-def node_run(archive, node: str, *, run_name: str | None = None, tags: Mapping[str, str] | None = None) -> Iterator[object]:
+def node_run(
+    archive, node: str, *, run_name: str | None = None, tags: Mapping[str, str] | None = None
+) -> Iterator[object]:
     """Start an MLflow run for ``node`` tagged poise.node / poise.parent / mlflow.source.git.commit."""
     mlflow, exp_id = _client_setup(archive)
     n = archive.node(node)

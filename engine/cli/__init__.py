@@ -24,7 +24,9 @@ app = typer.Typer(
 console = Console()
 err_console = Console(stderr=True)
 
-ArchiveOpt = typer.Option(".", "--archive", "-C", help="The experiment repository (like `git -C`).", show_default=True)
+ArchiveOpt = typer.Option(
+    ".", "--archive", "-C", help="The experiment repository (like `git -C`).", show_default=True
+)
 
 
 def _register() -> None:
@@ -33,7 +35,9 @@ def _register() -> None:
 
     import engine.cli as pkg
 
-    for mod in sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if m.name.endswith("_cmds")):
+    for mod in sorted(
+        m.name for m in pkgutil.iter_modules(pkg.__path__) if m.name.endswith("_cmds")
+    ):
         importlib.import_module(f"engine.cli.{mod}").register(app)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.markdown import Markdown
@@ -24,11 +23,18 @@ def _read_text(path: Path, what: str) -> str:
     return path.read_text(encoding="utf-8")
 
 
-def _fmt(v: Optional[float]) -> str:
+def _fmt(v: float | None) -> str:
     return "—" if v is None else f"{v:.4g}"
 
 
-_STATUS_STYLE = {"evaluated": "green", "verified": "cyan", "spawned": "white", "rejected": "red", "failed": "red", "evaluating": "yellow"}
+_STATUS_STYLE = {
+    "evaluated": "green",
+    "verified": "cyan",
+    "spawned": "white",
+    "rejected": "red",
+    "failed": "red",
+    "evaluating": "yellow",
+}
 
 
 def _label(n: Node) -> str:
@@ -40,8 +46,12 @@ def _label(n: Node) -> str:
 
 
 def init(
-    directory: Path = typer.Argument(..., help="Where to create the experiment repository (new or empty)."),
-    config: Optional[Path] = typer.Option(None, "--config", help="A poise.toml to start from (default: the built-in one)."),
+    directory: Path = typer.Argument(
+        ..., help="Where to create the experiment repository (new or empty)."
+    ),
+    config: Path | None = typer.Option(
+        None, "--config", help="A poise.toml to start from (default: the built-in one)."
+    ),
 ) -> None:
     """Create an experiment repository whose root node [bold]poise/grpo[/] holds the GRPO baseline."""
     toml = _read_text(config, "config file") if config else None
@@ -50,19 +60,41 @@ def init(
 
         parse_config(toml)
     arch = Archive.init(directory, config_toml=toml)
-    console.print(f"Initialized poise-git archive in [bold]{arch.path}[/] with root node [bold]grpo[/] (branch poise/grpo)")
+    console.print(
+        f"Initialized poise-git archive in [bold]{arch.path}[/] with root node [bold]grpo[/] (branch poise/grpo)"
+    )
 
 
 def spawn(
     parent: str = typer.Argument(..., help="The parent node."),
-    name: Optional[str] = typer.Option(None, "--name", help="The new node's name (its branch is poise/NAME); optional with --auto."),
-    edit: Optional[Path] = typer.Option(None, "--edit", help="A Python file of top-level definitions replacing / extending the parent's algorithm.py."),
-    proposal: Optional[Path] = typer.Option(None, "--proposal", help="PROPOSAL.md for the node (motivation, method, expected effect)."),
-    auto: bool = typer.Option(False, "--auto", help="Propose, implement and verify in one go (the best screened proposal)."),
-    proposer: Optional[str] = typer.Option(None, "--proposer", help="With --auto: offline (no API key) | llm (default: poise.toml)."),
-    replay: bool = typer.Option(False, "--replay", help="With --auto: answer LLM calls from the archive's records only."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="With --auto: the proposer's seed."),
-    no_verify: bool = typer.Option(False, "--no-verify", help="With --edit: skip the static checks and generated tests (status stays spawned)."),
+    name: str | None = typer.Option(
+        None, "--name", help="The new node's name (its branch is poise/NAME); optional with --auto."
+    ),
+    edit: Path | None = typer.Option(
+        None,
+        "--edit",
+        help="A Python file of top-level definitions replacing / extending the parent's algorithm.py.",
+    ),
+    proposal: Path | None = typer.Option(
+        None, "--proposal", help="PROPOSAL.md for the node (motivation, method, expected effect)."
+    ),
+    auto: bool = typer.Option(
+        False,
+        "--auto",
+        help="Propose, implement and verify in one go (the best screened proposal).",
+    ),
+    proposer: str | None = typer.Option(
+        None, "--proposer", help="With --auto: offline (no API key) | llm (default: poise.toml)."
+    ),
+    replay: bool = typer.Option(
+        False, "--replay", help="With --auto: answer LLM calls from the archive's records only."
+    ),
+    seed: int | None = typer.Option(None, "--seed", help="With --auto: the proposer's seed."),
+    no_verify: bool = typer.Option(
+        False,
+        "--no-verify",
+        help="With --edit: skip the static checks and generated tests (status stays spawned).",
+    ),
     archive: Path = ArchiveOpt,
 ) -> None:
     """Fork a candidate off PARENT with a LibCST edit of its algorithm.py (verified), or with --auto."""
@@ -71,7 +103,9 @@ def spawn(
     if name is None:
         from engine.cli import err_console
 
-        err_console.print("Error: Missing option '--name'. (required unless --auto)", highlight=False)
+        err_console.print(
+            "Error: Missing option '--name'. (required unless --auto)", highlight=False
+        )
         raise typer.Exit(2)
     edit_src = _read_text(edit, "edit file") if edit else None
     proposal_src = _read_text(proposal, "proposal file") if proposal else None
@@ -89,7 +123,14 @@ def spawn(
         report_verification(name, res)
 
 
-def _spawn_auto(parent: str, name: Optional[str], proposer: Optional[str], replay: bool, seed: Optional[int], archive: Path) -> None:
+def _spawn_auto(
+    parent: str,
+    name: str | None,
+    proposer: str | None,
+    replay: bool,
+    seed: int | None,
+    archive: Path,
+) -> None:
     from engine.cli.operator_cmds import make_llm, print_usage
     from engine.operators.implement import implement
     from engine.operators.propose import propose_all
@@ -103,23 +144,44 @@ def _spawn_auto(parent: str, name: Optional[str], proposer: Optional[str], repla
         why = "; ".join(f"{p.name}: {p.screening.get('reason', '?')}" for p in dropped[:3])
         raise PoiseError(f"no proposal for {parent} survived screening ({why or 'none proposed'})")
     best = kept[0]
-    console.print(f"best proposal [bold]{best.name}[/] (score {best.score:.3f}): {best.mechanism[:200]}")
+    console.print(
+        f"best proposal [bold]{best.name}[/] (score {best.score:.3f}): {best.mechanism[:200]}"
+    )
     with console.status(f"implementing and verifying {best.name}…") as status:
-        node = implement(arch, parent, best, cfg, name=name, llm=llm, progress=lambda msg: status.update(msg))
+        node = implement(
+            arch, parent, best, cfg, name=name, llm=llm, progress=lambda msg: status.update(msg)
+        )
     print_usage(llm)
     if node.status == "verified":
-        console.print(f"spawned [bold]{node.name}[/] from [bold]{parent}[/] at {node.commit[:10]}: [cyan]verified[/]")
+        console.print(
+            f"spawned [bold]{node.name}[/] from [bold]{parent}[/] at {node.commit[:10]}: [cyan]verified[/]"
+        )
         return
-    console.print(f"spawned [bold]{node.name}[/] from [bold]{parent}[/]: [red]{node.status}[/]: {node.trailer('Poise-Reason') or ''}")
+    console.print(
+        f"spawned [bold]{node.name}[/] from [bold]{parent}[/]: [red]{node.status}[/]: "
+        f"{node.trailer('Poise-Reason') or ''}"
+    )
     raise typer.Exit(2)
 
 
-def log(archive: Path = ArchiveOpt, as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+def log(
+    archive: Path = ArchiveOpt,
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
     """Draw the lineage tree: node, status and Overall when known."""
     nodes = Archive(archive).nodes()
     if as_json:
-        rows = [{"node": n.name, "parents": list(n.parents), "status": n.status, "depth": n.depth,
-                 "overall": n.overall, "commit": n.commit} for n in sorted(nodes.values(), key=lambda n: n.created)]
+        rows = [
+            {
+                "node": n.name,
+                "parents": list(n.parents),
+                "status": n.status,
+                "depth": n.depth,
+                "overall": n.overall,
+                "commit": n.commit,
+            }
+            for n in sorted(nodes.values(), key=lambda n: n.created)
+        ]
         typer.echo(json.dumps(rows, indent=2))
         return
     kids: dict[str, list[Node]] = {}
@@ -140,11 +202,16 @@ def log(archive: Path = ArchiveOpt, as_json: bool = typer.Option(False, "--json"
         console.print(tree)
 
 
-def show(node: str = typer.Argument(..., help="The node to show."), archive: Path = ArchiveOpt) -> None:
+def show(
+    node: str = typer.Argument(..., help="The node to show."), archive: Path = ArchiveOpt
+) -> None:
     """Show a node: proposal, mechanism diff vs its parent, results and reflection."""
     arch = Archive(archive)
     n = arch.node(node)
-    head = f"[bold]{n.name}[/]  status {n.status}  depth {n.depth}  parents {', '.join(n.parents) or '—'}  commit {n.commit[:10]}"
+    head = (
+        f"[bold]{n.name}[/]  status {n.status}  depth {n.depth}  "
+        f"parents {', '.join(n.parents) or '—'}  commit {n.commit[:10]}"
+    )
     console.print(Panel(head, expand=False))
     reason = n.trailer("Poise-Reason")
     if reason:
@@ -154,7 +221,12 @@ def show(node: str = typer.Argument(..., help="The node to show."), archive: Pat
         console.print(Panel(Markdown(proposal), title="PROPOSAL.md"))
     if n.parent:
         diff = arch.diff(n.parent, node, [ALGORITHM])
-        console.print(Panel(Syntax(diff or "(no change)", "diff", theme="ansi_dark"), title=f"mechanism diff vs {n.parent}"))
+        console.print(
+            Panel(
+                Syntax(diff or "(no change)", "diff", theme="ansi_dark"),
+                title=f"mechanism diff vs {n.parent}",
+            )
+        )
     if n.results:
         table = Table(title="results", show_header=True)
         table.add_column("metric")
@@ -173,7 +245,9 @@ def show(node: str = typer.Argument(..., help="The node to show."), archive: Pat
 def diff(
     a: str = typer.Argument(..., help="First node."),
     b: str = typer.Argument(..., help="Second node."),
-    all_files: bool = typer.Option(False, "--all", help="Diff every file, not only the mechanism (algorithm.py)."),
+    all_files: bool = typer.Option(
+        False, "--all", help="Diff every file, not only the mechanism (algorithm.py)."
+    ),
     archive: Path = ArchiveOpt,
 ) -> None:
     """The mechanism diff between any two nodes (algorithm files by default)."""
@@ -184,7 +258,11 @@ def diff(
 
 def record(
     node: str = typer.Argument(..., help="The node the metrics belong to."),
-    results: Path = typer.Option(..., "--results", help="A JSON object of metric name -> number ('overall' is the default utility)."),
+    results: Path = typer.Option(
+        ...,
+        "--results",
+        help="A JSON object of metric name -> number ('overall' is the default utility).",
+    ),
     archive: Path = ArchiveOpt,
 ) -> None:
     """Record externally obtained metrics on a node (results.json on its branch)."""
@@ -195,7 +273,9 @@ def record(
         raise ArchiveError(f"{results} is not valid JSON: {exc}") from None
     arch = Archive(archive)
     commit = arch.record_results(node, payload)
-    console.print(f"recorded {len(arch.node(node).metrics)} metrics on [bold]{node}[/] at {commit[:10]}")
+    console.print(
+        f"recorded {len(arch.node(node).metrics)} metrics on [bold]{node}[/] at {commit[:10]}"
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -11,14 +10,37 @@ from engine.cli import ArchiveOpt, console
 
 
 def evaluate(
-    node: str = typer.Argument(..., help="The node to evaluate (its algorithm.py is read from its commit)."),
-    backend: str = typer.Option("proxy", "--backend", help="proxy (embedded CPU RL proxy); with --suite: vllm | openai | transformers."),
-    seeds: Optional[int] = typer.Option(None, "--seeds", help="Paired seeds, run as parallel processes (default: poise.toml)."),
-    preset: Optional[str] = typer.Option(None, "--preset", help="Protocol preset: default | smoke (default: poise.toml); with --suite: paper (default) | smoke (2 samples, 24 tokens: a CPU smoke run, not comparable)."),
-    suite: Optional[str] = typer.Option(None, "--suite", help="Score a trained model on a benchmark suite instead (math6)."),
-    model: Optional[str] = typer.Option(None, "--model", help="With --suite: the model path / served model name."),
-    base_url: Optional[str] = typer.Option(None, "--base-url", help="With --suite --backend openai: the server's URL."),
-    limit: Optional[int] = typer.Option(None, "--limit", help="With --suite: at most this many problems per benchmark (a smoke run)."),
+    node: str = typer.Argument(
+        ..., help="The node to evaluate (its algorithm.py is read from its commit)."
+    ),
+    backend: str = typer.Option(
+        "proxy",
+        "--backend",
+        help="proxy (embedded CPU RL proxy); with --suite: vllm | openai | transformers.",
+    ),
+    seeds: int | None = typer.Option(
+        None, "--seeds", help="Paired seeds, run as parallel processes (default: poise.toml)."
+    ),
+    preset: str | None = typer.Option(
+        None,
+        "--preset",
+        help="Protocol preset: default | smoke (default: poise.toml); with --suite: paper (default) | "
+        "smoke (2 samples, 24 tokens: a CPU smoke run, not comparable).",
+    ),
+    suite: str | None = typer.Option(
+        None, "--suite", help="Score a trained model on a benchmark suite instead (math6)."
+    ),
+    model: str | None = typer.Option(
+        None, "--model", help="With --suite: the model path / served model name."
+    ),
+    base_url: str | None = typer.Option(
+        None, "--base-url", help="With --suite --backend openai: the server's URL."
+    ),
+    limit: int | None = typer.Option(
+        None,
+        "--limit",
+        help="With --suite: at most this many problems per benchmark (a smoke run).",
+    ),
     archive: Path = ArchiveOpt,
 ) -> None:
     """Evaluate a node under one standardized protocol and record results.json on its branch."""
@@ -30,17 +52,28 @@ def evaluate(
 
         if not model:
             raise typer.BadParameter("--suite needs --model")
-        payload = evaluate_node_on_suite(arch, node, suite=suite, backend=backend, model=model, base_url=base_url, limit=limit,
-                                         preset=preset)
+        payload = evaluate_node_on_suite(
+            arch,
+            node,
+            suite=suite,
+            backend=backend,
+            model=model,
+            base_url=base_url,
+            limit=limit,
+            preset=preset,
+        )
     else:
         from engine.operators.evaluate import evaluate_node
 
         with console.status(f"evaluating [bold]{node}[/] on the {backend} backend ...") as status:
+
             def on_event(msg: str) -> None:
                 console.print(f"  {msg}", highlight=False)
                 status.update(f"evaluating [bold]{node}[/]: {msg}")
 
-            payload = evaluate_node(arch, node, backend=backend, seeds=seeds, preset=preset, on_event=on_event)
+            payload = evaluate_node(
+                arch, node, backend=backend, seeds=seeds, preset=preset, on_event=on_event
+            )
     status = payload.get("status", "evaluated")
     metrics = payload.get("metrics", {})
     head = f"[bold]{node}[/] {status}"

@@ -5,15 +5,22 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.table import Table
 
 from engine.cli import ArchiveOpt, console, err_console
 
-ProposerOpt = typer.Option(None, "--proposer", help="offline (no API key) | llm (default: [propose].proposer in poise.toml).")
-ReplayOpt = typer.Option(False, "--replay", help="Answer every LLM call from the archive's records (refs/poise-llm/*); no endpoint needed.")
+ProposerOpt = typer.Option(
+    None,
+    "--proposer",
+    help="offline (no API key) | llm (default: [propose].proposer in poise.toml).",
+)
+ReplayOpt = typer.Option(
+    False,
+    "--replay",
+    help="Answer every LLM call from the archive's records (refs/poise-llm/*); no endpoint needed.",
+)
 
 
 def make_llm(arch, cfg, proposer: str | None, replay: bool):
@@ -28,17 +35,25 @@ def make_llm(arch, cfg, proposer: str | None, replay: bool):
 def print_usage(llm) -> None:
     if llm is not None and llm.usage.calls:
         u = llm.usage.as_dict()
-        console.print(f"[dim]LLM: {u['calls']} calls ({u['replayed']} replayed), {u['prompt_tokens']} prompt + "
-                      f"{u['completion_tokens']} completion tokens, ${u['cost_usd']:.4f}[/]")
+        console.print(
+            f"[dim]LLM: {u['calls']} calls ({u['replayed']} replayed), {u['prompt_tokens']} prompt + "
+            f"{u['completion_tokens']} completion tokens, ${u['cost_usd']:.4f}[/]"
+        )
 
 
 def propose(
     parent: str = typer.Argument(..., help="The parent node to propose children of."),
-    n: Optional[int] = typer.Option(None, "--n", help="How many screened proposals to return (default: [propose].population)."),
-    proposer: Optional[str] = ProposerOpt,
+    n: int | None = typer.Option(
+        None, "--n", help="How many screened proposals to return (default: [propose].population)."
+    ),
+    proposer: str | None = ProposerOpt,
     replay: bool = ReplayOpt,
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the proposer's sampling (default: from the archive size)."),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output (kept and dropped proposals)."),
+    seed: int | None = typer.Option(
+        None, "--seed", help="Seed of the proposer's sampling (default: from the archive size)."
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="Machine-readable output (kept and dropped proposals)."
+    ),
     archive: Path = ArchiveOpt,
 ) -> None:
     """Propose N candidate mechanisms for PARENT, screened for consistency, feasibility, novelty and expected gain."""
@@ -51,17 +66,34 @@ def propose(
     with console.status(f"proposing children of {parent}…"):
         kept, dropped = propose_all(arch, parent, cfg, n, proposer, seed, llm=llm, replay=replay)
     if as_json:
-        typer.echo(json.dumps({"kept": [p.to_record() for p in kept], "dropped": [p.to_record() for p in dropped]}, indent=1))
+        typer.echo(
+            json.dumps(
+                {
+                    "kept": [p.to_record() for p in kept],
+                    "dropped": [p.to_record() for p in dropped],
+                },
+                indent=1,
+            )
+        )
         return
     table = Table(title=f"proposals for {parent}")
     for col in ("#", "name", "score", "novelty", "gain", "mechanism"):
         table.add_column(col, overflow="fold")
     for i, p in enumerate(kept, 1):
         nov = p.screening.get("novelty")
-        table.add_row(str(i), p.name, f"{p.score:.3f}", "—" if nov is None else f"{nov:.3g}", f"{p.expected_gain:.2f}", p.mechanism[:160])
+        table.add_row(
+            str(i),
+            p.name,
+            f"{p.score:.3f}",
+            "—" if nov is None else f"{nov:.3g}",
+            f"{p.expected_gain:.2f}",
+            p.mechanism[:160],
+        )
     console.print(table)
     for p in dropped:
-        console.print(f"[dim]dropped {p.name}: {p.screening.get('reason', 'ranked below the top N')}[/]")
+        console.print(
+            f"[dim]dropped {p.name}: {p.screening.get('reason', 'ranked below the top N')}[/]"
+        )
     print_usage(llm)
     if not kept:
         err_console.print("[red]no proposal survived screening[/]")
@@ -85,7 +117,9 @@ def verify(
 
 def report_verification(node: str, res) -> None:
     if res.ok:
-        console.print(f"[bold]{node}[/] [cyan]verified[/] ({res.report.get('passed', 0)} tests passed)")
+        console.print(
+            f"[bold]{node}[/] [cyan]verified[/] ({res.report.get('passed', 0)} tests passed)"
+        )
         return
     console.print(f"[bold]{node}[/] [red]rejected[/]: {res.reason}")
     raise typer.Exit(2)
@@ -93,11 +127,16 @@ def report_verification(node: str, res) -> None:
 
 def reflect(
     node: str = typer.Argument(..., help="The evaluated node to reflect on."),
-    use_llm: Optional[bool] = typer.Option(None, "--llm/--no-llm", help="Add an LLM narrative (default: when [propose].proposer is llm and a key or base URL is set)."),
+    use_llm: bool | None = typer.Option(
+        None,
+        "--llm/--no-llm",
+        help="Add an LLM narrative (default: when [propose].proposer is llm and a key or base URL is set).",
+    ),
     replay: bool = ReplayOpt,
     archive: Path = ArchiveOpt,
 ) -> None:
-    """Diagnose NODE against its parent (entropy, KL, plateau, length, validity, metric intervals); commit REFLECTION.md."""
+    """Diagnose NODE against its parent (entropy, KL, plateau, length, validity, metric intervals);
+    commit REFLECTION.md."""
     from rich.markdown import Markdown
 
     from engine.archive.store import Archive
@@ -106,8 +145,14 @@ def reflect(
     arch = Archive(archive)
     cfg = arch.config()
     if use_llm is None:
-        use_llm = cfg.propose.proposer == "llm" and (replay or bool(os.environ.get(cfg.llm.api_key_env) or cfg.llm.base_url
-                                                                     or os.environ.get("OPENAI_BASE_URL")))
+        use_llm = cfg.propose.proposer == "llm" and (
+            replay
+            or bool(
+                os.environ.get(cfg.llm.api_key_env)
+                or cfg.llm.base_url
+                or os.environ.get("OPENAI_BASE_URL")
+            )
+        )
     llm = make_llm(arch, cfg, "llm", replay) if use_llm else None
     text = reflect_node(arch, node, cfg, llm=llm)
     console.print(Markdown(text))

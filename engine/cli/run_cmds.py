@@ -8,7 +8,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -21,10 +20,22 @@ class _Display:
 
     def __init__(self, log_path: Path | None):
         from rich.live import Live
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
-        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console)
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            console=console,
+        )
         self.task = self.progress.add_task("candidates", total=None, status="")
         self.live = Live(self.progress, console=console, refresh_per_second=4, transient=False)
         self.state = {"round": "—", "stage": "start", "node": "", "best": "—"}
@@ -49,7 +60,9 @@ class _Display:
         if self.log_file:
             from rich.text import Text
 
-            self.log_file.write(time.strftime("%Y-%m-%d %H:%M:%S ") + Text.from_markup(msg).plain + "\n")
+            self.log_file.write(
+                time.strftime("%Y-%m-%d %H:%M:%S ") + Text.from_markup(msg).plain + "\n"
+            )
             self.log_file.flush()
 
     def _status(self) -> str:
@@ -63,14 +76,23 @@ class _Display:
             self.done = int(e.get("done", 0))
             self.population = int(e["population"])
             self.progress.update(self.task, total=n, completed=self.done)
-            self.log(f"run {e['run']}{' (resumed)' if e['resume'] else ''}: rounds {e['first']}–{e['last']}, {e['parents']} parents × "
-                     f"{e['population']} candidates, {e['seeds']} seed(s), {e['workers']} worker(s){' on Ray ' + e['ray'] if e['ray'] else ''}; "
-                     f"{e['objective']}; {e['budget']}")
+            self.log(
+                f"run {e['run']}{' (resumed)' if e['resume'] else ''}: rounds {e['first']}–{e['last']}, "
+                f"{e['parents']} parents × {e['population']} candidates, {e['seeds']} seed(s), "
+                f"{e['workers']} worker(s){' on Ray ' + e['ray'] if e['ray'] else ''}; "
+                f"{e['objective']}; {e['budget']}"
+            )
         elif kind == "round" and self.progress.tasks[0].total:
             missing = (int(e["planned"]) - int(e["parents"])) * self.population
-            self.progress.update(self.task, total=max(self.done, self.progress.tasks[0].total - missing))
+            self.progress.update(
+                self.task, total=max(self.done, self.progress.tasks[0].total - missing)
+            )
         elif kind == "stage":
-            self.state.update(round=e.get("round") or self.state["round"], stage=e["stage"], node=e.get("node", ""))
+            self.state.update(
+                round=e.get("round") or self.state["round"],
+                stage=e["stage"],
+                node=e.get("node", ""),
+            )
         elif kind == "node":
             st = e["status"]
             if st in ("evaluated", "failed", "rejected") and e.get("round") is not None:
@@ -78,14 +100,24 @@ class _Display:
                 self.progress.update(self.task, completed=self.done)
             if st == "evaluated":
                 u = e.get("utility")
-                verdict = f" — {e['verdict']} vs {e['parent']}" if e.get("verdict") and e.get("parent") else ""
-                self.log(f"[green]{e['node']}[/] evaluated: U {u:.4f}{verdict} ({e.get('wall_s', 0):.0f} s)" if u is not None else f"{e['node']} evaluated")
+                verdict = (
+                    f" — {e['verdict']} vs {e['parent']}"
+                    if e.get("verdict") and e.get("parent")
+                    else ""
+                )
+                self.log(
+                    f"[green]{e['node']}[/] evaluated: U {u:.4f}{verdict} ({e.get('wall_s', 0):.0f} s)"
+                    if u is not None
+                    else f"{e['node']} evaluated"
+                )
             elif st in ("failed", "rejected"):
                 self.log(f"[red]{e['node']}[/] {st}: {e.get('reason') or 'no reason recorded'}")
             elif st == "verified":
                 self.log(f"{e['node']} verified (from {e.get('parent', '?')})")
         elif kind == "best":
-            self.state["best"] = f"{e['node']} ({e['utility']:.4f})" if e.get("utility") is not None else e["node"]
+            self.state["best"] = (
+                f"{e['node']} ({e['utility']:.4f})" if e.get("utility") is not None else e["node"]
+            )
         elif kind == "log":
             self.log(e["msg"])
         elif kind == "stop":
@@ -95,24 +127,84 @@ class _Display:
 
 def run(
     archive: Path = ArchiveOpt,
-    rounds: Optional[int] = typer.Option(None, "--rounds", "-r", min=1, help="Rounds to run (default 1; with --resume: the interrupted run's)."),
-    parents: Optional[int] = typer.Option(None, "--parents", "-k", min=1, help="K parents selected per round (default: \\[select].k)."),
-    population: Optional[int] = typer.Option(None, "--population", "-n", min=1, help="N candidates proposed per parent (default: \\[propose].population)."),
-    seeds: Optional[int] = typer.Option(None, "--seeds", "-s", min=1, help="S paired seeds per evaluation (default: \\[evaluation].seeds)."),
-    proposer: Optional[str] = typer.Option(None, "--proposer", help="offline (no API key) | llm (an OpenAI-compatible endpoint)."),
-    backend: Optional[str] = typer.Option(None, "--backend", help="proxy (embedded CPU RL proxy) | verl (GPU scale)."),
-    preset: Optional[str] = typer.Option(None, "--preset", help="Proxy protocol preset: default | smoke (default: \\[proxy].preset)."),
-    workers: Optional[int] = typer.Option(None, "--workers", "-w", min=1, help="Evaluations at once (default: CPU cores / seeds)."),
-    ray: Optional[str] = typer.Option(None, "--ray", help="Evaluate on Ray: 'local' (a private instance), 'auto' or a cluster address."),
-    directive: Optional[str] = typer.Option(None, "--directive", help="A natural-language research directive for the proposer."),
-    objective: Optional[str] = typer.Option(None, "--objective", help="METRIC | 'METRIC - L*mean_length' | 'pareto(overall, -mean_length)'."),
-    budget: Optional[List[str]] = typer.Option(None, "--budget", help="Stop at the first exhausted: candidates=N, wall=90m, tokens=N, cost=USD, gpu-hours=H (repeatable)."),
-    eval_timeout: Optional[float] = typer.Option(None, "--eval-timeout", help="Hard wall-clock limit of one evaluation, seconds (default: \\[evaluation].timeout_s)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of selection and proposal (default: \\[select].seed)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the interrupted (or budget-stopped) run: finish pending nodes, then its remaining rounds."),
-    config: Optional[Path] = typer.Option(None, "--config", help="poise.toml for a new archive (when --archive does not exist yet)."),
-    no_report: bool = typer.Option(False, "--no-report", help="Do not write the HTML report at the end."),
-    replay: bool = typer.Option(False, "--replay", help="Answer LLM calls from the calls recorded in the archive (no endpoint)."),
+    rounds: int | None = typer.Option(
+        None,
+        "--rounds",
+        "-r",
+        min=1,
+        help="Rounds to run (default 1; with --resume: the interrupted run's).",
+    ),
+    parents: int | None = typer.Option(
+        None, "--parents", "-k", min=1, help="K parents selected per round (default: \\[select].k)."
+    ),
+    population: int | None = typer.Option(
+        None,
+        "--population",
+        "-n",
+        min=1,
+        help="N candidates proposed per parent (default: \\[propose].population).",
+    ),
+    seeds: int | None = typer.Option(
+        None,
+        "--seeds",
+        "-s",
+        min=1,
+        help="S paired seeds per evaluation (default: \\[evaluation].seeds).",
+    ),
+    proposer: str | None = typer.Option(
+        None, "--proposer", help="offline (no API key) | llm (an OpenAI-compatible endpoint)."
+    ),
+    backend: str | None = typer.Option(
+        None, "--backend", help="proxy (embedded CPU RL proxy) | verl (GPU scale)."
+    ),
+    preset: str | None = typer.Option(
+        None, "--preset", help="Proxy protocol preset: default | smoke (default: \\[proxy].preset)."
+    ),
+    workers: int | None = typer.Option(
+        None, "--workers", "-w", min=1, help="Evaluations at once (default: CPU cores / seeds)."
+    ),
+    ray: str | None = typer.Option(
+        None,
+        "--ray",
+        help="Evaluate on Ray: 'local' (a private instance), 'auto' or a cluster address.",
+    ),
+    directive: str | None = typer.Option(
+        None, "--directive", help="A natural-language research directive for the proposer."
+    ),
+    objective: str | None = typer.Option(
+        None,
+        "--objective",
+        help="METRIC | 'METRIC - L*mean_length' | 'pareto(overall, -mean_length)'.",
+    ),
+    budget: list[str] | None = typer.Option(
+        None,
+        "--budget",
+        help="Stop at the first exhausted: candidates=N, wall=90m, tokens=N, cost=USD, gpu-hours=H (repeatable).",
+    ),
+    eval_timeout: float | None = typer.Option(
+        None,
+        "--eval-timeout",
+        help="Hard wall-clock limit of one evaluation, seconds (default: \\[evaluation].timeout_s).",
+    ),
+    seed: int | None = typer.Option(
+        None, "--seed", help="Seed of selection and proposal (default: \\[select].seed)."
+    ),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Continue the interrupted (or budget-stopped) run: finish pending nodes, then its remaining rounds.",
+    ),
+    config: Path | None = typer.Option(
+        None, "--config", help="poise.toml for a new archive (when --archive does not exist yet)."
+    ),
+    no_report: bool = typer.Option(
+        False, "--no-report", help="Do not write the HTML report at the end."
+    ),
+    replay: bool = typer.Option(
+        False,
+        "--replay",
+        help="Answer LLM calls from the calls recorded in the archive (no endpoint).",
+    ),
 ) -> None:
     """Run the closed loop: select -> propose -> implement -> verify -> evaluate -> reflect, round after round.
 
@@ -122,9 +214,24 @@ def run(
     from engine.loop.budget import Budget
     from engine.loop.core import Loop, RunOptions
 
-    opts = RunOptions(rounds=rounds, parents=parents, population=population, seeds=seeds, proposer=proposer, backend=backend,
-                      preset=preset, workers=workers, ray=ray, directive=directive, objective=objective,
-                      budget=Budget.parse(budget), eval_timeout_s=eval_timeout, seed=seed, resume=resume, replay=replay)
+    opts = RunOptions(
+        rounds=rounds,
+        parents=parents,
+        population=population,
+        seeds=seeds,
+        proposer=proposer,
+        backend=backend,
+        preset=preset,
+        workers=workers,
+        ray=ray,
+        directive=directive,
+        objective=objective,
+        budget=Budget.parse(budget),
+        eval_timeout_s=eval_timeout,
+        seed=seed,
+        resume=resume,
+        replay=replay,
+    )
     if objective:
         from engine.select.objective import parse_objective
 
@@ -144,7 +251,9 @@ def run(
         arch = Archive(path)
     import logging
 
-    logging.getLogger("mlflow").setLevel(logging.WARNING)  # schema/experiment notices would break the live display
+    logging.getLogger("mlflow").setLevel(
+        logging.WARNING
+    )  # schema/experiment notices would break the live display
     with _Display(arch.path / ".poise" / "run.log") as display:
         summary = Loop(arch, opts, on_event=display).run()
     _print_summary(arch, summary, report=not no_report)
@@ -158,25 +267,39 @@ def _print_summary(arch, s, report: bool) -> None:
 
     c = s.counts
     console.print(f"\n[bold]run {s.run_id}[/] rounds {s.rounds[0]}–{s.rounds[1]}: {s.stop_reason}")
-    console.print(f"candidates: {c['evaluated']} evaluated, {c['failed']} failed, {c['rejected']} rejected"
-                  + (f", {c['verified'] + c['spawned'] + c['evaluating']} pending (`--resume`)" if c['verified'] + c['spawned'] + c['evaluating'] else "")
-                  + f"; wall {s.usage['wall_s']:.0f} s; {s.objective}")
+    console.print(
+        f"candidates: {c['evaluated']} evaluated, {c['failed']} failed, {c['rejected']} rejected"
+        + (
+            f", {c['verified'] + c['spawned'] + c['evaluating']} pending (`--resume`)"
+            if c["verified"] + c["spawned"] + c["evaluating"]
+            else ""
+        )
+        + f"; wall {s.usage['wall_s']:.0f} s; {s.objective}"
+    )
     root = "grpo" if arch.exists("grpo") else None
     if s.best:
         root_txt = ""
         if s.root_utility is not None and s.best != root:
-            from engine.select.objective import promotion
             from engine.report.html import report_experiment
+            from engine.select.objective import promotion
 
             nodes = arch.nodes()
-            root_txt = f" (root {s.root_utility:.4f}; {promotion(nodes[s.best], nodes[root], report_experiment(arch))} vs the root)"
+            verdict = promotion(nodes[s.best], nodes[root], report_experiment(arch))
+            root_txt = f" (root {s.root_utility:.4f}; {verdict} vs the root)"
         console.print(f"[bold green]best node: {s.best}[/]  U {s.best_utility:.4f}{root_txt}")
     shown = s.best if s.best != root else s.best_candidate
     if shown and root:
         if shown != s.best:
-            console.print(f"no candidate beat the root; the best candidate is [bold]{shown}[/] (U {s.best_candidate_utility:.4f})")
+            console.print(
+                f"no candidate beat the root; the best candidate is [bold]{shown}[/] (U {s.best_candidate_utility:.4f})"
+            )
         diff = arch.diff(root, shown, [ALGORITHM])
-        console.print(Panel(Syntax(diff or "(no change)", "diff", theme="ansi_dark"), title=f"mechanism diff: {root} -> {shown}"))
+        console.print(
+            Panel(
+                Syntax(diff or "(no change)", "diff", theme="ansi_dark"),
+                title=f"mechanism diff: {root} -> {shown}",
+            )
+        )
     if report:
         from engine.report.html import render
 
@@ -187,14 +310,20 @@ def _print_summary(arch, s, report: bool) -> None:
 
 def report(
     archive: Path = ArchiveOpt,
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: ARCHIVE/.poise/report)."),
-    objective: Optional[str] = typer.Option(None, "--objective", help="Override the objective (default: the last run's, else poise.toml's)."),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="Output directory (default: ARCHIVE/.poise/report)."
+    ),
+    objective: str | None = typer.Option(
+        None,
+        "--objective",
+        help="Override the objective (default: the last run's, else poise.toml's).",
+    ),
     top: int = typer.Option(3, "--top", help="Best nodes shown in the training-dynamics figure."),
 ) -> None:
     """Write an HTML report: lineage, frontier vs depth, training dynamics, accuracy vs length, node table."""
     from engine.archive.store import Archive
-    from engine.select.objective import with_objective
     from engine.report.html import render, report_experiment
+    from engine.select.objective import with_objective
 
     arch = Archive(archive)
     exp = with_objective(report_experiment(arch), objective) if objective else None
@@ -205,7 +334,11 @@ def report(
 def ui(
     archive: Path = ArchiveOpt,
     port: int = typer.Option(5000, "--port", help="Port on 127.0.0.1."),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (keep 127.0.0.1 unless the network is trusted)."),
+    host: str = typer.Option(
+        "127.0.0.1",
+        "--host",
+        help="Address to bind (keep 127.0.0.1 unless the network is trusted).",
+    ),
 ) -> None:
     """Start the MLflow UI on the archive's store (one worker, job execution off). With
     MLFLOW_TRACKING_URI pointing at a server, print that server instead."""
@@ -219,8 +352,18 @@ def ui(
         return
     exe = shutil.which("mlflow", path=os.path.dirname(sys.executable)) or shutil.which("mlflow")
     cmd = [exe, "server"] if exe else [sys.executable, "-m", "mlflow", "server"]
-    cmd += ["--backend-store-uri", uri, "--default-artifact-root", (arch.path / "mlruns").as_uri(),
-            "--host", host, "--port", str(port), "--workers", "1"]
+    cmd += [
+        "--backend-store-uri",
+        uri,
+        "--default-artifact-root",
+        (arch.path / "mlruns").as_uri(),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     console.print(f"MLflow UI for {arch.path}: http://{host}:{port}  (Ctrl-C stops it)")
     proc = subprocess.Popen(cmd, env=env)

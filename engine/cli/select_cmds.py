@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.table import Table
@@ -12,15 +11,23 @@ from rich.table import Table
 from engine.cli import ArchiveOpt, console
 
 
-def _f(v: Optional[float], nd: int = 3) -> str:
+def _f(v: float | None, nd: int = 3) -> str:
     return "—" if v is None else f"{v:.{nd}f}"
 
 
 def select(
-    k: Optional[int] = typer.Option(None, "--k", help="Parents to pick (default: [select].k in poise.toml)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of tie-breaks and GP subsampling (default: [select].seed)."),
-    explain: bool = typer.Option(False, "--explain", help="Also list nodes that cannot be parents, with the reason."),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output: {chosen, rows, params}."),
+    k: int | None = typer.Option(
+        None, "--k", help="Parents to pick (default: [select].k in poise.toml)."
+    ),
+    seed: int | None = typer.Option(
+        None, "--seed", help="Seed of tie-breaks and GP subsampling (default: [select].seed)."
+    ),
+    explain: bool = typer.Option(
+        False, "--explain", help="Also list nodes that cannot be parents, with the reason."
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="Machine-readable output: {chosen, rows, params}."
+    ),
     archive: Path = ArchiveOpt,
 ) -> None:
     """Score every node with s(d) = w_pareto*U_pareto + w_perf*U_perf + w_div*U_div + w_bayes*alpha_GP
@@ -33,35 +40,70 @@ def select(
         typer.echo(json.dumps(sel.to_dict(), indent=2))
         return
     table = Table(title="parent selection  s(d)", show_lines=False)
-    for col in ("rank", "node", "status", "U", "layer", "pareto", "perf", "div", "gp_ucb", "desc. gain", "score"):
+    for col in (
+        "rank",
+        "node",
+        "status",
+        "U",
+        "layer",
+        "pareto",
+        "perf",
+        "div",
+        "gp_ucb",
+        "desc. gain",
+        "score",
+    ):
         table.add_column(col, justify="left" if col in ("node", "status") else "right")
     for r in sel.rows:
         if not r["eligible"] and not explain and r["rank"] is None:
             continue
-        table.add_row(str(r["rank"] or ""), r["node"], r["status"] if r["eligible"] else f"{r['status']} [dim]({r['why']})[/]",
-                      _f(r["utility"], 4), "" if r["layer"] is None else str(r["layer"]), _f(r["pareto"]), _f(r["perf"]),
-                      _f(r["div"]), _f(r["gp_ucb"]), _f(r["descendant_gain"]), _f(r["score"]),
-                      style="bold green" if r["rank"] else None)
+        table.add_row(
+            str(r["rank"] or ""),
+            r["node"],
+            r["status"] if r["eligible"] else f"{r['status']} [dim]({r['why']})[/]",
+            _f(r["utility"], 4),
+            "" if r["layer"] is None else str(r["layer"]),
+            _f(r["pareto"]),
+            _f(r["perf"]),
+            _f(r["div"]),
+            _f(r["gp_ucb"]),
+            _f(r["descendant_gain"]),
+            _f(r["score"]),
+            style="bold green" if r["rank"] else None,
+        )
     console.print(table)
     p = sel.params
     w = p["weights"]
     console.print(f"chosen: [bold]{', '.join(sel.chosen)}[/]")
-    console.print(f"params: top_k={p['top_k']} gamma={p['gamma']} beta={p['beta']} kappa={p['kappa']} seed={p['seed']} "
-                  f"weights pareto={w['pareto']} perf={w['perf']} div={w['div']} bayes={w['bayes']}", highlight=False)
+    console.print(
+        f"params: top_k={p['top_k']} gamma={p['gamma']} beta={p['beta']} kappa={p['kappa']} seed={p['seed']} "
+        f"weights pareto={w['pareto']} perf={w['perf']} div={w['div']} bayes={w['bayes']}",
+        highlight=False,
+    )
     if "objectives" in p:
-        console.print(f"objectives: {', '.join(p['objectives'])}   utility: {p['utility']}   mechanism: {p.get('mechanism', '—')}",
-                      highlight=False)
+        console.print(
+            f"objectives: {', '.join(p['objectives'])}   utility: {p['utility']}   "
+            f"mechanism: {p.get('mechanism', '—')}",
+            highlight=False,
+        )
     if "gp" in p:
-        console.print(f"GP: fitted on {p['gp']['train']} of {p['gp']['observed']} nodes with observed descendant gain", highlight=False)
+        console.print(
+            f"GP: fitted on {p['gp']['train']} of {p['gp']['observed']} nodes with observed descendant gain",
+            highlight=False,
+        )
     if "fallback" in p:
         console.print(f"[yellow]{p['fallback']}[/]")
     if explain:
-        console.print("[dim]score = w_pareto*pareto + w_perf*perf + w_div*div + w_bayes*clip((gp_ucb+1)/2); "
-                      "gp_ucb = descendant gain where observed, else GP mean + kappa*std[/]")
+        console.print(
+            "[dim]score = w_pareto*pareto + w_perf*perf + w_div*div + w_bayes*clip((gp_ucb+1)/2); "
+            "gp_ucb = descendant gain where observed, else GP mean + kappa*std[/]"
+        )
 
 
 def retrospect(
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output: {rounds, summary, assumptions}."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Machine-readable output: {rounds, summary, assumptions}."
+    ),
     archive: Path = ArchiveOpt,
 ) -> None:
     """Retrospective parent retention: per round, did the top-ranked selected parent produce the
@@ -76,24 +118,47 @@ def retrospect(
         return
     table = Table(title="parent retention by round")
     for col in ("round", "parent", "rank", "score", "U", "best descendant", "U best", "gain", ""):
-        table.add_column(col, justify="left" if col in ("parent", "best descendant", "") else "right")
+        table.add_column(
+            col, justify="left" if col in ("parent", "best descendant", "") else "right"
+        )
     for r in rep["rounds"]:
         for i, e in enumerate(r["parents"]):
             mark = ""
             if e["parent"] == r["best_parent"]:
                 mark = "[green]best[/]" if r["hit"] else "[yellow]best (not top)[/]"
-            table.add_row(str(r["round"]) if i == 0 else "", e["parent"], str(e["rank"] or "—"), _f(e["score"]),
-                          _f(e["utility"], 4), e["best_descendant"] or "—", _f(e["best_utility"], 4), _f(e["gain"], 4), mark)
+            table.add_row(
+                str(r["round"]) if i == 0 else "",
+                e["parent"],
+                str(e["rank"] or "—"),
+                _f(e["score"]),
+                _f(e["utility"], 4),
+                e["best_descendant"] or "—",
+                _f(e["best_utility"], 4),
+                _f(e["gain"], 4),
+                mark,
+            )
     console.print(table)
     s = rep["summary"]
-    console.print(f"top-ranked parent produced the best descendant in {s['top_parent_best']} of {s['rounds_judged']} rounds "
-                  f"(not in {s['top_parent_not_best']})", highlight=False)
-    console.print(f"selected parents below the root ({s['root']}, U={_f(s['root_utility'], 4)}): {s['selected_below_root']}, "
-                  f"of which {s['below_root_led_above']} later led above it", highlight=False)
+    console.print(
+        f"top-ranked parent produced the best descendant in {s['top_parent_best']} of {s['rounds_judged']} rounds "
+        f"(not in {s['top_parent_not_best']})",
+        highlight=False,
+    )
+    console.print(
+        f"selected parents below the root ({s['root']}, U={_f(s['root_utility'], 4)}): {s['selected_below_root']}, "
+        f"of which {s['below_root_led_above']} later led above it",
+        highlight=False,
+    )
     for e in s["below_root_led_above_list"]:
-        console.print(f"  round {e['round']}: {e['parent']} ({_f(e['utility'], 4)}) -> {e['best_descendant']} ({_f(e['best_utility'], 4)})",
-                      highlight=False)
-    console.print(f"gain parent -> best descendant: mean {_f(s['mean_gain'], 4)}, max {_f(s['max_gain'], 4)}", highlight=False)
+        console.print(
+            f"  round {e['round']}: {e['parent']} ({_f(e['utility'], 4)}) -> "
+            f"{e['best_descendant']} ({_f(e['best_utility'], 4)})",
+            highlight=False,
+        )
+    console.print(
+        f"gain parent -> best descendant: mean {_f(s['mean_gain'], 4)}, max {_f(s['max_gain'], 4)}",
+        highlight=False,
+    )
     for a in rep["assumptions"]:
         console.print(f"[yellow]assumed:[/] {a}")
 

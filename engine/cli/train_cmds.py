@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import List
 
 import typer
 
@@ -13,7 +12,7 @@ from engine.cli import ArchiveOpt, console
 from engine.errors import ConfigError, PoiseError
 
 
-def _parse_hparams(items: List[str]) -> dict:
+def _parse_hparams(items: list[str]) -> dict:
     out = {}
     for item in items:
         key, sep, raw = item.partition("=")
@@ -27,14 +26,36 @@ def _parse_hparams(items: List[str]) -> dict:
 
 
 def train(
-    node: str = typer.Argument(..., help="The node to train (its algorithm.py is read from its commit)."),
-    backend: str = typer.Option("verl", "--backend", help="Training backend: verl (GPU; `poise-git evaluate` runs the CPU proxy)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the environment and the verl command; write and run nothing."),
-    model: str = typer.Option("Qwen/Qwen2.5-Math-1.5B", "--model", help="Policy model path or hub id."),
+    node: str = typer.Argument(
+        ..., help="The node to train (its algorithm.py is read from its commit)."
+    ),
+    backend: str = typer.Option(
+        "verl",
+        "--backend",
+        help="Training backend: verl (GPU; `poise-git evaluate` runs the CPU proxy).",
+    ),
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        help="Print the environment and the verl command; write and run nothing.",
+    ),
+    model: str = typer.Option(
+        "Qwen/Qwen2.5-Math-1.5B", "--model", help="Policy model path or hub id."
+    ),
     gpus: int = typer.Option(8, "--gpus", help="GPUs per node (trainer.n_gpus_per_node)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the 5,000-problem MATH L3-5 subset and the data loader."),
-    hparam: List[str] = typer.Option([], "--hparam", help="Override a field of the node's Hyperparameters, KEY=VALUE (JSON value); repeatable."),
-    override: List[str] = typer.Option([], "--set", help="Extra hydra override appended last, e.g. trainer.total_epochs=1; repeatable."),
+    seed: int = typer.Option(
+        0, "--seed", help="Seed of the 5,000-problem MATH L3-5 subset and the data loader."
+    ),
+    hparam: list[str] = typer.Option(
+        [],
+        "--hparam",
+        help="Override a field of the node's Hyperparameters, KEY=VALUE (JSON value); repeatable.",
+    ),
+    override: list[str] = typer.Option(
+        [],
+        "--set",
+        help="Extra hydra override appended last, e.g. trainer.total_epochs=1; repeatable.",
+    ),
     archive: Path = ArchiveOpt,
 ) -> None:
     """Train NODE with verl (lr 1e-6, batch 256 x 8 samples, 8 epochs, prompt 1024 / response 3000,
@@ -48,19 +69,31 @@ def train(
     from trainer_template.verl_backend.launch import Protocol, prepare_launch
 
     if backend != "verl":
-        raise ConfigError(f"unknown training backend {backend!r}: only 'verl' (use `poise-git evaluate` for the CPU proxy)")
+        raise ConfigError(
+            f"unknown training backend {backend!r}: only 'verl' (use `poise-git evaluate` for the CPU proxy)"
+        )
     if importlib.util.find_spec("verl") is None:
-        raise PoiseError("verl is not installed: install the project's `verl` extra (pip install 'poise-git[verl]')")
+        raise PoiseError(
+            "verl is not installed: install the project's `verl` extra (pip install 'poise-git[verl]')"
+        )
     arch = Archive(archive)
     arch.node(node)  # unknown node: one clear error
     if not dry_run:
         import torch
 
         if not torch.cuda.is_available():
-            raise PoiseError("verl training needs CUDA GPUs and vLLM; none is visible here (use --dry-run to inspect the command)")
+            raise PoiseError(
+                "verl training needs CUDA GPUs and vLLM; none is visible here (use --dry-run to inspect the command)"
+            )
     try:
-        launch = prepare_launch(arch, node, protocol=Protocol(model=model, n_gpus=gpus, seed=seed),
-                                hparams=_parse_hparams(hparam), extra=override, dry_run=dry_run)
+        launch = prepare_launch(
+            arch,
+            node,
+            protocol=Protocol(model=model, n_gpus=gpus, seed=seed),
+            hparams=_parse_hparams(hparam),
+            extra=override,
+            dry_run=dry_run,
+        )
     except AlgorithmLoadError as exc:
         raise ConfigError(str(exc)) from exc
     if dry_run:

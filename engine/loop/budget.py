@@ -9,22 +9,38 @@ the devices each held: GPUs on verl; on the CPU proxy every seed process counts 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Iterable
 
 from engine.errors import ConfigError
 
 _ALIASES = {
-    "candidates": "candidates", "nodes": "candidates", "n": "candidates",
-    "wall": "wall_s", "time": "wall_s", "wall-time": "wall_s", "wall_time": "wall_s",
-    "tokens": "tokens", "llm-tokens": "tokens",
-    "cost": "cost_usd", "usd": "cost_usd", "cost-usd": "cost_usd",
-    "gpu-hours": "device_hours", "accel-hours": "device_hours", "accelerator-hours": "device_hours",
-    "device-hours": "device_hours", "gpu_hours": "device_hours",
+    "candidates": "candidates",
+    "nodes": "candidates",
+    "n": "candidates",
+    "wall": "wall_s",
+    "time": "wall_s",
+    "wall-time": "wall_s",
+    "wall_time": "wall_s",
+    "tokens": "tokens",
+    "llm-tokens": "tokens",
+    "cost": "cost_usd",
+    "usd": "cost_usd",
+    "cost-usd": "cost_usd",
+    "gpu-hours": "device_hours",
+    "accel-hours": "device_hours",
+    "accelerator-hours": "device_hours",
+    "device-hours": "device_hours",
+    "gpu_hours": "device_hours",
 }
 _UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "": 1}
-_LABEL = {"candidates": "candidate", "wall_s": "wall-time", "tokens": "LLM-token", "cost_usd": "LLM-cost",
-          "device_hours": "accelerator-hour"}
+_LABEL = {
+    "candidates": "candidate",
+    "wall_s": "wall-time",
+    "tokens": "LLM-token",
+    "cost_usd": "LLM-cost",
+    "device_hours": "accelerator-hour",
+}
 
 
 def parse_duration(text: str) -> float:
@@ -45,18 +61,22 @@ class Budget:
     device_hours: float | None = None
 
     @classmethod
-    def parse(cls, specs: Iterable[str] | None) -> "Budget":
+    def parse(cls, specs: Iterable[str] | None) -> Budget:
         values: dict[str, float | int] = {}
         for spec in specs or ():
             for part in (p.strip() for p in spec.split(",")):
                 if not part:
                     continue
                 if "=" not in part:
-                    raise ConfigError(f"--budget {part!r}: use KIND=VALUE, KIND one of candidates, wall, tokens, cost, gpu-hours")
+                    raise ConfigError(
+                        f"--budget {part!r}: use KIND=VALUE, KIND one of candidates, wall, tokens, cost, gpu-hours"
+                    )
                 key, value = (s.strip() for s in part.split("=", 1))
                 name = _ALIASES.get(key.lower())
                 if name is None:
-                    raise ConfigError(f"--budget: unknown kind {key!r} (candidates, wall, tokens, cost, gpu-hours)")
+                    raise ConfigError(
+                        f"--budget: unknown kind {key!r} (candidates, wall, tokens, cost, gpu-hours)"
+                    )
                 try:
                     v: float | int = parse_duration(value) if name == "wall_s" else float(value)
                 except ValueError:
@@ -67,10 +87,10 @@ class Budget:
         return cls(**values)
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> "Budget":
+    def from_dict(cls, d: dict | None) -> Budget:
         return cls(**{k: v for k, v in (d or {}).items() if k in cls.__dataclass_fields__})
 
-    def merged(self, other: "Budget") -> "Budget":
+    def merged(self, other: Budget) -> Budget:
         """These limits, with every limit ``other`` sets taking precedence."""
         mine, theirs = asdict(self), asdict(other)
         return Budget(**{k: theirs[k] if theirs[k] is not None else mine[k] for k in mine})
@@ -100,8 +120,13 @@ class Usage:
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"candidates": self.candidates, "wall_s": round(self.wall_s, 3), "tokens": self.tokens,
-                "cost_usd": round(self.cost_usd, 6), "device_hours": round(self.device_hours, 6)}
+        return {
+            "candidates": self.candidates,
+            "wall_s": round(self.wall_s, 3),
+            "tokens": self.tokens,
+            "cost_usd": round(self.cost_usd, 6),
+            "device_hours": round(self.device_hours, 6),
+        }
 
 
 def fmt(kind: str, v: float) -> str:

@@ -12,21 +12,42 @@ import dataclasses
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from engine.select import objective as obj
 from engine.archive.store import ROOT_NAME, Archive
-from engine.loop.budget import Budget, Usage, exhausted
 from engine.config import validate
 from engine.errors import PoiseError
+from engine.loop.budget import Budget, Usage, exhausted
 from engine.loop.executor import STOPPED, EvalJob, EvalOutcome, make_executor
-from engine.loop.state import RunRecord, last_round, load_run, new_run_id, node_round, pending_work, run_nodes, save_run
+from engine.loop.state import (
+    RunRecord,
+    last_round,
+    load_run,
+    new_run_id,
+    node_round,
+    pending_work,
+    run_nodes,
+    save_run,
+)
+from engine.select import objective as obj
 
 Event = Callable[[dict], None]
 PROPOSE_ATTEMPTS = 3
 """proposal calls per parent and round while screening leaves fewer than N candidates"""
-_PLAN_KEYS = ("rounds", "parents", "population", "seeds", "proposer", "backend", "preset", "eval_timeout_s", "seed", "gpus_per_eval")
+_PLAN_KEYS = (
+    "rounds",
+    "parents",
+    "population",
+    "seeds",
+    "proposer",
+    "backend",
+    "preset",
+    "eval_timeout_s",
+    "seed",
+    "gpus_per_eval",
+)
 
 
 @dataclass
@@ -92,7 +113,9 @@ class Loop:
         base = self.archive.config()
         if o.resume:
             if rec is None:
-                raise PoiseError("nothing to resume: no `poise-git run` has started in this archive")
+                raise PoiseError(
+                    "nothing to resume: no `poise-git run` has started in this archive"
+                )
             plan = dict(rec.data["plan"])
             for k in _PLAN_KEYS:
                 if getattr(o, k) is not None:
@@ -104,40 +127,79 @@ class Loop:
             plan = {k: getattr(o, k) for k in _PLAN_KEYS}
             plan.update(start_round=last_round(nodes) + 1)
             exp, budget = base.experiment, o.budget
-            rec = RunRecord({"id": rid, "selections": {}, "done": {}, "usage": {}, "started": time.time()}, rec.commit if rec else None)
+            rec = RunRecord(
+                {"id": rid, "selections": {}, "done": {}, "usage": {}, "started": time.time()},
+                rec.commit if rec else None,
+            )
         exp = obj.with_objective(exp, o.objective, o.directive)
-        defaults = {"rounds": 1, "parents": base.select.k, "population": base.propose.population, "seeds": base.evaluation.seeds,
-                    "proposer": base.propose.proposer, "backend": base.evaluation.backend, "preset": base.proxy.preset,
-                    "eval_timeout_s": base.evaluation.timeout_s, "seed": base.select.seed, "gpus_per_eval": 1.0}
-        plan = {k: (plan.get(k) if plan.get(k) is not None else defaults.get(k)) for k in (*_PLAN_KEYS, "start_round")}
+        defaults = {
+            "rounds": 1,
+            "parents": base.select.k,
+            "population": base.propose.population,
+            "seeds": base.evaluation.seeds,
+            "proposer": base.propose.proposer,
+            "backend": base.evaluation.backend,
+            "preset": base.proxy.preset,
+            "eval_timeout_s": base.evaluation.timeout_s,
+            "seed": base.select.seed,
+            "gpus_per_eval": 1.0,
+        }
+        plan = {
+            k: (plan.get(k) if plan.get(k) is not None else defaults.get(k))
+            for k in (*_PLAN_KEYS, "start_round")
+        }
         for k in ("rounds", "parents", "population", "seeds"):
             if int(plan[k]) < 1:
                 raise PoiseError(f"--{k} must be >= 1, got {plan[k]}")
         self.cfg = dataclasses.replace(
-            base, experiment=exp,
-            evaluation=dataclasses.replace(base.evaluation, backend=plan["backend"], seeds=int(plan["seeds"]), timeout_s=float(plan["eval_timeout_s"])),
+            base,
+            experiment=exp,
+            evaluation=dataclasses.replace(
+                base.evaluation,
+                backend=plan["backend"],
+                seeds=int(plan["seeds"]),
+                timeout_s=float(plan["eval_timeout_s"]),
+            ),
             proxy=dataclasses.replace(base.proxy, preset=plan["preset"]),
             select=dataclasses.replace(base.select, k=int(plan["parents"]), seed=int(plan["seed"])),
-            propose=dataclasses.replace(base.propose, proposer=plan["proposer"], population=int(plan["population"])))
+            propose=dataclasses.replace(
+                base.propose, proposer=plan["proposer"], population=int(plan["population"])
+            ),
+        )
         validate(self.cfg)
-        rec.data.update(plan=plan, experiment=dataclasses.asdict(exp), budget=budget.to_dict(), status="running", stop_reason=None)
+        rec.data.update(
+            plan=plan,
+            experiment=dataclasses.asdict(exp),
+            budget=budget.to_dict(),
+            status="running",
+            stop_reason=None,
+        )
         self.plan, self.budget, self.rec = plan, budget, rec
         self.prior_wall = float(rec.data.get("usage", {}).get("wall_s", 0.0))
-        self.prior_llm = (int(rec.data.get("usage", {}).get("tokens", 0)), float(rec.data.get("usage", {}).get("cost_usd", 0.0)))
+        self.prior_llm = (
+            int(rec.data.get("usage", {}).get("tokens", 0)),
+            float(rec.data.get("usage", {}).get("cost_usd", 0.0)),
+        )
         self.llm = None
         if plan["proposer"] == "llm" or o.replay:
             from engine.operators.llm import make_client
 
             self.llm = make_client(self.cfg, self.archive, replay=o.replay)
-        return save_run(self.archive, rec, f"poise: run {rec.id} {'resumed' if o.resume else 'started'}")
+        return save_run(
+            self.archive, rec, f"poise: run {rec.id} {'resumed' if o.resume else 'started'}"
+        )
 
     # -- budgets -------------------------------------------------------------------------------
     def usage(self, nodes=None) -> Usage:
         nodes = nodes if nodes is not None else self.archive.nodes()
         mine = run_nodes(nodes, self.rec.id)
         tok, cost = _llm_usage(self.llm)
-        u = Usage(candidates=len(mine), wall_s=self.prior_wall + time.monotonic() - self.t0,
-                  tokens=self.prior_llm[0] + tok, cost_usd=self.prior_llm[1] + cost)
+        u = Usage(
+            candidates=len(mine),
+            wall_s=self.prior_wall + time.monotonic() - self.t0,
+            tokens=self.prior_llm[0] + tok,
+            cost_usd=self.prior_llm[1] + cost,
+        )
         gpus = float(self.plan["gpus_per_eval"])
         for n in mine.values():
             r = n.results or {}
@@ -160,16 +222,41 @@ class Loop:
         p = self.plan
         first, last = int(p["start_round"]), int(p["start_round"]) + int(p["rounds"]) - 1
         workers = self.opts.workers or max(1, (os.cpu_count() or 1) // int(p["seeds"]))
-        self.emit({"kind": "plan", "run": self.rec.id, "first": first, "last": last, "parents": p["parents"],
-                   "population": p["population"], "seeds": p["seeds"], "budget": self.budget.describe(),
-                   "objective": obj.describe(self.cfg.experiment), "workers": workers, "ray": self.opts.ray or "",
-                   "resume": self.opts.resume, "done": sum(1 for n in run_nodes(self.archive.nodes(), self.rec.id).values()
-                                                           if n.status in ("evaluated", "failed", "rejected"))})
-        self.executor = make_executor(workers, self.opts.ray, float(p["gpus_per_eval"]) if p["backend"] == "verl" else 0.0, int(p["seeds"]))
+        self.emit(
+            {
+                "kind": "plan",
+                "run": self.rec.id,
+                "first": first,
+                "last": last,
+                "parents": p["parents"],
+                "population": p["population"],
+                "seeds": p["seeds"],
+                "budget": self.budget.describe(),
+                "objective": obj.describe(self.cfg.experiment),
+                "workers": workers,
+                "ray": self.opts.ray or "",
+                "resume": self.opts.resume,
+                "done": sum(
+                    1
+                    for n in run_nodes(self.archive.nodes(), self.rec.id).values()
+                    if n.status in ("evaluated", "failed", "rejected")
+                ),
+            }
+        )
+        self.executor = make_executor(
+            workers,
+            self.opts.ray,
+            float(p["gpus_per_eval"]) if p["backend"] == "verl" else 0.0,
+            int(p["seeds"]),
+        )
         try:
             self._finish_pending(resuming=True)
             # the round in progress: from the children's Poise-Round trailers and the recorded selection
-            r = max(first, int(self.rec.data.get("round") or first), last_round(run_nodes(self.archive.nodes(), self.rec.id)))
+            r = max(
+                first,
+                int(self.rec.data.get("round") or first),
+                last_round(run_nodes(self.archive.nodes(), self.rec.id)),
+            )
             while r <= last and self._check_budget():
                 self._round(r)
                 if self.stop_reason:
@@ -184,7 +271,9 @@ class Loop:
             else:
                 self.rec.data["status"] = "stopped"
         except BaseException as exc:
-            self.stop_reason = f"interrupted ({type(exc).__name__}); `poise-git run --resume` continues"
+            self.stop_reason = (
+                f"interrupted ({type(exc).__name__}); `poise-git run --resume` continues"
+            )
             self.rec.data["status"] = "stopped"
             self.executor.shutdown(kill=True)
             self.rec.data["stop_reason"] = self.stop_reason
@@ -202,17 +291,34 @@ class Loop:
             self.emit({"kind": "stage", "round": r, "stage": "select", "node": ""})
             from engine.select import select_parents
 
-            s = select_parents(self.archive, self.cfg, k=int(self.plan["parents"]), seed=int(self.plan["seed"]) + r)
+            s = select_parents(
+                self.archive, self.cfg, k=int(self.plan["parents"]), seed=int(self.plan["seed"]) + r
+            )
             if not s.chosen:
                 self.stop_reason = "no node can be a parent (nothing evaluated successfully)"
                 return
             scores = {row["node"]: row.get("score") for row in s.rows}
-            sel = [{"node": c, "rank": i + 1, "score": scores.get(c)} for i, c in enumerate(s.chosen)]
+            sel = [
+                {"node": c, "rank": i + 1, "score": scores.get(c)} for i, c in enumerate(s.chosen)
+            ]
             self.rec.data["selections"][str(r)] = sel
             self.rec.data["round"] = r
             self._save(f"poise: run {self.rec.id} round {r} selected {', '.join(s.chosen)}")
-            self.emit({"kind": "round", "round": r, "parents": len(sel), "planned": int(self.plan["parents"])})
-            self.emit({"kind": "log", "msg": f"round {r}: parents " + ", ".join(f"{e['node']} (s={_f(e['score'])})" for e in sel)})
+            self.emit(
+                {
+                    "kind": "round",
+                    "round": r,
+                    "parents": len(sel),
+                    "planned": int(self.plan["parents"]),
+                }
+            )
+            self.emit(
+                {
+                    "kind": "log",
+                    "msg": f"round {r}: parents "
+                    + ", ".join(f"{e['node']} (s={_f(e['score'])})" for e in sel),
+                }
+            )
         done = self.rec.data["done"].setdefault(str(r), [])
         for entry in sel:
             if entry["node"] in done:
@@ -232,7 +338,11 @@ class Loop:
         parent = entry["node"]
         for attempt in range(PROPOSE_ATTEMPTS):
             nodes = self.archive.nodes()
-            have = [n for n in run_nodes(nodes, self.rec.id).values() if node_round(n) == r and parent in n.parents]
+            have = [
+                n
+                for n in run_nodes(nodes, self.rec.id).values()
+                if node_round(n) == r and parent in n.parents
+            ]
             need = int(self.plan["population"]) - len(have)
             if need <= 0 or not self._check_budget():
                 return
@@ -246,7 +356,15 @@ class Loop:
         from engine.operators.propose import propose
 
         try:
-            return propose(self.archive, parent, self.cfg, n=n, proposer=self.plan["proposer"], seed=seed, **self._llm_kw())
+            return propose(
+                self.archive,
+                parent,
+                self.cfg,
+                n=n,
+                proposer=self.plan["proposer"],
+                seed=seed,
+                **self._llm_kw(),
+            )
         except PoiseError as exc:
             self.emit({"kind": "log", "msg": f"{parent}: proposal failed: {exc}"})
             return []
@@ -259,17 +377,39 @@ class Loop:
             if not self._check_budget():
                 return
             name = self._name(prop.name)
-            self.emit({"kind": "stage", "round": r, "stage": "implement", "node": name, "parent": parent})
-            trailers = {"Poise-Round": str(r), "Poise-Selection-Rank": str(entry["rank"]),
-                        "Poise-Selection-Score": _f(entry["score"]), "Poise-Proposer": str(prop.proposer or self.plan["proposer"]),
-                        "Poise-Run": self.rec.id}
+            self.emit(
+                {"kind": "stage", "round": r, "stage": "implement", "node": name, "parent": parent}
+            )
+            trailers = {
+                "Poise-Round": str(r),
+                "Poise-Selection-Rank": str(entry["rank"]),
+                "Poise-Selection-Score": _f(entry["score"]),
+                "Poise-Proposer": str(prop.proposer or self.plan["proposer"]),
+                "Poise-Run": self.rec.id,
+            }
             try:
-                node = implement(self.archive, parent, prop, self.cfg, name=name, trailers=trailers, **self._llm_kw())
+                node = implement(
+                    self.archive,
+                    parent,
+                    prop,
+                    self.cfg,
+                    name=name,
+                    trailers=trailers,
+                    **self._llm_kw(),
+                )
             except PoiseError as exc:
                 self.emit({"kind": "log", "msg": f"{name}: not implemented: {exc}"})
                 continue
-            self.emit({"kind": "node", "node": node.name, "status": node.status, "round": r, "parent": parent,
-                       "reason": node.trailer("Poise-Reason") or ""})
+            self.emit(
+                {
+                    "kind": "node",
+                    "node": node.name,
+                    "status": node.status,
+                    "round": r,
+                    "parent": parent,
+                    "reason": node.trailer("Poise-Reason") or "",
+                }
+            )
             if node.status == "verified":
                 self._submit(node.name, r)
             self._drain(block=False)
@@ -290,21 +430,37 @@ class Loop:
         if self._killed:
             return  # left verified / evaluating: `--resume` evaluates it
         p = self.plan
-        job = EvalJob(str(self.archive.path), name, p["backend"], int(p["seeds"]), p["preset"], float(p["eval_timeout_s"]),
-                      tags={"poise.round": str(r), "poise.run": self.rec.id})
+        job = EvalJob(
+            str(self.archive.path),
+            name,
+            p["backend"],
+            int(p["seeds"]),
+            p["preset"],
+            float(p["eval_timeout_s"]),
+            tags={"poise.round": str(r), "poise.run": self.rec.id},
+        )
         self.emit({"kind": "stage", "round": r, "stage": "evaluate", "node": name})
         self.futures[self.executor.submit(job)] = (name, r)
 
     def _drain(self, block: bool) -> None:
         """Collect finished evaluations (all of them when ``block``), reflect on each."""
         while self.futures:
-            done, _ = cf.wait(list(self.futures), timeout=1.0 if block else 0, return_when=cf.FIRST_COMPLETED)
+            done, _ = cf.wait(
+                list(self.futures), timeout=1.0 if block else 0, return_when=cf.FIRST_COMPLETED
+            )
             for fut in done:
                 name, r = self.futures.pop(fut)
                 try:
                     out: EvalOutcome = fut.result()
-                except Exception as exc:  # the executor itself failed: the node stays pending for --resume
-                    self.emit({"kind": "log", "msg": f"{name}: evaluation error {type(exc).__name__}: {exc}"})
+                except (
+                    Exception
+                ) as exc:  # the executor itself failed: the node stays pending for --resume
+                    self.emit(
+                        {
+                            "kind": "log",
+                            "msg": f"{name}: evaluation error {type(exc).__name__}: {exc}",
+                        }
+                    )
                     continue
                 if out.status != STOPPED:
                     self._after_eval(out, r)
@@ -317,7 +473,13 @@ class Loop:
                 self._killed = True
                 self.executor.shutdown(kill=True)
                 self.futures.clear()
-                self.emit({"kind": "log", "msg": f"stopped {len(left)} evaluation(s) in flight ({', '.join(left)}); `--resume` finishes them"})
+                self.emit(
+                    {
+                        "kind": "log",
+                        "msg": f"stopped {len(left)} evaluation(s) in flight ({', '.join(left)}); "
+                        "`--resume` finishes them",
+                    }
+                )
                 return
 
     def _after_eval(self, out: EvalOutcome, r: int | None) -> None:
@@ -326,13 +488,30 @@ class Loop:
         parent = nodes.get(node.parent) if node is not None and node.parent else None
         verdict = obj.promotion(node, parent, self.cfg.experiment) if parent is not None else ""
         u = obj.node_utility(node, self.cfg.experiment)
-        self.emit({"kind": "node", "node": out.node, "status": out.status, "round": r, "utility": u, "verdict": verdict,
-                   "parent": parent.name if parent is not None else "", "reason": out.reason, "wall_s": out.wall_s})
+        self.emit(
+            {
+                "kind": "node",
+                "node": out.node,
+                "status": out.status,
+                "round": r,
+                "utility": u,
+                "verdict": verdict,
+                "parent": parent.name if parent is not None else "",
+                "reason": out.reason,
+                "wall_s": out.wall_s,
+            }
+        )
         if out.status == "evaluated" and node is not None and node.parents:
             self._reflect(out.node, r)
         best = obj.best_node(nodes, self.cfg.experiment)
         if best:
-            self.emit({"kind": "best", "node": best, "utility": obj.node_utility(nodes[best], self.cfg.experiment)})
+            self.emit(
+                {
+                    "kind": "best",
+                    "node": best,
+                    "utility": obj.node_utility(nodes[best], self.cfg.experiment),
+                }
+            )
 
     def _reflect(self, name: str, r: int | None) -> None:
         from engine.operators.reflect import reflect_node
@@ -349,14 +528,30 @@ class Loop:
         if not todo:
             return
         if resuming:
-            self.emit({"kind": "log", "msg": f"finishing {todo.count()} pending node(s): verify {todo.verify}, evaluate {todo.evaluate}, reflect {todo.reflect}"})
+            self.emit(
+                {
+                    "kind": "log",
+                    "msg": f"finishing {todo.count()} pending node(s): verify {todo.verify}, "
+                    f"evaluate {todo.evaluate}, reflect {todo.reflect}",
+                }
+            )
         for name in todo.verify:
             from engine.operators.verify import verify_node
 
-            self.emit({"kind": "stage", "round": node_round(nodes[name]), "stage": "verify", "node": name})
+            self.emit(
+                {"kind": "stage", "round": node_round(nodes[name]), "stage": "verify", "node": name}
+            )
             res = verify_node(self.archive, name, self.cfg)
             status = self.archive.node(name).status
-            self.emit({"kind": "node", "node": name, "status": status, "round": node_round(nodes[name]), "reason": "" if res.ok else res.reason})
+            self.emit(
+                {
+                    "kind": "node",
+                    "node": name,
+                    "status": status,
+                    "round": node_round(nodes[name]),
+                    "reason": "" if res.ok else res.reason,
+                }
+            )
             if status == "verified":
                 todo.evaluate.append(name)
         if todo.evaluate and resuming:
@@ -373,12 +568,24 @@ class Loop:
         best = obj.best_node(nodes, exp)
         root = nodes.get(ROOT_NAME) or next((n for n in nodes.values() if not n.parents), None)
         mine = run_nodes(nodes, self.rec.id)
-        counts = {s: sum(1 for n in mine.values() if n.status == s) for s in ("evaluated", "failed", "rejected", "verified", "spawned", "evaluating")}
+        counts = {
+            s: sum(1 for n in mine.values() if n.status == s)
+            for s in ("evaluated", "failed", "rejected", "verified", "spawned", "evaluating")
+        }
         cand = obj.best_node({k: n for k, n in nodes.items() if n.parents}, exp)
-        return RunSummary(self.rec.id, (first, last), self.stop_reason or "", best,
-                          obj.node_utility(nodes[best], exp) if best else None,
-                          cand, obj.node_utility(nodes[cand], exp) if cand else None, obj.node_utility(root, exp),
-                          counts, self.usage(nodes).to_dict(), obj.describe(exp))
+        return RunSummary(
+            self.rec.id,
+            (first, last),
+            self.stop_reason or "",
+            best,
+            obj.node_utility(nodes[best], exp) if best else None,
+            cand,
+            obj.node_utility(nodes[cand], exp) if cand else None,
+            obj.node_utility(root, exp),
+            counts,
+            self.usage(nodes).to_dict(),
+            obj.describe(exp),
+        )
 
 
 def _f(v: Any) -> str:
@@ -400,8 +607,9 @@ def _close_dangling_runs(archive: Archive, names: list[str]) -> None:
     if not os.environ.get("MLFLOW_TRACKING_URI") and not (archive.path / MLFLOW_DB).exists():
         return
     try:
-        from engine.archive.tracking import find_runs
         import mlflow
+
+        from engine.archive.tracking import find_runs
 
         client = mlflow.MlflowClient()
         for name in names:

@@ -65,8 +65,15 @@ def run_job(job: EvalJob) -> EvalOutcome:
     start = time.monotonic()
     limit = job.timeout_s + _grace(job.timeout_s)
     cmd = [sys.executable, "-m", "engine.loop.executor", json.dumps(asdict(job))]
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=child_env(), start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+        start_new_session=True,
+    )
     _LIVE.add(proc)
     timed_out = False
     try:
@@ -80,34 +87,64 @@ def run_job(job: EvalJob) -> EvalOutcome:
         _LIVE.discard(proc)
     wall = time.monotonic() - start
     if _LIVE.was_stopped(proc.pid):
-        return EvalOutcome(job.node, STOPPED, "stopped by the loop; left for --resume", None, wall, False)
+        return EvalOutcome(
+            job.node, STOPPED, "stopped by the loop; left for --resume", None, wall, False
+        )
     for line in reversed((out or "").splitlines()):
         if line.startswith(RESULT_MARK):
-            data = json.loads(line[len(RESULT_MARK):])
-            return EvalOutcome(job.node, data["status"], data.get("reason", ""), data.get("overall"), wall, False)
+            data = json.loads(line[len(RESULT_MARK) :])
+            return EvalOutcome(
+                job.node, data["status"], data.get("reason", ""), data.get("overall"), wall, False
+            )
     if timed_out:
         reason = f"evaluation exceeded the wall-clock limit ({job.timeout_s:.0f} s); its process tree was killed"
     elif proc.returncode and proc.returncode < 0:
         reason = f"evaluation process killed by {signal.Signals(-proc.returncode).name}"
     else:
         tail = [ln for ln in (err or "").strip().splitlines() if ln.strip()]
-        reason = "evaluation crashed: " + (tail[-1][:250] if tail else f"exit status {proc.returncode}")
+        reason = "evaluation crashed: " + (
+            tail[-1][:250] if tail else f"exit status {proc.returncode}"
+        )
     return record_failure(job, reason, wall, timed_out)
 
 
-def record_failure(job: EvalJob, reason: str, wall_s: float, timed_out: bool = False) -> EvalOutcome:
+def record_failure(
+    job: EvalJob, reason: str, wall_s: float, timed_out: bool = False
+) -> EvalOutcome:
     """Mark the node failed (results.json with the reason) unless it already has its results."""
     from engine.archive.store import RESULTS, Archive
 
     arch = Archive(job.archive)
     node = arch.node(job.node)
     if node.status in ("evaluated", "failed") and node.results is not None:
-        return EvalOutcome(job.node, node.status, node.trailer("Poise-Reason") or "", node.overall, wall_s, timed_out)
-    payload = {"status": "failed", "reason": reason, "metrics": {}, "backend": job.backend,
-               "seeds": list(range(job.seeds or 1)), "wall_time_s": round(wall_s, 3), "source": "loop"}
-    arch.commit_files(job.node, {RESULTS: json.dumps(payload, indent=2, sort_keys=True) + "\n"},
-                      subject=f"poise: {job.node} failed", status="failed",
-                      trailers={"Poise-Results": "yes", "Poise-Event": "failed", "Poise-Reason": " ".join(reason.split())[:300]})
+        return EvalOutcome(
+            job.node,
+            node.status,
+            node.trailer("Poise-Reason") or "",
+            node.overall,
+            wall_s,
+            timed_out,
+        )
+    payload = {
+        "status": "failed",
+        "reason": reason,
+        "metrics": {},
+        "backend": job.backend,
+        "seeds": list(range(job.seeds or 1)),
+        "wall_time_s": round(wall_s, 3),
+        "source": "loop",
+    }
+    arch.commit_files(
+        job.node,
+        {RESULTS: json.dumps(payload, indent=2, sort_keys=True) + "\n"},
+        subject=f"poise: {job.node} failed",
+        status="failed",
+        trailers={
+            "Poise-Results": "yes",
+            "Poise-Event": "failed",
+            "Poise-Reason": " ".join(reason.split())[:300],
+        },
+    )
     return EvalOutcome(job.node, "failed", reason, None, wall_s, timed_out)
 
 
@@ -178,7 +215,9 @@ class LocalExecutor:
 
     def __init__(self, workers: int = 1):
         self.workers = max(1, int(workers))
-        self._pool = cf.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="poise-eval")
+        self._pool = cf.ThreadPoolExecutor(
+            max_workers=self.workers, thread_name_prefix="poise-eval"
+        )
 
     def submit(self, job: EvalJob) -> cf.Future:
         return self._pool.submit(run_job, job)
@@ -197,16 +236,31 @@ class RayExecutor:
 
     kind = "ray"
 
-    def __init__(self, address: str = "local", workers: int = 1, num_gpus: float = 0.0, cpus_per_task: float = 1.0):
+    def __init__(
+        self,
+        address: str = "local",
+        workers: int = 1,
+        num_gpus: float = 0.0,
+        cpus_per_task: float = 1.0,
+    ):
         import ray
 
         self.ray = ray
         repo = str(Path(__file__).resolve().parents[2])
-        env = {"PYTHONPATH": repo + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")}
-        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "ignore_reinit_error": True,
-                                  "runtime_env": {"env_vars": env}}
+        env = {
+            "PYTHONPATH": repo
+            + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
+        }
+        kwargs: dict[str, Any] = {
+            "include_dashboard": False,
+            "log_to_driver": False,
+            "ignore_reinit_error": True,
+            "runtime_env": {"env_vars": env},
+        }
         if address in ("local", "", None):
-            kwargs["num_cpus"] = max(1, int(workers)) * max(1, int(cpus_per_task))  # W evaluations of S seeds at once
+            kwargs["num_cpus"] = max(1, int(workers)) * max(
+                1, int(cpus_per_task)
+            )  # W evaluations of S seeds at once
         else:
             kwargs["address"] = address
         self._owns = not ray.is_initialized()
@@ -231,7 +285,11 @@ class RayExecutor:
                 if self._stopping:
                     return EvalOutcome(job.node, STOPPED, "stopped by the loop; left for --resume")
                 self.ray.cancel(ref, force=True)
-                return record_failure(job, f"Ray task failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}", limit)
+                return record_failure(
+                    job,
+                    f"Ray task failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}",
+                    limit,
+                )
             finally:
                 self._refs.discard(ref)
 
@@ -250,7 +308,9 @@ class RayExecutor:
             self.ray.shutdown()
 
 
-def make_executor(workers: int, ray_address: str | None = None, num_gpus: float = 0.0, seeds: int = 1):
+def make_executor(
+    workers: int, ray_address: str | None = None, num_gpus: float = 0.0, seeds: int = 1
+):
     if ray_address:
         return RayExecutor(ray_address, workers, num_gpus, cpus_per_task=1 if num_gpus else seeds)
     return LocalExecutor(workers)
@@ -288,10 +348,21 @@ def _worker(job: EvalJob) -> None:
     from engine.archive.store import Archive
     from engine.operators.evaluate import evaluate_node
 
-    payload = evaluate_node(Archive(job.archive), job.node, backend=job.backend, seeds=job.seeds, preset=job.preset,
-                            timeout_s=job.timeout_s, tags=job.tags)
+    payload = evaluate_node(
+        Archive(job.archive),
+        job.node,
+        backend=job.backend,
+        seeds=job.seeds,
+        preset=job.preset,
+        timeout_s=job.timeout_s,
+        tags=job.tags,
+    )
     overall = (payload.get("metrics") or {}).get("overall")
-    out = {"status": payload.get("status", "evaluated"), "reason": payload.get("reason", ""), "overall": overall}
+    out = {
+        "status": payload.get("status", "evaluated"),
+        "reason": payload.get("reason", ""),
+        "overall": overall,
+    }
     print(RESULT_MARK + json.dumps(out), flush=True)
 
 

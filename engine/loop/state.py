@@ -62,7 +62,9 @@ def save_run(archive: Archive, rec: RunRecord, subject: str) -> RunRecord:
     msg = f"{subject}\n\nPoise-Run: {rec.id}\nPoise-Event: run\n"
     commit = archive.git.commit_tree(tree, [rec.commit] if rec.commit else [], msg)
     if not archive.git.update_ref(RUN_REF, commit, rec.commit, f"poise run {rec.id}"):
-        raise RunStateError("another `poise-git run` is writing this archive (the run record moved); stop it first")
+        raise RunStateError(
+            "another `poise-git run` is writing this archive (the run record moved); stop it first"
+        )
     rec.commit = commit
     return rec
 
@@ -108,7 +110,11 @@ class Pending:
 def pending_work(archive: Archive, nodes: dict[str, Node]) -> Pending:
     """Unfinished loop nodes (those with a ``Poise-Round``) and the root when it has no results."""
     out = Pending()
-    ours = [n for n in nodes.values() if node_round(n) is not None or n.name == ROOT_NAME or not n.parents]
+    ours = [
+        n
+        for n in nodes.values()
+        if node_round(n) is not None or n.name == ROOT_NAME or not n.parents
+    ]
     ours.sort(key=lambda n: (n.depth, n.created))
     evaluated = []
     for n in ours:

@@ -13,8 +13,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.select import objective
 from engine.config import utility
+from engine.select import objective
 
 MAX_PER_TIER = 3
 
@@ -31,8 +31,12 @@ class NodeSummary:
     components: dict | None = None
 
     def render(self) -> str:
-        m = ", ".join(f"{k}={v:.4g}" for k, v in sorted(self.metrics.items())[:8]) or "not evaluated"
-        out = f"- {self.name} [{self.status}] U={'—' if self.utility is None else f'{self.utility:.4g}'}; {m}\n  mechanism: {self.mechanism}"
+        m = (
+            ", ".join(f"{k}={v:.4g}" for k, v in sorted(self.metrics.items())[:8])
+            or "not evaluated"
+        )
+        u = "—" if self.utility is None else f"{self.utility:.4g}"
+        out = f"- {self.name} [{self.status}] U={u}; {m}\n  mechanism: {self.mechanism}"
         if self.reason:
             out += f"\n  rejected/failed because: {self.reason}"
         if self.reflection:
@@ -61,13 +65,19 @@ class Context:
         if self.proposal:
             parts.append(f"### Parent's proposal\n{self.proposal[:1500]}")
         parts.append(f"### Parent's algorithm.py\n```python\n{self.parent_code}\n```")
-        for title, tier in (("Pareto-frontier nodes", self.frontier), ("Complementary nodes (structural contrast)", self.complementary),
-                            ("Exploratory nodes (outside the parent's lineage)", self.exploratory),
-                            ("Rejected or failed nodes (avoid repeating these)", self.rejected)):
+        for title, tier in (
+            ("Pareto-frontier nodes", self.frontier),
+            ("Complementary nodes (structural contrast)", self.complementary),
+            ("Exploratory nodes (outside the parent's lineage)", self.exploratory),
+            ("Rejected or failed nodes (avoid repeating these)", self.rejected),
+        ):
             if tier:
                 parts.append(f"## {title}\n" + "\n".join(s.render() for s in tier))
         if self.priors:
-            parts.append("## Literature priors\n" + "\n\n".join(f"### {p['name']}\n{p['card']}" for p in self.priors))
+            parts.append(
+                "## Literature priors\n"
+                + "\n\n".join(f"### {p['name']}\n{p['card']}" for p in self.priors)
+            )
         return "\n\n".join(parts)
 
 
@@ -83,7 +93,11 @@ def identifiers(source: str) -> set[str]:
             out.add(n.id)
         elif isinstance(n, ast.Attribute):
             out.add(n.attr)
-        elif isinstance(n, ast.Constant) and isinstance(n.value, (int, float)) and not isinstance(n.value, bool):
+        elif (
+            isinstance(n, ast.Constant)
+            and isinstance(n.value, (int, float))
+            and not isinstance(n.value, bool)
+        ):
             out.add(f"#{n.value!r}")
     return out
 
@@ -119,7 +133,7 @@ def mechanism_line(proposal_md: str | None, source: str | None) -> str:
         lines = [ln.strip() for ln in proposal_md.splitlines()]
         for i, ln in enumerate(lines):
             if ln.lower().lstrip("#").strip() == "mechanism":
-                rest = [x for x in lines[i + 1:] if x and not x.startswith("#")]
+                rest = [x for x in lines[i + 1 :] if x and not x.startswith("#")]
                 if rest:
                     return rest[0][:300]
         first = next((ln.lstrip("#").strip() for ln in lines if ln.strip("# ")), "")
@@ -129,7 +143,11 @@ def mechanism_line(proposal_md: str | None, source: str | None) -> str:
         try:
             for n in ast.parse(source).body:
                 if isinstance(n, ast.FunctionDef) and n.name == "compute_advantages":
-                    return (ast.get_docstring(n) or "").splitlines()[0][:300] if ast.get_docstring(n) else ""
+                    return (
+                        (ast.get_docstring(n) or "").splitlines()[0][:300]
+                        if ast.get_docstring(n)
+                        else ""
+                    )
         except SyntaxError:
             pass
     return "(no description)"
@@ -143,13 +161,19 @@ def build_context(archive, parent: str, cfg, *, seed: int | None = None, nodes=N
     if parent not in nodes:
         archive.node(parent)  # raises the 'unknown node' error
     names = sorted(nodes, key=lambda n: nodes[n].created)
-    specs = [f"{nodes[n].commit}:{p}" for n in names for p in ("algorithm.py", "PROPOSAL.md", "REFLECTION.md", "records/proposal.json")]
+    specs = [
+        f"{nodes[n].commit}:{p}"
+        for n in names
+        for p in ("algorithm.py", "PROPOSAL.md", "REFLECTION.md", "records/proposal.json")
+    ]
     blobs = archive.git.cat_blobs(specs)
     files: dict[str, dict[str, str | None]] = {}
     for i, n in enumerate(names):
-        b = blobs[4 * i: 4 * i + 4]
-        files[n] = {k: (v.decode("utf-8", "replace") if v is not None else None)
-                    for k, v in zip(("algo", "proposal", "reflection", "components"), b)}
+        b = blobs[4 * i : 4 * i + 4]
+        files[n] = {
+            k: (v.decode("utf-8", "replace") if v is not None else None)
+            for k, v in zip(("algo", "proposal", "reflection", "components"), b)
+        }
 
     def summary(n: str) -> NodeSummary:
         node, f = nodes[n], files[n]
@@ -160,27 +184,49 @@ def build_context(archive, parent: str, cfg, *, seed: int | None = None, nodes=N
                 comps = json.loads(f["components"]).get("components")
             except (json.JSONDecodeError, AttributeError):
                 comps = None
-        return NodeSummary(n, node.status, mechanism_line(f["proposal"], f["algo"]), node.metrics,
-                           utility(node.metrics, cfg.experiment), refl, node.trailer("Poise-Reason") or "", comps)
+        return NodeSummary(
+            n,
+            node.status,
+            mechanism_line(f["proposal"], f["algo"]),
+            node.metrics,
+            utility(node.metrics, cfg.experiment),
+            refl,
+            node.trailer("Poise-Reason") or "",
+            comps,
+        )
 
     lineage = set(archive.descendants(parent, nodes)) | _ancestors(parent, nodes) | {parent}
     evaluated = [n for n in names if nodes[n].metrics and nodes[n].status == "evaluated"]
     objectives = tuple(cfg.experiment.pareto_objectives) or (cfg.experiment.objective,)
-    front = [n for n in pareto_front({n: nodes[n].metrics for n in evaluated}, objectives) if n != parent]
+    front = [
+        n for n in pareto_front({n: nodes[n].metrics for n in evaluated}, objectives) if n != parent
+    ]
     front.sort(key=lambda n: -(utility(nodes[n].metrics, cfg.experiment) or -1e9))
     parent_ids = identifiers(files[parent]["algo"] or "")
     comp_pool = [n for n in evaluated if n != parent and n not in front[:MAX_PER_TIER]]
-    comp_pool.sort(key=lambda n: (-jaccard_distance(parent_ids, identifiers(files[n]["algo"] or "")), n))
+    comp_pool.sort(
+        key=lambda n: (-jaccard_distance(parent_ids, identifiers(files[n]["algo"] or "")), n)
+    )
     rng = random.Random(seed)
-    explore_pool = [n for n in names if n not in lineage and nodes[n].status not in ("rejected", "failed")
-                    and n not in front[:MAX_PER_TIER] and n not in comp_pool[:MAX_PER_TIER]]
-    rejected = [n for n in reversed(names) if nodes[n].status in ("rejected", "failed")][:MAX_PER_TIER]
+    explore_pool = [
+        n
+        for n in names
+        if n not in lineage
+        and nodes[n].status not in ("rejected", "failed")
+        and n not in front[:MAX_PER_TIER]
+        and n not in comp_pool[:MAX_PER_TIER]
+    ]
+    rejected = [n for n in reversed(names) if nodes[n].status in ("rejected", "failed")][
+        :MAX_PER_TIER
+    ]
     return Context(
         parent=summary(parent),
         parent_code=files[parent]["algo"] or "",
         frontier=[summary(n) for n in front[:MAX_PER_TIER]],
         complementary=[summary(n) for n in comp_pool[:MAX_PER_TIER]],
-        exploratory=[summary(n) for n in rng.sample(explore_pool, min(MAX_PER_TIER, len(explore_pool)))],
+        exploratory=[
+            summary(n) for n in rng.sample(explore_pool, min(MAX_PER_TIER, len(explore_pool)))
+        ],
         rejected=[summary(n) for n in rejected],
         priors=load_priors(),
         directive=cfg.experiment.directive,
@@ -200,7 +246,12 @@ def _ancestors(name: str, nodes) -> set[str]:
 
 
 def summary_dict(ctx: Context) -> dict[str, Any]:
-    return {"parent": ctx.parent.name, "frontier": [s.name for s in ctx.frontier],
-            "complementary": [s.name for s in ctx.complementary], "exploratory": [s.name for s in ctx.exploratory],
-            "rejected": [s.name for s in ctx.rejected], "priors": [p["name"] for p in ctx.priors],
-            "directive": ctx.directive}
+    return {
+        "parent": ctx.parent.name,
+        "frontier": [s.name for s in ctx.frontier],
+        "complementary": [s.name for s in ctx.complementary],
+        "exploratory": [s.name for s in ctx.exploratory],
+        "rejected": [s.name for s in ctx.rejected],
+        "priors": [p["name"] for p in ctx.priors],
+        "directive": ctx.directive,
+    }

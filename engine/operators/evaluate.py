@@ -13,17 +13,47 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
-from typing import Callable, Mapping
 
 from engine.errors import EvaluationError
 
 TRAJECTORY_POINTS = 100
 # two-sided 95% Student-t quantiles by degrees of freedom (1..30); 1.96 beyond
-_T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+_T95 = [
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+]
 
 
 def t95(df: int) -> float:
@@ -63,7 +93,9 @@ def _mean_trajectory(trajs: list[dict]) -> dict[str, list]:
             continue
         col = []
         for i in range(n):
-            vals = [t[key][i] for t in trajs if key in t and i < len(t[key]) and t[key][i] is not None]
+            vals = [
+                t[key][i] for t in trajs if key in t and i < len(t[key]) and t[key][i] is not None
+            ]
             col.append(sum(vals) / len(vals) if vals else None)
         out[key] = col
     return out
@@ -83,9 +115,18 @@ def _python() -> str:
     return sys.executable
 
 
-def evaluate_node(archive, name: str, backend: str = "proxy", seeds: int | list[int] | None = None,
-                  preset: str | None = None, timeout_s: float | None = None, tags: Mapping[str, str] | None = None,
-                  *, on_event: Callable[[str], None] | None = None, cache_dir: str | None = None) -> dict:
+def evaluate_node(
+    archive,
+    name: str,
+    backend: str = "proxy",
+    seeds: int | list[int] | None = None,
+    preset: str | None = None,
+    timeout_s: float | None = None,
+    tags: Mapping[str, str] | None = None,
+    *,
+    on_event: Callable[[str], None] | None = None,
+    cache_dir: str | None = None,
+) -> dict:
     """Evaluate ``name`` and record results.json (status evaluated | failed). Returns the payload.
 
     ``seeds``: a count N (seeds 0..N-1) or an explicit list; default ``[evaluation].seeds``.
@@ -97,57 +138,116 @@ def evaluate_node(archive, name: str, backend: str = "proxy", seeds: int | list[
     if backend == "verl":
         from engine.operators.evaluate_verl import evaluate_node_verl
 
-        return evaluate_node_verl(archive, name, timeout_s=float(timeout_s or archive.config().evaluation.timeout_s),
-                                  tags=tags, on_event=on_event)
+        return evaluate_node_verl(
+            archive,
+            name,
+            timeout_s=float(timeout_s or archive.config().evaluation.timeout_s),
+            tags=tags,
+            on_event=on_event,
+        )
     if backend != "proxy":
-        raise EvaluationError(f"evaluate: unknown backend {backend!r}; use 'proxy' (CPU) or 'verl' (GPU), "
-                              "or --suite for benchmark scoring")
+        raise EvaluationError(
+            f"evaluate: unknown backend {backend!r}; use 'proxy' (CPU) or 'verl' (GPU), "
+            "or --suite for benchmark scoring"
+        )
     cfg = archive.config()
     node = archive.node(name)
     preset = preset or cfg.proxy.preset
     if preset not in PRESETS:
         raise EvaluationError(f"unknown proxy preset {preset!r} (known: {', '.join(PRESETS)})")
     protocol = get_protocol(preset)
-    seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds or range(cfg.evaluation.seeds))
+    seed_list = (
+        list(range(seeds)) if isinstance(seeds, int) else list(seeds or range(cfg.evaluation.seeds))
+    )
     if not seed_list or any((not isinstance(s, int)) or s < 0 for s in seed_list):
-        raise EvaluationError(f"evaluate: seeds must be a positive count or a list of non-negative integers, got {seeds!r}")
+        raise EvaluationError(
+            f"evaluate: seeds must be a positive count or a list of non-negative integers, got {seeds!r}"
+        )
     timeout = float(timeout_s or cfg.evaluation.timeout_s)
     source = archive.algorithm(name)
     commit = node.commit
     prior_status = node.status
     t_start = time.monotonic()
-    base = {"backend": "proxy", "preset": preset, "protocol": protocol.to_dict(), "protocol_hash": protocol.hash(),
-            "seeds": seed_list, "node_commit": commit, "versions": _versions()}
+    base = {
+        "backend": "proxy",
+        "preset": preset,
+        "protocol": protocol.to_dict(),
+        "protocol_hash": protocol.hash(),
+        "seeds": seed_list,
+        "node_commit": commit,
+        "versions": _versions(),
+    }
 
     try:
         compile(source, f"{name}/algorithm.py", "exec")
     except SyntaxError as exc:
-        payload = {**base, "status": "failed", "reason": f"algorithm.py does not compile: {exc.msg} (line {exc.lineno})",
-                   "metrics": {}, "intervals": {}, "per_seed": [], "mlflow_run_ids": [], "trajectory": {},
-                   "wall_time_s": 0.0}
+        payload = {
+            **base,
+            "status": "failed",
+            "reason": f"algorithm.py does not compile: {exc.msg} (line {exc.lineno})",
+            "metrics": {},
+            "intervals": {},
+            "per_seed": [],
+            "mlflow_run_ids": [],
+            "trajectory": {},
+            "wall_time_s": 0.0,
+        }
         archive.record_results(name, payload)
         archive.set_status(name, "failed", reason=payload["reason"])
         return payload
 
     archive.set_status(name, "evaluating")
     try:
-        return _run(archive, name, cfg, protocol, preset, seed_list, timeout, source, base, tags, say, cache_dir,
-                    prior_status, t_start)
+        return _run(
+            archive,
+            name,
+            cfg,
+            protocol,
+            preset,
+            seed_list,
+            timeout,
+            source,
+            base,
+            tags,
+            say,
+            cache_dir,
+            prior_status,
+            t_start,
+        )
     except BaseException as exc:  # interrupted or crashed: the node must not stay "evaluating"
         if archive.node(name).status == "evaluating":
-            archive.set_status(name, prior_status, reason=f"evaluation interrupted: {type(exc).__name__}")
+            archive.set_status(
+                name, prior_status, reason=f"evaluation interrupted: {type(exc).__name__}"
+            )
         raise
 
 
-def _run(archive, name, cfg, protocol, preset, seed_list, timeout, source, base, tags, say, cache_dir,
-         prior_status, t_start) -> dict:
+def _run(
+    archive,
+    name,
+    cfg,
+    protocol,
+    preset,
+    seed_list,
+    timeout,
+    source,
+    base,
+    tags,
+    say,
+    cache_dir,
+    prior_status,
+    t_start,
+) -> dict:
     from engine.sandbox.process import child_env, run_limited
 
     cache_dir = cache_dir or cfg.proxy.cache_dir or None
     env = child_env({"POISE_CACHE_DIR": str(Path(cache_dir).expanduser())} if cache_dir else None)
     say(f"warm start ({preset}) ...")
-    ws = run_limited([_python(), "-m", "trainer_template.proxy.worker", "warmstart", "--preset", preset],
-                     timeout_s=max(timeout, 600.0), env=env)
+    ws = run_limited(
+        [_python(), "-m", "trainer_template.proxy.worker", "warmstart", "--preset", preset],
+        timeout_s=max(timeout, 600.0),
+        env=env,
+    )
     if not ws.ok:
         archive.set_status(name, prior_status, reason=f"proxy warm start failed: {ws.reason()}")
         raise EvaluationError(f"the proxy's warm start failed: {ws.reason()}")
@@ -159,10 +259,32 @@ def _run(archive, name, cfg, protocol, preset, seed_list, timeout, source, base,
 
         def one(seed: int) -> dict:
             out = Path(tmp) / f"seed{seed}.json"
-            cmd = [_python(), "-m", "trainer_template.proxy.worker", "run", "--preset", preset, "--algorithm",
-                   str(algo_path), "--name", name, "--seed", str(seed), "--out", str(out)]
-            res = run_limited(cmd, timeout_s=timeout, cpu_s=timeout * 1.5, memory_mb=cfg.evaluation.memory_mb, env=env)
-            data = json.loads(out.read_text()) if out.is_file() else {"trajectory": {}, "metrics": {}}
+            cmd = [
+                _python(),
+                "-m",
+                "trainer_template.proxy.worker",
+                "run",
+                "--preset",
+                preset,
+                "--algorithm",
+                str(algo_path),
+                "--name",
+                name,
+                "--seed",
+                str(seed),
+                "--out",
+                str(out),
+            ]
+            res = run_limited(
+                cmd,
+                timeout_s=timeout,
+                cpu_s=timeout * 1.5,
+                memory_mb=cfg.evaluation.memory_mb,
+                env=env,
+            )
+            data = (
+                json.loads(out.read_text()) if out.is_file() else {"trajectory": {}, "metrics": {}}
+            )
             if not res.ok:
                 data.update(status="failed", reason=f"seed {seed}: {res.reason()}", metrics={})
             elif data.get("status") not in ("ok", "failed"):
@@ -170,8 +292,14 @@ def _run(archive, name, cfg, protocol, preset, seed_list, timeout, source, base,
             elif data["status"] == "failed":
                 data["reason"] = f"seed {seed}: {data.get('reason')}"
             data["seed"], data["wall_s"] = seed, res.wall_s
-            say(f"seed {seed}: {data['status']}" + (f" ({data['reason']})" if data["status"] != "ok" else
-                                                     f" overall {data['metrics'].get('overall', float('nan')):.3f}"))
+            say(
+                f"seed {seed}: {data['status']}"
+                + (
+                    f" ({data['reason']})"
+                    if data["status"] != "ok"
+                    else f" overall {data['metrics'].get('overall', float('nan')):.3f}"
+                )
+            )
             return data
 
         with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -186,16 +314,29 @@ def _run(archive, name, cfg, protocol, preset, seed_list, timeout, source, base,
         metrics[key], iv = mean_interval(vals)
         if iv:
             intervals[key] = iv
-    trajectory = failed[0].get("trajectory", {}) if failed else _mean_trajectory([r["trajectory"] for r in runs])
+    trajectory = (
+        failed[0].get("trajectory", {})
+        if failed
+        else _mean_trajectory([r["trajectory"] for r in runs])
+    )
     payload = {
         **base,
         "status": "failed" if failed else "evaluated",
         "metrics": metrics,
         "intervals": intervals,
-        "per_seed": [{"seed": r["seed"], "status": "evaluated" if r["status"] == "ok" else "failed",
-                      **({"reason": r["reason"]} if r["status"] != "ok" else {}), "metrics": r.get("metrics", {}),
-                      "mlflow_run_id": run_ids.get(r["seed"]), "wall_s": round(r["wall_s"], 3),
-                      "timings": r.get("timings", {}), "peak_rss_mb": r.get("peak_rss_mb")} for r in runs],
+        "per_seed": [
+            {
+                "seed": r["seed"],
+                "status": "evaluated" if r["status"] == "ok" else "failed",
+                **({"reason": r["reason"]} if r["status"] != "ok" else {}),
+                "metrics": r.get("metrics", {}),
+                "mlflow_run_id": run_ids.get(r["seed"]),
+                "wall_s": round(r["wall_s"], 3),
+                "timings": r.get("timings", {}),
+                "peak_rss_mb": r.get("peak_rss_mb"),
+            }
+            for r in runs
+        ],
         "mlflow_run_ids": [run_ids[s] for s in seed_list if run_ids.get(s)],
         "wall_time_s": round(time.monotonic() - t_start, 3),
         "trajectory": downsample(trajectory),
@@ -213,8 +354,14 @@ def mlflow_key(key: str) -> str:
     return key.replace("@", "_at_")
 
 
-def _log_mlflow(archive, name: str, runs: list[dict], base: dict, tags: Mapping[str, str] | None,
-                say: Callable[[str], None]) -> dict[int, str]:
+def _log_mlflow(
+    archive,
+    name: str,
+    runs: list[dict],
+    base: dict,
+    tags: Mapping[str, str] | None,
+    say: Callable[[str], None],
+) -> dict[int, str]:
     """One MLflow run per seed: protocol params, per-step train/* metrics (batched), eval/* metrics."""
     try:
         from mlflow.entities import Metric, Param
@@ -226,21 +373,40 @@ def _log_mlflow(archive, name: str, runs: list[dict], base: dict, tags: Mapping[
         return {}
     ids: dict[int, str] = {}
     params = [Param("preset", base["preset"]), Param("protocol_hash", base["protocol_hash"])]
-    params += [Param(f"{sec}.{k}", str(v)) for sec in ("warmstart", "rl", "eval") for k, v in base["protocol"][sec].items()]
+    params += [
+        Param(f"{sec}.{k}", str(v))
+        for sec in ("warmstart", "rl", "eval")
+        for k, v in base["protocol"][sec].items()
+    ]
     for r in runs:
-        run_tags = {"poise.backend": "proxy", "poise.seed": str(r["seed"]), "poise.preset": base["preset"],
-                    "poise.status": "evaluated" if r["status"] == "ok" else "failed", **(tags or {})}
+        run_tags = {
+            "poise.backend": "proxy",
+            "poise.seed": str(r["seed"]),
+            "poise.preset": base["preset"],
+            "poise.status": "evaluated" if r["status"] == "ok" else "failed",
+            **(tags or {}),
+        }
         try:
             with node_run(archive, name, run_name=f"{name}/seed{r['seed']}", tags=run_tags) as run:
                 client = MlflowClient()
                 rid = run.info.run_id
                 now = int(time.time() * 1000)
                 traj = r.get("trajectory", {})
-                metrics = [Metric(k, float(v), now, int(step)) for k, vals in traj.items() if k != "step"
-                           for step, v in zip(traj.get("step", []), vals) if v is not None]
-                metrics += [Metric(mlflow_key(f"eval/{k}"), float(v), now, 0) for k, v in r.get("metrics", {}).items()]
+                metrics = [
+                    Metric(k, float(v), now, int(step))
+                    for k, vals in traj.items()
+                    if k != "step"
+                    for step, v in zip(traj.get("step", []), vals)
+                    if v is not None
+                ]
+                metrics += [
+                    Metric(mlflow_key(f"eval/{k}"), float(v), now, 0)
+                    for k, v in r.get("metrics", {}).items()
+                ]
                 for i in range(0, len(metrics), 1000):
-                    client.log_batch(rid, metrics=metrics[i:i + 1000], params=params if i == 0 else [])
+                    client.log_batch(
+                        rid, metrics=metrics[i : i + 1000], params=params if i == 0 else []
+                    )
                 if not metrics:
                     client.log_batch(rid, params=params)
                 if r["status"] != "ok":

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from engine.errors import EvaluationError, PoiseError
 
 # verl saves at the last step when save_freq > 0; a huge period means "only at the end". The HF copy is
 # what vLLM loads for the evaluation.
-_SAVE_OVERRIDES = ("trainer.save_freq=100000000",
-                   "actor_rollout_ref.actor.checkpoint.save_contents=['model','optimizer','extra','hf_model']")
+_SAVE_OVERRIDES = (
+    "trainer.save_freq=100000000",
+    "actor_rollout_ref.actor.checkpoint.save_contents=['model','optimizer','extra','hf_model']",
+)
 
 
 def final_checkpoint(ckpt_dir: str | Path) -> Path | None:
@@ -30,8 +32,16 @@ def final_checkpoint(ckpt_dir: str | Path) -> Path | None:
     return max(steps)[1] if steps else None
 
 
-def evaluate_node_verl(archive, name: str, *, timeout_s: float, model: str | None = None, gpus: int | None = None,
-                       tags: Mapping[str, str] | None = None, on_event=None) -> dict:
+def evaluate_node_verl(
+    archive,
+    name: str,
+    *,
+    timeout_s: float,
+    model: str | None = None,
+    gpus: int | None = None,
+    tags: Mapping[str, str] | None = None,
+    on_event=None,
+) -> dict:
     """Train ``name`` with verl, then score the checkpoint on math6 (vLLM); records like the proxy."""
     from engine.sandbox.process import run_limited
 
@@ -42,26 +52,42 @@ def evaluate_node_verl(archive, name: str, *, timeout_s: float, model: str | Non
     except Exception:  # pragma: no cover - torch is a core dependency
         n_visible = 0
     if n_visible == 0:
-        raise EvaluationError("the verl backend needs a CUDA GPU and none is visible here; use --backend proxy on the CPU")
+        raise EvaluationError(
+            "the verl backend needs a CUDA GPU and none is visible here; use --backend proxy on the CPU"
+        )
     try:
         from trainer_template.verl_backend.launch import Protocol, prepare_launch
     except ImportError as exc:  # pragma: no cover
         raise EvaluationError(f"the verl backend needs the [verl] extra: {exc}") from None
     say = on_event or (lambda _m: None)
-    proto = Protocol(**{k: v for k, v in {"model": model, "n_gpus": gpus or n_visible}.items() if v})
+    proto = Protocol(
+        **{k: v for k, v in {"model": model, "n_gpus": gpus or n_visible}.items() if v}
+    )
     prior = archive.node(name).status
     launch = prepare_launch(archive, name, protocol=proto, extra=_SAVE_OVERRIDES)
     archive.set_status(name, "evaluating")
     t0 = time.monotonic()
-    say(f"{name}: verl training ({proto.model}, {proto.n_gpus} GPU(s)), MLflow run {launch.env['MLFLOW_RUN_ID']}")
+    say(
+        f"{name}: verl training ({proto.model}, {proto.n_gpus} GPU(s)), MLflow run {launch.env['MLFLOW_RUN_ID']}"
+    )
     import os
 
     res = run_limited(launch.cmd, timeout_s=timeout_s, env={**os.environ, **launch.env})
     ckpt = final_checkpoint(launch.files["ckpt"]) if res.ok else None
     if ckpt is None:
-        reason = f"verl training failed: {res.reason()}" if not res.ok else "verl training saved no HF checkpoint"
-        payload = {"status": "failed", "reason": reason, "metrics": {}, "backend": "verl",
-                   "mlflow_run_ids": [launch.env["MLFLOW_RUN_ID"]], "wall_time_s": time.monotonic() - t0}
+        reason = (
+            f"verl training failed: {res.reason()}"
+            if not res.ok
+            else "verl training saved no HF checkpoint"
+        )
+        payload = {
+            "status": "failed",
+            "reason": reason,
+            "metrics": {},
+            "backend": "verl",
+            "mlflow_run_ids": [launch.env["MLFLOW_RUN_ID"]],
+            "wall_time_s": time.monotonic() - t0,
+        }
         archive.record_results(name, payload, status="failed")
         archive.set_status(name, "failed", reason=reason)
         return payload

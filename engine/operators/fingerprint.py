@@ -15,10 +15,18 @@ from __future__ import annotations
 import json
 import math
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 DUPLICATE_TOL = 1e-3
-BANK_NAMES = ("mixed", "all_correct", "all_wrong", "rare_success", "invalid", "long_short", "singleton")
+BANK_NAMES = (
+    "mixed",
+    "all_correct",
+    "all_wrong",
+    "rare_success",
+    "invalid",
+    "long_short",
+    "singleton",
+)
 
 
 def bank():
@@ -30,12 +38,28 @@ def bank():
     def mk(correct, valid=None, lengths=None, group=None, g=8):
         c = torch.tensor(correct, dtype=torch.bool)
         n = c.numel()
-        v = torch.ones(n, dtype=torch.bool) if valid is None else torch.tensor(valid, dtype=torch.bool)
-        ln = torch.tensor(lengths if lengths is not None else [100 + 37 * (i % 5) for i in range(n)], dtype=torch.long)
-        grp = torch.tensor(group if group is not None else [i // g for i in range(n)], dtype=torch.long)
-        return RolloutBatch(rewards=(c & v).to(torch.float32), group=grp, valid=v, correct=c & v, lengths=ln)
+        v = (
+            torch.ones(n, dtype=torch.bool)
+            if valid is None
+            else torch.tensor(valid, dtype=torch.bool)
+        )
+        ln = torch.tensor(
+            lengths if lengths is not None else [100 + 37 * (i % 5) for i in range(n)],
+            dtype=torch.long,
+        )
+        grp = torch.tensor(
+            group if group is not None else [i // g for i in range(n)], dtype=torch.long
+        )
+        return RolloutBatch(
+            rewards=(c & v).to(torch.float32), group=grp, valid=v, correct=c & v, lengths=ln
+        )
 
-    mixed = [1, 0, 1, 1, 0, 0, 1, 0] + [0, 0, 0, 1, 0, 0, 0, 0] + [1, 1, 1, 1, 1, 1, 0, 1] + [0, 1, 0, 1, 0, 1, 0, 1]
+    mixed = (
+        [1, 0, 1, 1, 0, 0, 1, 0]
+        + [0, 0, 0, 1, 0, 0, 0, 0]
+        + [1, 1, 1, 1, 1, 1, 0, 1]
+        + [0, 1, 0, 1, 0, 1, 0, 1]
+    )
     inv_c = [1, 0, 0, 0, 1, 0, 0, 0] * 2
     inv_v = [1, 1, 0, 0, 1, 1, 0, 1] + [1, 0, 1, 0, 1, 1, 1, 0]
     ls_c = [1, 1, 0, 0, 1, 0, 1, 0] * 2
@@ -83,8 +107,15 @@ def compute(module, cfg=None) -> list[float]:
     probe = []
     for with_extras in (False, True):
         lp = logp.clone().requires_grad_(True)
-        loss, _ = module.policy_loss(lp, old, adv, mask, cfg, ref_log_prob=ref if with_extras else None,
-                                     entropy=ent if with_extras else None)
+        loss, _ = module.policy_loss(
+            lp,
+            old,
+            adv,
+            mask,
+            cfg,
+            ref_log_prob=ref if with_extras else None,
+            entropy=ent if with_extras else None,
+        )
         loss.backward()
         probe += [float(loss.detach()), float(lp.grad.norm()) if lp.grad is not None else 0.0]
     # the surrogate alone, then what the KL / entropy terms add (a part of its own: small but real)
@@ -115,7 +146,11 @@ def part_distances(a: Sequence[float], b: Sequence[float]) -> tuple[float, ...]:
     if len(a) < 4:
         return (_rel(a, b),)
     cut = len(a) - 4
-    return _direction(a[:cut], b[:cut]), _rel(a[cut:cut + 2], b[cut:cut + 2]), _rel(a[cut + 2:], b[cut + 2:])
+    return (
+        _direction(a[:cut], b[:cut]),
+        _rel(a[cut : cut + 2], b[cut : cut + 2]),
+        _rel(a[cut + 2 :], b[cut + 2 :]),
+    )
 
 
 def distance(a: Sequence[float], b: Sequence[float]) -> float:
@@ -129,7 +164,9 @@ def novelty(a: Sequence[float], b: Sequence[float]) -> float:
     return d[0] if len(d) == 1 else 0.6 * d[0] + 0.2 * d[1] + 0.2 * d[2]
 
 
-def nearest(fp: Sequence[float], others: dict[str, Sequence[float]]) -> tuple[str | None, float, float]:
+def nearest(
+    fp: Sequence[float], others: dict[str, Sequence[float]]
+) -> tuple[str | None, float, float]:
     """(the behaviourally closest node, its distance, the novelty against it)."""
     best, dist = None, math.inf
     for name, other in others.items():
@@ -139,14 +176,22 @@ def nearest(fp: Sequence[float], others: dict[str, Sequence[float]]) -> tuple[st
     return best, dist, (novelty(fp, others[best]) if best is not None else math.inf)
 
 
-def fingerprints(sources: Sequence[str], *, timeout_s: float = 120.0, memory_mb: int = 4096) -> list[list[float] | str]:
+def fingerprints(
+    sources: Sequence[str], *, timeout_s: float = 120.0, memory_mb: int = 4096
+) -> list[list[float] | str]:
     """Fingerprint many (statically checked) sources in ONE limited subprocess; an error string per failure."""
     if not sources:
         return []
     from engine.sandbox.process import child_env, run_limited
 
-    res = run_limited([sys.executable, "-m", "engine.operators.fingerprint"], timeout_s=timeout_s, cpu_s=timeout_s,
-                      memory_mb=memory_mb, env=child_env(), input=json.dumps(list(sources)))
+    res = run_limited(
+        [sys.executable, "-m", "engine.operators.fingerprint"],
+        timeout_s=timeout_s,
+        cpu_s=timeout_s,
+        memory_mb=memory_mb,
+        env=child_env(),
+        input=json.dumps(list(sources)),
+    )
     if not res.ok:
         return [f"fingerprinting failed: {res.reason()}"] * len(sources)
     try:

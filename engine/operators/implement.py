@@ -8,12 +8,13 @@ that never passes in R rounds is archived ``rejected`` with its reason.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import Mapping
 
-from engine.archive.edit import apply_edit, check_interface
-from engine.errors import EditError, PoiseError
-from engine.operators.static_check import StaticCheckError, static_check
+from engine.archive.edit import apply_edit
+from engine.errors import PoiseError
+from engine.operators.static_check import static_check
+
 
 def build_source(parent_source: str, edit: str, hyperparameters: Mapping | None = None) -> str:
     """The candidate's algorithm.py: the LibCST edit applied, then hyperparameter defaults set."""
@@ -25,8 +26,19 @@ def build_source(parent_source: str, edit: str, hyperparameters: Mapping | None 
     return src
 
 
-def implement(archive, parent, proposal, cfg, name: str | None = None, trailers: Mapping | None = None, *,
-              rounds: int | None = None, llm=None, limits=None, progress=None):
+def implement(
+    archive,
+    parent,
+    proposal,
+    cfg,
+    name: str | None = None,
+    trailers: Mapping | None = None,
+    *,
+    rounds: int | None = None,
+    llm=None,
+    limits=None,
+    progress=None,
+):
     """Spawn ``proposal`` off ``parent`` (str, or a list for a crossover), verify it, correct it for at most
     R rounds (``[propose].correction_rounds``); return the Node, ``verified`` or ``rejected``."""
     from engine.operators.proposers import get_proposer
@@ -54,14 +66,31 @@ def implement(archive, parent, proposal, cfg, name: str | None = None, trailers:
         except PoiseError as exc:
             problem = f"static check: {exc}"
         if not problem:
-            files = {"records/proposal.json": json.dumps(current.to_record(), indent=1, sort_keys=True)}
+            files = {
+                "records/proposal.json": json.dumps(current.to_record(), indent=1, sort_keys=True)
+            }
             if not node_made:
-                archive.spawn(parents, name, algorithm=src, proposal=current.markdown(), files=files, trailers=tr)
+                archive.spawn(
+                    parents,
+                    name,
+                    algorithm=src,
+                    proposal=current.markdown(),
+                    files=files,
+                    trailers=tr,
+                )
                 node_made = True
             else:
-                archive.commit_files(name, {"algorithm.py": src, "PROPOSAL.md": current.markdown(), **files},
-                                     subject=f"poise: correction {r} of {name}", status="spawned",
-                                     trailers={"Poise-Event": "correction", "Poise-Correction": str(r), "Poise-Reason": []})
+                archive.commit_files(
+                    name,
+                    {"algorithm.py": src, "PROPOSAL.md": current.markdown(), **files},
+                    subject=f"poise: correction {r} of {name}",
+                    status="spawned",
+                    trailers={
+                        "Poise-Event": "correction",
+                        "Poise-Correction": str(r),
+                        "Poise-Reason": [],
+                    },
+                )
             result = verify_node(archive, name, cfg, proposal=current, limits=limits)
             if result.ok:
                 _record_usage(archive, name, llm, proposal)
@@ -69,8 +98,14 @@ def implement(archive, parent, proposal, cfg, name: str | None = None, trailers:
             problem = f"verification: {result.reason}"
         failures.append(f"round {r}: {problem}")
         try:
-            revised = proposer.revise(archive, parents[0], current, problem, cfg, node=name) if r < rounds else None
-        except PoiseError as exc:  # e.g. the endpoint went away: the node is still archived with its reason
+            revised = (
+                proposer.revise(archive, parents[0], current, problem, cfg, node=name)
+                if r < rounds
+                else None
+            )
+        except (
+            PoiseError
+        ) as exc:  # e.g. the endpoint went away: the node is still archived with its reason
             notes.append(f"correction after round {r} failed: {exc}")
             break
         if revised is None:
@@ -80,7 +115,14 @@ def implement(archive, parent, proposal, cfg, name: str | None = None, trailers:
     log = "\n".join(failures + notes) + "\n"
     if not node_made:
         files = {"records/rejected_edit.py": current.edit or "", "records/failures.txt": log}
-        archive.spawn(parents, name, algorithm=parent_src, proposal=current.markdown(), files=files, trailers=tr)
+        archive.spawn(
+            parents,
+            name,
+            algorithm=parent_src,
+            proposal=current.markdown(),
+            files=files,
+            trailers=tr,
+        )
         archive.set_status(name, "rejected", reason)
     else:
         archive.set_status(name, "rejected", reason, files={"records/failures.txt": log})
@@ -94,8 +136,12 @@ def _record_usage(archive, name: str, llm, proposal) -> None:
     usage = llm.node_usage(name)
     record = {"propose_call": proposal.llm_usage, "corrections": usage, "model": llm.model}
     if usage["calls"] or proposal.llm_usage:
-        archive.commit_files(name, {"records/llm_usage.json": json.dumps(record, indent=1, sort_keys=True)},
-                             subject=f"poise: LLM usage of {name}", trailers={"Poise-Event": "llm-usage"})
+        archive.commit_files(
+            name,
+            {"records/llm_usage.json": json.dumps(record, indent=1, sort_keys=True)},
+            subject=f"poise: LLM usage of {name}",
+            trailers={"Poise-Event": "llm-usage"},
+        )
 
 
 def unique_name(archive, base: str) -> str:

@@ -15,8 +15,9 @@ import json
 import os
 import random
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from engine.errors import PoiseError
 
@@ -53,8 +54,13 @@ class Usage:
         self.replayed += int(replayed)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"calls": self.calls, "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "cost_usd": round(self.cost_usd, 6), "replayed": self.replayed}
+        return {
+            "calls": self.calls,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cost_usd": round(self.cost_usd, 6),
+            "replayed": self.replayed,
+        }
 
 
 @dataclass
@@ -117,7 +123,9 @@ class LLMClient:
     to :meth:`chat`).
     """
 
-    def __init__(self, cfg, archive=None, *, replay: bool = False, backoff_s: float = 1.0, reask: int = 2):
+    def __init__(
+        self, cfg, archive=None, *, replay: bool = False, backoff_s: float = 1.0, reask: int = 2
+    ):
         self.cfg = cfg
         self.archive = archive
         self.replay = replay
@@ -138,10 +146,17 @@ class LLMClient:
             key = os.environ.get(self.cfg.api_key_env, "")
             if not key:
                 if not self.base_url:
-                    raise LLMError(f"no API key: set the environment variable {self.cfg.api_key_env} "
-                                   "(or point [llm].base_url / OPENAI_BASE_URL at a local server), or use --proposer offline")
+                    raise LLMError(
+                        f"no API key: set the environment variable {self.cfg.api_key_env} "
+                        "(or point [llm].base_url / OPENAI_BASE_URL at a local server), or use --proposer offline"
+                    )
                 key = "not-needed"  # local OpenAI-compatible servers (vllm serve) accept any key
-            self._client = openai.OpenAI(api_key=key, base_url=self.base_url or None, timeout=self.cfg.timeout_s, max_retries=0)
+            self._client = openai.OpenAI(
+                api_key=key,
+                base_url=self.base_url or None,
+                timeout=self.cfg.timeout_s,
+                max_retries=0,
+            )
         return self._client
 
     def _call(self, request: dict[str, Any]) -> tuple[str, int, int]:
@@ -155,8 +170,17 @@ class LLMClient:
                 resp = client.chat.completions.create(**request)
                 text = resp.choices[0].message.content or ""
                 u = resp.usage
-                return text, int(getattr(u, "prompt_tokens", 0) or 0), int(getattr(u, "completion_tokens", 0) or 0)
-            except (openai.APITimeoutError, openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError) as exc:
+                return (
+                    text,
+                    int(getattr(u, "prompt_tokens", 0) or 0),
+                    int(getattr(u, "completion_tokens", 0) or 0),
+                )
+            except (
+                openai.APITimeoutError,
+                openai.APIConnectionError,
+                openai.RateLimitError,
+                openai.InternalServerError,
+            ) as exc:
                 last = _describe(exc)
                 wait = _retry_after(exc)
                 if wait is None:
@@ -179,14 +203,25 @@ class LLMClient:
             return
         git = self.archive.git
         oid = git.write_blobs([json.dumps(record, indent=1, sort_keys=True).encode("utf-8")])[0]
-        git.update_ref(LLM_REF_PREFIX + key, oid, None, "poise llm record")  # first record of a key wins
+        git.update_ref(
+            LLM_REF_PREFIX + key, oid, None, "poise llm record"
+        )  # first record of a key wins
 
     # -- the call ------------------------------------------------------------------------------
-    def complete(self, messages: Sequence[Mapping[str, str]], *, node: str | None = None, json_mode: bool = False,
-                 purpose: str = "") -> tuple[str, str, bool]:
+    def complete(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        *,
+        node: str | None = None,
+        json_mode: bool = False,
+        purpose: str = "",
+    ) -> tuple[str, str, bool]:
         """One recorded call; returns (text, record key, replayed)."""
-        request: dict[str, Any] = {"model": self.model, "messages": [dict(m) for m in messages],
-                                   "temperature": float(self.cfg.temperature)}
+        request: dict[str, Any] = {
+            "model": self.model,
+            "messages": [dict(m) for m in messages],
+            "temperature": float(self.cfg.temperature),
+        }
         if json_mode:
             request["response_format"] = {"type": "json_object"}
         h = request_hash(request)
@@ -196,22 +231,45 @@ class LLMClient:
         rec = self._load(key) if self.replay else None
         if self.replay:
             if rec is None:
-                raise LLMError(f"--replay: no recorded reply for request {key[:16]}… ({purpose or 'chat'}); "
-                               "the run diverged from the recorded one or the records were not fetched")
-            text, p, c, replayed = rec["reply"], int(rec.get("prompt_tokens", 0)), int(rec.get("completion_tokens", 0)), True
+                raise LLMError(
+                    f"--replay: no recorded reply for request {key[:16]}… ({purpose or 'chat'}); "
+                    "the run diverged from the recorded one or the records were not fetched"
+                )
+            text, p, c, replayed = (
+                rec["reply"],
+                int(rec.get("prompt_tokens", 0)),
+                int(rec.get("completion_tokens", 0)),
+                True,
+            )
         else:
             text, p, c = self._call(request)
             replayed = False
-            self._store(key, {"request": request, "reply": text, "prompt_tokens": p, "completion_tokens": c,
-                              "purpose": purpose, "node": node or "", "time": time.time()})
+            self._store(
+                key,
+                {
+                    "request": request,
+                    "reply": text,
+                    "prompt_tokens": p,
+                    "completion_tokens": c,
+                    "purpose": purpose,
+                    "node": node or "",
+                    "time": time.time(),
+                },
+            )
         cost = price(self.model, p, c)
         self.usage.add(p, c, cost, replayed)
         if node:
             self.usage_by_node.setdefault(node, Usage()).add(p, c, cost, replayed)
         return text, key, replayed
 
-    def chat_json(self, messages: Sequence[Mapping[str, str]], schema: Mapping[str, Any], *, node: str | None = None,
-                  purpose: str = "") -> Reply:
+    def chat_json(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        schema: Mapping[str, Any],
+        *,
+        node: str | None = None,
+        purpose: str = "",
+    ) -> Reply:
         """A JSON reply valid under ``schema``; malformed replies are re-asked at most ``reask`` times."""
         msgs = [dict(m) for m in messages]
         problem = ""
@@ -224,12 +282,19 @@ class LLMClient:
                 problem = f"not valid JSON ({exc})"
             if not problem:
                 return Reply(text=text, data=data, key=key, replayed=replayed)
-            msgs += [{"role": "assistant", "content": text},
-                     {"role": "user", "content": f"Your reply was rejected: {problem}. Reply again with ONLY one JSON object "
-                                                 f"that satisfies this JSON schema:\n{json.dumps(schema)}"}]
+            msgs += [
+                {"role": "assistant", "content": text},
+                {
+                    "role": "user",
+                    "content": f"Your reply was rejected: {problem}. Reply again with ONLY one JSON object "
+                    f"that satisfies this JSON schema:\n{json.dumps(schema)}",
+                },
+            ]
         raise LLMError(f"the LLM's reply stayed malformed after {self.reask} re-asks: {problem}")
 
-    def chat(self, messages: Sequence[Mapping[str, str]], *, node: str | None = None, purpose: str = "") -> Reply:
+    def chat(
+        self, messages: Sequence[Mapping[str, str]], *, node: str | None = None, purpose: str = ""
+    ) -> Reply:
         text, key, replayed = self.complete(messages, node=node, purpose=purpose)
         return Reply(text=text, key=key, replayed=replayed)
 
@@ -258,8 +323,16 @@ def make_client(cfg, archive=None, *, replay: bool = False) -> LLMClient:
 
 def _describe(exc: Exception) -> str:
     status = getattr(exc, "status_code", None)
-    msg = str(getattr(exc, "message", "") or exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-    return f"{type(exc).__name__}" + (f" (HTTP {status})" if status else "") + (f": {msg}" if msg else "")
+    msg = (
+        str(getattr(exc, "message", "") or exc).splitlines()[0][:200]
+        if str(exc)
+        else type(exc).__name__
+    )
+    return (
+        f"{type(exc).__name__}"
+        + (f" (HTTP {status})" if status else "")
+        + (f": {msg}" if msg else "")
+    )
 
 
 def _retry_after(exc: Exception) -> float | None:

@@ -18,8 +18,15 @@ from typing import Any
 
 from engine.errors import PoiseError
 
-INTENTS = ("correct_above_wrong", "rare_success_larger", "invalid_below_wrong", "all_fail_negative",
-           "shorter_correct_preferred", "longer_wrong_penalized_more", "bounded")
+INTENTS = (
+    "correct_above_wrong",
+    "rare_success_larger",
+    "invalid_below_wrong",
+    "all_fail_negative",
+    "shorter_correct_preferred",
+    "longer_wrong_penalized_more",
+    "bounded",
+)
 
 
 @dataclass
@@ -45,11 +52,16 @@ class Proposal:
     llm_usage: dict[str, Any] = field(default_factory=dict)
 
     def markdown(self) -> str:
-        hp = "\n".join(f"- `{k}` = {v!r}" for k, v in sorted(self.hyperparameters.items())) or "- (defaults)"
+        hp = (
+            "\n".join(f"- `{k}` = {v!r}" for k, v in sorted(self.hyperparameters.items()))
+            or "- (defaults)"
+        )
         extra = f"\nCrossed with: {', '.join(self.parents)}\n" if self.parents else ""
-        return (f"# {self.name}\n\n## Motivation\n{self.motivation.strip()}\n\n## Mechanism\n{self.mechanism.strip()}\n\n"
-                f"## Expected effect\n{self.expected_effect.strip()}\n\n## Hyperparameters\n{hp}\n{extra}\n"
-                f"Proposer: {self.proposer}; intent tests: {', '.join(self.intents) or 'none'}\n")
+        return (
+            f"# {self.name}\n\n## Motivation\n{self.motivation.strip()}\n\n## Mechanism\n{self.mechanism.strip()}\n\n"
+            f"## Expected effect\n{self.expected_effect.strip()}\n\n## Hyperparameters\n{hp}\n{extra}\n"
+            f"Proposer: {self.proposer}; intent tests: {', '.join(self.intents) or 'none'}\n"
+        )
 
     def to_record(self) -> dict[str, Any]:
         d = asdict(self)
@@ -58,7 +70,7 @@ class Proposal:
         return d
 
     @classmethod
-    def from_record(cls, d: dict[str, Any]) -> "Proposal":
+    def from_record(cls, d: dict[str, Any]) -> Proposal:
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         known["parents"] = tuple(known.get("parents", ()))
         known["intents"] = tuple(known.get("intents", ()))
@@ -70,7 +82,9 @@ def slug(text: str) -> str:
     return s[:48] or "candidate"
 
 
-def archived_fingerprints(archive, nodes=None) -> tuple[dict[str, list[float]], list[tuple[str, str]]]:
+def archived_fingerprints(
+    archive, nodes=None
+) -> tuple[dict[str, list[float]], list[tuple[str, str]]]:
     """(recorded fingerprints of live nodes from verification.json, [(node, source)] still to compute)."""
     from engine.operators.static_check import static_check
 
@@ -98,7 +112,9 @@ def archived_fingerprints(archive, nodes=None) -> tuple[dict[str, list[float]], 
     return out, todo
 
 
-def screen(archive, parent: str, proposals: list[Proposal], cfg, *, nodes=None) -> tuple[list[Proposal], list[Proposal]]:
+def screen(
+    archive, parent: str, proposals: list[Proposal], cfg, *, nodes=None
+) -> tuple[list[Proposal], list[Proposal]]:
     """(kept best first, dropped with ``screening['reason']``).
 
     Logically inconsistent proposals and near-duplicates are dropped. Code that fails to build, the static
@@ -125,7 +141,9 @@ def screen(archive, parent: str, proposals: list[Proposal], cfg, *, nodes=None) 
             except PoiseError as exc:
                 problem = str(exc)
         if src is not None:
-            unused = [k for k in p.hyperparameters if not re.search(rf"\bcfg\.{re.escape(k)}\b", src)]
+            unused = [
+                k for k in p.hyperparameters if not re.search(rf"\bcfg\.{re.escape(k)}\b", src)
+            ]
             if unused:
                 reason = f"inconsistent: hyperparameters {', '.join(sorted(unused))} are not used by the mechanism"
             else:
@@ -148,19 +166,23 @@ def screen(archive, parent: str, proposals: list[Proposal], cfg, *, nodes=None) 
     for (name, _), fp in zip(todo, computed):
         if isinstance(fp, list):
             archived[name] = fp
-    fp_iter = iter(computed[len(todo):])
+    fp_iter = iter(computed[len(todo) :])
     survivors: list[tuple[Proposal, list[float] | None]] = []
     for p, src in candidates:
         fp = next(fp_iter) if src is not None else None
         if src is not None and not isinstance(fp, list):
-            p.screening.update(feasible=False, needs_correction=f"fails on the fingerprint bank: {fp}")
+            p.screening.update(
+                feasible=False, needs_correction=f"fails on the fingerprint bank: {fp}"
+            )
             fp = None
         novelty = 0.5
         if fp is not None:
             near, dist, nov = nearest(fp, archived)
             p.screening.update(nearest=near, novelty=None if math.isinf(nov) else round(nov, 6))
             if near is not None and dist < DUPLICATE_TOL:
-                p.screening["reason"] = f"duplicate: behaves like archived node {near!r} (distance {dist:.2g})"
+                p.screening["reason"] = (
+                    f"duplicate: behaves like archived node {near!r} (distance {dist:.2g})"
+                )
                 dropped.append(p)
                 continue
             novelty = 1.0 if math.isinf(nov) else nov
@@ -170,17 +192,35 @@ def screen(archive, parent: str, proposals: list[Proposal], cfg, *, nodes=None) 
     survivors.sort(key=lambda t: (not t[0].screening["feasible"], -t[0].score))
     final: list[tuple[Proposal, list[float] | None]] = []
     for p, fp in survivors:
-        twin = next((q for q, f in final if fp is not None and f is not None and distance(fp, f) < DUPLICATE_TOL), None)
+        twin = next(
+            (
+                q
+                for q, f in final
+                if fp is not None and f is not None and distance(fp, f) < DUPLICATE_TOL
+            ),
+            None,
+        )
         if twin is not None:
-            p.screening["reason"] = f"duplicate: behaves like the better-ranked proposal {twin.name!r}"
+            p.screening["reason"] = (
+                f"duplicate: behaves like the better-ranked proposal {twin.name!r}"
+            )
             dropped.append(p)
         else:
             final.append((p, fp))
     return [p for p, _ in final], dropped
 
 
-def propose_all(archive, parent: str, cfg, n: int | None = None, proposer: str | None = None, seed: int | None = None, *,
-                llm=None, replay: bool = False) -> tuple[list[Proposal], list[Proposal]]:
+def propose_all(
+    archive,
+    parent: str,
+    cfg,
+    n: int | None = None,
+    proposer: str | None = None,
+    seed: int | None = None,
+    *,
+    llm=None,
+    replay: bool = False,
+) -> tuple[list[Proposal], list[Proposal]]:
     """(kept[:n] best first, dropped) — :func:`propose` plus the screened-out candidates and why."""
     from engine.operators.context import build_context
     from engine.operators.proposers import get_proposer
@@ -210,7 +250,16 @@ def propose_all(archive, parent: str, cfg, n: int | None = None, proposer: str |
     return kept[:n], dropped + kept[n:]
 
 
-def propose(archive, parent: str, cfg, n: int | None = None, proposer: str | None = None, seed: int | None = None, *,
-            llm=None, replay: bool = False) -> list[Proposal]:
+def propose(
+    archive,
+    parent: str,
+    cfg,
+    n: int | None = None,
+    proposer: str | None = None,
+    seed: int | None = None,
+    *,
+    llm=None,
+    replay: bool = False,
+) -> list[Proposal]:
     """N screened proposals for ``parent``, best first (``proposer``: offline | llm; default poise.toml)."""
     return propose_all(archive, parent, cfg, n, proposer, seed, llm=llm, replay=replay)[0]

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from engine.errors import PoiseError
 
@@ -29,30 +30,39 @@ def trajectory_diagnostics(traj: dict[str, Any]) -> list[str]:
     out: list[str] = []
     ent = _series(traj, "train/entropy")
     if len(ent) >= 3 and ent[0] > 0:
-        tail = min(ent[len(ent) * 2 // 3:])
+        tail = min(ent[len(ent) * 2 // 3 :])
         if tail < 0.3 * ent[0]:
-            out.append(f"entropy collapse: policy entropy fell from {ent[0]:.3g} to {tail:.3g} ({tail / ent[0]:.0%} of its start)")
+            out.append(
+                f"entropy collapse: policy entropy fell from {ent[0]:.3g} to {tail:.3g} "
+                f"({tail / ent[0]:.0%} of its start)"
+            )
     kl = _series(traj, "train/kl")
     if len(kl) >= 4:
         med = statistics.median(abs(x) for x in kl)
         peak_i = max(range(len(kl)), key=lambda i: abs(kl[i]))
         if abs(kl[peak_i]) > max(5 * med, 1e-3):
-            out.append(f"KL spike: {kl[peak_i]:.3g} at step {_steps(traj, len(kl))[peak_i]:.0f} (median {med:.3g})")
+            out.append(
+                f"KL spike: {kl[peak_i]:.3g} at step {_steps(traj, len(kl))[peak_i]:.0f} (median {med:.3g})"
+            )
     rew = _series(traj, "train/reward_mean")
     if len(rew) >= 6:
         total = rew[-1] - rew[0]
         half = len(rew) // 2
         late = rew[-1] - rew[half]
         if abs(late) < max(0.01, 0.1 * abs(total)):
-            out.append(f"reward plateau: reward_mean moved {late:+.3g} over the second half (total {total:+.3g}, "
-                       f"{rew[0]:.3g} -> {rew[-1]:.3g})")
+            out.append(
+                f"reward plateau: reward_mean moved {late:+.3g} over the second half (total {total:+.3g}, "
+                f"{rew[0]:.3g} -> {rew[-1]:.3g})"
+            )
         elif total < 0:
             out.append(f"reward decline: reward_mean fell {rew[0]:.3g} -> {rew[-1]:.3g}")
     ln = _series(traj, "train/response_length")
     if len(ln) >= 3 and ln[0] > 0:
         ratio = ln[-1] / ln[0]
         if ratio > 1.3 or ratio < 0.7:
-            out.append(f"length drift: mean response length {ln[0]:.4g} -> {ln[-1]:.4g} tokens (x{ratio:.2f})")
+            out.append(
+                f"length drift: mean response length {ln[0]:.4g} -> {ln[-1]:.4g} tokens (x{ratio:.2f})"
+            )
     vr = _series(traj, "train/valid_rate")
     if len(vr) >= 2 and abs(vr[-1] - vr[0]) >= 0.05:
         out.append(f"valid-rate change during training: {vr[0]:.3g} -> {vr[-1]:.3g}")
@@ -67,11 +77,15 @@ def trajectory_diagnostics(traj: dict[str, Any]) -> list[str]:
     return out
 
 
-def metric_diagnostics(node_res: dict[str, Any], parent_res: dict[str, Any] | None) -> tuple[list[str], list[tuple]]:
+def metric_diagnostics(
+    node_res: dict[str, Any], parent_res: dict[str, Any] | None
+) -> tuple[list[str], list[tuple]]:
     """(findings, table rows ``(metric, node, parent, delta, significant)``) of node vs parent metrics."""
     nm = node_res.get("metrics", {}) or {}
     if not parent_res:
-        return ["no evaluated parent to compare with"], [(k, v, None, None, False) for k, v in sorted(nm.items())]
+        return ["no evaluated parent to compare with"], [
+            (k, v, None, None, False) for k, v in sorted(nm.items())
+        ]
     pm = parent_res.get("metrics", {}) or {}
     ni, pi = node_res.get("intervals", {}) or {}, parent_res.get("intervals", {}) or {}
     rows, moved = [], []
@@ -87,13 +101,23 @@ def metric_diagnostics(node_res: dict[str, Any], parent_res: dict[str, Any] | No
         rows.append((k, a, b, a - b, sig))
         if sig:
             moved.append(f"{k} {b:.4g} -> {a:.4g} ({a - b:+.4g}), beyond its 95% interval")
-    out = moved or ["no metric moved beyond its 95% interval" if (ni or pi) else "no intervals recorded: changes are unqualified"]
-    if "valid_rate" in nm and "valid_rate" in pm and abs(float(nm["valid_rate"]) - float(pm["valid_rate"])) >= 0.02:
+    out = moved or [
+        "no metric moved beyond its 95% interval"
+        if (ni or pi)
+        else "no intervals recorded: changes are unqualified"
+    ]
+    if (
+        "valid_rate" in nm
+        and "valid_rate" in pm
+        and abs(float(nm["valid_rate"]) - float(pm["valid_rate"])) >= 0.02
+    ):
         out.append(f"valid rate {float(pm['valid_rate']):.3g} -> {float(nm['valid_rate']):.3g}")
     if "mean_length" in nm and "mean_length" in pm and float(pm["mean_length"]) > 0:
         r = float(nm["mean_length"]) / float(pm["mean_length"])
         if abs(r - 1) >= 0.1:
-            out.append(f"mean length x{r:.2f} vs parent ({float(pm['mean_length']):.4g} -> {float(nm['mean_length']):.4g})")
+            out.append(
+                f"mean length x{r:.2f} vs parent ({float(pm['mean_length']):.4g} -> {float(nm['mean_length']):.4g})"
+            )
     return out, rows
 
 
@@ -101,15 +125,35 @@ def _fmt(v) -> str:
     return "—" if v is None else f"{v:.4g}"
 
 
-def render(name: str, parent: str | None, findings: Sequence[str], traj_findings: Sequence[str], rows, narrative: str = "") -> str:
+def render(
+    name: str,
+    parent: str | None,
+    findings: Sequence[str],
+    traj_findings: Sequence[str],
+    rows,
+    narrative: str = "",
+) -> str:
     lines = [f"# Reflection on {name}", ""]
     if rows:
-        lines += [f"## Metrics vs parent {parent or '—'}", "", "| metric | node | parent | delta | beyond interval |", "|---|---|---|---|---|"]
-        lines += [f"| {k} | {_fmt(a)} | {_fmt(b)} | {_fmt(d)} | {'yes' if s else ''} |" for k, a, b, d, s in rows]
+        lines += [
+            f"## Metrics vs parent {parent or '—'}",
+            "",
+            "| metric | node | parent | delta | beyond interval |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {k} | {_fmt(a)} | {_fmt(b)} | {_fmt(d)} | {'yes' if s else ''} |"
+            for k, a, b, d, s in rows
+        ]
         lines.append("")
-    lines += ["## Diagnostics", ""] + [f"- {f}" for f in (list(findings) + list(traj_findings))] + [""]
+    lines += (
+        ["## Diagnostics", ""] + [f"- {f}" for f in (list(findings) + list(traj_findings))] + [""]
+    )
     if not traj_findings:
-        lines.insert(-1, "- trajectory: no entropy collapse, KL spike, plateau or length drift detected (or no trajectory recorded)")
+        lines.insert(
+            -1,
+            "- trajectory: no entropy collapse, KL spike, plateau or length drift detected (or no trajectory recorded)",
+        )
     if narrative:
         lines += ["## Mechanism-level analysis", "", narrative.strip(), ""]
     return "\n".join(lines)
@@ -120,11 +164,15 @@ def reflect_node(archive, name: str, cfg, llm=None) -> str:
     node = archive.node(name)
     if node.results is None:
         if node.status == "rejected":
-            text = (f"# Reflection on {name}\n\n## Diagnostics\n\n- rejected before evaluation: "
-                    f"{node.trailer('Poise-Reason') or 'no reason recorded'}\n")
+            text = (
+                f"# Reflection on {name}\n\n## Diagnostics\n\n- rejected before evaluation: "
+                f"{node.trailer('Poise-Reason') or 'no reason recorded'}\n"
+            )
             archive.record_reflection(name, text)
             return text
-        raise PoiseError(f"node {name!r} has no results.json yet; evaluate it first (`poise-git evaluate {name}`)")
+        raise PoiseError(
+            f"node {name!r} has no results.json yet; evaluate it first (`poise-git evaluate {name}`)"
+        )
     parent = node.parent
     parent_res = archive.node(parent).results if parent and archive.exists(parent) else None
     findings, rows = metric_diagnostics(node.results, parent_res)
@@ -132,13 +180,24 @@ def reflect_node(archive, name: str, cfg, llm=None) -> str:
     narrative = ""
     if llm is not None:
         diff = archive.diff(parent, name, ["algorithm.py"]) if parent else archive.algorithm(name)
-        prompt = (f"Node `{name}` (parent `{parent}`).\n\nProposal:\n{archive.read_file(name, 'PROPOSAL.md') or '(none)'}\n\n"
-                  f"Mechanism diff vs parent:\n```diff\n{diff[:6000]}\n```\n\nComputed diagnostics:\n"
-                  + "\n".join(f"- {f}" for f in findings + traj)
-                  + "\n\nWrite a short mechanism-level analysis (<= 200 words): which part of the mechanism most likely "
-                    "caused each finding, and one concrete next step. Plain Markdown, no headings.")
-        narrative = llm.chat([{"role": "system", "content": "You analyse RL-for-LLM training runs precisely and briefly."},
-                              {"role": "user", "content": prompt}], node=name, purpose="reflect").text
+        prompt = (
+            f"Node `{name}` (parent `{parent}`).\n\nProposal:\n{archive.read_file(name, 'PROPOSAL.md') or '(none)'}\n\n"
+            f"Mechanism diff vs parent:\n```diff\n{diff[:6000]}\n```\n\nComputed diagnostics:\n"
+            + "\n".join(f"- {f}" for f in findings + traj)
+            + "\n\nWrite a short mechanism-level analysis (<= 200 words): which part of the mechanism most likely "
+            "caused each finding, and one concrete next step. Plain Markdown, no headings."
+        )
+        narrative = llm.chat(
+            [
+                {
+                    "role": "system",
+                    "content": "You analyse RL-for-LLM training runs precisely and briefly.",
+                },
+                {"role": "user", "content": prompt},
+            ],
+            node=name,
+            purpose="reflect",
+        ).text
     text = render(name, parent, findings, traj, rows, narrative)
     archive.record_reflection(name, text)
     _log_mlflow(archive, node.results, text)

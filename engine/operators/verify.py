@@ -34,15 +34,22 @@ class VerifyLimits:
     call_s: float = 5.0
 
     @classmethod
-    def from_env(cls) -> "VerifyLimits":
+    def from_env(cls) -> VerifyLimits:
         kw: dict[str, Any] = {}
-        for f, conv in (("timeout_s", float), ("cpu_s", float), ("memory_mb", int), ("call_s", float)):
+        for f, conv in (
+            ("timeout_s", float),
+            ("cpu_s", float),
+            ("memory_mb", int),
+            ("call_s", float),
+        ):
             v = os.environ.get(f"POISE_VERIFY_{f.upper()}")
             if v:
                 try:
                     kw[f] = conv(v)
                 except ValueError:
-                    raise PoiseError(f"POISE_VERIFY_{f.upper()} must be a number, got {v!r}") from None
+                    raise PoiseError(
+                        f"POISE_VERIFY_{f.upper()} must be a number, got {v!r}"
+                    ) from None
         return cls(**kw)
 
 
@@ -67,7 +74,9 @@ class Collect:
                 crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
                 msg = crash.message if crash is not None else str(report.longrepr)[-400:]
                 msg = (msg.strip().splitlines() or [""])[0]
-            self.rows.append({"test": report.nodeid, "outcome": report.outcome, "when": report.when, "message": msg[:600]})
+            self.rows.append(
+                {"test": report.nodeid, "outcome": report.outcome, "when": report.when, "message": msg[:600]}
+            )
 
 c = Collect()
 rc = pytest.main(["-q", "--maxfail=2", "-p", "no:cacheprovider", "tests"], plugins=[c])
@@ -89,7 +98,9 @@ def generate_suite(intents: tuple[str, ...] | list[str] = ()) -> dict[str, str]:
     return files
 
 
-def run_suite(source: str, files: dict[str, str], limits: VerifyLimits) -> tuple[bool, str, dict[str, Any]]:
+def run_suite(
+    source: str, files: dict[str, str], limits: VerifyLimits
+) -> tuple[bool, str, dict[str, Any]]:
     """Run the suite against ``source`` in a limited subprocess; (ok, reason, report)."""
     from engine.sandbox.process import child_env, run_limited
 
@@ -100,9 +111,17 @@ def run_suite(source: str, files: dict[str, str], limits: VerifyLimits) -> tuple
         for path, text in files.items():
             (root / path).write_text(text, encoding="utf-8")
         out = root / "result.json"
-        env = child_env({"POISE_VERIFY_CALL_S": str(limits.call_s), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
-        res = run_limited([sys.executable, "-c", _RUNNER, str(out)], timeout_s=limits.timeout_s, cpu_s=limits.cpu_s,
-                          memory_mb=limits.memory_mb, cwd=root, env=env)
+        env = child_env(
+            {"POISE_VERIFY_CALL_S": str(limits.call_s), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+        )
+        res = run_limited(
+            [sys.executable, "-c", _RUNNER, str(out)],
+            timeout_s=limits.timeout_s,
+            cpu_s=limits.cpu_s,
+            memory_mb=limits.memory_mb,
+            cwd=root,
+            env=env,
+        )
         report: dict[str, Any] = {"wall_s": round(res.wall_s, 2), "limits": asdict(limits)}
         data = None
         if out.is_file():
@@ -116,7 +135,9 @@ def run_suite(source: str, files: dict[str, str], limits: VerifyLimits) -> tuple
         return False, f"the test run died: {res.reason()}", report
     report["tests"] = data["tests"]
     report["passed"] = sum(1 for t in data["tests"] if t["outcome"] == "passed")
-    report["failed"] = [t["test"].split("::")[-1] for t in data["tests"] if t["outcome"] == "failed"]
+    report["failed"] = [
+        t["test"].split("::")[-1] for t in data["tests"] if t["outcome"] == "failed"
+    ]
     if data["returncode"] == 0 and not report["failed"]:
         report["fingerprint"] = data["fingerprint"]
         return True, "", report
@@ -128,7 +149,9 @@ def run_suite(source: str, files: dict[str, str], limits: VerifyLimits) -> tuple
     return False, f"{first['test'].split('::')[-1]} failed: {msg}", report
 
 
-def verify_source(source: str, parent_source: str | None, intents=(), limits: VerifyLimits | None = None) -> VerifyResult:
+def verify_source(
+    source: str, parent_source: str | None, intents=(), limits: VerifyLimits | None = None
+) -> VerifyResult:
     """Static checks, then the generated suite in a sandbox (nothing recorded)."""
     from engine.operators.static_check import static_check
 
@@ -144,14 +167,18 @@ def verify_source(source: str, parent_source: str | None, intents=(), limits: Ve
     return VerifyResult(ok, reason, report)
 
 
-def verify_node(archive, name: str, cfg=None, *, proposal=None, limits: VerifyLimits | None = None) -> VerifyResult:
+def verify_node(
+    archive, name: str, cfg=None, *, proposal=None, limits: VerifyLimits | None = None
+) -> VerifyResult:
     """Verify node ``name``; commit ``tests/`` + ``verification.json`` and set verified | rejected.
 
     A node already past verification (evaluating / evaluated / failed) keeps its status; only the
     record is added."""
     node = archive.node(name)
     source = archive.algorithm(name)
-    parent_source = archive.algorithm(node.parent) if node.parent and archive.exists(node.parent) else None
+    parent_source = (
+        archive.algorithm(node.parent) if node.parent and archive.exists(node.parent) else None
+    )
     if proposal is None:
         rec = archive.read_file(name, "records/proposal.json")
         intents = tuple(json.loads(rec).get("intents", ())) if rec else ()
@@ -159,12 +186,29 @@ def verify_node(archive, name: str, cfg=None, *, proposal=None, limits: VerifyLi
         intents = tuple(proposal.intents)
     result = verify_source(source, parent_source, intents, limits)
     files = result.report.pop("files")
-    record = {"ok": result.ok, "reason": result.reason, "intents": [i for i in intents if i in INTENT_TESTS], **result.report}
-    payload = {VERIFICATION: json.dumps(record, indent=1, sort_keys=True, allow_nan=False) + "\n", **files}
-    status = ("verified" if result.ok else "rejected") if node.status in ("spawned", "verified", "rejected") else node.status
+    record = {
+        "ok": result.ok,
+        "reason": result.reason,
+        "intents": [i for i in intents if i in INTENT_TESTS],
+        **result.report,
+    }
+    payload = {
+        VERIFICATION: json.dumps(record, indent=1, sort_keys=True, allow_nan=False) + "\n",
+        **files,
+    }
+    status = (
+        ("verified" if result.ok else "rejected")
+        if node.status in ("spawned", "verified", "rejected")
+        else node.status
+    )
     if result.ok:
-        archive.commit_files(name, payload, subject=f"poise: {name} verified", status=status,
-                             trailers={"Poise-Event": "verified", "Poise-Reason": []})
+        archive.commit_files(
+            name,
+            payload,
+            subject=f"poise: {name} verified",
+            status=status,
+            trailers={"Poise-Event": "verified", "Poise-Reason": []},
+        )
     else:
         archive.set_status(name, status, result.reason, files=payload)
     return result

@@ -3,12 +3,17 @@ writes ``<stem>.svg`` and ``<stem>.png``; it returns the stem's file names, or N
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from engine.select import objective as obj
 
-DYNAMICS = (("train/reward_mean", "reward (mean)"), ("train/entropy", "entropy"), ("train/response_length", "response length"))
+DYNAMICS = (
+    ("train/reward_mean", "reward (mean)"),
+    ("train/entropy", "entropy"),
+    ("train/response_length", "response length"),
+)
 
 
 def _plt():
@@ -70,22 +75,48 @@ def lineage(nodes: Mapping[str, Any], exp, out: Path) -> dict[str, str] | None:
         for i, p in enumerate(n.parents):
             if p in pos:
                 (x0, y0), (x1, y1) = pos[p], pos[n.name]
-                ax.plot([x0, x1], [y0, y1], color="#999", lw=1, ls="-" if i == 0 else "--", zorder=1)
+                ax.plot(
+                    [x0, x1], [y0, y1], color="#999", lw=1, ls="-" if i == 0 else "--", zorder=1
+                )
     scored = {k: obj.node_utility(n, exp) for k, n in nodes.items()}
     vals = [u for u in scored.values() if u is not None]
     if vals:
         names = [k for k, u in scored.items() if u is not None]
-        sc = ax.scatter([pos[k][0] for k in names], [pos[k][1] for k in names], c=[scored[k] for k in names],
-                        cmap="viridis", s=160, edgecolors="black", zorder=3, vmin=min(vals), vmax=max(vals) if max(vals) > min(vals) else min(vals) + 1e-9)
-        fig.colorbar(sc, ax=ax, label=f"U ({exp.objective}{' - len penalty' if exp.length_penalty else ''})", shrink=0.8)
+        sc = ax.scatter(
+            [pos[k][0] for k in names],
+            [pos[k][1] for k in names],
+            c=[scored[k] for k in names],
+            cmap="viridis",
+            s=160,
+            edgecolors="black",
+            zorder=3,
+            vmin=min(vals),
+            vmax=max(vals) if max(vals) > min(vals) else min(vals) + 1e-9,
+        )
+        fig.colorbar(
+            sc,
+            ax=ax,
+            label=f"U ({exp.objective}{' - len penalty' if exp.length_penalty else ''})",
+            shrink=0.8,
+        )
     other = [k for k, u in scored.items() if u is None]
     if other:
-        ax.scatter([pos[k][0] for k in other], [pos[k][1] for k in other], marker="X", s=110, color="#bbb",
-                   edgecolors="#555", zorder=3, label="failed / rejected / not evaluated")
+        ax.scatter(
+            [pos[k][0] for k in other],
+            [pos[k][1] for k in other],
+            marker="X",
+            s=110,
+            color="#bbb",
+            edgecolors="#555",
+            zorder=3,
+            label="failed / rejected / not evaluated",
+        )
         ax.legend(loc="lower right", fontsize=8)
     if len(nodes) <= 80:
         for k, (x, y) in pos.items():
-            ax.annotate(k, (x, y), xytext=(0, 9), textcoords="offset points", ha="center", fontsize=7)
+            ax.annotate(
+                k, (x, y), xytext=(0, 9), textcoords="offset points", ha="center", fontsize=7
+            )
     ax.set_yticks([-d for d in range(depth + 1)], [str(d) for d in range(depth + 1)])
     ax.set_ylabel("depth")
     ax.set_xticks([])
@@ -126,7 +157,9 @@ def frontier(nodes: Mapping[str, Any], exp, out: Path) -> dict[str, str] | None:
 
 def dynamics(nodes: Mapping[str, Any], names: list[str], out: Path) -> dict[str, str] | None:
     series = {k: (nodes[k].results or {}).get("trajectory") or {} for k in names if k in nodes}
-    series = {k: t for k, t in series.items() if t.get("step") and any(t.get(key) for key, _ in DYNAMICS)}
+    series = {
+        k: t for k, t in series.items() if t.get("step") and any(t.get(key) for key, _ in DYNAMICS)
+    }
     if not series:
         return None
     plt = _plt()
@@ -145,7 +178,9 @@ def dynamics(nodes: Mapping[str, Any], names: list[str], out: Path) -> dict[str,
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle("Training dynamics: the root and the best nodes (faint: per step; solid: moving mean)")
+    fig.suptitle(
+        "Training dynamics: the root and the best nodes (faint: per step; solid: moving mean)"
+    )
     return _save(fig, out, "dynamics")
 
 
@@ -162,21 +197,41 @@ def _smooth(ys: list[float]) -> list[float]:
 
 
 def accuracy_length(nodes: Mapping[str, Any], exp, out: Path) -> dict[str, str] | None:
-    pts = {k: (float(n.metrics[exp.objective]), float(n.metrics["mean_length"])) for k, n in nodes.items()
-           if n.status == "evaluated" and exp.objective in n.metrics and "mean_length" in n.metrics}
+    pts = {
+        k: (float(n.metrics[exp.objective]), float(n.metrics["mean_length"]))
+        for k, n in nodes.items()
+        if n.status == "evaluated" and exp.objective in n.metrics and "mean_length" in n.metrics
+    }
     if not pts:
         return None
     plt = _plt()
     front = obj.pareto_front({k: (a, -ln) for k, (a, ln) in pts.items()})
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    ax.scatter([ln for _, ln in pts.values()], [a for a, _ in pts.values()], color="#9aa9bb", s=30, label="nodes")
+    ax.scatter(
+        [ln for _, ln in pts.values()],
+        [a for a, _ in pts.values()],
+        color="#9aa9bb",
+        s=30,
+        label="nodes",
+    )
     fr = sorted((pts[k] for k in front), key=lambda p: p[1])
     ax.plot([ln for _, ln in fr], [a for a, _ in fr], "o-", color="#d62728", label="Pareto front")
     for k in front:
-        ax.annotate(k, (pts[k][1], pts[k][0]), xytext=(4, 4), textcoords="offset points", fontsize=7)
+        ax.annotate(
+            k, (pts[k][1], pts[k][0]), xytext=(4, 4), textcoords="offset points", fontsize=7
+        )
     roots = [k for k, n in nodes.items() if not n.parents and k in pts]
     for k in roots:
-        ax.scatter([pts[k][1]], [pts[k][0]], marker="*", s=220, color="gold", edgecolors="black", zorder=4, label=f"root ({k})")
+        ax.scatter(
+            [pts[k][1]],
+            [pts[k][0]],
+            marker="*",
+            s=220,
+            color="gold",
+            edgecolors="black",
+            zorder=4,
+            label=f"root ({k})",
+        )
     ax.set_xlabel("mean response length")
     ax.set_ylabel(exp.objective)
     ax.set_title("Accuracy vs length")

@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.report import figures
-from engine.select import objective as obj
 from engine.archive.store import ALGORITHM, ROOT_NAME, Archive
 from engine.config import ExperimentConfig
+from engine.report import figures
+from engine.select import objective as obj
 
 REPORT_DIR = Path(".poise") / "report"
 
@@ -31,7 +31,11 @@ def report_experiment(archive: Archive) -> ExperimentConfig:
     rec = load_run(archive)
     if rec is not None and rec.get("experiment"):
         fields = {f.name for f in dataclasses.fields(ExperimentConfig)}
-        vals = {k: (tuple(v) if isinstance(v, list) else v) for k, v in rec.get("experiment").items() if k in fields}
+        vals = {
+            k: (tuple(v) if isinstance(v, list) else v)
+            for k, v in rec.get("experiment").items()
+            if k in fields
+        }
         exp = dataclasses.replace(exp, **vals)
     return exp
 
@@ -39,7 +43,9 @@ def report_experiment(archive: Archive) -> ExperimentConfig:
 def _root(nodes) -> str | None:
     if ROOT_NAME in nodes:
         return ROOT_NAME
-    return next((k for k, n in sorted(nodes.items(), key=lambda kv: kv[1].created) if not n.parents), None)
+    return next(
+        (k for k, n in sorted(nodes.items(), key=lambda kv: kv[1].created) if not n.parents), None
+    )
 
 
 def _f(v: Any, nd: int = 4) -> str:
@@ -61,17 +67,29 @@ def node_rows(nodes, exp: ExperimentConfig) -> list[dict[str, Any]]:
     for n in sorted(nodes.values(), key=lambda n: (n.depth, n.created)):
         u = obj.node_utility(n, exp)
         parent = nodes.get(n.parent) if n.parent else None
-        rows.append({
-            "node": n.name, "depth": n.depth, "parents": list(n.parents), "status": n.status,
-            "round": n.trailer("Poise-Round"), "proposer": n.trailer("Poise-Proposer"), "utility": u,
-            "interval": obj.utility_interval(n, exp) if u is not None else None,
-            "objective": n.metrics.get(exp.objective), "mean_length": n.metrics.get("mean_length"),
-            "delta_root": None if u is None or u_root is None else u - u_root,
-            "delta_parent": None if u is None or obj.node_utility(parent, exp) is None else u - obj.node_utility(parent, exp),
-            "vs_parent": obj.promotion(n, parent, exp) if parent is not None else "",
-            "vs_root": obj.promotion(n, root, exp) if root is not None and n is not root else "",
-            "reason": n.trailer("Poise-Reason") or (n.results or {}).get("reason") or "",
-        })
+        rows.append(
+            {
+                "node": n.name,
+                "depth": n.depth,
+                "parents": list(n.parents),
+                "status": n.status,
+                "round": n.trailer("Poise-Round"),
+                "proposer": n.trailer("Poise-Proposer"),
+                "utility": u,
+                "interval": obj.utility_interval(n, exp) if u is not None else None,
+                "objective": n.metrics.get(exp.objective),
+                "mean_length": n.metrics.get("mean_length"),
+                "delta_root": None if u is None or u_root is None else u - u_root,
+                "delta_parent": None
+                if u is None or obj.node_utility(parent, exp) is None
+                else u - obj.node_utility(parent, exp),
+                "vs_parent": obj.promotion(n, parent, exp) if parent is not None else "",
+                "vs_root": obj.promotion(n, root, exp)
+                if root is not None and n is not root
+                else "",
+                "reason": n.trailer("Poise-Reason") or (n.results or {}).get("reason") or "",
+            }
+        )
     return rows
 
 
@@ -83,7 +101,12 @@ th{background:#f4f6f8}.pos{color:#08753a}.neg{color:#b00020}.better{font-weight:
 .kv td{border:none;padding:2px 10px 2px 0}"""
 
 
-def render(archive: Archive, out_dir: str | Path | None = None, experiment: ExperimentConfig | None = None, top: int = 3) -> Path:
+def render(
+    archive: Archive,
+    out_dir: str | Path | None = None,
+    experiment: ExperimentConfig | None = None,
+    top: int = 3,
+) -> Path:
     """Write ``index.html`` and its figures; returns the page's path."""
     from engine.loop.state import load_run
 
@@ -99,47 +122,97 @@ def render(archive: Archive, out_dir: str | Path | None = None, experiment: Expe
     ranked = obj.ranked(nodes, exp)
     best = ranked[0][0] if ranked else None
     figs: list[tuple[str, dict[str, str] | None, str]] = [
-        ("Lineage", figures.lineage(nodes, exp, out), "Every node at its depth, coloured by utility; dashed edges are crossover parents."),
-        ("Frontier vs depth", figures.frontier(nodes, exp, out), "Cumulative best utility up to each depth and the mean of the top 3 at that depth."),
-        ("Training dynamics", figures.dynamics(nodes, [k for k in [root] + [k for k, _ in ranked[:top]] if k], out),
-         "Reward, entropy and response length along RL training (results.json trajectories)."),
+        (
+            "Lineage",
+            figures.lineage(nodes, exp, out),
+            "Every node at its depth, coloured by utility; dashed edges are crossover parents.",
+        ),
+        (
+            "Frontier vs depth",
+            figures.frontier(nodes, exp, out),
+            "Cumulative best utility up to each depth and the mean of the top 3 at that depth.",
+        ),
+        (
+            "Training dynamics",
+            figures.dynamics(nodes, [k for k in [root] + [k for k, _ in ranked[:top]] if k], out),
+            "Reward, entropy and response length along RL training (results.json trajectories).",
+        ),
     ]
     if obj.has_length_objective(exp):
-        figs.append(("Accuracy vs length", figures.accuracy_length(nodes, exp, out), f"{exp.objective} against mean response length; the Pareto front in red."))
+        figs.append(
+            (
+                "Accuracy vs length",
+                figures.accuracy_length(nodes, exp, out),
+                f"{exp.objective} against mean response length; the Pareto front in red.",
+            )
+        )
     rows = node_rows(nodes, exp)
     rec = load_run(archive)
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>poise-git report: {html.escape(exp.name)}</title>",
-             f"<style>{_CSS}</style></head><body>", f"<h1>poise-git report — {html.escape(exp.name)}</h1>",
-             f"<p class='sub'>{html.escape(str(archive.path))} · generated {time.strftime('%Y-%m-%d %H:%M:%S')}</p>",
-             "<table class='kv'>", _kv("objective", obj.describe(exp))]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>poise-git report: {html.escape(exp.name)}</title>",
+        f"<style>{_CSS}</style></head><body>",
+        f"<h1>poise-git report — {html.escape(exp.name)}</h1>",
+        f"<p class='sub'>{html.escape(str(archive.path))} · generated {time.strftime('%Y-%m-%d %H:%M:%S')}</p>",
+        "<table class='kv'>",
+        _kv("objective", obj.describe(exp)),
+    ]
     if exp.directive:
         parts.append(_kv("directive", exp.directive))
-    counts = {s: sum(1 for n in nodes.values() if n.status == s) for s in ("evaluated", "failed", "rejected", "verified", "spawned")}
-    parts.append(_kv("nodes", f"{len(nodes)} ({', '.join(f'{v} {k}' for k, v in counts.items() if v)})"))
+    counts = {
+        s: sum(1 for n in nodes.values() if n.status == s)
+        for s in ("evaluated", "failed", "rejected", "verified", "spawned")
+    }
+    parts.append(
+        _kv("nodes", f"{len(nodes)} ({', '.join(f'{v} {k}' for k, v in counts.items() if v)})")
+    )
     if best:
         u_root = obj.node_utility(nodes.get(root or ""), exp)
-        parts.append(_kv("best", f"{best}: U {ranked[0][1]:.4f}" + (f" (root {u_root:.4f}; {obj.promotion(nodes[best], nodes[root], exp)} than the root)" if u_root is not None and best != root else "")))
+        parts.append(
+            _kv(
+                "best",
+                f"{best}: U {ranked[0][1]:.4f}"
+                + (
+                    f" (root {u_root:.4f}; {obj.promotion(nodes[best], nodes[root], exp)} than the root)"
+                    if u_root is not None and best != root
+                    else ""
+                ),
+            )
+        )
     if rec is not None:
         plan = rec.get("plan", {})
-        parts.append(_kv("last run", f"{rec.id}: rounds {plan.get('start_round')}–{int(plan.get('start_round', 1)) + int(plan.get('rounds', 1)) - 1}, "
-                         f"{plan.get('parents')} parents × {plan.get('population')} candidates, {plan.get('seeds')} seed(s), "
-                         f"{rec.get('status')}: {rec.get('stop_reason') or ''}"))
+        parts.append(
+            _kv(
+                "last run",
+                f"{rec.id}: rounds {plan.get('start_round')}–"
+                f"{int(plan.get('start_round', 1)) + int(plan.get('rounds', 1)) - 1}, "
+                f"{plan.get('parents')} parents × {plan.get('population')} candidates, {plan.get('seeds')} seed(s), "
+                f"{rec.get('status')}: {rec.get('stop_reason') or ''}",
+            )
+        )
     parts.append("</table>")
     for title, files, caption in figs:
         if files:
-            parts.append(f"<figure><h2>{title}</h2><img src='{files['svg']}' alt='{title}'>"
-                         f"<figcaption>{caption} (<a href='{files['png']}'>PNG</a>, <a href='{files['svg']}'>SVG</a>)</figcaption></figure>")
+            parts.append(
+                f"<figure><h2>{title}</h2><img src='{files['svg']}' alt='{title}'>"
+                f"<figcaption>{caption} (<a href='{files['png']}'>PNG</a>, "
+                f"<a href='{files['svg']}'>SVG</a>)</figcaption></figure>"
+            )
         else:
             parts.append(f"<h2>{title}</h2><p class='sub'>no data yet</p>")
     parts.append(_rounds(nodes, rows))
-    parts.append("<h2>Nodes</h2><p class='sub'>U with its 95% interval; a child is <b>better</b> than its parent only when its "
-                 "interval lies wholly above the parent's (<i>within noise</i> otherwise; <i>no interval</i> with one seed).</p>")
+    parts.append(
+        "<h2>Nodes</h2><p class='sub'>U with its 95% interval; a child is <b>better</b> than its parent only when its "
+        "interval lies wholly above the parent's (<i>within noise</i> otherwise; <i>no interval</i> with one seed).</p>"
+    )
     parts.append(_table(rows, exp))
     shown = best if best != root else next((k for k, _ in ranked if k != root), None)
     if shown and root:
         what = "the best node" if shown == best else "the best candidate (the root remains best)"
         diff = archive.diff(root, shown, [ALGORITHM])
-        parts.append(f"<h2>Mechanism of {what}: {html.escape(shown)} vs the root</h2><pre>{html.escape(diff or '(no change)')}</pre>")
+        parts.append(
+            f"<h2>Mechanism of {what}: {html.escape(shown)} vs the root</h2>"
+            f"<pre>{html.escape(diff or '(no change)')}</pre>"
+        )
     parts.append("</body></html>")
     page = out / "index.html"
     page.write_text("\n".join(parts), encoding="utf-8")
@@ -151,18 +224,46 @@ def _kv(k: str, v: str) -> str:
 
 
 def _table(rows: list[dict[str, Any]], exp: ExperimentConfig) -> str:
-    head = ["node", "depth", "parent(s)", "round", "status", "U", "95% interval", exp.objective, "mean length",
-            "Δ vs root", "Δ vs parent", "vs parent", "reason"]
+    head = [
+        "node",
+        "depth",
+        "parent(s)",
+        "round",
+        "status",
+        "U",
+        "95% interval",
+        exp.objective,
+        "mean length",
+        "Δ vs root",
+        "Δ vs parent",
+        "vs parent",
+        "reason",
+    ]
     out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
     for r in rows:
         iv = r["interval"]
         verdict = r["vs_parent"]
         cls = "better" if verdict == obj.BETTER else "worse" if verdict == obj.WORSE else ""
-        cells = [html.escape(r["node"]), str(r["depth"]), html.escape(", ".join(r["parents"]) or "—"), _f(r["round"]),
-                 html.escape(r["status"]), _f(r["utility"]), f"[{iv[0]:.4f}, {iv[1]:.4f}]" if iv else "—",
-                 _f(r["objective"]), _f(r["mean_length"]), _delta(r["utility"], None if r["delta_root"] is None else r["utility"] - r["delta_root"]),
-                 _delta(r["utility"], None if r["delta_parent"] is None else r["utility"] - r["delta_parent"]),
-                 f"<span class='{cls}'>{html.escape(verdict)}</span>", html.escape(r["reason"][:160])]
+        cells = [
+            html.escape(r["node"]),
+            str(r["depth"]),
+            html.escape(", ".join(r["parents"]) or "—"),
+            _f(r["round"]),
+            html.escape(r["status"]),
+            _f(r["utility"]),
+            f"[{iv[0]:.4f}, {iv[1]:.4f}]" if iv else "—",
+            _f(r["objective"]),
+            _f(r["mean_length"]),
+            _delta(
+                r["utility"], None if r["delta_root"] is None else r["utility"] - r["delta_root"]
+            ),
+            _delta(
+                r["utility"],
+                None if r["delta_parent"] is None else r["utility"] - r["delta_parent"],
+            ),
+            f"<span class='{cls}'>{html.escape(verdict)}</span>",
+            html.escape(r["reason"][:160]),
+        ]
         out.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     out.append("</table>")
     return "\n".join(out)
@@ -178,16 +279,24 @@ def _rounds(nodes, rows: list[dict[str, Any]]) -> str:
             continue
     if not by_round:
         return ""
-    out = ["<h2>Rounds</h2><table><tr><th>round</th><th>parents (rank: selection score)</th><th>children</th>"
-           "<th>best child (U)</th><th>better than parent</th></tr>"]
+    out = [
+        "<h2>Rounds</h2><table><tr><th>round</th><th>parents (rank: selection score)</th><th>children</th>"
+        "<th>best child (U)</th><th>better than parent</th></tr>"
+    ]
     for rnd in sorted(by_round):
         kids = by_round[rnd]
         parents = {}
         for k in kids:
             n = nodes[k["node"]]
             if n.parent:
-                parents[n.parent] = (n.trailer("Poise-Selection-Rank") or "?", n.trailer("Poise-Selection-Score") or "—")
-        ptxt = ", ".join(f"{html.escape(p)} ({rk}: {sc})" for p, (rk, sc) in sorted(parents.items(), key=lambda kv: kv[1][0]))
+                parents[n.parent] = (
+                    n.trailer("Poise-Selection-Rank") or "?",
+                    n.trailer("Poise-Selection-Score") or "—",
+                )
+        ptxt = ", ".join(
+            f"{html.escape(p)} ({rk}: {sc})"
+            for p, (rk, sc) in sorted(parents.items(), key=lambda kv: kv[1][0])
+        )
         status = {}
         for k in kids:
             status[k["status"]] = status.get(k["status"], 0) + 1
@@ -196,7 +305,9 @@ def _rounds(nodes, rows: list[dict[str, Any]]) -> str:
         best_txt = f"{html.escape(best['node'])} ({best['utility']:.4f})" if best else "—"
         better = [k["node"] for k in kids if k["vs_parent"] == obj.BETTER]
         counts = ", ".join(f"{v} {st}" for st, v in sorted(status.items()))
-        out.append(f"<tr><td>{rnd}</td><td>{ptxt}</td><td>{html.escape(counts)}</td><td>{best_txt}</td>"
-                   f"<td>{html.escape(', '.join(better)) or '—'}</td></tr>")
+        out.append(
+            f"<tr><td>{rnd}</td><td>{ptxt}</td><td>{html.escape(counts)}</td><td>{best_txt}</td>"
+            f"<td>{html.escape(', '.join(better)) or '—'}</td></tr>"
+        )
     out.append("</table>")
     return "\n".join(out)

@@ -7,9 +7,9 @@ import resource
 import signal
 import subprocess
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
 
 
 @dataclass
@@ -29,8 +29,16 @@ class SandboxResult:
         if self.timed_out:
             return f"exceeded the wall-clock limit ({self.wall_s:.0f} s)"
         if self.returncode < 0:
-            sig = signal.Signals(-self.returncode).name if -self.returncode in signal.Signals._value2member_map_ else str(-self.returncode)
-            hint = {"SIGXCPU": " (CPU-time limit)", "SIGKILL": " (killed: memory or CPU limit)", "SIGSEGV": ""}.get(sig, "")
+            sig = (
+                signal.Signals(-self.returncode).name
+                if -self.returncode in signal.Signals._value2member_map_
+                else str(-self.returncode)
+            )
+            hint = {
+                "SIGXCPU": " (CPU-time limit)",
+                "SIGKILL": " (killed: memory or CPU limit)",
+                "SIGSEGV": "",
+            }.get(sig, "")
             return f"killed by {sig}{hint}"
         tail = [ln for ln in self.stderr.strip().splitlines() if ln.strip()]
         if any("MemoryError" in ln for ln in tail[-5:]):
@@ -65,8 +73,14 @@ def run_limited(
     """Run ``cmd`` with limits; on timeout the whole process group gets SIGKILL. Never raises on failure."""
     start = time.monotonic()
     proc = subprocess.Popen(
-        list(cmd), cwd=cwd, env=dict(env) if env is not None else None, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_limits(cpu_s, memory_mb),
+        list(cmd),
+        cwd=cwd,
+        env=dict(env) if env is not None else None,
+        stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_limits(cpu_s, memory_mb),
     )
     timed_out = False
     try:
@@ -87,7 +101,9 @@ def kill_group(pid: int) -> None:
         pass
 
 
-def child_env(extra: Mapping[str, str] | None = None, *, drop_secrets: bool = True) -> dict[str, str]:
+def child_env(
+    extra: Mapping[str, str] | None = None, *, drop_secrets: bool = True
+) -> dict[str, str]:
     """The environment for an untrusted child: one torch thread, no API keys, the project importable."""
     repo = str(Path(__file__).resolve().parents[2])
     env = {k: v for k, v in os.environ.items() if not (drop_secrets and _secret(k))}

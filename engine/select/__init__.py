@@ -4,7 +4,7 @@
 ``retrospect(archive, cfg=None) -> dict``. See docs/selection.md.
 """
 
-from engine.select.core import Selection, SelectError, select_parents
+from engine.select.core import SelectError, Selection, select_parents
 from engine.select.retrospect import retrospect
 
 __all__ = ["Selection", "SelectError", "select_parents", "retrospect"]

@@ -9,8 +9,9 @@ after each pick. See docs/selection.md.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -65,16 +66,25 @@ def _read(archive: Any, need_sources: bool) -> tuple[dict, dict | None, dict | N
         return dict(archive), None, None, None
     nodes = archive.nodes()
     names = list(nodes)
-    blobs = archive.git.cat_blobs([f"{nodes[n].commit}:algorithm.py" for n in names] +
-                                  [f"{nodes[n].commit}:{FINGERPRINT}" for n in names])
+    blobs = archive.git.cat_blobs(
+        [f"{nodes[n].commit}:algorithm.py" for n in names]
+        + [f"{nodes[n].commit}:{FINGERPRINT}" for n in names]
+    )
     k = len(names)
     sources = {n: b.decode("utf-8", "replace") for n, b in zip(names, blobs[:k]) if b is not None}
     fps = {n: b for n, b in zip(names, blobs[k:]) if b is not None}
     return nodes, sources, fps, None
 
 
-def _gp_alpha(x: np.ndarray, y: np.ndarray | None, has_y: np.ndarray, kappa: float, max_train: int,
-              rng: np.random.Generator, seed: int) -> tuple[np.ndarray, np.ndarray, int]:
+def _gp_alpha(
+    x: np.ndarray,
+    y: np.ndarray | None,
+    has_y: np.ndarray,
+    kappa: float,
+    max_train: int,
+    rng: np.random.Generator,
+    seed: int,
+) -> tuple[np.ndarray, np.ndarray, int]:
     """(mean, std) of the GP at every row of x; trained on a seeded uniform subset (<= max_train)
     of the rows with an observed y."""
     n = len(x)
@@ -88,9 +98,12 @@ def _gp_alpha(x: np.ndarray, y: np.ndarray | None, has_y: np.ndarray, kappa: flo
     from sklearn.gaussian_process import GaussianProcessRegressor
     from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
 
-    kernel = ConstantKernel(1.0, (1e-2, 1e2)) * RBF(length_scale=np.sqrt(x.shape[1]), length_scale_bounds=(1e-2, 1e3)) \
-        + WhiteKernel(0.1, (1e-5, 1e1))
-    gp = GaussianProcessRegressor(kernel=kernel, normalize_y=True, random_state=seed, n_restarts_optimizer=0)
+    kernel = ConstantKernel(1.0, (1e-2, 1e2)) * RBF(
+        length_scale=np.sqrt(x.shape[1]), length_scale_bounds=(1e-2, 1e3)
+    ) + WhiteKernel(0.1, (1e-5, 1e1))
+    gp = GaussianProcessRegressor(
+        kernel=kernel, normalize_y=True, random_state=seed, n_restarts_optimizer=0
+    )
     from threadpoolctl import threadpool_limits
 
     # one BLAS thread: the matrices are small (<= max_train), and threaded BLAS that spins on a busy
@@ -106,7 +119,7 @@ def _crowding(mech: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, float]:
     """Per row of ``mech`` [N, D]: mean Euclidean distance to its nearest ``CROWD_NEIGHBOURS`` rows
     among ``ref`` (itself excluded); and the 90th percentile of all those N x |ref| distances (> 0)."""
     n = len(mech)
-    sq = (mech ** 2).sum(axis=1)
+    sq = (mech**2).sum(axis=1)
     d = mech @ mech[ref].T  # [N, R], in place from here on: |a|^2 + |b|^2 - 2 a.b
     d *= 2.0
     np.subtract(sq[:, None] + sq[ref][None, :], d, out=d)
@@ -136,9 +149,16 @@ def _standardize(a: np.ndarray) -> np.ndarray:
     return (a - a.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
 
 
-def select_parents(archive: Any, cfg: Config | None = None, k: int | None = None, seed: int | None = None,
-                   exclude: Iterable[str] = (), *, sources: Mapping[str, str] | None = None,
-                   fingerprints: Mapping[str, Any] | None = None) -> Selection:
+def select_parents(
+    archive: Any,
+    cfg: Config | None = None,
+    k: int | None = None,
+    seed: int | None = None,
+    exclude: Iterable[str] = (),
+    *,
+    sources: Mapping[str, str] | None = None,
+    fingerprints: Mapping[str, Any] | None = None,
+) -> Selection:
     """Rank the archive's nodes by s(d) and pick ``k`` parents (default ``[select].k``).
 
     ``archive``: an :class:`engine.archive.Archive` (nodes, algorithm.py and fingerprint.json read in
@@ -172,12 +192,24 @@ def select_parents(archive: Any, cfg: Config | None = None, k: int | None = None
         return sc.allow_failed or nodes[n].status not in NOT_PARENTS
 
     pop = [n for n in names if util[n] is not None and allowed(n)]
-    objectives = pareto.parse_objectives(exp.pareto_objectives) if exp.pareto_objectives else \
-        pareto.default_objectives([mets[n] for n in pop], exp.objective, exp.length_penalty)
-    params: dict[str, Any] = {"k": k, "top_k": sc.top_k, "gamma": sc.gamma, "beta": sc.beta, "kappa": sc.kappa,
-                              "weights": weights, "seed": seed, "allow_failed": sc.allow_failed,
-                              "objectives": [("-" if s < 0 else "") + m for m, s in objectives],
-                              "utility": exp.objective + (f" - {exp.length_penalty:g}*mean_length" if exp.length_penalty else "")}
+    objectives = (
+        pareto.parse_objectives(exp.pareto_objectives)
+        if exp.pareto_objectives
+        else pareto.default_objectives([mets[n] for n in pop], exp.objective, exp.length_penalty)
+    )
+    params: dict[str, Any] = {
+        "k": k,
+        "top_k": sc.top_k,
+        "gamma": sc.gamma,
+        "beta": sc.beta,
+        "kappa": sc.kappa,
+        "weights": weights,
+        "seed": seed,
+        "allow_failed": sc.allow_failed,
+        "objectives": [("-" if s < 0 else "") + m for m, s in objectives],
+        "utility": exp.objective
+        + (f" - {exp.length_penalty:g}*mean_length" if exp.length_penalty else ""),
+    }
     rows: dict[str, dict[str, Any]] = {}
     for n in names:
         node = nodes[n]
@@ -188,10 +220,24 @@ def select_parents(archive: Any, cfg: Config | None = None, k: int | None = None
             why = f"{node.status}: evidence, not a parent"
         elif util[n] is None:
             why = "no results" if not node.results else f"objective {exp.objective!r} not measured"
-        rows[n] = {"node": n, "status": node.status, "depth": node.depth, "children": len(kids.get(n, ())),
-                   "utility": util[n], "layer": None, "pareto": None, "perf": None, "div": None, "gp_ucb": None,
-                   "descendant_gain": gains.get(n), "descendants": n_desc.get(n, 0), "score": None,
-                   "rank": None, "eligible": why is None, "why": why}
+        rows[n] = {
+            "node": n,
+            "status": node.status,
+            "depth": node.depth,
+            "children": len(kids.get(n, ())),
+            "utility": util[n],
+            "layer": None,
+            "pareto": None,
+            "perf": None,
+            "div": None,
+            "gp_ucb": None,
+            "descendant_gain": gains.get(n),
+            "descendants": n_desc.get(n, 0),
+            "score": None,
+            "rank": None,
+            "eligible": why is None,
+            "why": why,
+        }
 
     cands = [n for n in pop if n not in exclude]
     if not cands:
@@ -205,15 +251,23 @@ def select_parents(archive: Any, cfg: Config | None = None, k: int | None = None
     span = u.max() - u.min()
     u_perf = (u - u.min()) / span if span > 0 else np.ones(len(pop))
     n_kids = np.array([len(kids.get(n, ())) for n in pop], dtype=float)
-    failed_frac = np.array([sum(nodes[c].status in NOT_PARENTS for c in kids.get(n, ())) for n in pop]) / np.maximum(n_kids, 1)
+    failed_frac = np.array(
+        [sum(nodes[c].status in NOT_PARENTS for c in kids.get(n, ())) for n in pop]
+    ) / np.maximum(n_kids, 1)
     depth = np.array([nodes[n].depth for n in pop], dtype=float)
 
     ystd = _standardize(y)
-    mech, mech_kind = mechanism_matrix(pop, sources, fingerprints, ystd / max(1.0, np.sqrt(y.shape[1])))
+    mech, mech_kind = mechanism_matrix(
+        pop, sources, fingerprints, ystd / max(1.0, np.sqrt(y.shape[1]))
+    )
     params["mechanism"] = mech_kind
 
     # crowding: mean distance to the nearest neighbours within a seeded reference sample
-    ref = np.arange(len(pop)) if len(pop) <= CROWD_REFERENCE else np.sort(rng.choice(len(pop), CROWD_REFERENCE, replace=False))
+    ref = (
+        np.arange(len(pop))
+        if len(pop) <= CROWD_REFERENCE
+        else np.sort(rng.choice(len(pop), CROWD_REFERENCE, replace=False))
+    )
     crowd, scale = _crowding(mech, ref)
     crowd_n = np.clip(crowd / scale, 0.0, 1.0)
     discount = 1.0 / (1.0 + n_kids / sc.expansion_half)
@@ -225,12 +279,20 @@ def select_parents(archive: Any, cfg: Config | None = None, k: int | None = None
     if mech_pc.shape[1] > MECH_COMPONENTS and len(pop) > 1:
         _, vecs = np.linalg.eigh(mech_pc.T @ mech_pc)  # principal axes of a [D, D] scatter matrix
         mech_pc = mech_pc @ vecs[:, ::-1][:, :MECH_COMPONENTS]
-    feats = _standardize(np.column_stack([u, np.where(np.isfinite(y), y, np.nan), depth, n_kids, failed_frac, mech_pc]))
+    feats = _standardize(
+        np.column_stack(
+            [u, np.where(np.isfinite(y), y, np.nan), depth, n_kids, failed_frac, mech_pc]
+        )
+    )
     mu, sd, n_train = _gp_alpha(feats, yg, has_y, sc.kappa, sc.gp_max_train, rng, seed)
     alpha = np.where(has_y, yg, mu + sc.kappa * sd)
     u_gp = np.clip((alpha + 1.0) / 2.0, 0.0, 1.0)
-    params["gp"] = {"train": n_train, "observed": int(has_y.sum()), "max_train": sc.gp_max_train,
-                    "subset": "seeded uniform sample of nodes with an observed descendant gain"}
+    params["gp"] = {
+        "train": n_train,
+        "observed": int(has_y.sum()),
+        "max_train": sc.gp_max_train,
+        "subset": "seeded uniform sample of nodes with an observed descendant gain",
+    }
 
     # -- greedy, diversity-aware picks --------------------------------------------------------
     index = {n: i for i, n in enumerate(pop)}
@@ -246,7 +308,9 @@ def select_parents(archive: Any, cfg: Config | None = None, k: int | None = None
     mech_c, disc_c, crowd_c = mech[ci], discount[ci], crowd_n[ci]
 
     def fill(n: str, i: int, div: float | None, score: float | None) -> None:
-        rows[n].update(layer=lay_l[i], pareto=par_l[i], perf=perf_l[i], div=div, gp_ucb=alpha_l[i], score=score)
+        rows[n].update(
+            layer=lay_l[i], pareto=par_l[i], perf=perf_l[i], div=div, gp_ucb=alpha_l[i], score=score
+        )
 
     for r in range(min(k, len(ci))):
         div = disc_c * (0.5 * d_pick + 0.5 * crowd_c)
@@ -264,22 +328,39 @@ def select_parents(archive: Any, cfg: Config | None = None, k: int | None = None
     div_l, score_l, ci_l = div.tolist(), score.tolist(), ci.tolist()
     for j in np.flatnonzero(alive).tolist():
         fill(cands[j], ci_l[j], div_l[j], score_l[j])
-    for n in exclude.intersection(index):  # excluded population members: components for context, no score
+    for n in exclude.intersection(
+        index
+    ):  # excluded population members: components for context, no score
         fill(n, index[n], None, None)
-    out = sorted(rows.values(), key=lambda r: (r["rank"] is None, r["rank"] or 0, r["score"] is None, -(r["score"] or 0.0), r["node"]))
+    out = sorted(
+        rows.values(),
+        key=lambda r: (
+            r["rank"] is None,
+            r["rank"] or 0,
+            r["score"] is None,
+            -(r["score"] or 0.0),
+            r["node"],
+        ),
+    )
     return Selection(chosen, out, params)
 
 
-def _fallback(nodes: dict, names: list[str], rows: dict, exclude: set, allowed, k: int, params: dict) -> Selection:
+def _fallback(
+    nodes: dict, names: list[str], rows: dict, exclude: set, allowed, k: int, params: dict
+) -> Selection:
     """No evaluated candidate: pick unevaluated, non-failed nodes, shallowest and oldest first."""
     pool = [n for n in names if n not in exclude and allowed(n)]
     if not pool:
-        raise SelectError("no node can be a parent: every node is excluded, failed or rejected "
-                          "(set [select].allow_failed = true to allow failed ones)")
+        raise SelectError(
+            "no node can be a parent: every node is excluded, failed or rejected "
+            "(set [select].allow_failed = true to allow failed ones)"
+        )
     pool.sort(key=lambda n: (nodes[n].depth, nodes[n].created, n))
     chosen = pool[:k]
     for r, n in enumerate(chosen):
         rows[n]["rank"] = r + 1
-    params["fallback"] = "no evaluated candidates: unevaluated nodes picked, shallowest and oldest first"
+    params["fallback"] = (
+        "no evaluated candidates: unevaluated nodes picked, shallowest and oldest first"
+    )
     out = sorted(rows.values(), key=lambda r: (r["rank"] is None, r["rank"] or 0, r["node"]))
     return Selection(chosen, out, params)

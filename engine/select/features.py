@@ -14,7 +14,8 @@ import math
 import re
 import zlib
 from collections import OrderedDict
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -70,7 +71,13 @@ def fingerprint_vector(blob: Any) -> tuple[tuple[str, ...], np.ndarray] | None:
         keys: tuple[str, ...] = tuple(str(i) for i in range(len(blob)))
         vals = blob
     elif isinstance(blob, dict):
-        keys = tuple(sorted(k for k, v in blob.items() if isinstance(v, (int, float)) and not isinstance(v, bool)))
+        keys = tuple(
+            sorted(
+                k
+                for k, v in blob.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)
+            )
+        )
         vals = [blob[k] for k in keys]
     else:
         return None
@@ -83,11 +90,18 @@ def fingerprint_vector(blob: Any) -> tuple[tuple[str, ...], np.ndarray] | None:
     return keys, arr
 
 
-def mechanism_matrix(names: list[str], sources: Mapping[str, str] | None, fingerprints: Mapping[str, Any] | None,
-                     fallback: np.ndarray) -> tuple[np.ndarray, str]:
+def mechanism_matrix(
+    names: list[str],
+    sources: Mapping[str, str] | None,
+    fingerprints: Mapping[str, Any] | None,
+    fallback: np.ndarray,
+) -> tuple[np.ndarray, str]:
     """[N, D] mechanism vectors and their kind: ``fingerprint`` | ``code`` | ``metrics`` (``fallback``)."""
     if fingerprints and names:
-        parsed = [fingerprint_vector(fingerprints.get(n)) if fingerprints.get(n) is not None else None for n in names]
+        parsed = [
+            fingerprint_vector(fingerprints.get(n)) if fingerprints.get(n) is not None else None
+            for n in names
+        ]
         if all(p is not None for p in parsed) and len({p[0] for p in parsed}) == 1:  # type: ignore[index]
             mat = np.stack([p[1] for p in parsed])  # type: ignore[index]
             sd = mat.std(axis=0)
@@ -116,8 +130,13 @@ def _mean(vals: list[float]) -> float:
     return s / len(vals)
 
 
-def descendant_gain(nodes: Mapping[str, Any], util: Mapping[str, float | None], top_k: int, gamma: float,
-                    beta: float) -> tuple[dict[str, float], dict[str, int]]:
+def descendant_gain(
+    nodes: Mapping[str, Any],
+    util: Mapping[str, float | None],
+    top_k: int,
+    gamma: float,
+    beta: float,
+) -> tuple[dict[str, float], dict[str, int]]:
     """y_d = mean over the top-K descendants c of d (by U; fewer if fewer) of
     gamma^depth(c,d) * tanh((U(c) - U(d)) / beta), for every d with U(d) and an evaluated descendant.
 
@@ -160,7 +179,11 @@ def descendant_gain(nodes: Mapping[str, Any], util: Mapping[str, float | None], 
                 dep += 1
                 if cand.get(c, dep + 1) > dep:
                     cand[c] = dep
-        best = heapq.nlargest(top_k, cand, key=key) if len(cand) > top_k else sorted(cand, key=key, reverse=True)
+        best = (
+            heapq.nlargest(top_k, cand, key=key)
+            if len(cand) > top_k
+            else sorted(cand, key=key, reverse=True)
+        )
         top[name] = {c: cand[c] for c in best}
         count[name] = total  # counts paths in DAGs with crossovers: an upper bound there
         u = util.get(name)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from engine.config import ExperimentConfig, utility
 from engine.errors import ConfigError
@@ -18,7 +19,13 @@ _METRIC = r"[A-Za-z_][A-Za-z0-9_@/.:-]*"
 _PENALIZED = re.compile(rf"^\s*({_METRIC})\s*-\s*([0-9.eE+-]+)\s*\*\s*mean_length\s*$")
 _PARETO = re.compile(r"^\s*pareto\s*\((.*)\)\s*$")
 
-BETTER, WORSE, WITHIN, UNRESOLVED, NOT_EVALUATED = "better", "worse", "within noise", "no interval", "not evaluated"
+BETTER, WORSE, WITHIN, UNRESOLVED, NOT_EVALUATED = (
+    "better",
+    "worse",
+    "within noise",
+    "no interval",
+    "not evaluated",
+)
 
 
 def parse_objective(text: str) -> dict[str, Any]:
@@ -31,8 +38,14 @@ def parse_objective(text: str) -> dict[str, Any]:
     if m:
         metrics = tuple(p.strip() for p in m.group(1).split(",") if p.strip())
         if len(metrics) < 2 or not all(re.fullmatch(rf"-?{_METRIC}", p) for p in metrics):
-            raise ConfigError(f"--objective {text!r}: pareto(...) needs two or more metric names, e.g. pareto(overall, -mean_length)")
-        first = next(p for p in metrics if not p.startswith("-")) if any(not p.startswith("-") for p in metrics) else "overall"
+            raise ConfigError(
+                f"--objective {text!r}: pareto(...) needs two or more metric names, e.g. pareto(overall, -mean_length)"
+            )
+        first = (
+            next(p for p in metrics if not p.startswith("-"))
+            if any(not p.startswith("-") for p in metrics)
+            else "overall"
+        )
         return {"objective": first, "pareto_objectives": metrics}
     m = _PENALIZED.match(text)
     if m:
@@ -45,10 +58,14 @@ def parse_objective(text: str) -> dict[str, Any]:
         return {"objective": m.group(1), "length_penalty": lam}
     if re.fullmatch(_METRIC, text):
         return {"objective": text}
-    raise ConfigError(f"--objective {text!r} not understood; use METRIC, 'METRIC - L*mean_length' or 'pareto(M1, -M2)'")
+    raise ConfigError(
+        f"--objective {text!r} not understood; use METRIC, 'METRIC - L*mean_length' or 'pareto(M1, -M2)'"
+    )
 
 
-def with_objective(exp: ExperimentConfig, text: str | None = None, directive: str | None = None) -> ExperimentConfig:
+def with_objective(
+    exp: ExperimentConfig, text: str | None = None, directive: str | None = None
+) -> ExperimentConfig:
     changes: dict[str, Any] = parse_objective(text) if text else {}
     if directive is not None:
         changes["directive"] = directive
@@ -57,14 +74,18 @@ def with_objective(exp: ExperimentConfig, text: str | None = None, directive: st
 
 def describe(exp: ExperimentConfig) -> str:
     """A one-line statement of the objective, e.g. ``maximize overall - 0.002*mean_length``."""
-    s = f"maximize {exp.objective}" + (f" - {exp.length_penalty:g}*mean_length" if exp.length_penalty else "")
+    s = f"maximize {exp.objective}" + (
+        f" - {exp.length_penalty:g}*mean_length" if exp.length_penalty else ""
+    )
     if exp.pareto_objectives:
         s += f"; Pareto over ({', '.join(exp.pareto_objectives)})"
     return s
 
 
 def has_length_objective(exp: ExperimentConfig) -> bool:
-    return bool(exp.length_penalty) or any(p.lstrip("-") == "mean_length" for p in exp.pareto_objectives)
+    return bool(exp.length_penalty) or any(
+        p.lstrip("-") == "mean_length" for p in exp.pareto_objectives
+    )
 
 
 def node_utility(node: Any, exp: ExperimentConfig) -> float | None:
@@ -117,7 +138,11 @@ def pareto_front(points: Mapping[str, Iterable[float]]) -> set[str]:
     pts = {k: tuple(v) for k, v in points.items()}
     front = set()
     for k, p in pts.items():
-        dominated = any(all(x >= y for x, y in zip(q, p)) and any(x > y for x, y in zip(q, p)) for j, q in pts.items() if j != k)
+        dominated = any(
+            all(x >= y for x, y in zip(q, p)) and any(x > y for x, y in zip(q, p))
+            for j, q in pts.items()
+            if j != k
+        )
         if not dominated:
             front.add(k)
     return front

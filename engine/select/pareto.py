@@ -8,7 +8,7 @@ over the L layers of the population (1 for everyone when L == 1).
 from __future__ import annotations
 
 import bisect
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -30,7 +30,9 @@ def parse_objectives(spec: Sequence[str]) -> list[tuple[str, float]]:
     return out
 
 
-def default_objectives(metric_dicts: Sequence[Mapping[str, float]], objective: str, length_penalty: float) -> list[tuple[str, float]]:
+def default_objectives(
+    metric_dicts: Sequence[Mapping[str, float]], objective: str, length_penalty: float
+) -> list[tuple[str, float]]:
     """The objective, plus the per-benchmark scores (metrics named ``bench/score``, not ``train/…``)
     shared by every node, plus ``-mean_length`` under a length directive (length_penalty > 0)."""
     objs = [(objective, 1.0)]
@@ -39,20 +41,26 @@ def default_objectives(metric_dicts: Sequence[Mapping[str, float]], objective: s
     shared = set(metric_dicts[0])
     for m in metric_dicts[1:]:
         shared &= set(m)
-    bench = sorted(k for k in shared if "/" in k and not k.startswith(("train/", "-")) and k != objective)
+    bench = sorted(
+        k for k in shared if "/" in k and not k.startswith(("train/", "-")) and k != objective
+    )
     objs += [(k, 1.0) for k in bench[:MAX_DEFAULT_OBJECTIVES]]
     if length_penalty > 0 and "mean_length" in shared and objective != "mean_length":
         objs.append(("mean_length", -1.0))
     return objs
 
 
-def objective_matrix(metric_dicts: Sequence[Mapping[str, float]], objectives: Sequence[tuple[str, float]]) -> np.ndarray:
+def objective_matrix(
+    metric_dicts: Sequence[Mapping[str, float]], objectives: Sequence[tuple[str, float]]
+) -> np.ndarray:
     """[N, m] matrix, every column "higher is better"; missing values are -inf."""
     n = len(metric_dicts)
     y = np.full((n, len(objectives)), -np.inf)
     nan = float("nan")
     for j, (key, sign) in enumerate(objectives):
-        col = np.fromiter((nan if (v := m.get(key)) is None else v for m in metric_dicts), dtype=float, count=n)
+        col = np.fromiter(
+            (nan if (v := m.get(key)) is None else v for m in metric_dicts), dtype=float, count=n
+        )
         fin = np.isfinite(col)
         y[fin, j] = sign * col[fin]
     return y

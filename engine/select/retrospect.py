@@ -12,7 +12,8 @@ rank is the parent's utility order. Both assumptions are reported.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from engine.config import Config, utility
 
@@ -36,7 +37,9 @@ def retrospect(archive: Any, cfg: Config | None = None) -> dict[str, Any]:
     nodes = dict(archive) if isinstance(archive, Mapping) else archive.nodes()
     if cfg is None:
         cfg = Config() if isinstance(archive, Mapping) else archive.config()
-    util = {n: (utility(v.metrics, cfg.experiment) if v.results else None) for n, v in nodes.items()}
+    util = {
+        n: (utility(v.metrics, cfg.experiment) if v.results else None) for n, v in nodes.items()
+    }
     kids: dict[str, list[str]] = {}
     for v in nodes.values():
         for p in set(v.parents):
@@ -54,7 +57,9 @@ def retrospect(archive: Any, cfg: Config | None = None) -> dict[str, Any]:
             assumptions.append(f"{len(missing)} node(s) without Poise-Round left out of the rounds")
     else:
         rnd = {v.name: v.depth for v in nodes.values() if v.parents}
-        assumptions.append("no Poise-Round trailers: a node's round is its generation (depth below the root)")
+        assumptions.append(
+            "no Poise-Round trailers: a node's round is its generation (depth below the root)"
+        )
 
     def best_below(start: list[str]) -> tuple[str | None, int]:
         seen, queue, best = set(start), deque(start), None
@@ -78,9 +83,21 @@ def retrospect(archive: Any, cfg: Config | None = None) -> dict[str, Any]:
         parents: dict[str, dict[str, Any]] = {}
         for c in children:
             for p in nodes[c].parents:
-                e = parents.setdefault(p, {"parent": p, "utility": util.get(p), "rank": None, "score": None, "children": []})
+                e = parents.setdefault(
+                    p,
+                    {
+                        "parent": p,
+                        "utility": util.get(p),
+                        "rank": None,
+                        "score": None,
+                        "children": [],
+                    },
+                )
                 e["children"].append(c)
-                rank, score = _int(nodes[c].trailer("Poise-Selection-Rank")), _float(nodes[c].trailer("Poise-Selection-Score"))
+                rank, score = (
+                    _int(nodes[c].trailer("Poise-Selection-Rank")),
+                    _float(nodes[c].trailer("Poise-Selection-Score")),
+                )
                 if e["rank"] is None and rank is not None:
                     e["rank"] = rank
                 if e["score"] is None and score is not None:
@@ -89,39 +106,94 @@ def retrospect(archive: Any, cfg: Config | None = None) -> dict[str, Any]:
         if any(e["rank"] is None and e["score"] is None for e in parents.values()):
             ranked_by = "utility"
             no_rank_rounds += 1
-            order = sorted(parents.values(), key=lambda e: (e["utility"] is None, -(e["utility"] or 0.0), e["parent"]))
+            order = sorted(
+                parents.values(),
+                key=lambda e: (e["utility"] is None, -(e["utility"] or 0.0), e["parent"]),
+            )
             for i, e in enumerate(order):
                 e["rank"] = i + 1
         for e in parents.values():
             best, size = best_below(e["children"])
             e["best_descendant"], e["best_utility"] = best, util.get(best) if best else None
-            best_child = max((c for c in e["children"] if util.get(c) is not None), key=lambda c: (util[c], c), default=None)
-            e["best_child"], e["best_child_utility"] = best_child, util.get(best_child) if best_child else None
-            e["gain"] = None if e["best_utility"] is None or e["utility"] is None else e["best_utility"] - e["utility"]
+            best_child = max(
+                (c for c in e["children"] if util.get(c) is not None),
+                key=lambda c: (util[c], c),
+                default=None,
+            )
+            e["best_child"], e["best_child_utility"] = (
+                best_child,
+                util.get(best_child) if best_child else None,
+            )
+            e["gain"] = (
+                None
+                if e["best_utility"] is None or e["utility"] is None
+                else e["best_utility"] - e["utility"]
+            )
             e["subtree"] = size
-        plist = sorted(parents.values(), key=lambda e: (e["rank"] if e["rank"] is not None else 1 << 30,
-                                                         -(e["score"] or 0.0), e["parent"]))
+        plist = sorted(
+            parents.values(),
+            key=lambda e: (
+                e["rank"] if e["rank"] is not None else 1 << 30,
+                -(e["score"] or 0.0),
+                e["parent"],
+            ),
+        )
         top = plist[0]["parent"] if plist else None
         scored = [e for e in plist if e["best_utility"] is not None]
-        best_parent = max(scored, key=lambda e: (e["best_utility"], e["parent"] == top))["parent"] if scored else None
+        best_parent = (
+            max(scored, key=lambda e: (e["best_utility"], e["parent"] == top))["parent"]
+            if scored
+            else None
+        )
         judged = best_parent is not None and len(plist) > 1  # one parent: nothing to compare
-        rounds.append({"round": r, "ranked_by": ranked_by, "parents": plist, "top_parent": top, "best_parent": best_parent,
-                       "hit": best_parent == top if judged else None})
+        rounds.append(
+            {
+                "round": r,
+                "ranked_by": ranked_by,
+                "parents": plist,
+                "top_parent": top,
+                "best_parent": best_parent,
+                "hit": best_parent == top if judged else None,
+            }
+        )
     if no_rank_rounds:
-        assumptions.append(f"{no_rank_rounds} round(s) without Poise-Selection-Rank/Score: parents ranked by utility")
+        assumptions.append(
+            f"{no_rank_rounds} round(s) without Poise-Selection-Rank/Score: parents ranked by utility"
+        )
 
     judged = [r for r in rounds if r["hit"] is not None]
-    below = [(r["round"], e) for r in rounds for e in r["parents"]
-             if u_root is not None and e["utility"] is not None and e["utility"] < u_root and e["parent"] != root]
-    led_above = [(rd, e) for rd, e in below if e["best_utility"] is not None and e["best_utility"] > u_root]
+    below = [
+        (r["round"], e)
+        for r in rounds
+        for e in r["parents"]
+        if u_root is not None
+        and e["utility"] is not None
+        and e["utility"] < u_root
+        and e["parent"] != root
+    ]
+    led_above = [
+        (rd, e) for rd, e in below if e["best_utility"] is not None and e["best_utility"] > u_root
+    ]
     gains = [e["gain"] for r in rounds for e in r["parents"] if e["gain"] is not None]
     summary = {
-        "root": root, "root_utility": u_root, "rounds": len(rounds), "rounds_judged": len(judged),
-        "top_parent_best": sum(r["hit"] for r in judged), "top_parent_not_best": sum(not r["hit"] for r in judged),
-        "selected_below_root": len(below), "below_root_led_above": len(led_above),
-        "below_root_led_above_list": [{"round": rd, "parent": e["parent"], "utility": e["utility"],
-                                       "best_descendant": e["best_descendant"], "best_utility": e["best_utility"]}
-                                      for rd, e in led_above],
+        "root": root,
+        "root_utility": u_root,
+        "rounds": len(rounds),
+        "rounds_judged": len(judged),
+        "top_parent_best": sum(r["hit"] for r in judged),
+        "top_parent_not_best": sum(not r["hit"] for r in judged),
+        "selected_below_root": len(below),
+        "below_root_led_above": len(led_above),
+        "below_root_led_above_list": [
+            {
+                "round": rd,
+                "parent": e["parent"],
+                "utility": e["utility"],
+                "best_descendant": e["best_descendant"],
+                "best_utility": e["best_utility"],
+            }
+            for rd, e in led_above
+        ],
         "mean_gain": sum(gains) / len(gains) if gains else None,
         "max_gain": max(gains) if gains else None,
     }

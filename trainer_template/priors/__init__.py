@@ -13,8 +13,20 @@ from trainer_template import ALGORITHM_FILE
 PRIORS_DIR = Path(__file__).resolve().parent
 
 _ORDER = (
-    "grpo", "dr_grpo", "rloo", "dapo", "av_grpo", "vm_av_grpo", "msa_grpo", "fa_grpo", "bn_grpo",
-    "sa_grpo", "dfr_grpo", "dace_grpo", "cag_grpo", "dcbe_grpo",
+    "grpo",
+    "dr_grpo",
+    "rloo",
+    "dapo",
+    "av_grpo",
+    "vm_av_grpo",
+    "msa_grpo",
+    "fa_grpo",
+    "bn_grpo",
+    "sa_grpo",
+    "dfr_grpo",
+    "dace_grpo",
+    "cag_grpo",
+    "dcbe_grpo",
 )
 
 

@@ -18,7 +18,13 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer_template.interface import RolloutBatch, agg_loss, group_stats, kl_penalty, ppo_clip_loss
+from trainer_template.interface import (
+    RolloutBatch,
+    agg_loss,
+    group_stats,
+    kl_penalty,
+    ppo_clip_loss,
+)
 
 
 # ALGO LOGIC: everything below is the mechanism; candidates edit it.
@@ -55,7 +61,9 @@ def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tenso
     z = (scores - stats.mean) / (stats.unbiased_std() + cfg.eps)
     z = torch.where(valid, z, torch.minimum(z, torch.full_like(z, -cfg.invalid_penalty)))
     correct_frac = group_stats(batch.correct.to(torch.float32), batch.group).mean
-    fail = torch.where(valid, torch.full_like(z, -cfg.fail_penalty), torch.full_like(z, -cfg.invalid_penalty))
+    fail = torch.where(
+        valid, torch.full_like(z, -cfg.fail_penalty), torch.full_like(z, -cfg.invalid_penalty)
+    )
     degenerate = torch.where(correct_frac > 0, torch.zeros_like(z), fail)
     return torch.where(mixed, z, degenerate)
 
@@ -71,7 +79,12 @@ def policy_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clip loss. log_prob, old_log_prob, advantages, response_mask, entropy: [B, T]; returns a scalar."""
     pg_losses, clipped = ppo_clip_loss(
-        log_prob, old_log_prob, advantages, cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.clip_ratio_c
+        log_prob,
+        old_log_prob,
+        advantages,
+        cfg.clip_ratio_low,
+        cfg.clip_ratio_high,
+        cfg.clip_ratio_c,
     )
     loss = agg_loss(pg_losses, response_mask, cfg.loss_agg_mode)
     mask = response_mask.to(log_prob.dtype)
@@ -80,7 +93,9 @@ def policy_loss(
         "pg_clipfrac": float((clipped.to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1.0)),
     }
     if cfg.kl_coef > 0 and ref_log_prob is not None:
-        kl = agg_loss(kl_penalty(log_prob, ref_log_prob, cfg.kl_type), response_mask, cfg.loss_agg_mode)
+        kl = agg_loss(
+            kl_penalty(log_prob, ref_log_prob, cfg.kl_type), response_mask, cfg.loss_agg_mode
+        )
         loss = loss + cfg.kl_coef * kl
         metrics["kl_loss"] = float(kl.detach())
     if cfg.entropy_coef != 0 and entropy is not None:

@@ -16,7 +16,13 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer_template.interface import RolloutBatch, agg_loss, group_stats, kl_penalty, ppo_clip_loss
+from trainer_template.interface import (
+    RolloutBatch,
+    agg_loss,
+    group_stats,
+    kl_penalty,
+    ppo_clip_loss,
+)
 
 
 # ALGO LOGIC: everything below is the mechanism; candidates edit it.
@@ -45,7 +51,10 @@ class Hyperparameters:
 def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:
     """(r - (w * group mean + (1 - w) * batch mean)) / fixed_scale, [B]."""
     scores = batch.rewards.to(torch.float32)
-    baseline = cfg.anchor_weight * group_stats(scores, batch.group).mean + (1.0 - cfg.anchor_weight) * scores.mean()
+    baseline = (
+        cfg.anchor_weight * group_stats(scores, batch.group).mean
+        + (1.0 - cfg.anchor_weight) * scores.mean()
+    )
     return (scores - baseline) / cfg.fixed_scale
 
 
@@ -60,7 +69,12 @@ def policy_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clip loss. log_prob, old_log_prob, advantages, response_mask, entropy: [B, T]; returns a scalar."""
     pg_losses, clipped = ppo_clip_loss(
-        log_prob, old_log_prob, advantages, cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.clip_ratio_c
+        log_prob,
+        old_log_prob,
+        advantages,
+        cfg.clip_ratio_low,
+        cfg.clip_ratio_high,
+        cfg.clip_ratio_c,
     )
     loss = agg_loss(pg_losses, response_mask, cfg.loss_agg_mode)
     mask = response_mask.to(log_prob.dtype)
@@ -69,7 +83,9 @@ def policy_loss(
         "pg_clipfrac": float((clipped.to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1.0)),
     }
     if cfg.kl_coef > 0 and ref_log_prob is not None:
-        kl = agg_loss(kl_penalty(log_prob, ref_log_prob, cfg.kl_type), response_mask, cfg.loss_agg_mode)
+        kl = agg_loss(
+            kl_penalty(log_prob, ref_log_prob, cfg.kl_type), response_mask, cfg.loss_agg_mode
+        )
         loss = loss + cfg.kl_coef * kl
         metrics["kl_loss"] = float(kl.detach())
     if cfg.entropy_coef != 0 and entropy is not None:

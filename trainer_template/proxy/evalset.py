@@ -35,7 +35,9 @@ def evaluate(model: TinyGPT, ev: Eval, seed: int) -> dict[str, float]:
         n = ev.samples
         rep = prompts.repeat_interleave(n, dim=0)
         rep_problems = [p for p in problems for _ in range(n)]
-        samples = generate(model, rep, task.MAX_RESPONSE, task.EOS, task.PAD, temperature=1.0, generator=gen)
+        samples = generate(
+            model, rep, task.MAX_RESPONSE, task.EOS, task.PAD, temperature=1.0, generator=gen
+        )
         valid, correct, lengths = task.score(samples, rep_problems)
         c = correct.view(len(problems), n).sum(1).tolist()
         metrics[f"{name}/acc@1"] = float(g_correct.float().mean())

@@ -20,7 +20,9 @@ class Block(nn.Module):
     def forward(self, x: Tensor, cache: dict | None = None) -> Tensor:
         b, t, d = x.shape
         h = self.heads
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, h, d // h).permute(2, 0, 3, 1, 4)  # [b, h, t, dh] each
+        q, k, v = (
+            self.qkv(self.ln1(x)).view(b, t, 3, h, d // h).permute(2, 0, 3, 1, 4)
+        )  # [b, h, t, dh] each
         if cache is not None:
             if "k" in cache:
                 k = torch.cat([cache["k"], k], dim=2)
@@ -66,8 +68,17 @@ class TinyGPT(nn.Module):
 
 
 @torch.no_grad()
-def generate(model: TinyGPT, prompts: Tensor, max_new: int, eos: int, pad: int, *, temperature: float = 1.0,
-             greedy: bool = False, generator: torch.Generator | None = None) -> Tensor:
+def generate(
+    model: TinyGPT,
+    prompts: Tensor,
+    max_new: int,
+    eos: int,
+    pad: int,
+    *,
+    temperature: float = 1.0,
+    greedy: bool = False,
+    generator: torch.Generator | None = None,
+) -> Tensor:
     """Sample responses [N, max_new] for equal-length prompts [N, P] with a KV cache; PAD after EOS."""
     n = prompts.shape[0]
     caches: list[dict] = [{} for _ in model.blocks]
@@ -91,13 +102,14 @@ def generate(model: TinyGPT, prompts: Tensor, max_new: int, eos: int, pad: int, 
     return out
 
 
-def response_logprobs(model: TinyGPT, prompts: Tensor, responses: Tensor, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+def response_logprobs(
+    model: TinyGPT, prompts: Tensor, responses: Tensor, temperature: float = 1.0
+) -> tuple[Tensor, Tensor]:
     """Per-token log-probabilities and entropies [N, T] of ``responses`` given ``prompts``."""
     seq = torch.cat([prompts, responses], dim=1)
     p = prompts.shape[1]
-    logits = model(seq[:, :-1])[:, p - 1:] / temperature
+    logits = model(seq[:, :-1])[:, p - 1 :] / temperature
     logp_all = torch.log_softmax(logits.float(), dim=-1)
     logp = logp_all.gather(-1, responses[..., None]).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
     return logp, entropy
-

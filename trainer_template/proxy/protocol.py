@@ -99,7 +99,9 @@ PRESETS = {
     "default": Protocol(),
     "smoke": Protocol(  # the default warm start (shared checkpoint), a seconds-long RL run and evaluation
         preset="smoke",
-        rl=RL(steps=30, prompts=16, group=8, minibatches=2, lr=3e-4, k_power=1.0, collapse_window=8),
+        rl=RL(
+            steps=30, prompts=16, group=8, minibatches=2, lr=3e-4, k_power=1.0, collapse_window=8
+        ),
         eval=Eval(prompts_per_split=12, samples=16),
     ),
 }

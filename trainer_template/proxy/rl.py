@@ -11,7 +11,8 @@ from __future__ import annotations
 import copy
 import math
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -20,9 +21,21 @@ from trainer_template.proxy import task
 from trainer_template.proxy.model import TinyGPT, generate, response_logprobs
 from trainer_template.proxy.protocol import RL
 
-SIGNALS = ("train/reward_mean", "train/valid_rate", "train/correct_rate", "train/entropy", "train/kl",
-           "train/response_length", "train/clipfrac", "train/grad_norm", "train/adv_mean", "train/adv_std",
-           "train/adv_min", "train/adv_max", "train/pg_loss")
+SIGNALS = (
+    "train/reward_mean",
+    "train/valid_rate",
+    "train/correct_rate",
+    "train/entropy",
+    "train/kl",
+    "train/response_length",
+    "train/clipfrac",
+    "train/grad_norm",
+    "train/adv_mean",
+    "train/adv_std",
+    "train/adv_min",
+    "train/adv_max",
+    "train/pg_loss",
+)
 
 
 class CandidateFailure(RuntimeError):
@@ -42,26 +55,40 @@ def _call(fn: Callable, what: str, step: int, *args, **kwargs) -> Any:
 
 def _expand_advantages(adv: Any, b: int, t: int, step: int) -> torch.Tensor:
     if not isinstance(adv, torch.Tensor):
-        raise CandidateFailure(f"compute_advantages returned {type(adv).__name__}, not a Tensor (step {step})")
+        raise CandidateFailure(
+            f"compute_advantages returned {type(adv).__name__}, not a Tensor (step {step})"
+        )
     adv = adv.detach().to(torch.float32)
     if tuple(adv.shape) == (b,):
         adv = adv[:, None].expand(b, t)
     elif tuple(adv.shape) != (b, t):
-        raise CandidateFailure(f"compute_advantages returned shape {tuple(adv.shape)}, expected [{b}] (step {step})")
+        raise CandidateFailure(
+            f"compute_advantages returned shape {tuple(adv.shape)}, expected [{b}] (step {step})"
+        )
     if not _finite(adv):
         raise CandidateFailure(f"compute_advantages produced NaN/inf (step {step})")
     return adv
 
 
-def train(model: TinyGPT, module: Any, cfg: Any, rl: RL, seed: int, *, trajectory: dict[str, list],
-          on_step: Callable[[int], None] | None = None) -> TinyGPT:
+def train(
+    model: TinyGPT,
+    module: Any,
+    cfg: Any,
+    rl: RL,
+    seed: int,
+    *,
+    trajectory: dict[str, list],
+    on_step: Callable[[int], None] | None = None,
+) -> TinyGPT:
     """Run ``rl.steps`` RL steps in place on ``model``; per-step signals are appended to ``trajectory``."""
     torch.manual_seed(seed)
     ref = copy.deepcopy(model).eval()
     for p in ref.parameters():
         p.requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=rl.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, rl.warmup_steps * rl.minibatches)))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / max(1, rl.warmup_steps * rl.minibatches))
+    )
     prompt_gen = torch.Generator().manual_seed(1_000_003 * (seed + 1))
     weights = task.k_weights(rl.k_power)
     first: dict[str, float] = {}
@@ -73,8 +100,15 @@ def train(model: TinyGPT, module: Any, cfg: Any, rl: RL, seed: int, *, trajector
         prompts = task.prompts_tensor(problems).repeat_interleave(rl.group, dim=0)
         sample_gen = torch.Generator().manual_seed(seed * 100_003 + step)
         model.eval()
-        responses = generate(model, prompts, task.MAX_RESPONSE, task.EOS, task.PAD, temperature=rl.temperature,
-                             generator=sample_gen)
+        responses = generate(
+            model,
+            prompts,
+            task.MAX_RESPONSE,
+            task.EOS,
+            task.PAD,
+            temperature=rl.temperature,
+            generator=sample_gen,
+        )
         t = int(task.response_mask(responses).sum(1).max())
         responses = responses[:, :t]
         mask = task.response_mask(responses)
@@ -86,9 +120,15 @@ def train(model: TinyGPT, module: Any, cfg: Any, rl: RL, seed: int, *, trajector
         mf = mask.to(torch.float32)
         seq_entropy = (ent * mf).sum(1) / mf.sum(1).clamp(min=1)
         b = responses.shape[0]
-        batch = RolloutBatch(rewards=rewards, group=torch.arange(rl.prompts).repeat_interleave(rl.group),
-                             valid=valid, correct=correct, lengths=lengths, token_entropy=seq_entropy,
-                             progress=step / max(1, rl.steps - 1))
+        batch = RolloutBatch(
+            rewards=rewards,
+            group=torch.arange(rl.prompts).repeat_interleave(rl.group),
+            valid=valid,
+            correct=correct,
+            lengths=lengths,
+            token_entropy=seq_entropy,
+            progress=step / max(1, rl.steps - 1),
+        )
         adv_raw = _call(module.compute_advantages, "compute_advantages", step, batch, cfg)
         adv = _expand_advantages(adv_raw, b, t, step)
         model.train()
@@ -96,10 +136,27 @@ def train(model: TinyGPT, module: Any, cfg: Any, rl: RL, seed: int, *, trajector
         clipfracs, gnorms, losses = [], [], []
         for mb in order.chunk(rl.minibatches):
             logp, ent_mb = response_logprobs(model, prompts[mb], responses[mb], rl.temperature)
-            out = _call(module.policy_loss, "policy_loss", step, logp, old_logp[mb], adv[mb], mask[mb], cfg,
-                        ref_log_prob=ref_logp[mb], entropy=ent_mb)
-            if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], torch.Tensor) and out[0].dim() == 0):
-                raise CandidateFailure(f"policy_loss must return (scalar Tensor, dict) (step {step})")
+            out = _call(
+                module.policy_loss,
+                "policy_loss",
+                step,
+                logp,
+                old_logp[mb],
+                adv[mb],
+                mask[mb],
+                cfg,
+                ref_log_prob=ref_logp[mb],
+                entropy=ent_mb,
+            )
+            if not (
+                isinstance(out, tuple)
+                and len(out) == 2
+                and isinstance(out[0], torch.Tensor)
+                and out[0].dim() == 0
+            ):
+                raise CandidateFailure(
+                    f"policy_loss must return (scalar Tensor, dict) (step {step})"
+                )
             loss, lm = out
             if not _finite(loss):
                 raise CandidateFailure(f"policy_loss produced NaN/inf (step {step})")
@@ -107,7 +164,9 @@ def train(model: TinyGPT, module: Any, cfg: Any, rl: RL, seed: int, *, trajector
             try:
                 loss.backward()
             except Exception as exc:
-                raise CandidateFailure(f"policy_loss backward failed: {type(exc).__name__}: {exc} (step {step})") from exc
+                raise CandidateFailure(
+                    f"policy_loss backward failed: {type(exc).__name__}: {exc} (step {step})"
+                ) from exc
             gn = torch.nn.utils.clip_grad_norm_(model.parameters(), rl.grad_clip)
             if not _finite(gn):
                 raise CandidateFailure(f"non-finite gradient norm (step {step})")
@@ -119,8 +178,11 @@ def train(model: TinyGPT, module: Any, cfg: Any, rl: RL, seed: int, *, trajector
                 # clip fraction measured by the harness (the candidate's own metric may differ)
                 lo = adv[mb] < 0
                 clipped = torch.where(lo, ratio < 0.8, ratio > 1.2)
-                cf = (lm.get("pg_clipfrac") if isinstance(lm, dict) and isinstance(lm.get("pg_clipfrac"), (int, float))
-                      else float((clipped.float() * m).sum() / m.sum().clamp(min=1)))
+                cf = (
+                    lm.get("pg_clipfrac")
+                    if isinstance(lm, dict) and isinstance(lm.get("pg_clipfrac"), (int, float))
+                    else float((clipped.float() * m).sum() / m.sum().clamp(min=1))
+                )
             clipfracs.append(float(cf))
             gnorms.append(float(gn))
             losses.append(float(loss.detach()))
@@ -128,12 +190,19 @@ def train(model: TinyGPT, module: Any, cfg: Any, rl: RL, seed: int, *, trajector
             kl = float(((old_logp - ref_logp) * mf).sum() / mf.sum().clamp(min=1))
         a = adv[:, 0] if adv_raw.dim() == 1 else (adv * mf).sum(1) / mf.sum(1).clamp(min=1)
         row = {
-            "train/reward_mean": float(rewards.mean()), "train/valid_rate": float(valid.float().mean()),
-            "train/correct_rate": float(correct.float().mean()), "train/entropy": float(seq_entropy.mean()),
-            "train/kl": kl, "train/response_length": float(lengths.float().mean()),
-            "train/clipfrac": sum(clipfracs) / len(clipfracs), "train/grad_norm": sum(gnorms) / len(gnorms),
-            "train/adv_mean": float(a.mean()), "train/adv_std": float(a.std()) if b > 1 else 0.0,
-            "train/adv_min": float(a.min()), "train/adv_max": float(a.max()), "train/pg_loss": sum(losses) / len(losses),
+            "train/reward_mean": float(rewards.mean()),
+            "train/valid_rate": float(valid.float().mean()),
+            "train/correct_rate": float(correct.float().mean()),
+            "train/entropy": float(seq_entropy.mean()),
+            "train/kl": kl,
+            "train/response_length": float(lengths.float().mean()),
+            "train/clipfrac": sum(clipfracs) / len(clipfracs),
+            "train/grad_norm": sum(gnorms) / len(gnorms),
+            "train/adv_mean": float(a.mean()),
+            "train/adv_std": float(a.std()) if b > 1 else 0.0,
+            "train/adv_min": float(a.min()),
+            "train/adv_max": float(a.max()),
+            "train/pg_loss": sum(losses) / len(losses),
             "train/step_s": time.perf_counter() - t0,
         }
         trajectory.setdefault("step", []).append(step)
@@ -157,5 +226,7 @@ def _check_collapse(traj: dict[str, list], rl: RL, step: int, first: dict[str, f
         base = first[key]
         now = sum(traj[key][-w:]) / w
         if base >= 0.05 and now < rl.collapse_ratio * base:
-            raise CandidateFailure(f"collapsed: rolling {label} {now:.3f} fell below {rl.collapse_ratio:g} x its "
-                                   f"initial {base:.3f} (step {step})")
+            raise CandidateFailure(
+                f"collapsed: rolling {label} {now:.3f} fell below {rl.collapse_ratio:g} x its "
+                f"initial {base:.3f} (step {step})"
+            )

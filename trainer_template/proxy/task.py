@@ -16,8 +16,8 @@ the two digits are the gold answer. Reward = 1.0 iff correct. Difficulty is the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -125,7 +125,9 @@ def response_mask(responses: torch.Tensor) -> torch.Tensor:
     return before == 0
 
 
-def score(responses: torch.Tensor, problems: Sequence[Problem]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def score(
+    responses: torch.Tensor, problems: Sequence[Problem]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """valid [N] bool, correct [N] bool, lengths [N] long (tokens incl. EOS) of sampled responses [N, T]."""
     n = responses.shape[0]
     valid = torch.zeros(n, dtype=torch.bool)

@@ -18,8 +18,7 @@ import torch.nn.functional as F
 
 from trainer_template.proxy import task
 from trainer_template.proxy.model import TinyGPT
-from trainer_template.proxy.protocol import WarmStart, Protocol
-
+from trainer_template.proxy.protocol import Protocol, WarmStart
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "checkpoints"
 
@@ -32,7 +31,13 @@ def cache_dir(explicit: str | Path | None = None) -> Path:
 
 
 def build_model(ws: WarmStart) -> TinyGPT:
-    return TinyGPT(task.VOCAB_SIZE, ws.d_model, ws.heads, ws.layers, max_len=task.PROMPT_LEN + task.MAX_RESPONSE)
+    return TinyGPT(
+        task.VOCAB_SIZE,
+        ws.d_model,
+        ws.heads,
+        ws.layers,
+        max_len=task.PROMPT_LEN + task.MAX_RESPONSE,
+    )
 
 
 def sft_batch(gen: torch.Generator, ws: WarmStart) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,11 +63,15 @@ def train_warmstart(ws: WarmStart, log=None) -> TinyGPT:
     model = build_model(ws)
     opt = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.01)
     warm = max(1, ws.steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) * max(0.1, 1 - s / ws.steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) * max(0.1, 1 - s / ws.steps)
+    )
     for step in range(ws.steps):
         seqs, mask = sft_batch(gen, ws)
         logits = model(seqs[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), seqs[:, 1:].reshape(-1), reduction="none")
+        loss = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), seqs[:, 1:].reshape(-1), reduction="none"
+        )
         loss = (loss * mask.reshape(-1)).sum() / mask.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -91,8 +100,14 @@ def ensure_warmstart(protocol: Protocol, directory: str | Path | None = None, lo
         t0 = time.monotonic()
         model = train_warmstart(protocol.warmstart, log)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        torch.save({"settings": protocol.to_dict()["warmstart"], "state_dict": model.state_dict(),
-                    "train_s": time.monotonic() - t0}, tmp)
+        torch.save(
+            {
+                "settings": protocol.to_dict()["warmstart"],
+                "state_dict": model.state_dict(),
+                "train_s": time.monotonic() - t0,
+            },
+            tmp,
+        )
         os.replace(tmp, path)
     return path
 

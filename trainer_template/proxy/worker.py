@@ -33,14 +33,21 @@ def _rss_mb() -> float:
 
 
 def _clean(traj: dict) -> dict:
-    return {k: [None if isinstance(v, float) and not math.isfinite(v) else v for v in vals] for k, vals in traj.items()}
+    return {
+        k: [None if isinstance(v, float) and not math.isfinite(v) else v for v in vals]
+        for k, vals in traj.items()
+    }
 
 
 def cmd_warmstart(args: argparse.Namespace) -> int:
     from trainer_template.proxy.protocol import get_protocol
     from trainer_template.proxy.warmstart import ensure_warmstart
 
-    path = ensure_warmstart(get_protocol(args.preset), args.cache_dir, log=lambda m: print(m, file=sys.stderr, flush=True))
+    path = ensure_warmstart(
+        get_protocol(args.preset),
+        args.cache_dir,
+        log=lambda m: print(m, file=sys.stderr, flush=True),
+    )
     print(path)
     return 0
 
@@ -58,7 +65,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     protocol = get_protocol(args.preset)
     traj: dict[str, list] = {}
     timings: dict[str, float] = {}
-    result = {"status": "failed", "reason": "", "metrics": {}, "trajectory": traj, "timings": timings}
+    result = {
+        "status": "failed",
+        "reason": "",
+        "metrics": {},
+        "trajectory": traj,
+        "timings": timings,
+    }
     t0 = time.monotonic()
     try:
         module = load_algorithm(Path(args.algorithm).read_text(encoding="utf-8"), args.name)
@@ -72,8 +85,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     def checkpoint(step: int) -> None:
         if step % 10 == 9:
-            _write(out, {"status": "running", "reason": "", "metrics": {}, "trajectory": _clean(traj),
-                         "timings": timings, "peak_rss_mb": _rss_mb()})
+            _write(
+                out,
+                {
+                    "status": "running",
+                    "reason": "",
+                    "metrics": {},
+                    "trajectory": _clean(traj),
+                    "timings": timings,
+                    "peak_rss_mb": _rss_mb(),
+                },
+            )
 
     t1 = time.monotonic()
     failure = None
@@ -81,7 +103,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         rl.train(model, module, cfg, protocol.rl, args.seed, trajectory=traj, on_step=checkpoint)
     except rl.CandidateFailure as exc:
         failure = str(exc)
-    except Exception as exc:  # the harness itself, driven by a broken candidate into a state it rejects
+    except (
+        Exception
+    ) as exc:  # the harness itself, driven by a broken candidate into a state it rejects
         failure = f"RL step failed: {type(exc).__name__}: {exc}"
         traceback.print_exc()
     timings["rl_s"] = time.monotonic() - t1
@@ -93,8 +117,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             metrics, failure = {}, failure or "evaluation produced NaN/inf"
     timings["eval_s"] = time.monotonic() - t2
     timings["total_s"] = time.monotonic() - t0
-    result.update(status="failed" if failure else "ok", reason=failure or "", metrics=metrics,
-                  trajectory=_clean(traj), peak_rss_mb=_rss_mb())
+    result.update(
+        status="failed" if failure else "ok",
+        reason=failure or "",
+        metrics=metrics,
+        trajectory=_clean(traj),
+        peak_rss_mb=_rss_mb(),
+    )
     _write(out, result)
     return 0
 

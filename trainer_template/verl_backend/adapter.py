@@ -21,7 +21,8 @@ import contextvars
 import dataclasses
 import hashlib
 import json
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,7 +31,9 @@ from trainer_template.interface import RolloutBatch
 from trainer_template.loader import load_algorithm, make_config
 from trainer_template.verl_backend import registered_name
 
-_EXTRAS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("poise_reward_extras", default=None)
+_EXTRAS: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
+    "poise_reward_extras", default=None
+)
 _REGISTERED: dict[str, str] = {}  # registered name -> sha1 of (source, hparams)
 
 VALID_KEYS = ("valid", "format_valid")
@@ -51,15 +54,21 @@ def routed_extras(valid=None, correct=None, progress: float | None = None) -> It
         _EXTRAS.reset(token)
 
 
-def extras_from_mapping(extras: Mapping[str, Any], n: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+def extras_from_mapping(
+    extras: Mapping[str, Any], n: int
+) -> tuple[np.ndarray | None, np.ndarray | None]:
     """(valid, correct) bool arrays [n] from a reward-extras mapping {key: per-sample values}."""
 
     def pick(keys):
         for k in keys:
             if k in extras and extras[k] is not None:
-                arr = np.asarray([bool(v) if v is not None else False for v in list(extras[k])], dtype=bool)
+                arr = np.asarray(
+                    [bool(v) if v is not None else False for v in list(extras[k])], dtype=bool
+                )
                 if arr.shape != (n,):
-                    raise ValueError(f"reward extra {k!r} has {arr.shape[0]} values for {n} responses")
+                    raise ValueError(
+                        f"reward extra {k!r} has {arr.shape[0]} values for {n} responses"
+                    )
                 return arr
         return None
 
@@ -86,7 +95,9 @@ def _group_ids(index, n: int, device) -> torch.Tensor:
     except (ImportError, TypeError):
         seen: dict = {}
         labels = index.tolist() if hasattr(index, "tolist") else list(index)
-        ids = [seen.setdefault(u if isinstance(u, (str, int)) else str(u), len(seen)) for u in labels]
+        ids = [
+            seen.setdefault(u if isinstance(u, (str, int)) else str(u), len(seen)) for u in labels
+        ]
         return torch.tensor(ids, dtype=torch.long, device=device)
 
 
@@ -115,13 +126,23 @@ def make_estimator(module, cfg):
             rewards = _row_sum(token_level_rewards).to(torch.float32)
             n = rewards.shape[0]
             if tuple(response_mask.shape) != tuple(token_level_rewards.shape):
-                raise ValueError(f"response_mask {tuple(response_mask.shape)} and token_level_rewards "
-                                 f"{tuple(token_level_rewards.shape)} must have the same shape [B, T]")
+                raise ValueError(
+                    f"response_mask {tuple(response_mask.shape)} and token_level_rewards "
+                    f"{tuple(token_level_rewards.shape)} must have the same shape [B, T]"
+                )
             extras = _EXTRAS.get() or {}
             valid, correct = extras.get("valid"), extras.get("correct")
             dev = rewards.device
-            valid_t = torch.ones(n, dtype=torch.bool, device=dev) if valid is None else torch.as_tensor(np.asarray(valid), dtype=torch.bool, device=dev)
-            correct_t = rewards > 0 if correct is None else torch.as_tensor(np.asarray(correct), dtype=torch.bool, device=dev)
+            valid_t = (
+                torch.ones(n, dtype=torch.bool, device=dev)
+                if valid is None
+                else torch.as_tensor(np.asarray(valid), dtype=torch.bool, device=dev)
+            )
+            correct_t = (
+                rewards > 0
+                if correct is None
+                else torch.as_tensor(np.asarray(correct), dtype=torch.bool, device=dev)
+            )
             progress = float(extras.get("progress") or 0.0)
             batch = RolloutBatch(
                 rewards=rewards,
@@ -133,14 +154,18 @@ def make_estimator(module, cfg):
             )
             adv = module.compute_advantages(batch, cfg)
             if tuple(adv.shape) != (n,) or not torch.isfinite(adv).all():
-                raise ValueError(f"compute_advantages must return finite advantages of shape [{n}], got {tuple(adv.shape)}")
+                raise ValueError(
+                    f"compute_advantages must return finite advantages of shape [{n}], got {tuple(adv.shape)}"
+                )
             out = adv.to(token_level_rewards.dtype).unsqueeze(-1) * response_mask
         return out, out
 
     return poise_estimator
 
 
-def _global_scale(mask: torch.Tensor, mode: str, info: Mapping[str, Any] | None) -> float | torch.Tensor:
+def _global_scale(
+    mask: torch.Tensor, mode: str, info: Mapping[str, Any] | None
+) -> float | torch.Tensor:
     """Factor turning a micro-batch-normalised loss into verl's global-batch normalisation."""
     info = dict(info or {})
     dp = info.get("dp_size") or 1
@@ -161,11 +186,31 @@ def make_policy_loss(module, cfg):
     fields = {f.name for f in dataclasses.fields(cfg)} if dataclasses.is_dataclass(cfg) else set()
     zeroed = {k: 0.0 for k in ("kl_coef", "entropy_coef") if k in fields}
 
-    def poise_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None):
+    def poise_policy_loss(
+        old_log_prob,
+        log_prob,
+        advantages,
+        response_mask,
+        loss_agg_mode="token-mean",
+        config=None,
+        rollout_is_weights=None,
+    ):
         if rollout_is_weights is not None:
-            raise ValueError("poise policy losses do not support rollout correction weights; unset algorithm.rollout_correction")
-        node_cfg = dataclasses.replace(cfg, **zeroed, **({"loss_agg_mode": loss_agg_mode} if "loss_agg_mode" in fields else {})) if fields else cfg
-        loss, metrics = module.policy_loss(log_prob, old_log_prob, advantages, response_mask, node_cfg)
+            raise ValueError(
+                "poise policy losses do not support rollout correction weights; unset algorithm.rollout_correction"
+            )
+        node_cfg = (
+            dataclasses.replace(
+                cfg,
+                **zeroed,
+                **({"loss_agg_mode": loss_agg_mode} if "loss_agg_mode" in fields else {}),
+            )
+            if fields
+            else cfg
+        )
+        loss, metrics = module.policy_loss(
+            log_prob, old_log_prob, advantages, response_mask, node_cfg
+        )
         info = getattr(config, "global_batch_info", None) if config is not None else None
         loss = loss * _global_scale(response_mask, loss_agg_mode, info)
         mask = response_mask.to(log_prob.dtype)
@@ -187,10 +232,14 @@ def register_node(node: str, source: str, hparams: Mapping[str, Any] | None = No
     from verl.trainer.ppo import core_algos
 
     name = registered_name(node)
-    digest = hashlib.sha1((source + "\0" + json.dumps(dict(hparams or {}), sort_keys=True)).encode()).hexdigest()
+    digest = hashlib.sha1(
+        (source + "\0" + json.dumps(dict(hparams or {}), sort_keys=True)).encode()
+    ).hexdigest()
     if name in _REGISTERED:
         if _REGISTERED[name] != digest:
-            raise VerlRegistrationError(f"verl name {name!r} is already registered to a different mechanism")
+            raise VerlRegistrationError(
+                f"verl name {name!r} is already registered to a different mechanism"
+            )
         return name
     if name in core_algos.ADV_ESTIMATOR_REGISTRY or name in core_algos.POLICY_LOSS_REGISTRY:
         raise VerlRegistrationError(f"verl already has an estimator or policy loss named {name!r}")
@@ -205,7 +254,9 @@ def register_node(node: str, source: str, hparams: Mapping[str, Any] | None = No
     return name
 
 
-def compute_advantage_with_extras(data, adv_estimator: str, progress: float | None = None, **kwargs):
+def compute_advantage_with_extras(
+    data, adv_estimator: str, progress: float | None = None, **kwargs
+):
     """verl's own ``compute_advantage`` with the reward extras of ``data.non_tensor_batch`` routed in."""
     from verl.trainer.ppo.ray_trainer import compute_advantage
 

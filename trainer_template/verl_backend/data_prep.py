@@ -40,14 +40,25 @@ def load_problems(path: Path = SOURCE) -> list[dict]:
 def to_verl_row(obj: dict, split: str, index: int) -> dict:
     return {
         "data_source": DATA_SOURCE,
-        "prompt": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": obj["problem"]}],
+        "prompt": [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": obj["problem"]},
+        ],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": obj["gold"]},
-        "extra_info": {"split": split, "index": index, "source_index": obj["source_index"], "level": obj["level"], "type": obj["type"]},
+        "extra_info": {
+            "split": split,
+            "index": index,
+            "source_index": obj["source_index"],
+            "level": obj["level"],
+            "type": obj["type"],
+        },
     }
 
 
-def sample_subset(n: int = 5000, seed: int = 0, path: Path = SOURCE) -> tuple[list[dict], list[dict]]:
+def sample_subset(
+    n: int = 5000, seed: int = 0, path: Path = SOURCE
+) -> tuple[list[dict], list[dict]]:
     """(train rows, validation rows): ``n`` problems drawn with ``random.Random(seed)``, the rest held out."""
     problems = load_problems(path)
     if not 0 < n <= len(problems):
@@ -76,7 +87,9 @@ if __name__ == "__main__":  # python -m trainer_template.verl_backend.data_prep 
     import sys
 
     if len(sys.argv) < 2:
-        sys.exit("usage: python -m trainer_template.verl_backend.data_prep OUT_DIR [N=5000] [SEED=0]")
+        sys.exit(
+            "usage: python -m trainer_template.verl_backend.data_prep OUT_DIR [N=5000] [SEED=0]"
+        )
     n_arg = int(sys.argv[2]) if len(sys.argv) > 2 else 5000
     seed_arg = int(sys.argv[3]) if len(sys.argv) > 3 else 0
     for written in write_parquet(sys.argv[1], n=n_arg, seed=seed_arg):

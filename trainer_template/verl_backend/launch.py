@@ -13,9 +13,10 @@ import json
 import os
 import re
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from trainer_template.verl_backend import ENV_ALGORITHM_FILE, ENV_HPARAMS, ENV_NODE, registered_name
 
@@ -71,7 +72,19 @@ def _fmt(v: Any) -> str:
 def node_settings(cfg: Any) -> dict[str, Any]:
     """The loss-side settings verl must share with the node (aggregation, clip ratios, KL, entropy)."""
     d = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(vars(cfg))
-    return {k: d[k] for k in ("loss_agg_mode", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "kl_coef", "kl_type", "entropy_coef") if k in d}
+    return {
+        k: d[k]
+        for k in (
+            "loss_agg_mode",
+            "clip_ratio_low",
+            "clip_ratio_high",
+            "clip_ratio_c",
+            "kl_coef",
+            "kl_type",
+            "entropy_coef",
+        )
+        if k in d
+    }
 
 
 def build_overrides(
@@ -107,7 +120,8 @@ def build_overrides(
         f"actor_rollout_ref.actor.optim.lr={p.lr}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={p.ppo_mini_batch_size}",
         "actor_rollout_ref.actor.use_dynamic_bsz=true",
-        f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={max(16384, 2 * (p.max_prompt_length + p.max_response_length))}",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu="
+        f"{max(16384, 2 * (p.max_prompt_length + p.max_response_length))}",
         "actor_rollout_ref.actor.use_kl_loss=true",
         f"actor_rollout_ref.actor.kl_loss_coef={kl}",
         f"actor_rollout_ref.actor.kl_loss_type={s.get('kl_type', 'low_var_kl')}",
@@ -137,7 +151,10 @@ def build_overrides(
         "trainer.save_freq=-1",
         f"trainer.default_local_dir={_fmt(ckpt_dir)}",
     ]
-    ov += [f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}={_fmt(v)}" for k, v in sorted(env_for_workers.items())]
+    ov += [
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}={_fmt(v)}"
+        for k, v in sorted(env_for_workers.items())
+    ]
     replaced = {_key(e) for e in extra}
     return [o for o in ov if _key(o) not in replaced] + list(extra)
 
@@ -166,29 +183,54 @@ def prepare_launch(
     cfg = make_config(load_algorithm(source, node), hparams)
     root = Path(archive.path).resolve() / ".poise" / "verl"
     work, data = root / "nodes" / node, root / "data" / f"math_l3to5_n5000_seed{protocol.seed}"
-    files = {"algorithm": str(work / "algorithm.py"), "hparams": str(work / "hparams.json"),
-             "train": str(data / "train.parquet"), "val": str(data / "val.parquet"), "ckpt": str(work / "checkpoints")}
+    files = {
+        "algorithm": str(work / "algorithm.py"),
+        "hparams": str(work / "hparams.json"),
+        "train": str(data / "train.parquet"),
+        "val": str(data / "val.parquet"),
+        "ckpt": str(work / "checkpoints"),
+    }
     if not dry_run:
         work.mkdir(parents=True, exist_ok=True)
         Path(files["algorithm"]).write_text(source, encoding="utf-8")
-        Path(files["hparams"]).write_text(json.dumps(dict(hparams or {}), sort_keys=True), encoding="utf-8")
+        Path(files["hparams"]).write_text(
+            json.dumps(dict(hparams or {}), sort_keys=True), encoding="utf-8"
+        )
         if not (Path(files["train"]).is_file() and Path(files["val"]).is_file()):
             from trainer_template.verl_backend.data_prep import write_parquet
 
             write_parquet(data, n=5000, seed=protocol.seed)
         if run_id is None:
-            with node_run(archive, node, run_name=f"{node}-verl", tags={"poise.backend": "verl"}) as run:
+            with node_run(
+                archive, node, run_name=f"{node}-verl", tags={"poise.backend": "verl"}
+            ) as run:
                 run_id = run.info.run_id
     env = {
         ENV_NODE: node,
         ENV_ALGORITHM_FILE: files["algorithm"],
         ENV_HPARAMS: files["hparams"],
         "VERL_USE_EXTERNAL_MODULES": PLUGIN,
-        "PYTHONPATH": os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p),
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p
+        ),
         "MLFLOW_TRACKING_URI": tracking_uri(archive.path),
         "MLFLOW_RUN_ID": run_id or "new-run-created-at-launch",
     }
     project = getattr(getattr(archive.config(), "experiment", None), "name", None) or "poise"
-    overrides = build_overrides(node, cfg, train_file=files["train"], val_file=files["val"], ckpt_dir=files["ckpt"],
-                                project=project, env_for_workers=env, protocol=protocol, extra=extra)
-    return Launch(cmd=[sys.executable, "-m", "verl.trainer.main_ppo", *overrides], env=env, overrides=overrides, files=files)
+    overrides = build_overrides(
+        node,
+        cfg,
+        train_file=files["train"],
+        val_file=files["val"],
+        ckpt_dir=files["ckpt"],
+        project=project,
+        env_for_workers=env,
+        protocol=protocol,
+        extra=extra,
+    )
+    return Launch(
+        cmd=[sys.executable, "-m", "verl.trainer.main_ppo", *overrides],
+        env=env,
+        overrides=overrides,
+        files=files,
+    )

@@ -1,8 +1,8 @@
 """Imported inside every verl process (``VERL_USE_EXTERNAL_MODULES`` / ``model.external_lib``).
 
 Registers the node named by ``$POISE_NODE_NAME`` whose ``algorithm.py`` is ``$POISE_ALGORITHM_FILE``
-(hyperparameter overrides in ``$POISE_HPARAMS``: JSON, or the path of a JSON file) as a verl estimator and policy loss, and the
-``poise_sync`` trainer. Importing it without those variables registers nothing.
+(hyperparameter overrides in ``$POISE_HPARAMS``: JSON, or the path of a JSON file) as a verl
+estimator and policy loss, and the ``poise_sync`` trainer. Importing it without those variables registers nothing.
 """
 
 from __future__ import annotations

@@ -26,9 +26,15 @@ def _equivalent(gold: str, pred: str) -> bool:
     return bool(g and p and verify(g, p, timeout_seconds=None))
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None, **_: Any) -> dict:
+def compute_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None, **_: Any
+) -> dict:
     """{"score": 0/1, "acc": 0/1, "format_valid": 0/1} for one response (verl's signature)."""
     pred = extract_boxed(solution_str or "")
     valid = pred is not None and pred != ""
     correct = bool(valid and ground_truth is not None and _equivalent(str(ground_truth), pred))
-    return {"score": 1.0 if correct else 0.0, "acc": 1.0 if correct else 0.0, "format_valid": 1.0 if valid else 0.0}
+    return {
+        "score": 1.0 if correct else 0.0,
+        "acc": 1.0 if correct else 0.0,
+        "format_valid": 1.0 if valid else 0.0,
+    }

@@ -14,7 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer_template.verl_backend.adapter import extras_from_mapping, extras_from_records, routed_extras
+from trainer_template.verl_backend.adapter import (
+    extras_from_mapping,
+    extras_from_records,
+    routed_extras,
+)
 
 TRAINER_MODE = "poise_sync"
 EXTRAS_FIELD = "extra_fields"
@@ -27,8 +31,12 @@ class ExtrasRoutingMixin:
         """Column-wise reward extras of ``batch`` (a KVBatchMeta) read from the TransferQueue."""
         import transfer_queue as tq
 
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=[EXTRAS_FIELD])
-        column = data.get(EXTRAS_FIELD, None)  # absent when the reward function returned a bare score
+        data = tq.kv_batch_get(
+            keys=batch.keys, partition_id=batch.partition_id, select_fields=[EXTRAS_FIELD]
+        )
+        column = data.get(
+            EXTRAS_FIELD, None
+        )  # absent when the reward function returned a bare score
         if column is None:
             return {}
         records = []
@@ -67,7 +75,9 @@ class SyncModeAlias:
     @trainer_mode.setter
     def trainer_mode(self, value: str) -> None:
         if value not in (TRAINER_MODE, "sync"):
-            raise ValueError(f"the poise trainer runs as trainer.v1.trainer_mode={TRAINER_MODE}, got {value!r}")
+            raise ValueError(
+                f"the poise trainer runs as trainer.v1.trainer_mode={TRAINER_MODE}, got {value!r}"
+            )
         self.registered_mode = value
 
 
@@ -75,15 +85,22 @@ def register_trainer() -> type | None:
     """Register ``poise_sync`` (PPOTrainerSync + the mixin); None when verl's V1 stack is not importable."""
     import importlib.util
 
-    if importlib.util.find_spec("transfer_queue") is None:  # V1's data plane (the TransferQueue package)
+    if (
+        importlib.util.find_spec("transfer_queue") is None
+    ):  # V1's data plane (the TransferQueue package)
         return None
     try:
-        from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY, register_trainer as _register
+        from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
+        from verl.trainer.ppo.v1.trainer_base import register_trainer as _register
         from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
     except ImportError:
         return None
     existing = TRAINER_REGISTRY.get(TRAINER_MODE)
     if existing is not None:
         return existing
-    cls = type("PoisePPOTrainerSync", (SyncModeAlias, ExtrasRoutingMixin, PPOTrainerSync), {"__module__": __name__})
+    cls = type(
+        "PoisePPOTrainerSync",
+        (SyncModeAlias, ExtrasRoutingMixin, PPOTrainerSync),
+        {"__module__": __name__},
+    )
     return _register(TRAINER_MODE)(cls)

@@ -10,7 +10,8 @@ A proposer implements::
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from engine.errors import PoiseError
 
@@ -20,11 +21,16 @@ class Proposer(Protocol):
 
     def propose(self, archive, parent: str, context, cfg, n: int, seed: int | None) -> list: ...
 
-    def revise(self, archive, parent: str, proposal, failure: str, cfg, node: str | None = None): ...
+    def revise(
+        self, archive, parent: str, proposal, failure: str, cfg, node: str | None = None
+    ): ...
 
 
 _REGISTRY: dict[str, Callable[..., Proposer]] = {}
-_BUILTINS = {"offline": "engine.operators.proposers.offline", "llm": "engine.operators.proposers.llm"}
+_BUILTINS = {
+    "offline": "engine.operators.proposers.offline",
+    "llm": "engine.operators.proposers.llm",
+}
 
 
 def register(name: str):

@@ -9,9 +9,9 @@ through the archive's LibCST spawn. :func:`set_defaults` rewrites dataclass defa
 from __future__ import annotations
 
 import json
-
 import keyword
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import libcst as cst
 
@@ -43,61 +43,116 @@ CONTINUOUS = {
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 LOSS_KNOBS = ("clip", "loss_agg", "kl", "entropy")
 DEFAULT_SPEC: dict[str, Any] = {
-    "baseline": "group_mean", "scale": "group_std", "invalid": "none", "all_fail": "none", "length": "none",
-    "adv_clip": "none", "hp": {"eps": 1e-6, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0,
-                               "loss_agg_mode": "token-mean", "kl_coef": 0.0, "kl_type": "low_var_kl", "entropy_coef": 0.0},
+    "baseline": "group_mean",
+    "scale": "group_std",
+    "invalid": "none",
+    "all_fail": "none",
+    "length": "none",
+    "adv_clip": "none",
+    "hp": {
+        "eps": 1e-6,
+        "clip_ratio_low": 0.2,
+        "clip_ratio_high": 0.2,
+        "clip_ratio_c": 3.0,
+        "loss_agg_mode": "token-mean",
+        "kl_coef": 0.0,
+        "kl_type": "low_var_kl",
+        "entropy_coef": 0.0,
+    },
 }
 _DOCS = {
-    "eps": "numerical floor added to the scale", "prior_strength": "pseudo-count of the Bayesian prior on the valid-subset mean",
-    "prior_mean": "prior mean success rate of the valid subset", "std_floor": "floor of the analytic scale sqrt(mu(1-mu))",
+    "eps": "numerical floor added to the scale",
+    "prior_strength": "pseudo-count of the Bayesian prior on the valid-subset mean",
+    "prior_mean": "prior mean success rate of the valid subset",
+    "std_floor": "floor of the analytic scale sqrt(mu(1-mu))",
     "invalid_penalty": "margin of invalid samples below the lowest valid advantage of their group",
     "all_fail_penalty": "advantage subtracted in groups with no correct sample",
     "length_lambda": "exponent of the length ratio scaling negative advantages",
-    "length_coef": "weight of the centred length penalty", "adv_clip": "advantages are clipped to [-adv_clip, adv_clip]",
-    "clip_ratio_low": "PPO clip epsilon below 1", "clip_ratio_high": "PPO clip epsilon above 1",
+    "length_coef": "weight of the centred length penalty",
+    "adv_clip": "advantages are clipped to [-adv_clip, adv_clip]",
+    "clip_ratio_low": "PPO clip epsilon below 1",
+    "clip_ratio_high": "PPO clip epsilon above 1",
     "clip_ratio_c": "dual-clip bound for negative advantages (verl's clip_ratio_c)",
     "loss_agg_mode": "token-mean | seq-mean-token-mean | seq-mean-token-sum-norm",
-    "kl_coef": "weight of the KL-to-reference loss term (0 disables it)", "kl_type": "k1 | k2 | k3 | low_var_kl",
+    "kl_coef": "weight of the KL-to-reference loss term (0 disables it)",
+    "kl_type": "k1 | k2 | k3 | low_var_kl",
     "entropy_coef": "weight of the entropy bonus (subtracted from the loss)",
 }
 _BASELINE = {
-    "group_mean": ("group mean", ["baseline = torch.where(singleton, torch.zeros_like(scores), stats.mean)"]),
-    "loo": ("leave-one-out mean (RLOO)", ["baseline = torch.where(singleton, torch.zeros_like(scores), stats.loo_mean)"]),
-    "valid_bayes": ("Bayesian-smoothed valid-subset mean", [
-        "vstats = group_stats(scores, batch.group, valid)",
-        "baseline = (vstats.sum + cfg.prior_strength * cfg.prior_mean) / (vstats.count + cfg.prior_strength)"]),
+    "group_mean": (
+        "group mean",
+        ["baseline = torch.where(singleton, torch.zeros_like(scores), stats.mean)"],
+    ),
+    "loo": (
+        "leave-one-out mean (RLOO)",
+        ["baseline = torch.where(singleton, torch.zeros_like(scores), stats.loo_mean)"],
+    ),
+    "valid_bayes": (
+        "Bayesian-smoothed valid-subset mean",
+        [
+            "vstats = group_stats(scores, batch.group, valid)",
+            "baseline = (vstats.sum + cfg.prior_strength * cfg.prior_mean) / (vstats.count + cfg.prior_strength)",
+        ],
+    ),
     "batch": ("batch mean", ["baseline = scores.mean().expand_as(scores)"]),
 }
 _SCALE = {
-    "group_std": ("group std", ["scale = torch.where(singleton, torch.ones_like(scores), stats.unbiased_std())"]),
-    "analytic": ("analytic sqrt(mu(1-mu)) with a floor", [
-        "mu = stats.mean.clamp(0.0, 1.0)", "scale = torch.sqrt(mu * (1.0 - mu)).clamp(min=cfg.std_floor)"]),
-    "batch": ("batch std", ["scale = (scores - scores.mean()).square().mean().sqrt().expand_as(scores)"]),
+    "group_std": (
+        "group std",
+        ["scale = torch.where(singleton, torch.ones_like(scores), stats.unbiased_std())"],
+    ),
+    "analytic": (
+        "analytic sqrt(mu(1-mu)) with a floor",
+        [
+            "mu = stats.mean.clamp(0.0, 1.0)",
+            "scale = torch.sqrt(mu * (1.0 - mu)).clamp(min=cfg.std_floor)",
+        ],
+    ),
+    "batch": (
+        "batch std",
+        ["scale = (scores - scores.mean()).square().mean().sqrt().expand_as(scores)"],
+    ),
     "none": ("no scaling", ["scale = torch.ones_like(scores) - cfg.eps"]),
 }
 _INVALID = {
     "none": ("", []),
-    "penalty": ("invalid samples sit invalid_penalty below their group's lowest valid advantage", [
-        "floor = group_stats(adv, batch.group, valid).min",
-        "adv = torch.where(valid, adv, floor - cfg.invalid_penalty)"]),
+    "penalty": (
+        "invalid samples sit invalid_penalty below their group's lowest valid advantage",
+        [
+            "floor = group_stats(adv, batch.group, valid).min",
+            "adv = torch.where(valid, adv, floor - cfg.invalid_penalty)",
+        ],
+    ),
     "mask": ("invalid samples get 0", ["adv = torch.where(valid, adv, torch.zeros_like(adv))"]),
 }
 _ALL_FAIL = {
     "none": ("", []),
-    "penalty": ("all-fail groups shifted down", [
-        "solved = group_stats(batch.correct.to(torch.float32), batch.group).max > 0.5",
-        "adv = torch.where(solved, adv, adv - cfg.all_fail_penalty)"]),
+    "penalty": (
+        "all-fail groups shifted down",
+        [
+            "solved = group_stats(batch.correct.to(torch.float32), batch.group).max > 0.5",
+            "adv = torch.where(solved, adv, adv - cfg.all_fail_penalty)",
+        ],
+    ),
 }
 _LENGTH = {
     "none": ("", []),
-    "negative_scale": ("validity-gated length scaling of negative advantages", [
-        "lengths = batch.lengths.to(torch.float32)",
-        "ratio = lengths / group_stats(lengths, batch.group).mean.clamp(min=1.0)",
-        "adv = torch.where((adv < 0) & valid, adv * ratio.clamp(min=1e-3).pow(cfg.length_lambda), adv)"]),
-    "penalty": ("centred length penalty", [
-        "lengths = batch.lengths.to(torch.float32)",
-        "lstats = group_stats(lengths, batch.group)",
-        "adv = adv - cfg.length_coef * (lengths - lstats.mean) / lstats.max.clamp(min=1.0)"]),
+    "negative_scale": (
+        "validity-gated length scaling of negative advantages",
+        [
+            "lengths = batch.lengths.to(torch.float32)",
+            "ratio = lengths / group_stats(lengths, batch.group).mean.clamp(min=1.0)",
+            "adv = torch.where((adv < 0) & valid, adv * ratio.clamp(min=1e-3).pow(cfg.length_lambda), adv)",
+        ],
+    ),
+    "penalty": (
+        "centred length penalty",
+        [
+            "lengths = batch.lengths.to(torch.float32)",
+            "lstats = group_stats(lengths, batch.group)",
+            "adv = adv - cfg.length_coef * (lengths - lstats.mean) / lstats.max.clamp(min=1.0)",
+        ],
+    ),
 }
 _CLIP = {"none": ("", []), "clip": ("clipped", ["adv = adv.clamp(-cfg.adv_clip, cfg.adv_clip)"])}
 
@@ -140,12 +195,19 @@ def normalize(spec: Mapping[str, Any] | None) -> dict[str, Any]:
 def describe(spec: Mapping[str, Any]) -> str:
     s = normalize(spec)
     parts = [f"baseline: {_BASELINE[s['baseline']][0]}", f"scale: {_SCALE[s['scale']][0]}"]
-    for key, table in (("invalid", _INVALID), ("all_fail", _ALL_FAIL), ("length", _LENGTH), ("adv_clip", _CLIP)):
+    for key, table in (
+        ("invalid", _INVALID),
+        ("all_fail", _ALL_FAIL),
+        ("length", _LENGTH),
+        ("adv_clip", _CLIP),
+    ):
         if s[key] != "none":
             parts.append(f"{key.replace('_', '-')}: {table[s[key]][0]}")
     hp = s["hp"]
-    parts.append(f"loss: clip [{hp['clip_ratio_low']:.3g}, {hp['clip_ratio_high']:.3g}], {hp['loss_agg_mode']}, "
-                 f"kl {hp['kl_coef']:.3g}, entropy {hp['entropy_coef']:.3g}")
+    parts.append(
+        f"loss: clip [{hp['clip_ratio_low']:.3g}, {hp['clip_ratio_high']:.3g}], {hp['loss_agg_mode']}, "
+        f"kl {hp['kl_coef']:.3g}, entropy {hp['entropy_coef']:.3g}"
+    )
     return "; ".join(parts)
 
 
@@ -153,21 +215,36 @@ def render(spec: Mapping[str, Any]) -> str:
     """The edit (Hyperparameters, compute_advantages, policy_loss) implementing ``spec``."""
     s = normalize(spec)
     lines = ["@dataclass", "class Hyperparameters:"]
-    base = list(DEFAULT_SPEC["hp"])  # the root's field order first, so `git diff` shows only real changes
+    base = list(
+        DEFAULT_SPEC["hp"]
+    )  # the root's field order first, so `git diff` shows only real changes
     for k in sorted(s["hp"], key=lambda k: (base.index(k) if k in base else len(base), k)):
         v = s["hp"][k]
         lit = json.dumps(v) if isinstance(v, str) else repr(v)
         lines += [f"    {k}: {type(v).__name__} = {lit}", f'    """{_DOCS.get(k, k)}"""']
-    body: list[str] = ["scores = batch.rewards.to(torch.float32)", "valid = batch.valid.to(torch.bool)",
-                       "stats = group_stats(scores, batch.group)", "singleton = stats.count < 2"]
+    body: list[str] = [
+        "scores = batch.rewards.to(torch.float32)",
+        "valid = batch.valid.to(torch.bool)",
+        "stats = group_stats(scores, batch.group)",
+        "singleton = stats.count < 2",
+    ]
     body += _BASELINE[s["baseline"]][1] + _SCALE[s["scale"]][1]
     body += ["adv = (scores - baseline) / (scale + cfg.eps)"]
-    for key, table in (("invalid", _INVALID), ("all_fail", _ALL_FAIL), ("length", _LENGTH), ("adv_clip", _CLIP)):
+    for key, table in (
+        ("invalid", _INVALID),
+        ("all_fail", _ALL_FAIL),
+        ("length", _LENGTH),
+        ("adv_clip", _CLIP),
+    ):
         body += table[s[key]][1]
     body += ["return adv"]
     doc = describe(s).split("; loss:")[0]
-    lines += ["", "", "def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:",
-              f'    """Sequence-level advantages [B]. {doc}."""']
+    lines += [
+        "",
+        "",
+        "def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:",
+        f'    """Sequence-level advantages [B]. {doc}."""',
+    ]
     lines += [f"    {ln}" for ln in body]
     return "\n".join(lines) + "\n\n\n" + _root_policy_loss()
 
@@ -190,10 +267,14 @@ class _Defaults(cst.CSTTransformer):
         self.found = True
         body = list(updated.body.body)
         for i, stmt in enumerate(body):
-            if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.AnnAssign):
+            if isinstance(stmt, cst.SimpleStatementLine) and isinstance(
+                stmt.body[0], cst.AnnAssign
+            ):
                 ann = stmt.body[0]
                 if isinstance(ann.target, cst.Name) and ann.target.value in self.values:
-                    body[i] = stmt.with_changes(body=[ann.with_changes(value=_literal(self.values[ann.target.value]))])
+                    body[i] = stmt.with_changes(
+                        body=[ann.with_changes(value=_literal(self.values[ann.target.value]))]
+                    )
                     self.done.add(ann.target.value)
         for k, v in self.values.items():
             if k not in self.done:
@@ -205,7 +286,12 @@ class _Defaults(cst.CSTTransformer):
 def set_defaults(source: str, values: Mapping[str, Any]) -> str:
     """``source`` with the ``Hyperparameters`` dataclass defaults set (missing fields appended)."""
     for k, v in values.items():
-        if not isinstance(k, str) or not k.isidentifier() or keyword.iskeyword(k) or k.startswith("_"):
+        if (
+            not isinstance(k, str)
+            or not k.isidentifier()
+            or keyword.iskeyword(k)
+            or k.startswith("_")
+        ):
             raise EditError(f"bad hyperparameter name {k!r}")
         _literal(v)
     t = _Defaults(values)

@@ -11,10 +11,12 @@ SYSTEM = """You are a research scientist designing policy-optimization (RL) algo
 models on verifiable math problems (GRPO family). A mechanism is a Python file `algorithm.py` with:
 - `@dataclass class Hyperparameters` (fields with defaults; `cfg` is an instance of it),
 - `compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor` returning advantages [B],
-- `policy_loss(log_prob, old_log_prob, advantages, response_mask, cfg, ref_log_prob=None, entropy=None) -> (loss, metrics)`
+- `policy_loss(log_prob, old_log_prob, advantages, response_mask, cfg, ref_log_prob=None, entropy=None)
+  -> (loss, metrics)`
   with [B, T] tensors, a scalar differentiable loss and a dict of float metrics.
 The two signatures are fixed. `batch` has 1-D tensors of length B: rewards (float), group (prompt-group ids), \
-valid (bool, format-valid), correct (bool), lengths (long), token_entropy (float or None); and progress (float in [0, 1]).
+valid (bool, format-valid), correct (bool), lengths (long), token_entropy (float or None); and progress
+(float in [0, 1]).
 Helpers in `trainer_template.interface` (already imported): group_stats(values, group, mask=None) -> fields \
 count, sum, mean, var, std, min, max, loo_mean (each [B], gathered per sample) and unbiased_std(); \
 masked_mean; agg_loss(loss_mat, mask, mode) with modes token-mean | seq-mean-token-mean | seq-mean-token-sum-norm; \
@@ -25,9 +27,11 @@ singleton groups); never mutate inputs; deterministic.
 Your `code` is a Python module of top-level definitions that REPLACE same-named definitions of the parent's \
 algorithm.py (others stay); include the Hyperparameters class whenever you add fields. Reply with JSON only."""
 
-INTENT_HELP = ("Intent tests you may claim (they are run against your code): correct_above_wrong, rare_success_larger, "
-               "invalid_below_wrong, all_fail_negative, shorter_correct_preferred, longer_wrong_penalized_more, bounded "
-               "(|advantage| <= cfg.adv_clip).")
+INTENT_HELP = (
+    "Intent tests you may claim (they are run against your code): correct_above_wrong, rare_success_larger, "
+    "invalid_below_wrong, all_fail_negative, shorter_correct_preferred, longer_wrong_penalized_more, bounded "
+    "(|advantage| <= cfg.adv_clip)."
+)
 
 _HP = {"type": "object", "additionalProperties": {"type": ["number", "boolean", "string"]}}
 
@@ -35,18 +39,36 @@ _HP = {"type": "object", "additionalProperties": {"type": ["number", "boolean", 
 def proposals_schema() -> dict:
     from engine.operators.propose import INTENTS
 
-    item = {"type": "object", "required": ["name", "motivation", "mechanism", "expected_effect", "code"],
-            "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 80}, "motivation": {"type": "string"},
-                           "mechanism": {"type": "string", "minLength": 1}, "expected_effect": {"type": "string"},
-                           "hyperparameters": _HP, "code": {"type": "string"},
-                           "intents": {"type": "array", "items": {"type": "string", "enum": list(INTENTS)}},
-                           "expected_gain": {"type": "number", "minimum": 0, "maximum": 1}}}
-    return {"type": "object", "required": ["proposals"],
-            "properties": {"proposals": {"type": "array", "minItems": 1, "items": item}}}
+    item = {
+        "type": "object",
+        "required": ["name", "motivation", "mechanism", "expected_effect", "code"],
+        "properties": {
+            "name": {"type": "string", "minLength": 1, "maxLength": 80},
+            "motivation": {"type": "string"},
+            "mechanism": {"type": "string", "minLength": 1},
+            "expected_effect": {"type": "string"},
+            "hyperparameters": _HP,
+            "code": {"type": "string"},
+            "intents": {"type": "array", "items": {"type": "string", "enum": list(INTENTS)}},
+            "expected_gain": {"type": "number", "minimum": 0, "maximum": 1},
+        },
+    }
+    return {
+        "type": "object",
+        "required": ["proposals"],
+        "properties": {"proposals": {"type": "array", "minItems": 1, "items": item}},
+    }
 
 
-REVISE_SCHEMA = {"type": "object", "required": ["code"],
-                 "properties": {"code": {"type": "string", "minLength": 1}, "hyperparameters": _HP, "explanation": {"type": "string"}}}
+REVISE_SCHEMA = {
+    "type": "object",
+    "required": ["code"],
+    "properties": {
+        "code": {"type": "string", "minLength": 1},
+        "hyperparameters": _HP,
+        "explanation": {"type": "string"},
+    },
+}
 
 
 @register("llm")
@@ -61,38 +83,63 @@ class LLMProposer:
     def propose(self, archive, parent: str, context, cfg, n: int, seed: int | None) -> list:
         from engine.operators.propose import Proposal, slug
 
-        user = (f"{context.render()}\n\n## Task\nPropose {n} distinct candidate mechanisms that improve on the parent "
-                f"node `{parent}` under the directive (if any). For each give: name (short, kebab-case), motivation, "
-                "mechanism (one paragraph, the equations), expected_effect (on accuracy, length, validity, stability), "
-                "hyperparameters (new defaults of Hyperparameters fields your code uses), code, intents, expected_gain "
-                f"(your probability, 0..1, that it beats the parent).\n{INTENT_HELP}\n"
-                'Reply as {"proposals": [{"name": ..., "motivation": ..., "mechanism": ..., "expected_effect": ..., '
-                '"hyperparameters": {...}, "code": "...", "intents": [...], "expected_gain": 0.5}]}'
-                + (f"\n(seed {seed})" if seed is not None else ""))
+        user = (
+            f"{context.render()}\n\n## Task\nPropose {n} distinct candidate mechanisms that improve on the parent "
+            f"node `{parent}` under the directive (if any). For each give: name (short, kebab-case), motivation, "
+            "mechanism (one paragraph, the equations), expected_effect (on accuracy, length, validity, stability), "
+            "hyperparameters (new defaults of Hyperparameters fields your code uses), code, intents, expected_gain "
+            f"(your probability, 0..1, that it beats the parent).\n{INTENT_HELP}\n"
+            'Reply as {"proposals": [{"name": ..., "motivation": ..., "mechanism": ..., "expected_effect": ..., '
+            '"hyperparameters": {...}, "code": "...", "intents": [...], "expected_gain": 0.5}]}'
+            + (f"\n(seed {seed})" if seed is not None else "")
+        )
         before = self.llm.usage.as_dict()
-        reply = self.llm.chat_json([{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
-                                   proposals_schema(), node=f"propose:{parent}", purpose="propose")
+        reply = self.llm.chat_json(
+            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
+            proposals_schema(),
+            node=f"propose:{parent}",
+            purpose="propose",
+        )
         after = self.llm.usage.as_dict()
         usage = {k: round(after[k] - before[k], 6) for k in after}
         usage["record"] = reply.key
         out = []
         for item in reply.data["proposals"]:
-            out.append(Proposal(
-                name=slug(item["name"]), motivation=item.get("motivation", ""), mechanism=item["mechanism"],
-                expected_effect=item.get("expected_effect", ""), hyperparameters=dict(item.get("hyperparameters") or {}),
-                edit=item["code"], proposer="llm", intents=tuple(item.get("intents") or ()),
-                expected_gain=float(item.get("expected_gain", 0.5)), llm_usage=usage))
+            out.append(
+                Proposal(
+                    name=slug(item["name"]),
+                    motivation=item.get("motivation", ""),
+                    mechanism=item["mechanism"],
+                    expected_effect=item.get("expected_effect", ""),
+                    hyperparameters=dict(item.get("hyperparameters") or {}),
+                    edit=item["code"],
+                    proposer="llm",
+                    intents=tuple(item.get("intents") or ()),
+                    expected_gain=float(item.get("expected_gain", 0.5)),
+                    llm_usage=usage,
+                )
+            )
         return out
 
     def revise(self, archive, parent: str, proposal, failure: str, cfg, node: str | None = None):
         from dataclasses import replace
 
-        user = (f"Your candidate `{proposal.name}` for parent `{parent}` failed.\n\nFailure: {failure}\n\n"
-                f"Proposal:\n{proposal.markdown()}\n\nYour code (the edit):\n```python\n{proposal.edit}\n```\n\n"
-                f"Parent's algorithm.py:\n```python\n{archive.algorithm(parent)}\n```\n\n"
-                "Fix the edit so it keeps the proposal's mechanism and passes. "
-                'Reply as {"code": "...", "hyperparameters": {...}, "explanation": "..."}')
-        reply = self.llm.chat_json([{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
-                                   REVISE_SCHEMA, node=node, purpose="revise")
+        user = (
+            f"Your candidate `{proposal.name}` for parent `{parent}` failed.\n\nFailure: {failure}\n\n"
+            f"Proposal:\n{proposal.markdown()}\n\nYour code (the edit):\n```python\n{proposal.edit}\n```\n\n"
+            f"Parent's algorithm.py:\n```python\n{archive.algorithm(parent)}\n```\n\n"
+            "Fix the edit so it keeps the proposal's mechanism and passes. "
+            'Reply as {"code": "...", "hyperparameters": {...}, "explanation": "..."}'
+        )
+        reply = self.llm.chat_json(
+            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
+            REVISE_SCHEMA,
+            node=node,
+            purpose="revise",
+        )
         hp = reply.data.get("hyperparameters")
-        return replace(proposal, edit=reply.data["code"], hyperparameters=dict(hp) if hp is not None else proposal.hyperparameters)
+        return replace(
+            proposal,
+            edit=reply.data["code"],
+            hyperparameters=dict(hp) if hp is not None else proposal.hyperparameters,
+        )

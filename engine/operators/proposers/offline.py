@@ -16,7 +16,15 @@ import random
 from typing import Any
 
 from engine.operators.proposers import register
-from engine.operators.proposers.codegen import CONTINUOUS, LOSS_AGG_MODES, LOSS_KNOBS, OPTIONS, describe, normalize, render
+from engine.operators.proposers.codegen import (
+    CONTINUOUS,
+    LOSS_AGG_MODES,
+    LOSS_KNOBS,
+    OPTIONS,
+    describe,
+    normalize,
+    render,
+)
 
 MUTABLE = tuple(OPTIONS) + LOSS_KNOBS
 
@@ -46,7 +54,9 @@ def _study(archive, cfg, seed: int):
     from engine.config import utility
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=8))
+    study = optuna.create_study(
+        direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=8)
+    )
     dists = _distributions()
     for node in archive.nodes().values():
         if node.status != "evaluated" or not node.metrics:
@@ -58,16 +68,25 @@ def _study(archive, cfg, seed: int):
         comps = (json.loads(rec) or {}).get("components")
         if not comps:
             continue
-        params = {k: v for k, v in normalize(comps)["hp"].items() if k in dists and _inside(dists[k], v)}
+        params = {
+            k: v for k, v in normalize(comps)["hp"].items() if k in dists and _inside(dists[k], v)
+        }
         if params:
-            study.add_trial(optuna.trial.create_trial(params=params, distributions={k: dists[k] for k in params}, value=float(u)))
+            study.add_trial(
+                optuna.trial.create_trial(
+                    params=params, distributions={k: dists[k] for k in params}, value=float(u)
+                )
+            )
     return study
 
 
 def _distributions():
     import optuna
 
-    return {k: optuna.distributions.FloatDistribution(lo, hi, log=log) for k, (lo, hi, log, _d, _o) in CONTINUOUS.items()}
+    return {
+        k: optuna.distributions.FloatDistribution(lo, hi, log=log)
+        for k, (lo, hi, log, _d, _o) in CONTINUOUS.items()
+    }
 
 
 def _inside(dist, v) -> bool:
@@ -89,40 +108,55 @@ class OfflineProposer:
         study = _study(archive, cfg, seed)
         dists = _distributions()
         base = normalize(context.parent.components)
-        partners = [s for s in (context.frontier + context.complementary + context.exploratory) if s.components]
+        partners = [
+            s
+            for s in (context.frontier + context.complementary + context.exploratory)
+            if s.components
+        ]
         out: list[Proposal] = []
-        for i in range(2 * n):
+        for _ in range(2 * n):
             trial = study.ask()
 
-            def sample(name: str) -> float:
-                v = trial.suggest_float(name, dists[name].low, dists[name].high, log=dists[name].log)
+            def sample(name: str, trial=trial) -> float:
+                v = trial.suggest_float(
+                    name, dists[name].low, dists[name].high, log=dists[name].log
+                )
                 return round(v, 4 if v >= 0.01 else 6)
 
             if partners and rng.random() < 0.25:
                 partner = rng.choice(partners)
-                spec, what = self._cross(base, normalize(partner.components), rng), f"crossover with {partner.name}"
+                spec, what = (
+                    self._cross(base, normalize(partner.components), rng),
+                    f"crossover with {partner.name}",
+                )
                 extra = (partner.name,)
             else:
                 spec, what = self._mutate(base, rng, sample), ""
                 extra = ()
             spec = normalize(spec)
-            changed = sorted(k for k in MUTABLE[:len(OPTIONS)] if spec[k] != base[k])
+            changed = sorted(k for k in MUTABLE[: len(OPTIONS)] if spec[k] != base[k])
             owned = {h for h, c in CONTINUOUS.items() if c[4] is not None and c[4][0] in changed}
-            changed += sorted(k for k in spec["hp"] if spec["hp"].get(k) != base["hp"].get(k) and k not in owned | {"eps"})
+            changed += sorted(
+                k
+                for k in spec["hp"]
+                if spec["hp"].get(k) != base["hp"].get(k) and k not in owned | {"eps"}
+            )
             what = what or ("mutate " + ", ".join(changed) if changed else "retune")
-            out.append(Proposal(
-                name=f"{parent}-{_short(spec, base, changed, extra)}",
-                motivation=f"Offline search from {parent}: {what}. Parent mechanism — {describe(base)}.",
-                mechanism=describe(spec),
-                expected_effect=self._expectation(spec, base),
-                hyperparameters={},
-                edit=render(spec),
-                proposer="offline",
-                parents=extra,
-                intents=intents_for(spec),
-                expected_gain=self._gain(archive, cfg, spec, context),
-                components=spec,
-            ))
+            out.append(
+                Proposal(
+                    name=f"{parent}-{_short(spec, base, changed, extra)}",
+                    motivation=f"Offline search from {parent}: {what}. Parent mechanism — {describe(base)}.",
+                    mechanism=describe(spec),
+                    expected_effect=self._expectation(spec, base),
+                    hyperparameters={},
+                    edit=render(spec),
+                    proposer="offline",
+                    parents=extra,
+                    intents=intents_for(spec),
+                    expected_gain=self._gain(archive, cfg, spec, context),
+                    components=spec,
+                )
+            )
         return out
 
     def revise(self, archive, parent, proposal, failure, cfg, node=None):
@@ -141,9 +175,14 @@ class OfflineProposer:
                 if owner == (knob, spec[knob]):
                     hp[name] = sample(name)
         elif knob == "clip":
-            hp["clip_ratio_low"], hp["clip_ratio_high"] = sample("clip_ratio_low"), sample("clip_ratio_high")
+            hp["clip_ratio_low"], hp["clip_ratio_high"] = (
+                sample("clip_ratio_low"),
+                sample("clip_ratio_high"),
+            )
         elif knob == "loss_agg":
-            hp["loss_agg_mode"] = rng.choice([m for m in LOSS_AGG_MODES if m != hp.get("loss_agg_mode")])
+            hp["loss_agg_mode"] = rng.choice(
+                [m for m in LOSS_AGG_MODES if m != hp.get("loss_agg_mode")]
+            )
         elif knob in ("kl", "entropy"):
             key = f"{knob}_coef"
             hp[key] = 0.0 if hp.get(key, 0.0) > 0 and rng.random() < 0.3 else sample(key)
@@ -155,17 +194,33 @@ class OfflineProposer:
         spec = {k: (a[k] if rng.random() < 0.5 else b[k]) for k in OPTIONS}
         hp = {}
         for k in set(a["hp"]) | set(b["hp"]):
-            hp[k] = a["hp"].get(k, b["hp"].get(k)) if rng.random() < 0.5 else b["hp"].get(k, a["hp"].get(k))
+            hp[k] = (
+                a["hp"].get(k, b["hp"].get(k))
+                if rng.random() < 0.5
+                else b["hp"].get(k, a["hp"].get(k))
+            )
         spec["hp"] = hp
         return spec
 
     @staticmethod
     def _expectation(spec: dict, base: dict) -> str:
         notes = {
-            ("scale", "analytic"): "steadier advantages on near-saturated groups (the floor caps the scale-up)",
-            ("scale", "none"): "no difficulty bias from std scaling (Dr.GRPO); larger steps on mixed groups",
-            ("baseline", "loo"): "an unbiased leave-one-out baseline (RLOO); slightly larger advantages",
-            ("baseline", "valid_bayes"): "a baseline robust to invalid samples and tiny valid subsets",
+            (
+                "scale",
+                "analytic",
+            ): "steadier advantages on near-saturated groups (the floor caps the scale-up)",
+            (
+                "scale",
+                "none",
+            ): "no difficulty bias from std scaling (Dr.GRPO); larger steps on mixed groups",
+            (
+                "baseline",
+                "loo",
+            ): "an unbiased leave-one-out baseline (RLOO); slightly larger advantages",
+            (
+                "baseline",
+                "valid_bayes",
+            ): "a baseline robust to invalid samples and tiny valid subsets",
             ("invalid", "penalty"): "fewer format-invalid outputs (valid rate up)",
             ("all_fail", "penalty"): "a learning signal on unsolved prompts",
             ("length", "penalty"): "shorter responses at similar accuracy",
@@ -185,7 +240,11 @@ class OfflineProposer:
     def _gain(archive, cfg, spec: dict, context) -> float:
         """0.5 + 0.5 tanh(mean utility gain of archived nodes sharing spec's component options / beta)."""
         parent_u = context.parent.utility
-        refs = [s for s in (context.frontier + context.complementary + context.exploratory) if s.components and s.utility is not None]
+        refs = [
+            s
+            for s in (context.frontier + context.complementary + context.exploratory)
+            if s.components and s.utility is not None
+        ]
         if parent_u is None or not refs:
             return 0.5
         deltas = []
@@ -207,5 +266,7 @@ def _short(spec: dict, base: dict, changed: list[str], extra: tuple) -> str:
             bits.append(f"{k.replace('_', '')}-{spec[k]}".replace("_", "-"))
         else:
             v = spec["hp"][k]
-            bits.append(f"{k.split('_')[0]}{v:.3g}" if isinstance(v, float) else f"{k.split('_')[0]}-{v}")
+            bits.append(
+                f"{k.split('_')[0]}{v:.3g}" if isinstance(v, float) else f"{k.split('_')[0]}-{v}"
+            )
     return "-".join(bits)[:40] or "retune"
