@@ -1,16 +1,20 @@
 """Code generation for the offline proposer: a component spec -> readable mechanism code.
 
 A spec picks one option per component (baseline, scale, invalid, all_fail, length, adv_clip) plus the
-loss-side and continuous hyperparameters (``spec["hp"]``). :func:`render` writes the edit — the
-``Hyperparameters`` dataclass, ``compute_advantages`` and ``policy_loss`` — as plain code applied
-through the archive's LibCST spawn. :func:`set_defaults` rewrites dataclass defaults with LibCST.
+loss-side and continuous hyperparameters (``spec["hp"]``). :func:`plan_edit` turns a parent -> child
+spec change into the smallest edit: ``compute_advantages`` only when an advantage component changed,
+and the ``Hyperparameters`` changes as field defaults that :func:`set_defaults` writes with LibCST
+(every other line of the dataclass, docstrings and literals included, stays as it was).
+:func:`render` writes a whole mechanism from a spec.
 """
 
 from __future__ import annotations
 
 import json
 import keyword
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import libcst as cst
@@ -212,16 +216,22 @@ def describe(spec: Mapping[str, Any]) -> str:
 
 
 def render(spec: Mapping[str, Any]) -> str:
-    """The edit (Hyperparameters, compute_advantages, policy_loss) implementing ``spec``."""
+    """A whole mechanism (Hyperparameters, compute_advantages, the root's policy_loss) for ``spec``."""
     s = normalize(spec)
     lines = ["@dataclass", "class Hyperparameters:"]
-    base = list(
-        DEFAULT_SPEC["hp"]
-    )  # the root's field order first, so `git diff` shows only real changes
+    base = list(DEFAULT_SPEC["hp"])  # the root's field order first
     for k in sorted(s["hp"], key=lambda k: (base.index(k) if k in base else len(base), k)):
         v = s["hp"][k]
-        lit = json.dumps(v) if isinstance(v, str) else repr(v)
-        lines += [f"    {k}: {type(v).__name__} = {lit}", f'    """{_DOCS.get(k, k)}"""']
+        lines += [
+            f"    {k}: {type(v).__name__} = {_source_literal(v)}",
+            f'    """{_DOCS.get(k, k)}"""',
+        ]
+    return "\n".join(lines) + "\n\n\n" + render_advantages(s) + "\n\n" + _root_policy_loss()
+
+
+def render_advantages(spec: Mapping[str, Any]) -> str:
+    """``compute_advantages`` implementing the spec's advantage components."""
+    s = normalize(spec)
     body: list[str] = [
         "scores = batch.rewards.to(torch.float32)",
         "valid = batch.valid.to(torch.bool)",
@@ -239,25 +249,136 @@ def render(spec: Mapping[str, Any]) -> str:
         body += table[s[key]][1]
     body += ["return adv"]
     doc = describe(s).split("; loss:")[0]
-    lines += [
-        "",
-        "",
+    lines = [
         "def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:",
         f'    """Sequence-level advantages [B]. {doc}."""',
     ]
     lines += [f"    {ln}" for ln in body]
-    return "\n".join(lines) + "\n\n\n" + _root_policy_loss()
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class EditPlan:
+    """The smallest change taking a parent to a spec: an edit (top-level definitions), new or changed
+    ``Hyperparameters`` defaults, and fields the child no longer uses."""
+
+    edit: str
+    hyperparameters: dict[str, Any]
+    drop: tuple[str, ...]
+
+
+def class_defaults(source: str) -> dict[str, Any]:
+    """The literal defaults of the ``Hyperparameters`` dataclass in ``source`` (others skipped)."""
+    import ast
+
+    out: dict[str, Any] = {}
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return out
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "Hyperparameters":
+            for st in node.body:
+                if (
+                    isinstance(st, ast.AnnAssign)
+                    and isinstance(st.target, ast.Name)
+                    and st.value is not None
+                ):
+                    try:
+                        out[st.target.id] = ast.literal_eval(st.value)
+                    except ValueError:
+                        continue
+    return out
+
+
+def _function_reads(source: str, function: str) -> set[str]:
+    """Attributes of ``cfg`` that the top-level ``function`` of ``source`` reads."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            return {
+                n.attr
+                for n in ast.walk(node)
+                if isinstance(n, ast.Attribute)
+                and isinstance(n.value, ast.Name)
+                and n.value.id == "cfg"
+            }
+    return set()
+
+
+def plan_edit(
+    parent_source: str, base: Mapping[str, Any], spec: Mapping[str, Any], *, rendered: bool
+) -> EditPlan:
+    """The edit taking ``parent_source`` (whose mechanism is ``base``) to ``spec``.
+
+    ``compute_advantages`` is rewritten only when an advantage component differs (or the parent's was
+    not generated from a spec, ``rendered=False``, and a component differs from it); the root's
+    ``policy_loss`` is brought in only when a changed loss knob is not read by the parent's. Changed
+    hyperparameters become new field defaults; continuous hyperparameters the child's advantage no
+    longer uses are dropped."""
+    b, s = normalize(base), normalize(spec)
+    edits: list[str] = []
+    code_changed = any(s[k] != b[k] for k in OPTIONS)
+    if code_changed:
+        edits.append(render_advantages(s))
+    have = class_defaults(parent_source)
+    values = {
+        k: v
+        for k, v in s["hp"].items()
+        if k not in have or have[k] != v or type(have[k]) is not type(v)
+    }
+    loss_reads = _function_reads(parent_source, "policy_loss")
+    if any(k not in loss_reads for k in values if k in DEFAULT_SPEC["hp"] and k != "eps"):
+        edits.append(_root_policy_loss())
+    owned = {h for h, c in CONTINUOUS.items() if c[4] is not None}
+    drop = tuple(sorted(k for k in have if k in owned and k not in s["hp"])) if code_changed else ()
+    return EditPlan("\n\n".join(edits), values, drop)
+
+
+def _source_literal(value: Any) -> str:
+    """How a value is written in source: double-quoted strings, floats as written by hand (1e-6, not
+    Python's repr 1e-06)."""
+    if isinstance(value, str):
+        return json.dumps(value)
+    text = repr(value)
+    if isinstance(value, float):
+        text = re.sub(
+            r"e([+-])0*(\d)", lambda m: f"e{'-' if m.group(1) == '-' else ''}{m.group(2)}", text
+        )
+    return text
 
 
 def _literal(value: Any) -> cst.BaseExpression:
     if isinstance(value, bool) or isinstance(value, (int, float, str)):
-        return cst.parse_expression(json.dumps(value) if isinstance(value, str) else repr(value))
+        return cst.parse_expression(_source_literal(value))
     raise EditError(f"hyperparameter value {value!r} must be a number, bool or string")
 
 
+def _field_name(stmt: cst.BaseStatement) -> str | None:
+    if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.AnnAssign):
+        target = stmt.body[0].target
+        return target.value if isinstance(target, cst.Name) else None
+    return None
+
+
+def _is_docstring(stmt: cst.BaseStatement) -> bool:
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and isinstance(stmt.body[0], cst.Expr)
+        and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
+
+
 class _Defaults(cst.CSTTransformer):
-    def __init__(self, values: Mapping[str, Any]):
+    def __init__(self, values: Mapping[str, Any], docs: Mapping[str, str], drop: set[str]):
         self.values = dict(values)
+        self.docs = docs
+        self.drop = drop
         self.done: set[str] = set()
         self.found = False
 
@@ -265,26 +386,43 @@ class _Defaults(cst.CSTTransformer):
         if updated.name.value != "Hyperparameters":
             return updated
         self.found = True
-        body = list(updated.body.body)
-        for i, stmt in enumerate(body):
-            if isinstance(stmt, cst.SimpleStatementLine) and isinstance(
-                stmt.body[0], cst.AnnAssign
-            ):
+        body: list[cst.BaseStatement] = []
+        skipping = False
+        for stmt in updated.body.body:
+            name = _field_name(stmt)
+            if skipping and _is_docstring(stmt):  # the dropped field's docstring goes with it
+                skipping = False
+                continue
+            skipping = False
+            if name in self.drop:
+                skipping = True
+                continue
+            if name in self.values:
                 ann = stmt.body[0]
-                if isinstance(ann.target, cst.Name) and ann.target.value in self.values:
-                    body[i] = stmt.with_changes(
-                        body=[ann.with_changes(value=_literal(self.values[ann.target.value]))]
-                    )
-                    self.done.add(ann.target.value)
+                stmt = stmt.with_changes(body=[ann.with_changes(value=_literal(self.values[name]))])
+                self.done.add(name)
+            body.append(stmt)
         for k, v in self.values.items():
             if k not in self.done:
-                body.append(cst.parse_statement(f"{k}: {type(v).__name__} = {v!r}\n"))
+                body.append(
+                    cst.parse_statement(f"{k}: {type(v).__name__} = {_source_literal(v)}\n")
+                )
+                doc = self.docs.get(k)
+                if doc:
+                    body.append(cst.parse_statement(f'"""{doc}"""\n'))
                 self.done.add(k)
         return updated.with_changes(body=updated.body.with_changes(body=body))
 
 
-def set_defaults(source: str, values: Mapping[str, Any]) -> str:
-    """``source`` with the ``Hyperparameters`` dataclass defaults set (missing fields appended)."""
+def set_defaults(
+    source: str,
+    values: Mapping[str, Any],
+    drop: Sequence[str] = (),
+    docs: Mapping[str, str] | None = None,
+) -> str:
+    """``source`` with the ``Hyperparameters`` dataclass defaults set: changed fields get the new
+    literal, missing ones are appended (with their docstring from ``docs``, default the offline
+    catalogue's), ``drop`` fields are removed with their docstrings; every other byte is kept."""
     for k, v in values.items():
         if (
             not isinstance(k, str)
@@ -294,7 +432,7 @@ def set_defaults(source: str, values: Mapping[str, Any]) -> str:
         ):
             raise EditError(f"bad hyperparameter name {k!r}")
         _literal(v)
-    t = _Defaults(values)
+    t = _Defaults(values, _DOCS if docs is None else docs, set(drop) - set(values))
     out = cst.parse_module(source).visit(t)
     if not t.found:
         raise EditError("algorithm.py has no Hyperparameters dataclass to set hyperparameters on")
