@@ -31,22 +31,63 @@ def test_task_running_results_and_verifier():
     assert p.running() == [2, 99] and p.answer == 99
     assert task.decode(task.encode_prompt(p)).split()[:7] == ["<bos>", "9", "7", "+", "5", "-", "3"]
     assert len(task.encode_prompt(p)) == task.PROMPT_LEN
-    good = _resp("0 2 ; 9 9 ; < 9 9 > <eos>")
-    assert task.encode_response(p) == good
+    chain = _resp("0 2 ; 9 9 ; < 9 9 > <eos>")
+    assert task.encode_response(p) == chain
+    assert task.encode_response(p, "direct") == _resp("< 9 9 > <eos>")
+    assert task.encode_response(p, "ramble", filler=[0, 3]) == _resp(
+        "0 2 ; 9 9 ; . . . < 9 9 > <eos>"
+    )
+    assert task.encode_response(p, "giveup", stop=1) == _resp("0 2 ; <eos>")
     rows = [
-        good,
+        chain,
+        _resp("< 9 9 > <eos>"),
+        _resp("0 2 ; 9 9 ; . . . < 9 9 > <eos>"),
         _resp("0 2 ; 9 9 ; < 9 8 > <eos>"),
         _resp("0 2 ; 9 9 ; 9 9 > <eos>"),
-        _resp("0 2 ; 9 9 ; < 9 9 >"),
+        _resp("0 2 ; 9 9 ; < 9 9 >"),  # no EOS: cut off
         _resp("< 1 1 > < 9 9 > <eos>"),
-        task.encode_response(p, broken=3),
+        _resp("0 2 ; <eos>"),
+        _resp("<eos>"),
+        [task.NOOP] * task.MAX_RESPONSE,  # rambled past the cap
     ]
     width = max(map(len, rows))
     t = torch.tensor([r + [task.PAD] * (width - len(r)) for r in rows])
     valid, correct, lengths = task.score(t, [p] * len(rows))
-    assert valid.tolist() == [True, True, False, False, False, False]
-    assert correct.tolist() == [True, False, False, False, False, False]
-    assert lengths.tolist()[0] == len(good)
+    assert valid.tolist() == [True, True, True, True] + [False] * 6
+    assert correct.tolist() == [True, True, True] + [False] * 7
+    assert lengths.tolist() == [11, 5, 14, 11, 10, width, 9, 4, 1, task.MAX_RESPONSE]
+
+
+def test_vectorized_verifier_matches_a_plain_loop():
+    gen = torch.Generator().manual_seed(5)
+    probs = [task.sample_problem(gen, 1 + i % task.MAX_K) for i in range(300)]
+    rows = []
+    for i, p in enumerate(probs):  # reference responses, damaged at random
+        r = task.encode_response(p, task.STYLES[i % 4], filler=[2] * 8, stop=i % p.k)
+        r = r[: task.MAX_RESPONSE]
+        if i % 3 == 0 and len(r) > 2:
+            j = int(torch.randint(0, len(r), (1,), generator=gen))
+            r[j] = int(torch.randint(3, task.VOCAB_SIZE, (1,), generator=gen))
+        rows.append(r + [task.PAD] * (task.MAX_RESPONSE - len(r)))
+    t = torch.tensor(rows)
+
+    def plain(row, p):
+        if task.EOS not in row:
+            return False, False
+        body = row[: row.index(task.EOS)]
+        if len(body) < 4 or body[-4] != task.OPEN or body[-1] != task.CLOSE:
+            return False, False
+        d1, d0 = body[-3] - task.DIGIT0, body[-2] - task.DIGIT0
+        if not (0 <= d1 <= 9 and 0 <= d0 <= 9):
+            return False, False
+        if task.OPEN in body[:-4] or task.CLOSE in body[:-4]:
+            return False, False
+        return True, 10 * d1 + d0 == p.answer
+
+    valid, correct, _ = task.score(t, probs)
+    want = [plain(r, p) for r, p in zip(rows, probs)]
+    assert valid.tolist() == [w[0] for w in want] and correct.tolist() == [w[1] for w in want]
+    assert 0 < sum(valid.tolist()) < len(rows) and any(correct.tolist())
 
 
 def test_problem_stream_is_deterministic_per_seed():

@@ -27,19 +27,30 @@ OVERALL_WEIGHTS = {
 
 @dataclass(frozen=True)
 class WarmStart:
-    """Supervised warm start (built once per settings hash and cached on disk)."""
+    """Supervised warm start (built once per settings hash and cached on disk; warmstart.py)."""
 
     d_model: int = 64
     heads: int = 4
     layers: int = 2
-    steps: int = 1500
-    """1,000 steps leave hard successes that are lucky guesses (no correct chain); 2,000 solve the task"""
+    skill_steps: int = 3000
+    """phase 1: the arithmetic (written chains and direct answers over every chain length)"""
+    habit_steps: int = 300
+    """phase 2: the response-style habits the RL start has"""
     batch: int = 64
     lr: float = 3e-3
-    k_power: float = 0.0
-    """P(k) proportional to k^-k_power over k = 1..8 (0: uniform)"""
-    broken_rate: float = 0.15
-    """fraction of examples with damaged answer delimiters"""
+    habit_lr: float = 1e-3
+    skill_styles: tuple[float, ...] = (0.3, 0.6, 0.1, 0.0)
+    """phase 1 P(direct, chain, ramble, give-up), every k"""
+    skill_k_power: float = 0.0
+    """phase 1 chain lengths: P(k) proportional to k^-skill_k_power (long chains rarer: less skill)"""
+    skill_chain_max_k: int = 8
+    """phase 1 writes chains only up to this length (longer prompts get direct answers there)"""
+    habit_easy: tuple[float, ...] = (0.5, 0.35, 0.1, 0.05)
+    """phase 2 P(direct, chain, ramble, give-up) on easy prompts"""
+    habit_medium: tuple[float, ...] = (0.5, 0.3, 0.1, 0.1)
+    habit_hard: tuple[float, ...] = (0.72, 0.03, 0.02, 0.23)
+    filler_max: int = 12
+    """a ramble writes 1..filler_max filler tokens before its answer (past the cap: cut off)"""
     seed: int = 1234
 
 
@@ -80,14 +91,36 @@ class Protocol:
     warmstart: WarmStart = field(default_factory=WarmStart)
     rl: RL = field(default_factory=RL)
     eval: Eval = field(default_factory=Eval)
+    warmstart_sha256: str | None = None
+    """content hash of the warm start's weights (warmstart.content_hash): pinned for a shipped
+    checkpoint, so a result can never come from another starting policy unnoticed"""
+    accelerator: str = "cpu"
+    """cpu | auto (a CUDA GPU when torch sees one, else the CPU); the device used is part of the
+    protocol's identity, since the same seed samples differently on another device"""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def hash(self) -> str:
-        """sha256 of the settings that define the measurement (the preset's name excluded)."""
+    def device(self) -> str:
+        """The torch device this protocol runs on here (imports torch only for ``auto``)."""
+        if self.accelerator == "cpu":
+            return "cpu"
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def hash(self, warmstart_sha256: str | None = None, device: str = "cpu") -> str:
+        """sha256 of what defines the measurement: every setting (the preset's name excluded), the
+        warm start's weights (the pinned content hash, else ``warmstart_sha256`` as measured) and
+        the device the runs used (``accelerator`` resolved)."""
         d = self.to_dict()
         d.pop("preset")
+        d["accelerator"] = device
+        if warmstart_sha256 and self.warmstart_sha256 and warmstart_sha256 != self.warmstart_sha256:
+            raise ValueError(
+                f"warm start {warmstart_sha256[:19]}... is not the pinned {self.warmstart_sha256[:19]}..."
+            )
+        d["warmstart_sha256"] = self.warmstart_sha256 or warmstart_sha256
         return "sha256:" + hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
     def warmstart_hash(self) -> str:

@@ -41,14 +41,17 @@ def _clean(traj: dict) -> dict:
 
 def cmd_warmstart(args: argparse.Namespace) -> int:
     from trainer_template.proxy.protocol import get_protocol
-    from trainer_template.proxy.warmstart import ensure_warmstart
+    from trainer_template.proxy.warmstart import ensure_warmstart, verify_warmstart
 
+    protocol = get_protocol(args.preset)
     path = ensure_warmstart(
-        get_protocol(args.preset),
+        protocol,
         args.cache_dir,
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
     print(path)
+    print(verify_warmstart(protocol, path))  # the weights' content hash (the protocol's identity)
+    print(protocol.device())
     return 0
 
 
@@ -59,7 +62,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from trainer_template.loader import load_algorithm, make_config
     from trainer_template.proxy import evalset, rl
     from trainer_template.proxy.protocol import get_protocol
-    from trainer_template.proxy.warmstart import ensure_warmstart, load_warmstart
+    from trainer_template.proxy.warmstart import ensure_warmstart, load_warmstart, verify_warmstart
 
     out = Path(args.out)
     protocol = get_protocol(args.preset)
@@ -80,7 +83,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         result["reason"] = f"{type(exc).__name__}: {exc}"
         _write(out, result)
         return 0
-    model = load_warmstart(ensure_warmstart(protocol, args.cache_dir), protocol.warmstart)
+    ckpt = ensure_warmstart(protocol, args.cache_dir)
+    result["warmstart_sha256"] = verify_warmstart(protocol, ckpt)
+    result["device"] = protocol.device()
+    model = load_warmstart(ckpt, protocol.warmstart, device=protocol.device())
     timings["load_s"] = time.monotonic() - t0
 
     def checkpoint(step: int) -> None:
