@@ -9,6 +9,7 @@ from pathlib import Path
 
 import openai_server  # tests/openai_server.py (tests/ is on pythonpath)
 import pytest
+from results_util import record
 
 from engine.archive.store import Archive
 from engine.errors import PoiseError
@@ -130,7 +131,7 @@ def test_context_tiers(archive):
         ("d", "c", 0.20),
     ):
         archive.spawn(parent, name, proposal=f"# {name}\n\n## Mechanism\nmechanism of {name}\n")
-        archive.record_results(name, {"overall": overall, "mean_length": 100 * overall})
+        record(archive, name, {"overall": overall, "mean_length": 100 * overall})
     archive.spawn("grpo", "bad", "import os\n", proposal="# bad\n")
     archive.set_status("bad", "rejected", "static check: import of 'os' is not allowed")
     ctx = build_context(archive, "a", cfg, seed=0)
@@ -364,7 +365,7 @@ def test_clip_mutations_that_cannot_clip_anything_are_skipped(archive):
     assert clip_is_inert(old, wider, None) == ""  # unknown trajectory: no claim
     assert parent_ratios(archive, "grpo") is None
     traj = {"step": [0, 1], "train/ratio_min": [0.97, 0.95], "train/ratio_max": [1.02, 1.04]}
-    archive.record_results("grpo", {"metrics": {"overall": 0.5}, "trajectory": traj})
+    record(archive, "grpo", {"metrics": {"overall": 0.5}, "trajectory": traj})
     assert parent_ratios(archive, "grpo") == (0.95, 1.04)
     # every clip range the proposer samples (eps >= 0.1) is inert for this parent: none is offered
     from engine.operators.proposers.offline import OfflineProposer

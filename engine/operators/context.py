@@ -13,6 +13,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.archive.results import configured_protocol
 from engine.config import utility
 from engine.select import objective
 
@@ -113,16 +114,36 @@ def pareto_front(rows: dict[str, dict[str, float]], objectives: tuple[str, ...])
     return sorted(objective.pareto_front(pts))
 
 
+def _edit_functions(edit: str) -> str:
+    """The functions a prior's edit defines (its Hyperparameters are listed on its card)."""
+    try:
+        body = ast.parse(edit).body
+    except SyntaxError:
+        return ""
+    lines = edit.splitlines()
+    return "\n\n\n".join(
+        "\n".join(lines[n.lineno - 1 : n.end_lineno])
+        for n in body
+        if isinstance(n, ast.FunctionDef)
+    )
+
+
 def load_priors(limit: int = 6) -> list[dict[str, str]]:
-    """Literature prior cards from ``trainer_template.priors``."""
+    """Literature priors from ``trainer_template.priors``: each card and, under it, the functions the
+    prior's edit replaces in the root's algorithm.py (the root itself has none)."""
     from trainer_template import priors
 
     out = []
     try:
         for name in list(priors.list_priors())[:limit]:
-            card = priors.prior_card(name)
-            out.append({"name": str(name), "card": str(card)[:1200]})
-    except Exception:  # noqa: BLE001 - a broken prior card must not stop the search
+            card = str(priors.prior_card(name))[:1200]
+            code = _edit_functions(priors.prior_edit(name))[:2500]
+            if code:
+                card += (
+                    f"\n\nFunctions it replaces in the root's algorithm.py:\n```python\n{code}\n```"
+                )
+            out.append({"name": str(name), "card": card})
+    except Exception:  # noqa: BLE001 - a broken prior must not stop the search
         return out
     return out
 
@@ -157,7 +178,7 @@ def build_context(archive, parent: str, cfg, *, seed: int | None = None, nodes=N
     """The full context for proposing children of ``parent``."""
     import json
 
-    nodes = nodes if nodes is not None else archive.nodes()
+    nodes = nodes if nodes is not None else archive.nodes(configured_protocol(cfg))
     if parent not in nodes:
         archive.node(parent)  # raises the 'unknown node' error
     names = sorted(nodes, key=lambda n: nodes[n].created)
@@ -196,7 +217,7 @@ def build_context(archive, parent: str, cfg, *, seed: int | None = None, nodes=N
         )
 
     lineage = set(archive.descendants(parent, nodes)) | _ancestors(parent, nodes) | {parent}
-    evaluated = [n for n in names if nodes[n].metrics and nodes[n].status == "evaluated"]
+    evaluated = [n for n in names if nodes[n].metrics and nodes[n].evaluated]
     objectives = tuple(cfg.experiment.pareto_objectives) or (cfg.experiment.objective,)
     front = [
         n for n in pareto_front({n: nodes[n].metrics for n in evaluated}, objectives) if n != parent

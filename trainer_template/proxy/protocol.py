@@ -109,18 +109,13 @@ class Protocol:
 
         return "cuda" if torch.cuda.is_available() else "cpu"
 
-    def hash(self, warmstart_sha256: str | None = None, device: str = "cpu") -> str:
+    def hash(self) -> str:
         """sha256 of what defines the measurement: every setting (the preset's name excluded), the
-        warm start's weights (the pinned content hash, else ``warmstart_sha256`` as measured) and
-        the device the runs used (``accelerator`` resolved)."""
+        pinned content hash of the warm start's weights (checked against the checkpoint actually
+        loaded, warmstart.verify_warmstart) and, for ``accelerator = "auto"``, the device used here."""
         d = self.to_dict()
         d.pop("preset")
-        d["accelerator"] = device
-        if warmstart_sha256 and self.warmstart_sha256 and warmstart_sha256 != self.warmstart_sha256:
-            raise ValueError(
-                f"warm start {warmstart_sha256[:19]}... is not the pinned {self.warmstart_sha256[:19]}..."
-            )
-        d["warmstart_sha256"] = self.warmstart_sha256 or warmstart_sha256
+        d["accelerator"] = self.device()
         return "sha256:" + hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
     def warmstart_hash(self) -> str:
@@ -149,3 +144,8 @@ def get_protocol(preset: str | None = None) -> Protocol:
 
 def overall(metrics: dict[str, float]) -> float:
     return float(sum(w * metrics[k] for k, w in OVERALL_WEIGHTS.items()))
+
+
+def metric_unit(key: str) -> str:
+    """The unit of a proxy metric: lengths in tokens, every rate and pass@k a fraction in [0, 1]."""
+    return "tokens" if key.endswith("mean_length") else "fraction"

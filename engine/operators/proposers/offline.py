@@ -16,6 +16,7 @@ import math
 import random
 from typing import Any
 
+from engine.archive.results import configured_protocol
 from engine.errors import PoiseError
 from engine.operators.proposers import register
 from engine.operators.proposers.codegen import (
@@ -23,28 +24,27 @@ from engine.operators.proposers.codegen import (
     LOSS_AGG_MODES,
     LOSS_KNOBS,
     OPTIONS,
+    PRIOR_SPECS,
     class_defaults,
     describe,
     normalize,
+    owns,
     plan_edit,
 )
 
+MUTABLE = tuple(OPTIONS) + LOSS_KNOBS
 log = logging.getLogger(__name__)
 RATIO_MARGIN = 0.02
 """a clip bound counts as inert only if every recorded ratio stayed this far inside it"""
 
 
-def parent_ratios(archive, parent: str) -> tuple[float, float] | None:
-    """(min, max) importance ratio over the parent's recorded training trajectory (results.json), or
-    None when unknown. Old results without ratio extremes: a clip fraction of 0 at every recorded step
-    means every ratio stayed inside the harness's [0.8, 1.2]."""
-    raw = archive.read_file(parent, "results.json")
-    if not raw:
-        return None
-    try:
-        traj = json.loads(raw).get("trajectory") or {}
-    except (json.JSONDecodeError, AttributeError):
-        return None
+def parent_ratios(archive, parent: str, cfg=None) -> tuple[float, float] | None:
+    """(min, max) importance ratio over the parent's recorded training trajectory (its result under
+    the experiment's protocol), or None when unknown. Results without ratio extremes: a clip fraction
+    of 0 at every recorded step means every ratio stayed inside the harness's [0.8, 1.2]."""
+    protocol = configured_protocol(cfg or archive.config())
+    node = archive.nodes(protocol).get(parent)
+    traj = dict(node.result.trajectory) if node is not None and node.result is not None else {}
     hi = [v for v in traj.get("train/ratio_max") or [] if isinstance(v, (int, float))]
     lo = [v for v in traj.get("train/ratio_min") or [] if isinstance(v, (int, float))]
     if hi and lo:
@@ -91,10 +91,24 @@ def intents_for(spec: dict[str, Any]) -> tuple[str, ...]:
     if spec["length"] == "penalty" and spec["adv_clip"] == "none":
         out.append("shorter_correct_preferred")
     if spec["length"] == "negative_scale" and spec["adv_clip"] == "none":
-        out.append("longer_wrong_penalized_more")
+        out.append("longer_wrong_penalized_less")
     if spec["adv_clip"] == "clip":
         out.append("bounded")
     return tuple(out)
+
+
+def prior_record(name: str) -> dict[str, Any] | None:
+    """records/proposal.json of a seeded prior the catalog expresses exactly (its components and the
+    intents they satisfy), so that the offline search mutates the prior itself; None for the others."""
+    if name not in PRIOR_SPECS:
+        return None
+    spec = normalize(PRIOR_SPECS[name])
+    return {
+        "proposer": "prior",
+        "prior": name,
+        "components": spec,
+        "intents": list(intents_for(spec)),
+    }
 
 
 def _study(archive, cfg, seed: int):
@@ -108,8 +122,8 @@ def _study(archive, cfg, seed: int):
         direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=8)
     )
     dists = _distributions()
-    for node in archive.nodes().values():
-        if node.status != "evaluated" or not node.metrics:
+    for node in archive.nodes(configured_protocol(cfg)).values():
+        if not node.evaluated or not node.metrics:
             continue
         u = utility(node.metrics, cfg.experiment)
         rec = archive.read_file(node.name, "records/proposal.json")
@@ -163,7 +177,7 @@ class OfflineProposer:
         parent_src = context.parent_code or archive.algorithm(parent)
         have = class_defaults(parent_src)
         base["hp"].update({k: v for k, v in have.items() if k in base["hp"]})
-        ratios = parent_ratios(archive, parent)
+        ratios = parent_ratios(archive, parent, cfg)
         known = archived_code(archive)
         partners = [
             s
@@ -254,7 +268,7 @@ class OfflineProposer:
             choices = [o for o in OPTIONS[knob] if o != base[knob]]
             spec[knob] = rng.choice(choices)
             for name, (_lo, _hi, _log, _d, owner) in CONTINUOUS.items():
-                if owner == (knob, spec[knob]):
+                if owner is not None and owner[0] == knob and owns(owner, spec):
                     hp[name] = sample(name)
         elif knob == "clip":
             hp["clip_ratio_low"], hp["clip_ratio_high"] = (
@@ -306,7 +320,17 @@ class OfflineProposer:
             ("invalid", "penalty"): "fewer format-invalid outputs (valid rate up)",
             ("all_fail", "penalty"): "a learning signal on unsolved prompts",
             ("length", "penalty"): "shorter responses at similar accuracy",
-            ("length", "negative_scale"): "long wrong answers discouraged more: shorter failures",
+            (
+                "length",
+                "negative_scale",
+            ): "long wrong answers no longer pushed harder per sequence than short ones",
+            (
+                "invalid",
+                "floor",
+            ): "a fixed floor penalty below valid answers (fewer invalid outputs)",
+            ("entropy_control", "adaptive"): "entropy held near its target: later collapse",
+            ("entropy_control", "annealed"): "exploration early, consolidation late",
+            ("entropy_control", "dynamic"): "entropy steered both ways towards its target",
             ("adv_clip", "clip"): "bounded updates: fewer spikes in KL and grad norm",
         }
         out = [notes[(k, spec[k])] for k in OPTIONS if spec[k] != base[k] and (k, spec[k]) in notes]
