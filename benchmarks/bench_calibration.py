@@ -9,7 +9,8 @@ between the proxy's and the paper's Overall over the 11 mechanisms, and the cali
 (Spearman >= 0.6; SA-GRPO and DCBE-GRPO below GRPO beyond their intervals; at least 3 of AV, VM-AV,
 MSA, DACE, FA above GRPO beyond theirs).
 
-Each mechanism runs with its own default hyperparameters from ``trainer_template/priors``. A run that
+Each mechanism runs with its own default hyperparameters from ``trainer_template/priors`` (the edit
+materialized over the root). A run that
 collapses is evaluated anyway (its metrics count, as a collapsed training run's would); a seed with no
 metrics at all is left out of that mechanism's mean. ``POISE_EVAL_CACHE=DIR`` reuses per-seed results
 of identical code under the identical protocol (default: ``.cache/poise-eval`` in the repository).
@@ -42,11 +43,11 @@ REGRESSIONS = ("sa_grpo", "dcbe_grpo")
 
 
 def mechanism_source(name: str) -> str:
-    """The complete algorithm.py of a published mechanism (the root's for grpo)."""
-    from trainer_template import priors
+    """The complete algorithm.py of a published mechanism: its edit applied to the root, as
+    ``poise-git spawn --edit`` applies it (the root itself for grpo)."""
+    from engine.archive.edit import prior_source
 
-    materialize = getattr(priors, "materialize", None)
-    return materialize(name) if materialize else priors.prior_source(name)
+    return prior_source(name)
 
 
 def verdict(iv: list[float] | None) -> str:

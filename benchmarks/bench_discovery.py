@@ -200,11 +200,15 @@ def main() -> None:
     ap.add_argument("--preset", default="default")
     ap.add_argument("--methods", default="loop,random")
     ap.add_argument("--workdir", default=str(ROOT / ".cache" / "discovery"))
+    ap.add_argument(
+        "--fresh", action="store_true", help="redo searches that finished in an earlier invocation"
+    )
     ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "discovery.json"))
     ap.add_argument("--figure", default=str(ROOT / "docs" / "figures" / "discovery.png"))
     args = ap.parse_args()
     os.environ.setdefault("POISE_EVAL_CACHE", str(ROOT / ".cache" / "poise-eval"))
     work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     loads = [load_average()]
     print(
@@ -216,11 +220,17 @@ def main() -> None:
     for s in range(args.search_seeds):
         for method in args.methods.split(","):
             path = work / f"{method}-s{s}"
+            done = work / f"{method}-s{s}.json"
+            if done.is_file() and not args.fresh:  # a finished search of an interrupted benchmark
+                results.setdefault(method, {})[s] = json.loads(done.read_text())
+                print(f"{stamp()} {method} search seed {s}: finished earlier ({done})", flush=True)
+                continue
             if path.exists():
                 shutil.rmtree(path)
             t = time.monotonic()
             res = (run_loop if method == "loop" else run_random)(path, s, args)
             res["wall_s"] = round(time.monotonic() - t, 1)
+            done.write_text(json.dumps(res, default=str))
             results.setdefault(method, {})[s] = res
             print(
                 f"{stamp()} {method} search seed {s}: best {res.get('best')} "

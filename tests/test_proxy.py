@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 import pytest
 import torch
@@ -19,7 +20,14 @@ from trainer_template.proxy.protocol import (
     get_protocol,
     overall,
 )
-from trainer_template.proxy.warmstart import ensure_warmstart, load_warmstart
+from trainer_template.proxy.warmstart import (
+    WarmStartMismatch,
+    checkpoint_hash,
+    content_hash,
+    ensure_warmstart,
+    load_warmstart,
+    verify_warmstart,
+)
 
 
 def _resp(tokens: str) -> list[int]:
@@ -95,6 +103,13 @@ def test_problem_stream_is_deterministic_per_seed():
     b = task.sample_problem(torch.Generator().manual_seed(4), 5)
     assert a[0] == a[1] and a[0] != b and a[0].k == 5
     assert all(1 <= d <= 9 for _, d in a[0].ops)
+    # hard prompts multiply: a product mod 100 is written with "*" and computed in the chain
+    p = task.Problem(start=47, ops=((task.MUL, 8), (-1, 3)))
+    assert p.running() == [76, 73] and "*" in task.decode(task.encode_prompt(p))
+    gen = torch.Generator().manual_seed(0)
+    ops = [s for _ in range(200) for s, _ in task.sample_problem(gen, 7).ops]
+    assert 0.2 < ops.count(task.MUL) / len(ops) < 0.4
+    assert task.MUL not in [s for _ in range(50) for s, _ in task.sample_problem(gen, 4).ops]
 
 
 @pytest.mark.parametrize("n,c", [(16, 0), (16, 1), (16, 5), (16, 15), (16, 16), (20, 3)])
@@ -140,18 +155,71 @@ def smoke_warmstart():
     return proto, ensure_warmstart(proto)  # the shipped checkpoint (or the user cache)
 
 
+TINY = WarmStart(d_model=16, heads=2, layers=1, skill_steps=6, habit_steps=3, batch=8)
+
+
 def test_warmstart_is_built_once_and_cached_by_settings_hash(tmp_path):
-    tiny = dataclasses.replace(
-        PRESETS["smoke"], warmstart=WarmStart(d_model=16, heads=2, layers=1, steps=3, batch=4)
-    )
+    tiny = dataclasses.replace(PRESETS["smoke"], warmstart=TINY, warmstart_sha256=None)
     path = ensure_warmstart(tiny, tmp_path)
     assert path.parent == tmp_path and tiny.warmstart_hash() in path.name
     mtime = path.stat().st_mtime_ns
     assert ensure_warmstart(tiny, tmp_path) == path and path.stat().st_mtime_ns == mtime
     model = load_warmstart(path, tiny.warmstart)
     assert model.n_params() < 20_000
-    other = dataclasses.replace(tiny, warmstart=dataclasses.replace(tiny.warmstart, steps=4))
+    other = dataclasses.replace(tiny, warmstart=dataclasses.replace(tiny.warmstart, skill_steps=7))
     assert other.warmstart_hash() != tiny.warmstart_hash()
+
+
+def test_warmstart_build_is_deterministic_bit_for_bit(tmp_path):
+    """Two builds from the same settings in fresh cache directories give the same weights, bit for
+    bit (one thread, deterministic kernels, every draw seeded), and the content hash sees any change."""
+    tiny = dataclasses.replace(
+        PRESETS["default"],
+        warmstart=dataclasses.replace(TINY, skill_steps=40, habit_steps=20),
+        warmstart_sha256=None,
+    )
+    torch.manual_seed(123)  # the build must not depend on the caller's global RNG state
+    a = ensure_warmstart(tiny, tmp_path / "a")
+    torch.manual_seed(456)
+    b = ensure_warmstart(tiny, tmp_path / "b")
+    sa = torch.load(a, weights_only=True)["state_dict"]
+    sb = torch.load(b, weights_only=True)["state_dict"]
+    assert sa.keys() == sb.keys()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert content_hash(sa) == content_hash(sb) == checkpoint_hash(a)
+    sb["head.weight"][0, 0] += 1e-7
+    assert content_hash(sb) != content_hash(sa)
+    assert torch.get_num_threads() >= 1 and not torch.are_deterministic_algorithms_enabled()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not os.environ.get("POISE_REBUILD_WARMSTART"),
+    reason="rebuilds the full default warm start (~37 min on 2 cores): set POISE_REBUILD_WARMSTART=1",
+)
+def test_a_fresh_build_reproduces_the_shipped_warm_start(tmp_path):
+    """The default settings, built in a fresh cache directory, give the pinned weights bit for bit."""
+    default = get_protocol("default")
+    path = ensure_warmstart(dataclasses.replace(default, warmstart_sha256=None), tmp_path)
+    assert path.parent == tmp_path
+    assert checkpoint_hash(path) == default.warmstart_sha256
+
+
+def test_the_protocol_pins_the_warm_start_it_was_measured_with(tmp_path):
+    default = get_protocol("default")
+    assert default.warmstart_sha256 and default.warmstart_sha256.startswith("sha256:")
+    shipped = ensure_warmstart(default)  # the shipped checkpoint: its weights are the pinned ones
+    assert shipped.parent.name == "checkpoints"
+    assert checkpoint_hash(shipped) == default.warmstart_sha256
+    assert get_protocol("smoke").warmstart_sha256 == default.warmstart_sha256
+    # another starting policy under the same settings is refused, not silently used
+    wrong = dataclasses.replace(default, warmstart=TINY)
+    path = ensure_warmstart(dataclasses.replace(wrong, warmstart_sha256=None), tmp_path)
+    with pytest.raises(WarmStartMismatch, match="the protocol pins"):
+        verify_warmstart(wrong, path)
+    # and the identity every result records changes with the pinned weights
+    other = dataclasses.replace(default, warmstart_sha256="sha256:" + "0" * 64)
+    assert other.hash() != default.hash()
 
 
 def test_default_and_smoke_share_the_warm_start():

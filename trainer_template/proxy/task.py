@@ -1,7 +1,10 @@
-"""The proxy task: chained one-digit +/- arithmetic mod 100 with a delimited answer (verifiable).
+"""The proxy task: chained one-digit arithmetic mod 100 with a delimited answer (verifiable).
 
-A problem is a start value a in [0, 100) and k operations (sign, digit in 1..9). The running result is
-r_0 = a, r_i = (r_{i-1} +/- d_i) mod 100; the gold answer is r_k. The prompt has a fixed width::
+A problem is a start value a in [0, 100) and k operations: + d or - d (d in 1..9), or * d (d in 2..9).
+The running result is r_0 = a, r_i = (r_{i-1} op d_i) mod 100; the gold answer is r_k. Hard prompts
+(k = 6..8) also multiply (each operation is * d with probability ``MUL_RATE``): a product mod 100 is a
+table the policy knows only partly, so hard prompts stay hard after the right response style is found.
+The prompt has a fixed width::
 
     BOS a1 a0 s1 d1 s2 d2 ... s8 d8 =          (unused operation slots are ". .")
 
@@ -28,11 +31,13 @@ import torch
 
 MOD = 100
 MAX_K = 8
-TOKENS = ["<pad>", "<bos>", "<eos>", *"0123456789", "+", "-", "=", ";", "<", ">", "."]
+TOKENS = ["<pad>", "<bos>", "<eos>", *"0123456789", "+", "-", "=", ";", "<", ">", ".", "*"]
 VOCAB = {t: i for i, t in enumerate(TOKENS)}
 PAD, BOS, EOS = VOCAB["<pad>"], VOCAB["<bos>"], VOCAB["<eos>"]
 DIGIT0 = VOCAB["0"]
-PLUS, MINUS, EQ, SEP, OPEN, CLOSE, NOOP = (VOCAB[t] for t in "+-=;<>.")
+PLUS, MINUS, EQ, SEP, OPEN, CLOSE, NOOP, TIMES = (VOCAB[t] for t in "+-=;<>.*")
+MUL = 0
+"""the sign value of a multiplication in ``Problem.ops``"""
 VOCAB_SIZE = len(TOKENS)
 PROMPT_LEN = 3 + 2 * MAX_K + 1
 MAX_RESPONSE = 36
@@ -40,13 +45,15 @@ MAX_RESPONSE = 36
 
 SPLITS = {"easy": (1, 2), "medium": (3, 5), "hard": (6, 8)}
 """difficulty splits as inclusive ranges of the chain length k"""
+MUL_RATE = {"easy": 0.0, "medium": 0.0, "hard": 0.3}
+"""probability that an operation of a prompt in the split is a multiplication"""
 STYLES = ("direct", "chain", "ramble", "giveup")
 
 
 @dataclass(frozen=True)
 class Problem:
     start: int
-    ops: tuple[tuple[int, int], ...]  # (sign +1/-1, digit 1..9)
+    ops: tuple[tuple[int, int], ...]  # (sign +1 / -1 / MUL, digit 1..9)
 
     @property
     def k(self) -> int:
@@ -55,7 +62,7 @@ class Problem:
     def running(self) -> list[int]:
         r, out = self.start, []
         for s, d in self.ops:
-            r = (r + s * d) % MOD
+            r = (r * d if s == MUL else r + s * d) % MOD
             out.append(r)
         return out
 
@@ -64,12 +71,20 @@ class Problem:
         return self.running()[-1]
 
 
-def sample_problem(gen: torch.Generator, k: int) -> Problem:
-    """One problem of chain length ``k`` drawn with ``gen`` (deterministic given the generator state)."""
-    vals = torch.randint(0, 1 << 30, (1 + 2 * k,), generator=gen).tolist()
+def sample_problem(gen: torch.Generator, k: int, mul_rate: float | None = None) -> Problem:
+    """One problem of chain length ``k`` drawn with ``gen`` (deterministic given the generator state);
+    each operation multiplies with probability ``mul_rate`` (default: its split's ``MUL_RATE``)."""
+    rate = MUL_RATE[split_of(k)] if mul_rate is None else mul_rate
+    vals = torch.randint(0, 1 << 30, (1 + 3 * k,), generator=gen).tolist()
     start = vals[0] % MOD
-    ops = tuple((1 if vals[1 + 2 * i] % 2 == 0 else -1, 1 + vals[2 + 2 * i] % 9) for i in range(k))
-    return Problem(start, ops)
+    ops = []
+    for i in range(k):
+        a, b, c = vals[1 + 3 * i : 4 + 3 * i]
+        if c / (1 << 30) < rate:
+            ops.append((MUL, 2 + b % 8))
+        else:
+            ops.append((1 if a % 2 == 0 else -1, 1 + b % 9))
+    return Problem(start, tuple(ops))
 
 
 def sample_ks(gen: torch.Generator, n: int, weights: Sequence[float]) -> list[int]:
@@ -97,7 +112,7 @@ def _two(v: int) -> list[int]:
 def encode_prompt(p: Problem) -> list[int]:
     toks = [BOS, *_two(p.start)]
     for s, d in p.ops:
-        toks += [PLUS if s > 0 else MINUS, DIGIT0 + d]
+        toks += [TIMES if s == MUL else PLUS if s > 0 else MINUS, DIGIT0 + d]
     toks += [NOOP, NOOP] * (MAX_K - p.k)
     return toks + [EQ]
 

@@ -2,8 +2,9 @@
 
 Two supervised phases (``WarmStart`` in protocol.py): *skill* teaches the arithmetic (mostly written
 chains, some direct answers, over every chain length), then *habits* fine-tunes the response-style mix
-the RL start has: P(direct, chain, ramble, give-up) set per difficulty split. The result can write correct long chains but rarely
-chooses to on hard prompts, rambles past the response cap now and then, and sometimes gives up.
+the RL start has: P(direct, chain, ramble, give-up) set per difficulty split. The result can write
+correct long chains but rarely chooses to on hard prompts, rambles past the response cap now and
+then, and sometimes gives up.
 
 The build is deterministic: one torch thread, deterministic kernels, every random draw from generators
 seeded by the settings. :func:`content_hash` identifies the weights themselves; the protocol records it.
@@ -74,9 +75,7 @@ def _response(gen: torch.Generator, p: task.Problem, weights, ws: WarmStart) -> 
     return task.encode_response(p, style)
 
 
-def sft_batch(
-    gen: torch.Generator, ws: WarmStart, phase: str
-) -> tuple[torch.Tensor, torch.Tensor]:
+def sft_batch(gen: torch.Generator, ws: WarmStart, phase: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Token sequences [B, L] and a loss mask [B, L-1] over response targets (cut at the cap)."""
     power = ws.skill_k_power if phase == "skill" else 0.0
     ks = task.sample_ks(gen, ws.batch, task.k_weights(power))
@@ -84,13 +83,8 @@ def sft_batch(
     seqs = torch.full((ws.batch, length), task.PAD, dtype=torch.long)
     mask = torch.zeros(ws.batch, length - 1, dtype=torch.bool)
     for i, k in enumerate(ks):
-        p = task.sample_problem(gen, k)
-        if phase == "habits":
-            weights = style_weights(ws, k)
-        elif k <= ws.skill_chain_max_k:
-            weights = ws.skill_styles
-        else:  # chains this long are never shown in the skill phase
-            weights = [ws.skill_styles[0], 0.0, 0.0, ws.skill_styles[3]]
+        p = task.sample_problem(gen, k, ws.skill_mul_rate if phase == "skill" else None)
+        weights = style_weights(ws, k) if phase == "habits" else ws.skill_styles
         resp = _response(gen, p, weights, ws)[: task.MAX_RESPONSE]
         toks = task.encode_prompt(p) + resp
         seqs[i, : len(toks)] = torch.tensor(toks)
@@ -216,7 +210,7 @@ def save_warmstart(model: TinyGPT, protocol: Protocol, path: Path, train_s: floa
             "settings": protocol.to_dict()["warmstart"],
             "state_dict": sd,
             "content_sha256": content_hash(sd),
-            "torch": torch.__version__,
+            "torch": str(torch.__version__),
             "train_s": round(train_s, 1),
         },
         tmp,
