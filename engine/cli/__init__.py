@@ -15,7 +15,6 @@ from engine.errors import PoiseError
 
 app = typer.Typer(
     name="poise-git",
-    help="poise-git: a git-native evolution engine for discovering RL (policy-optimization) algorithms for LLMs.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
@@ -27,6 +26,23 @@ err_console = Console(stderr=True)
 ArchiveOpt = typer.Option(
     ".", "--archive", "-C", help="The experiment repository (like `git -C`).", show_default=True
 )
+
+
+@app.callback()
+def _root(
+    verbose: int = typer.Option(
+        0,
+        "--verbose",
+        "-v",
+        count=True,
+        help="Show the engine's log on stderr: -v what each step does, -vv every detail.",
+    ),
+) -> None:
+    """poise-git: a git-native evolution engine for discovering RL (policy-optimization) algorithms
+    for LLMs. Every candidate algorithm is a branch poise/NODE of an experiment repository."""
+    from engine.cli.logs import setup_logging
+
+    setup_logging(verbose, err_console)
 
 
 def _register() -> None:

@@ -7,16 +7,22 @@ from pathlib import Path
 import typer
 
 from engine.cli import ArchiveOpt, console
+from engine.errors import PoiseError
 
 
 def evaluate(
     node: str = typer.Argument(
         ..., help="The node to evaluate (its algorithm.py is read from its commit)."
     ),
-    backend: str = typer.Option(
-        "proxy",
+    backend: str | None = typer.Option(
+        None,
         "--backend",
-        help="proxy (embedded CPU RL proxy); with --suite: vllm | openai | transformers.",
+        help="The trainer: proxy (embedded CPU RL proxy, the default) | verl (GPU scale).",
+    ),
+    generator: str | None = typer.Option(
+        None,
+        "--generator",
+        help="With --suite: what samples the answers, vllm | openai | transformers.",
     ),
     seeds: int | None = typer.Option(
         None, "--seeds", help="Paired seeds, run as parallel processes (default: poise.toml)."
@@ -34,7 +40,7 @@ def evaluate(
         None, "--model", help="With --suite: the model path / served model name."
     ),
     base_url: str | None = typer.Option(
-        None, "--base-url", help="With --suite --backend openai: the server's URL."
+        None, "--base-url", help="With --suite --generator openai: the server's URL."
     ),
     limit: int | None = typer.Option(
         None,
@@ -51,7 +57,17 @@ def evaluate(
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
         from engine.operators.evaluate_suite import evaluate_node_on_suite
+        from evaluators.generation import BACKENDS as GENERATORS
 
+        if backend in GENERATORS:
+            raise PoiseError(
+                f"--backend names the trainer (proxy | verl); the suite's generator is "
+                f"--generator {backend}"
+            )
+        if backend is not None:
+            raise PoiseError("--suite scores a trained --model; --backend does not apply to it")
+        if generator is None:
+            raise PoiseError("--suite needs --generator vllm | openai | transformers")
         if not model:
             raise typer.BadParameter("--suite needs --model")
         cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
@@ -67,7 +83,7 @@ def evaluate(
                 arch,
                 node,
                 suite=suite,
-                backend=backend,
+                generator=generator,
                 model=model,
                 base_url=base_url,
                 limit=limit,
@@ -76,6 +92,10 @@ def evaluate(
             )
     else:
         from engine.operators.evaluate import evaluate_node
+
+        if generator is not None:
+            raise PoiseError("--generator applies with --suite only")
+        backend = backend or "proxy"
 
         with console.status(f"evaluating [bold]{node}[/] on the {backend} backend ...") as status:
 

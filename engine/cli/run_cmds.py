@@ -215,20 +215,22 @@ def run(
     from engine.loop.core import Loop, RunOptions
 
     opts = RunOptions(
-        rounds=rounds,
-        parents=parents,
-        population=population,
-        seeds=seeds,
-        proposer=proposer,
-        backend=backend,
-        preset=preset,
+        plan={
+            "rounds": rounds,
+            "parents": parents,
+            "population": population,
+            "seeds": seeds,
+            "proposer": proposer,
+            "backend": backend,
+            "preset": preset,
+            "eval_timeout_s": eval_timeout,
+            "seed": seed,
+        },
         workers=workers,
         ray=ray,
         directive=directive,
         objective=objective,
         budget=Budget.parse(budget),
-        eval_timeout_s=eval_timeout,
-        seed=seed,
         resume=resume,
         replay=replay,
     )
@@ -249,11 +251,6 @@ def run(
         console.print(f"initialized archive [bold]{arch.path}[/] with root node [bold]grpo[/]")
     else:
         arch = Archive(path)
-    import logging
-
-    logging.getLogger("mlflow").setLevel(
-        logging.WARNING
-    )  # schema/experiment notices would break the live display
     with _Display(arch.path / ".poise" / "run.log") as display:
         summary = Loop(arch, opts, on_event=display).run()
     _print_summary(arch, summary, report=not no_report)
@@ -301,9 +298,9 @@ def _print_summary(arch, s, report: bool) -> None:
             )
         )
     if report:
-        from engine.report.html import render
+        from engine.report.html import render_report
 
-        page = render(arch)
+        page = render_report(arch)
         console.print(f"report: [bold]{page}[/]")
     console.print(f"MLflow: `poise-git ui -C {arch.path}`")
 
@@ -322,12 +319,12 @@ def report(
 ) -> None:
     """Write an HTML report: lineage, frontier vs depth, training dynamics, accuracy vs length, node table."""
     from engine.archive.store import Archive
-    from engine.report.html import render, report_experiment
+    from engine.report.html import render_report, report_experiment
     from engine.select.objective import with_objective
 
     arch = Archive(archive)
     exp = with_objective(report_experiment(arch), objective) if objective else None
-    page = render(arch, out, exp, top=top)
+    page = render_report(arch, out, exp, top=top)
     console.print(f"report: [bold]{page}[/]")
 
 

@@ -107,7 +107,7 @@ def jaccard_distance(a: set[str], b: set[str]) -> float:
     return 1.0 - len(a & b) / max(1, len(a | b))
 
 
-def pareto_front(rows: dict[str, dict[str, float]], objectives: tuple[str, ...]) -> list[str]:
+def pareto_nodes(rows: dict[str, dict[str, float]], objectives: tuple[str, ...]) -> list[str]:
     """Nodes no other node dominates; an objective prefixed '-' is minimized."""
     keys = [(o.lstrip("-"), -1.0 if o.startswith("-") else 1.0) for o in objectives]
     pts = {n: [m[k] * s for k, s in keys] for n, m in rows.items() if all(k in m for k, _ in keys)}
@@ -200,7 +200,7 @@ def build_context(archive, parent: str, cfg, *, seed: int | None = None, nodes=N
     evaluated = [n for n in names if nodes[n].metrics and nodes[n].evaluated]
     objectives = tuple(cfg.experiment.pareto_objectives) or (cfg.experiment.objective,)
     front = [
-        n for n in pareto_front({n: nodes[n].metrics for n in evaluated}, objectives) if n != parent
+        n for n in pareto_nodes({n: nodes[n].metrics for n in evaluated}, objectives) if n != parent
     ]
     front.sort(key=lambda n: -(utility(nodes[n].metrics, cfg.experiment) or -1e9))
     parent_ids = identifiers(files[parent]["algo"] or "")

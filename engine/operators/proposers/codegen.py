@@ -40,7 +40,6 @@ CONTINUOUS = {
     "kl_coef": (1e-4, 0.1, True, 0.0, None),
     "entropy_coef": (1e-4, 0.01, True, 0.0, None),
 }
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 LOSS_KNOBS = ("clip", "loss_agg", "kl", "entropy")
 DEFAULT_SPEC: dict[str, Any] = {
     "baseline": "group_mean",

@@ -19,13 +19,13 @@ from engine.archive.results import configured_protocol
 from engine.operators.proposers import register
 from engine.operators.proposers.codegen import (
     CONTINUOUS,
-    LOSS_AGG_MODES,
     LOSS_KNOBS,
     OPTIONS,
     describe,
     normalize,
     render,
 )
+from trainer_template.interface import LOSS_AGG_MODES
 
 MUTABLE = tuple(OPTIONS) + LOSS_KNOBS
 
