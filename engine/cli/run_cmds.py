@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -337,10 +338,11 @@ def ui(
         help="Address to bind (keep 127.0.0.1 unless the network is trusted).",
     ),
 ) -> None:
-    """Start the MLflow UI on the archive's store (one worker, job execution off). With
-    MLFLOW_TRACKING_URI pointing at a server, print that server instead."""
+    """Start the MLflow UI on the archive's store (one worker, job execution off); Ctrl-C stops the
+    server and every process it started. With MLFLOW_TRACKING_URI pointing at a server, print that
+    server instead."""
     from engine.archive.store import Archive
-    from engine.archive.tracking import tracking_uri
+    from engine.archive.tracking import artifact_root, tracking_uri
 
     arch = Archive(archive)
     uri = tracking_uri(arch.path)
@@ -353,7 +355,9 @@ def ui(
         "--backend-store-uri",
         uri,
         "--default-artifact-root",
-        (arch.path / "mlruns").as_uri(),
+        artifact_root(arch.path),
+        "--artifacts-destination",
+        artifact_root(arch.path),
         "--host",
         host,
         "--port",
@@ -363,12 +367,46 @@ def ui(
     ]
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     console.print(f"MLflow UI for {arch.path}: http://{host}:{port}  (Ctrl-C stops it)")
-    proc = subprocess.Popen(cmd, env=env)
+    # its own session: the server and its workers are stopped here, as one tree, however we exit
+    # (Ctrl-C, `kill`, a closed terminal), not left to the terminal's signal
+    proc = subprocess.Popen(cmd, env=env, cwd=arch.path, start_new_session=True)
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        raise typer.Exit(proc.wait())
+        code = proc.wait()
     except KeyboardInterrupt:
-        proc.terminate()
-        proc.wait(timeout=10)
+        code = 0
+    finally:
+        stop_tree(proc.pid)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    raise typer.Exit(code)
+
+
+def _interrupt(signum, _frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def stop_tree(pid: int, grace_s: float = 10.0) -> None:
+    """SIGTERM ``pid`` and every descendant, SIGKILL what is left after ``grace_s``; reap ``pid``."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5)
 
 
 def register(app: typer.Typer) -> None:
