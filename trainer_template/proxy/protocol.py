@@ -104,6 +104,13 @@ PRESETS = {
         ),
         eval=Eval(prompts_per_split=12, samples=16),
     ),
+    # for tests only: the real code path (warm start, RL steps, held-out scoring) in a second or two;
+    # its numbers measure nothing and its protocol id keeps them apart from every other preset's
+    "tiny": ProxyProtocol(
+        preset="tiny",
+        rl=RL(steps=4, prompts=4, group=4, minibatches=1, warmup_steps=1, collapse_window=2),
+        eval=Eval(prompts_per_split=4, samples=8),
+    ),
 }
 
 
