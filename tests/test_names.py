@@ -3,7 +3,9 @@ says which thing it is (``grep`` finds one definition; an import cannot pick up 
 
 Intended duplicates, each with its reason:
 - the mechanism interface every algorithm file defines (the template and each prior): the loader
-  finds ``Hyperparameters``, ``compute_advantages`` and ``policy_loss`` by these names;
+  finds ``Hyperparameters``, ``compute_advantages`` and ``policy_loss`` by these names; and a prior is
+  an edit over the root, whose same-named top-level definitions replace the root's (e.g. its
+  ``entropy_coefficient``), so a prior may redefine any name the root algorithm.py defines;
 - a CLI verb is the function typer names the command after (``poise-git evaluate`` is ``evaluate``),
   and ``register(app)`` is the hook every ``engine/cli/*_cmds.py`` module defines;
 - ``main`` is a process entry point's conventional name; ``log`` a module's own logger
@@ -18,10 +20,11 @@ from project_ast import modules, top_level_definitions
 
 INTERFACE = {"Hyperparameters", "compute_advantages", "policy_loss"}
 ALWAYS = {"main", "log"}
+ROOT = "trainer_template/algorithm.py"
 
 
 def _is_algorithm_file(rel: str) -> bool:
-    return rel == "trainer_template/algorithm.py" or rel.startswith("trainer_template/priors/")
+    return rel == ROOT or rel.startswith("trainer_template/priors/")
 
 
 def _cli_verbs() -> set[str]:
@@ -34,6 +37,7 @@ def _cli_verbs() -> set[str]:
 
 def duplicates() -> dict[str, list[str]]:
     verbs = _cli_verbs() | {"register"}
+    root = {n for m in modules() if m.rel == ROOT for n, _ in top_level_definitions(m)}
     seen: dict[str, list[str]] = defaultdict(list)
     for m in modules():
         for name, line in top_level_definitions(m):
@@ -41,6 +45,8 @@ def duplicates() -> dict[str, list[str]]:
                 continue
             if name in INTERFACE and _is_algorithm_file(m.rel):
                 continue
+            if name in root and _is_algorithm_file(m.rel) and m.rel != ROOT:
+                continue  # an edit over the root replaces the root's definition of that name
             if name in verbs and m.rel.startswith("engine/cli/") and m.rel.endswith("_cmds.py"):
                 continue
             seen[name].append(f"{m.rel}:{line}")
