@@ -11,6 +11,7 @@ import sys
 import typer
 from rich.console import Console
 
+from engine.cli.logs import setup_logging
 from engine.errors import PoiseError
 
 app = typer.Typer(
@@ -40,8 +41,6 @@ def _root(
 ) -> None:
     """poise-git: a git-native evolution engine for discovering RL (policy-optimization) algorithms
     for LLMs. Every candidate algorithm is a branch poise/NODE of an experiment repository."""
-    from engine.cli.logs import setup_logging
-
     setup_logging(verbose, err_console)
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 
+from rich.logging import RichHandler
+
 PACKAGES = ("engine", "trainer_template", "evaluators")
 """the project's top-level packages: their loggers are the ones ``-v`` opens"""
 QUIET = ("mlflow", "alembic", "optuna", "urllib3", "httpx", "git")
@@ -23,8 +25,6 @@ def level_for(verbosity: int) -> int:
 def setup_logging(verbosity: int, console) -> logging.Handler:
     """Route the project's log records to the rich ``console`` (the CLI's stderr) at the level
     ``verbosity`` asks for; returns the handler (it replaces one an earlier call installed)."""
-    from rich.logging import RichHandler
-
     level = level_for(verbosity)
     handler = RichHandler(
         console=console,

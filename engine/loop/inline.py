@@ -11,8 +11,10 @@ from __future__ import annotations
 import concurrent.futures as cf
 import time
 
+from engine.archive.store import Archive
 from engine.errors import PoiseError
 from engine.loop.executor import EvalJob, EvalOutcome, record_failure
+from engine.operators.evaluate import evaluate_node
 
 
 class InlineExecutor:
@@ -35,9 +37,6 @@ class InlineExecutor:
 
 def evaluate_job(job: EvalJob) -> EvalOutcome:
     """Run ``job`` here; an engine error (a failed warm start, a bad preset) fails the node with it."""
-    from engine.archive.store import Archive
-    from engine.operators.evaluate import evaluate_node
-
     start = time.monotonic()
     try:
         result = evaluate_node(
