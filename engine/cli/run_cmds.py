@@ -159,7 +159,9 @@ def run(
         None, "--backend", help="proxy (embedded CPU RL proxy) | verl (GPU scale)."
     ),
     preset: str | None = typer.Option(
-        None, "--preset", help="Proxy protocol preset: default | smoke (default: \\[proxy].preset)."
+        None,
+        "--preset",
+        help="Proxy protocol preset: default | smoke | tiny (default: \\[proxy].preset).",
     ),
     workers: int | None = typer.Option(
         None, "--workers", "-w", min=1, help="Evaluations at once (default: CPU cores / seeds)."
