@@ -337,6 +337,7 @@ def test_bad_input_is_rejected_before_the_archive_changes(archive):
 
 
 # -------------------------------------------------------------------------------------------- CLI
+@pytest.mark.slow  # the CLI scores a tiny model on the six benchmarks
 def test_cli_evaluate_suite_on_tiny_model(archive, tiny, cli):
     r = cli(
         "evaluate",

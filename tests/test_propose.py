@@ -148,6 +148,7 @@ def test_context_tiers(archive):
     ) == ["x", "y"]
 
 
+@pytest.mark.slow  # CLI proposal with fingerprinting and verification
 def test_offline_proposer_needs_no_network(tmp_path, cli):
     exp = tmp_path / "exp"
     assert cli("init", str(exp)).returncode == 0
@@ -177,6 +178,7 @@ def test_offline_proposer_needs_no_network(tmp_path, cli):
     assert arch.fsck()
 
 
+@pytest.mark.slow  # LLM proposal, correction and replay through the CLI
 def test_llm_proposal_to_verified_node_and_replay(tmp_path, cli):
     S = openai_server
     toml = tmp_path / "poise.toml"

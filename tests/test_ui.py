@@ -35,11 +35,8 @@ def _port_is_free(port: int) -> bool:
     return True
 
 
-@pytest.mark.parametrize(
-    "sig",
-    [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
-    ids=["SIGINT", "SIGTERM"],
-)
+@pytest.mark.slow  # starts an MLflow server (~10 s of CPU each)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_the_ui_serves_the_archive_and_stops_everything_it_started(archive, sig):
     port = _free_port()
     env = dict(os.environ, PYTHONPATH=str(REPO))
