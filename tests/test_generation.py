@@ -374,27 +374,23 @@ def test_cli_evaluate_suite_on_tiny_model(archive, tiny, cli):
         "model": str(tiny),
         "device": "cpu",
     }
-    bad = cli("evaluate", "grpo", "--suite", "math6", "--model", str(tiny), "-C", str(archive.path))
-    assert (
-        bad.returncode != 0
-        and "--suite needs --generator" in bad.stderr
-        and len(bad.stderr.strip().splitlines()) == 1
-    )
-    # the old spelling: --backend names the trainer everywhere, so it is refused with the new name
+
+
+def test_cli_names_the_generator_and_the_trainer_apart(archive, cli):
+    """--generator picks what samples a suite's answers; --backend always names the trainer."""
+    where = ("-C", str(archive.path))
+    bad = cli("evaluate", "grpo", "--suite", "math6", "--model", "m", *where)
+    assert bad.returncode != 0 and "--suite needs --generator" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+    # the old spelling is refused with the new name
     old = cli(
-        "evaluate",
-        "grpo",
-        "--suite",
-        "math6",
-        "--backend",
-        "transformers",
-        "--model",
-        "m",
-        "-C",
-        str(archive.path),
+        "evaluate", "grpo", "--suite", "math6", "--backend", "transformers", "--model", "m", *where
     )
     assert old.returncode != 0 and "--generator transformers" in old.stderr
     assert len(old.stderr.strip().splitlines()) == 1
+    stray = cli("evaluate", "grpo", "--generator", "openai", *where)
+    assert stray.returncode != 0 and "--generator applies with --suite only" in stray.stderr
+    assert archive.node("grpo").results == {}  # nothing ran, nothing was recorded
 
 
 def test_scores_are_recorded_when_mlflow_is_unreachable(archive, monkeypatch, tmp_path):
