@@ -58,12 +58,12 @@ def test_hand_written_edit_is_verified_like_a_generated_one(archive, cli, tmp_pa
         and archive.node("dr").trailer("Poise-Proposer") == "manual"
     )
     r = cli("spawn", "grpo", "--name", "nan", "--edit", str(bad), "-C", str(archive.path))
-    assert r.returncode == 2 and "rejected" in r.stdout and "non-finite" in r.stdout
+    assert r.returncode == 3 and "rejected" in r.stdout and "non-finite" in r.stdout
     node = archive.node("nan")
     assert node.status == "rejected" and "non-finite" in node.trailer("Poise-Reason")
     assert json.loads(archive.read_file("nan", "verification.json"))["ok"] is False
     r = cli("spawn", "grpo", "--name", "sneaky", "--edit", str(hostile), "-C", str(archive.path))
-    assert r.returncode == 2 and "import of 'os'" in r.stdout
+    assert r.returncode == 3 and "import of 'os'" in r.stdout
     assert json.loads(archive.read_file("sneaky", "verification.json"))["static"].endswith(
         "is not allowed (allowed: __future__, math, dataclasses, typing, torch, torch.nn, "
         "torch.nn.functional, trainer_template.interface, functools, itertools, numbers, enum)"
@@ -71,6 +71,20 @@ def test_hand_written_edit_is_verified_like_a_generated_one(archive, cli, tmp_pa
     # the old behaviour stays available, and the archive is intact
     r = cli(
         "spawn", "grpo", "--name", "raw", "--edit", str(bad), "--no-verify", "-C", str(archive.path)
+    )
+    assert r.returncode == 1 and "same mechanism as the existing node nan" in r.stderr
+    assert not archive.exists("raw")
+    r = cli(
+        "spawn",
+        "grpo",
+        "--name",
+        "raw",
+        "--edit",
+        str(bad),
+        "--no-verify",
+        "--force",
+        "-C",
+        str(archive.path),
     )
     assert r.returncode == 0 and archive.node("raw").status == "spawned"
     r = cli("spawn", "grpo", "--edit", str(good), "-C", str(archive.path))
@@ -103,7 +117,7 @@ def test_correction_loop_rejects_hostile_code_and_the_engine_keeps_running(tmp_p
             "POISE_VERIFY_MEMORY_MB": "1500",
         }
         r = cli("spawn", "grpo", "--auto", "-C", str(arch.path), env=env)
-    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.returncode == 3, r.stdout + r.stderr
     assert len(srv.requests) == 4
     # every failure went back to the implementer
     assert "import of 'os'" in srv.requests[1]["messages"][-1]["content"]

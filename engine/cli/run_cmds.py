@@ -237,9 +237,11 @@ def run(
 
         parse_objective(objective)  # a bad objective fails before anything is created
     if proposer is not None and proposer not in ("offline", "llm"):
-        raise PoiseError(f"--proposer must be offline or llm, got {proposer!r}")
+        raise typer.BadParameter(
+            f"must be offline or llm, got {proposer!r}", param_hint="--proposer"
+        )
     if backend is not None and backend not in ("proxy", "verl"):
-        raise PoiseError(f"--backend must be proxy or verl, got {backend!r}")
+        raise typer.BadParameter(f"must be proxy or verl, got {backend!r}", param_hint="--backend")
     path = Path(archive)
     if not path.exists() or (path.is_dir() and not any(path.iterdir())):
         if resume:

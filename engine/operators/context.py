@@ -106,9 +106,14 @@ def jaccard_distance(a: set[str], b: set[str]) -> float:
     return 1.0 - len(a & b) / max(1, len(a | b))
 
 
-def pareto_front(rows: dict[str, dict[str, float]], objectives: tuple[str, ...]) -> list[str]:
-    """Nodes no other node dominates; an objective prefixed '-' is minimized."""
-    keys = [(o.lstrip("-"), -1.0 if o.startswith("-") else 1.0) for o in objectives]
+def pareto_front(
+    rows: dict[str, dict[str, float]], objectives: tuple[str, ...], exp=None
+) -> list[str]:
+    """Nodes no other node dominates; '-' minimizes, '+' maximizes, a bare name takes its
+    direction from ``exp`` (``engine.config.metric_direction``)."""
+    from engine.select.pareto import parse_objectives
+
+    keys = parse_objectives(objectives, exp)
     pts = {n: [m[k] * s for k, s in keys] for n, m in rows.items() if all(k in m for k, _ in keys)}
     return sorted(objective.pareto_front(pts))
 
@@ -199,7 +204,9 @@ def build_context(archive, parent: str, cfg, *, seed: int | None = None, nodes=N
     evaluated = [n for n in names if nodes[n].metrics and nodes[n].status == "evaluated"]
     objectives = tuple(cfg.experiment.pareto_objectives) or (cfg.experiment.objective,)
     front = [
-        n for n in pareto_front({n: nodes[n].metrics for n in evaluated}, objectives) if n != parent
+        n
+        for n in pareto_front({n: nodes[n].metrics for n in evaluated}, objectives, cfg.experiment)
+        if n != parent
     ]
     front.sort(key=lambda n: -(utility(nodes[n].metrics, cfg.experiment) or -1e9))
     parent_ids = identifiers(files[parent]["algo"] or "")
