@@ -277,7 +277,9 @@ def show(
         diff = arch.diff(n.parent, node, [ALGORITHM])
         section(f"mechanism diff vs {n.parent}", diff or "(no change)", "diff")
     if n.results:
-        table = Table(title="results", show_header=True)
+        if piped():
+            raw("== results ==")
+        table = Table(title=None if piped() else "results", show_header=True)
         table.add_column("metric", overflow="fold")
         table.add_column("value", justify="right")
         table.add_column("95% interval", justify="right")
