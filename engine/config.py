@@ -88,6 +88,8 @@ class ProposeConfig:
     """N candidates proposed per parent"""
     correction_rounds: int = 3
     """R: bounded implement -> verify correction rounds"""
+    context_tokens: int = 12000
+    """token budget of the proposal context (engine.operators.context; the parent is never cut)"""
 
 
 @dataclass(frozen=True)
