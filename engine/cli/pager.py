@@ -35,12 +35,18 @@ def natural_width(renderable: RenderableType) -> int:
 
 
 def show(renderable: RenderableType, *, no_pager: bool = False) -> None:
-    """Print ``renderable``; on a terminal, page it when it is taller or wider than the screen."""
+    """Print ``renderable`` at its natural width (nothing folded or cut); on a terminal, page it
+    when it is taller or wider than the screen."""
+    width = max(console.width, natural_width(renderable))
     cmd = None if no_pager or not console.is_terminal else pager_command()
     if cmd is None:
-        console.print(renderable)
+        saved = console.width  # Console.print(width=) cannot exceed the console's own width
+        console.width = width
+        try:
+            console.print(renderable)
+        finally:
+            console.width = saved
         return
-    width = max(console.width, natural_width(renderable))
     buf = io.StringIO()
     Console(
         file=buf,
