@@ -105,6 +105,8 @@ def test_run_end_to_end_budget_stop_and_resume(evaluated_root, tmp_path, cli):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "candidate budget exhausted: used 3 of 3" in p.stdout
     assert "best node:" in p.stdout and "report:" in p.stdout
+    # piped: plain log lines and sections, nothing padded to the wide piped width
+    assert max(len(ln) for ln in p.stdout.splitlines()) < 400
     arch = Archive(exp)
     kids = {k: n for k, n in arch.nodes().items() if n.parents}
     assert len(kids) == 3

@@ -156,7 +156,10 @@ def reflect(
         )
     llm = make_llm(arch, cfg, "llm", replay) if use_llm else None
     text = reflect_node(arch, node, cfg, llm=llm)
-    console.print(Markdown(text))
+    if console.is_terminal:
+        console.print(Markdown(text))
+    else:  # piped: the Markdown itself, unwrapped
+        typer.echo(text.rstrip("\n"))
     print_usage(llm)
 
 

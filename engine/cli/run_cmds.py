@@ -56,7 +56,10 @@ class _Display:
             self.log_file.close()
 
     def log(self, msg: str) -> None:
-        console.log(msg, highlight=False)
+        if console.is_terminal:
+            console.log(msg, highlight=False)
+        else:  # piped (`| tee run.txt`): one plain line, not a log table as wide as the console
+            console.print(f"[dim]{time.strftime('[%H:%M:%S]')}[/] {msg}", highlight=False)
         if self.log_file:
             from rich.text import Text
 
@@ -262,8 +265,6 @@ def run(
 
 
 def _print_summary(arch, s, report: bool) -> None:
-    from rich.panel import Panel
-    from rich.syntax import Syntax
 
     from engine.archive.store import ALGORITHM
 
@@ -295,13 +296,10 @@ def _print_summary(arch, s, report: bool) -> None:
             console.print(
                 f"no candidate beat the root; the best candidate is [bold]{shown}[/] (U {s.best_candidate_utility:.4f})"
             )
+        from engine.cli.render import section
+
         diff = arch.diff(root, shown, [ALGORITHM])
-        console.print(
-            Panel(
-                Syntax(diff or "(no change)", "diff", theme="ansi_dark"),
-                title=f"mechanism diff: {root} -> {shown}",
-            )
-        )
+        section(f"mechanism diff: {root} -> {shown}", diff or "(no change)", "diff")
     if report:
         from engine.report.html import render
 
