@@ -36,13 +36,33 @@ NARRATIVE = " ".join(
 )  # ~200 words, the reflect prompt's limit
 
 
-def proxy_results(rng: random.Random, level: float) -> dict:
+def proxy_results(rng: random.Random, level: float):
+    """A typed proxy result (``proxy/default`` at the current protocol hash)."""
+    from engine.archive.results import EvaluationResult, now
+    from engine.operators.evaluate import proxy_protocol
+    from trainer_template.proxy.protocol import get_protocol, metric_unit
+
+    d = _proxy_payload(rng, level)
+    return EvaluationResult(
+        protocol=proxy_protocol("default", get_protocol("default")),
+        status="evaluated",
+        metrics=d["metrics"],
+        units={k: metric_unit(k) for k in d["metrics"]},
+        intervals={k: tuple(v) for k, v in d["intervals"].items()},
+        interval_kind="95% Student-t over paired seeds",
+        seeds=(0, 1),
+        trajectory=d["trajectory"],
+        recorded_at=now(),
+    )
+
+
+def _proxy_payload(rng: random.Random, level: float) -> dict:
     m, iv = {}, {}
     for s, base in zip(SPLITS, (0.9, 0.5, 0.1)):
         for k, f in (("acc@1", 1.0), ("pass@1", 0.9), ("pass@8", 1.5), ("valid_rate", 1.05)):
-            v = min(1.0, base * f * level + rng.uniform(-0.02, 0.02))
+            v = min(1.0, max(0.0, base * f * level + rng.uniform(-0.02, 0.02)))
             m[f"{s}/{k}"] = v
-            iv[f"{s}/{k}"] = [v - 0.03, v + 0.03]
+            iv[f"{s}/{k}"] = [max(0.0, v - 0.03), min(1.0, v + 0.03)]
         m[f"{s}/mean_length"] = 12 + rng.uniform(-2, 2)
         iv[f"{s}/mean_length"] = [m[f"{s}/mean_length"] - 0.8, m[f"{s}/mean_length"] + 0.8]
     m["valid_rate"] = 0.95
@@ -75,17 +95,17 @@ def build(path: Path) -> Archive:
     rng = random.Random(0)
     arch = Archive.init(path)
     cfg = Config()
-    arch.record_results("grpo", proxy_results(rng, 1.0))
+    arch.record_result("grpo", proxy_results(rng, 1.0))
     gen1 = [f"g1-{i}-clip-higher-variant" for i in range(6)]
     for i, n in enumerate(gen1):
         arch.spawn("grpo", n, proposal=f"# {n}\n\n## Mechanism\nvariant {i} of the clip")
-        arch.record_results(n, proxy_results(rng, 1.0 + 0.02 * i))
+        arch.record_result(n, proxy_results(rng, 1.0 + 0.02 * i))
     gen2 = []
     for i in range(12):
         parent = gen1[i % 6]
         n = f"g2-{i}-length-shaped-baseline"
         arch.spawn(parent, n, proposal=f"# {n}\n\n## Mechanism\nlength shaping {i}")
-        arch.record_results(n, proxy_results(rng, 1.05 + 0.01 * i))
+        arch.record_result(n, proxy_results(rng, 1.05 + 0.01 * i))
         gen2.append(n)
     for i in range(3):
         arch.spawn(gen1[i], f"bad-{i}")

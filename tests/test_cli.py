@@ -17,6 +17,7 @@ from pathlib import Path
 import openai_server  # tests/openai_server.py
 import pytest
 from conftest import REPO
+from results_util import record
 from typer.testing import CliRunner
 
 from engine.archive.store import Archive
@@ -189,7 +190,7 @@ def test_piped_output_is_not_cut(archive, tmp_path, cli):
     assert commit in outputs["show"]  # the full id, as git prints it
     for verb in ("show", "diff"):
         assert any(ln[1:] == WIDE_LINE for ln in outputs[verb].splitlines()), verb
-    assert "│" not in outputs["show"].split("== results ==")[0]  # no frames around copyable text
+    assert "│" not in outputs["show"].split("== results")[0]  # no frames around copyable text
 
 
 def test_duplicate_mechanism_is_refused_unless_forced(archive, tmp_path, cli):
@@ -225,10 +226,10 @@ def test_duplicate_mechanism_is_refused_unless_forced(archive, tmp_path, cli):
 
 
 def test_retrospect_does_not_call_a_single_parent_round_not_top(archive, cli):
-    archive.record_results("grpo", {"overall": 0.5})
+    record(archive, "grpo", {"overall": 0.5})
     for name, u in (("c1", 0.55), ("c2", 0.6)):
         archive.spawn("grpo", name, trailers={"Poise-Round": "1", "Poise-Selection-Rank": "1"})
-        archive.record_results(name, {"overall": u})
+        record(archive, name, {"overall": u})
     r = cli("retrospect", "-C", str(archive.path))
     assert r.returncode == 0, r.stderr
     assert "not top" not in r.stdout and re.search(r"grpo .*best\s*│", r.stdout), r.stdout
@@ -249,9 +250,9 @@ def _metrics(overall: float, length: float) -> dict:
 def test_select_explains_the_direction_of_every_objective(tmp_path, cli):
     toml = '[experiment]\ndirective = "make answers shorter"\n[experiment.directions]\n"easy/acc@1" = "max"\n'
     arch = Archive.init(tmp_path / "exp", config_toml=toml)
-    arch.record_results("grpo", _metrics(0.5, 30.0))
+    record(arch, "grpo", _metrics(0.5, 30.0))
     arch.spawn("grpo", "short")
-    arch.record_results("short", _metrics(0.5, 10.0))
+    record(arch, "short", _metrics(0.5, 10.0))
     r = cli("select", "--json", "-C", str(arch.path))
     dirs = {d["metric"]: d for d in json.loads(r.stdout)["params"]["directions"]}
     assert dirs["hard/mean_length"]["direction"] == "min"

@@ -14,6 +14,7 @@ import time
 
 import pytest
 from conftest import REPO
+from results_util import record
 
 from engine.archive.store import Archive
 
@@ -21,7 +22,7 @@ LONG = "g2-a-child-whose-name-is-much-longer-than-forty-characters-" + "y" * 10
 SPLITS = ("easy", "medium", "hard")
 
 
-def _payload(level: float, preset: str = "default", half: float = 0.01) -> dict:
+def _payload(level: float, half: float = 0.01) -> dict:
     m = {"overall": level, "mean_length": 20.0 - 10 * level, "valid_rate": 0.95}
     for i, s in enumerate(SPLITS):
         for k in ("acc@1", "pass@1", "pass@8"):
@@ -31,9 +32,6 @@ def _payload(level: float, preset: str = "default", half: float = 0.01) -> dict:
         "status": "evaluated",
         "metrics": m,
         "intervals": {k: [v - half, v + half] for k, v in m.items()},
-        "backend": "proxy",
-        "preset": preset,
-        "protocol_hash": f"{preset}-hash-0123456789",
         "seeds": [0, 1, 2, 3],
     }
 
@@ -41,15 +39,15 @@ def _payload(level: float, preset: str = "default", half: float = 0.01) -> dict:
 @pytest.fixture
 def arch(tmp_path):
     a = Archive.init(tmp_path / "exp")
-    a.record_results("grpo", _payload(0.40))
+    record(a, "grpo", _payload(0.40))
     a.spawn("grpo", "better")
-    a.record_results("better", _payload(0.50))  # clears the root's interval
+    record(a, "better", _payload(0.50))  # clears the root's interval
     a.spawn("grpo", "close")
-    a.record_results("close", _payload(0.405))  # within noise
+    record(a, "close", _payload(0.405))  # within noise
     a.spawn("better", LONG)
-    a.record_results(LONG, _payload(0.45))  # worse than its parent
+    record(a, LONG, _payload(0.45))  # worse than its parent
     a.spawn("better", "smoke-run")
-    a.record_results("smoke-run", _payload(0.90, preset="smoke"))  # another protocol
+    record(a, "smoke-run", _payload(0.90), preset="smoke")  # another protocol
     a.spawn("grpo", "broken")
     a.set_status("broken", "failed", "NaN loss at step 3")
     return a
@@ -64,30 +62,43 @@ def _json(cli, arch, *args):
 def test_every_metric_with_interval_protocol_parent_and_gain(arch, cli):
     data = _json(cli, arch)
     rows = {r["node"]: r for r in data["rows"]}
-    assert list(rows) == ["grpo", "better", "close", LONG, "smoke-run"]  # evaluated, by creation
+    # evaluated nodes under the experiment's protocol (proxy/default), by creation
+    assert list(rows) == ["grpo", "better", "close", LONG]
     assert data["metrics"][0] == "overall" and len(data["metrics"]) == 3 + 3 * 4
     assert "hard/pass@8" in data["metrics"] and data["directions"]["mean_length"] == "min"
     b = rows["better"]
-    assert b["protocol"] == "proxy:default" and b["parent"] == "grpo"
-    assert b["metrics"]["hard/pass@8"] == pytest.approx({"value": 0.2, "lo": 0.19, "hi": 0.21})
+    assert b["protocol"] == "proxy/default" and b["protocol_key"].startswith("proxy/default@")
+    assert b["parent"] == "grpo" and b["seeds"] == [0, 1, 2, 3]
+    assert b["metrics"]["hard/pass@8"] == {
+        "value": pytest.approx(0.2),
+        "lo": pytest.approx(0.19),
+        "hi": pytest.approx(0.21),
+        "unit": "fraction",
+    }
+    assert b["metrics"]["mean_length"]["unit"] == "tokens"
     g = b["gain"]["overall"]
     assert g["delta"] == pytest.approx(0.10) and g["better"] and g["significant"]
     assert rows["close"]["gain"]["overall"]["significant"] is False
     assert rows[LONG]["gain"]["overall"]["better"] is False
     # lengths are minimized: a shorter child is better
     assert b["gain"]["mean_length"]["better"] is True
-    # a parent measured under another protocol gives no gain
-    s = rows["smoke-run"]
-    assert s["protocol"] == "proxy:smoke" and s["parent_same_protocol"] is False and s["gain"] == {}
+    # another protocol: its own rows, and no gain over a parent measured only under proxy/default
+    every = _json(cli, arch, "--protocol", "all")["rows"]
+    s = next(r for r in every if r["node"] == "smoke-run")
+    assert s["protocol"] == "proxy/smoke" and s["parent_same_protocol"] is False and s["gain"] == {}
 
 
 def test_sort_and_filters(arch, cli):
     order = [r["node"] for r in _json(cli, arch, "--sort", "hard/pass@8")["rows"]]
-    assert order == ["smoke-run", "better", LONG, "close", "grpo"]
+    assert order == ["better", LONG, "close", "grpo"]
     order = [r["node"] for r in _json(cli, arch, "--sort", "mean_length")["rows"]]
-    assert order[0] == "smoke-run" and order[-1] == "grpo"  # shortest first
-    rows = _json(cli, arch, "--protocol", "smoke")["rows"]
+    assert order[0] == "better" and order[-1] == "grpo"  # shortest first
+    # never ranked across protocols: proxy/smoke's best stays in its own group
+    rows = _json(cli, arch, "--protocol", "all", "--sort", "overall")["rows"]
+    assert [r["protocol"] for r in rows] == ["proxy/default"] * 4 + ["proxy/smoke"]
+    rows = _json(cli, arch, "--protocol", "proxy/smoke")["rows"]
     assert [r["node"] for r in rows] == ["smoke-run"]
+    assert len(_json(cli, arch, "--protocol", "proxy")["rows"]) == 5  # the family
     rows = _json(cli, arch, "--status", "all")["rows"]
     assert "broken" in [r["node"] for r in rows]
     rows = _json(cli, arch, "--status", "failed")["rows"]
@@ -104,9 +115,9 @@ def test_sort_and_filters(arch, cli):
 def test_csv_has_every_column(arch, cli):
     r = cli("compare", "--csv", "-C", str(arch.path))
     rows = list(csv.DictReader(io.StringIO(r.stdout)))
-    assert [x["node"] for x in rows] == ["grpo", "better", "close", LONG, "smoke-run"]
+    assert [x["node"] for x in rows] == ["grpo", "better", "close", LONG]
     b = rows[1]
-    assert b["protocol"] == "proxy:default" and b["parent"] == "grpo"
+    assert b["protocol"] == "proxy/default" and b["parent"] == "grpo" and b["result"] == "evaluated"
     assert float(b["hard/pass@8"]) == 0.2 and float(b["hard/pass@8 lo"]) == 0.19
     assert float(b["overall gain"]) == pytest.approx(0.1) and rows[0]["overall gain"] == ""
 
@@ -116,7 +127,7 @@ def test_piped_table_is_whole_one_line_per_node(arch, cli):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     row = next(ln for ln in lines if LONG in ln)
-    assert "0.45 [0.44, 0.46] Δ-0.05" in row and "proxy:default" in row and "better" in row
+    assert "0.45 [0.44, 0.46] Δ-0.05" in row and "proxy/default@" in row and "better" in row
     assert "hard/pass@8" in r.stdout and max(len(ln) for ln in lines) > 200
 
 

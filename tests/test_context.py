@@ -7,6 +7,7 @@ import json
 
 import openai_server  # tests/openai_server.py
 import pytest
+from results_util import record
 
 from engine.archive.store import Archive
 
@@ -18,7 +19,7 @@ def _results(level: float) -> dict:
     m, iv = {}, {}
     for i, s in enumerate(SPLITS):
         for j, k in enumerate(KINDS):
-            v = round(level * (0.9 - 0.3 * i) + 0.01 * j, 4) if k != "mean_length" else 12.5 + i
+            v = round(level * (0.8 - 0.3 * i) + 0.01 * j, 4) if k != "mean_length" else 12.5 + i
             m[f"{s}/{k}"] = v
             iv[f"{s}/{k}"] = [round(v - 0.02, 4), round(v + 0.02, 4)]
     m.update(overall=round(level * 0.4, 4), valid_rate=0.95, mean_length=12.3)
@@ -40,13 +41,13 @@ REFLECTION = (
 @pytest.fixture
 def arch(tmp_path):
     a = Archive.init(tmp_path / "exp")
-    a.record_results("grpo", _results(1.0))
+    record(a, "grpo", _results(1.0))
     a.spawn("grpo", "p", proposal="# p\n\n## Mechanism\nclip wider")
-    a.record_results("p", _results(1.1))
+    record(a, "p", _results(1.1))
     a.record_reflection("p", REFLECTION)
     for i in range(6):
         a.spawn("grpo", f"other-{i}")
-        a.record_results(f"other-{i}", _results(0.9 + i / 100))
+        record(a, f"other-{i}", _results(0.9 + i / 100))
         a.record_reflection(f"other-{i}", REFLECTION.replace("THE-LAST", f"OTHER-{i}"))
     return a
 
@@ -65,7 +66,7 @@ def test_parent_gets_every_metric_with_interval_and_whole_reflection(arch):
     user = proposal_messages(ctx, "p", 4, 0)[1]["content"]
     part = _parent_section(user)
     metrics = arch.node("p").metrics
-    iv = arch.node("p").results["intervals"]
+    iv = arch.node("p").result.intervals
     assert len(metrics) == 18
     for k, v in metrics.items():
         assert f"{k}={v:.4g} [{iv[k][0]:.4g}, {iv[k][1]:.4g}]" in part, k

@@ -56,14 +56,20 @@ def render_table(cmp, compact: bool) -> Table:
     )
     for col in ("node", "status", "protocol", "parent"):
         table.add_column(col, overflow="fold", no_wrap=not compact)
+    units = {}
+    for r in cmp.rows:
+        for m, c in r["metrics"].items():
+            units.setdefault(m, c.get("unit"))
     for m in cmp.metrics:
         head = f"{m} {arrows[cmp.directions[m]]}" + (" ▼" if cmp.sort == m else "")
+        if units.get(m) not in (None, "fraction", "value"):
+            head += f" ({units[m]})"
         table.add_column(head, justify="right", no_wrap=not compact)
     for r in cmp.rows:
         cells = [
             Text(r["node"], style="bold"),
             Text(r["status"]),
-            Text(r["protocol"] or "—"),
+            Text(r["protocol_key"] or "—"),
             Text((r["parent"] or "—") + ("" if r["parent_same_protocol"] is not False else " ≠")),
         ]
         cells += [_cell(r["metrics"].get(m), r["gain"].get(m), compact) for m in cmp.metrics]
@@ -84,7 +90,10 @@ def compare(
         help="Keep nodes with this status (repeatable; 'all' for any). Default: evaluated.",
     ),
     protocol: str | None = typer.Option(
-        None, "--protocol", help="Keep nodes measured under this protocol (id or hash prefix)."
+        None,
+        "--protocol",
+        help="Results under this protocol: an id (proxy/smoke), ID@HASH, a family (proxy) or 'all' "
+        "(one row per node and protocol). Default: the experiment's protocol.",
     ),
     metrics: str | None = typer.Option(
         None, "--metrics", help="Metric columns to keep: globs, comma-separated ('hard/*')."
@@ -106,11 +115,14 @@ def compare(
 
     if as_json and as_csv:
         raise typer.BadParameter("choose one of --json and --csv")
+    from engine.archive.results import configured_protocol
+
     arch = Archive(archive)
     cmp = build(
         arch.nodes(),
         report_experiment(arch),
         nodes or None,
+        configured=configured_protocol(arch.config()),
         statuses=status or None,
         protocol=protocol,
         metrics=metrics,

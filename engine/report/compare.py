@@ -1,8 +1,10 @@
-"""Nodes × metrics, as ``poise-git compare`` shows them: every metric with its 95% interval, the
-protocol it was measured under, the parent and the gain over it.
+"""Nodes × metrics, as ``poise-git compare`` shows them: every metric of a node's typed result
+(``engine.archive.results.EvaluationResult``) with its unit and 95% interval, the protocol it was
+measured under, the parent and the gain over it.
 
-``compare(nodes, exp, ...) -> Comparison``. A gain is computed only against a parent measured under
-the same protocol (same protocol hash; results of different protocols are never compared); it is
+``compare(nodes, exp, ...) -> Comparison``. A gain is computed only against the parent's result
+under the same protocol id and hash, metric by metric on the same unit (``results.comparable``;
+results of different protocols are never compared, and a sort never ranks them together); it is
 ``significant`` when the child's interval clears the parent's in the metric's direction
 (``engine.config.metric_direction``), as the loop's promotion rule does for the utility.
 """
@@ -36,25 +38,6 @@ class Comparison:
         }
 
 
-def result_view(node: Any) -> dict[str, Any] | None:
-    """What compare needs of a node's results: protocol id and hash, metrics with intervals."""
-    r = node.results
-    if not r:
-        return None
-    metrics = r.get("metrics") or {}
-    intervals = r.get("intervals") or {}
-    backend = r.get("backend") or r.get("source") or "?"
-    preset = r.get("preset")
-    proto_hash = r.get("protocol_hash") or ""
-    protocol = backend + (f":{preset}" if preset else "")
-    cells = {}
-    for k, v in metrics.items():
-        iv = intervals.get(k)
-        lo, hi = (iv[0], iv[1]) if isinstance(iv, (list, tuple)) and len(iv) == 2 else (None, None)
-        cells[k] = {"value": v, "lo": lo, "hi": hi}
-    return {"protocol": protocol, "protocol_hash": proto_hash, "metrics": cells}
-
-
 def _num(x: Any) -> float | None:
     try:
         v = float(x)
@@ -86,20 +69,57 @@ def _metric_order(names: Iterable[str], objective: str) -> list[str]:
     return sorted(set(names), key=key)
 
 
+def _cells(r: Any) -> dict[str, dict[str, Any]]:
+    out = {}
+    for k, v in r.metrics.items():
+        iv = r.interval(k)
+        out[k] = {
+            "value": float(v),
+            "lo": iv[0] if iv else None,
+            "hi": iv[1] if iv else None,
+            "unit": r.unit(k),
+        }
+    return out
+
+
+def _protocol_filter(protocol: str | None, exp_protocol: Any):
+    """A predicate on a result's Protocol: ``all``, an id (``proxy/smoke``), ``id@hash``, or a family
+    (``proxy``); None: the experiment's configured protocol."""
+    from engine.archive.results import ProtocolRef
+
+    if protocol == "all":
+        return lambda p: True
+    if protocol is None:
+        return exp_protocol.matches
+    text = protocol.strip()
+    if "/" not in text and "@" not in text:
+        return lambda p: p.id == text or p.id.split("/", 1)[0] == text
+    ref = ProtocolRef.parse(text)
+    return ref.matches
+
+
 def compare(
     nodes: Mapping[str, Any],
     exp: ExperimentConfig,
     names: list[str] | None = None,
     *,
+    configured: Any = None,
     statuses: Iterable[str] | None = None,
     protocol: str | None = None,
     metrics: str | None = None,
     sort: str | None = None,
 ) -> Comparison:
-    """The comparison of ``names`` (default: every node with results), filtered by status (default:
-    ``evaluated``, or any status when names are given; ``all``: any) and protocol (a substring of
-    the protocol id or a prefix of its hash); ``metrics`` a glob (``hard/*``) of columns to keep;
-    ``sort`` a metric, best first in its direction (else creation order)."""
+    """The comparison of ``names`` (default: every node), one row per node and matching result.
+
+    ``protocol``: the results to show — None: the experiment's ``configured`` protocol (a
+    ``ProtocolRef``); an id, ``id@hash``, a family (``proxy``) or ``all`` (one row per node and
+    protocol, sorted within each protocol). ``statuses``: node statuses to keep (default
+    ``evaluated``, or any when names are given; ``all``: any). ``metrics``: globs of metric columns
+    to keep (the objective stays). ``sort``: a metric, best first in its direction, else creation
+    order. A node with no matching result appears (metrics empty) only when its status is kept and
+    it was named or ``statuses`` asks for it."""
+    from engine.archive.results import comparable
+
     if names:
         unknown = [n for n in names if n not in nodes]
         if unknown:
@@ -108,69 +128,75 @@ def compare(
     else:
         chosen = [n for n, _ in sorted(nodes.items(), key=lambda kv: (kv[1].created, kv[0]))]
     wanted = set(statuses or (["all"] if names else ["evaluated"]))
-    rows, seen_metrics = [], set()
-    views = {n: result_view(v) for n, v in nodes.items()}
+    keep = _protocol_filter(protocol, configured)
+    rows, seen = [], set()
     for n in chosen:
-        node, view = nodes[n], views[n]
+        node = nodes[n]
         if "all" not in wanted and node.status not in wanted:
             continue
-        if protocol and not (
-            view and (protocol in view["protocol"] or view["protocol_hash"].startswith(protocol))
-        ):
-            continue
+        results = [r for _pid, r in sorted(node.results.items()) if keep(r.protocol)]
         parent = node.parents[0] if node.parents else None
-        pview = views.get(parent) if parent else None
-        same = bool(
-            view
-            and pview
-            and view["protocol_hash"] == pview["protocol_hash"]
-            and view["protocol"] == pview["protocol"]
-        )
-        cells = dict(view["metrics"]) if view else {}
-        seen_metrics |= set(cells)
-        rows.append(
-            {
-                "node": n,
-                "status": node.status,
-                "protocol": view["protocol"] if view else None,
-                "protocol_hash": view["protocol_hash"] if view else None,
-                "parent": parent,
-                "parent_same_protocol": same if pview else None,
-                "depth": node.depth,
-                "metrics": cells,
-                "gain": {},
-                "_parent_cells": pview["metrics"] if same else None,
-            }
-        )
-    cols = _metric_order(seen_metrics, exp.objective)
+        pnode = nodes.get(parent) if parent else None
+        if not results and (names or statuses):
+            results = [None]
+        for r in results:
+            pr = pnode.results.get(r.protocol.id) if (r is not None and pnode is not None) else None
+            same = pr is not None and pr.protocol.hash == r.protocol.hash
+            cells = _cells(r) if r is not None else {}
+            seen |= set(cells)
+            rows.append(
+                {
+                    "node": n,
+                    "status": node.status,
+                    "result": r.status if r is not None else None,
+                    "protocol": r.protocol.id if r is not None else None,
+                    "protocol_key": r.protocol.key if r is not None else None,
+                    "protocol_hash": r.protocol.hash if r is not None else None,
+                    "seeds": list(r.seeds) if r is not None else [],
+                    "interval_kind": r.interval_kind if r is not None else "",
+                    "parent": parent,
+                    "parent_same_protocol": (same if pr is not None else False)
+                    if r is not None and parent
+                    else None,
+                    "depth": node.depth,
+                    "metrics": cells,
+                    "gain": {},
+                    "_pair": (r, pr) if same and r.ok and pr.ok else None,
+                }
+            )
+    cols = _metric_order(seen, exp.objective)
     if metrics:
         pats = [p.strip() for p in metrics.split(",") if p.strip()]
         cols = [c for c in cols if c == exp.objective or any(fnmatch.fnmatch(c, p) for p in pats)]
     directions = {m: metric_direction(m, exp)[0] for m in cols}
-    for r in rows:
-        pc = r.pop("_parent_cells")
-        r["metrics"] = {m: r["metrics"][m] for m in cols if m in r["metrics"]}
-        if pc is not None:
-            r["gain"] = {
-                m: _gain(r["metrics"][m], pc[m], directions[m])
+    for row in rows:
+        pair = row.pop("_pair")
+        row["metrics"] = {m: row["metrics"][m] for m in cols if m in row["metrics"]}
+        if pair is not None:
+            r, pr = pair
+            pc = _cells(pr)
+            row["gain"] = {
+                m: _gain(row["metrics"][m], pc[m], directions[m])
                 for m in cols
-                if m in r["metrics"] and m in pc
+                if m in row["metrics"] and m in pc and comparable(r, pr, m)
             }
     if sort:
         if sort not in directions:
             known = ", ".join(cols[:12])
             raise PoiseError(f"--sort {sort!r}: no such metric column (metrics: {known}…)")
         sign = -1.0 if directions[sort] == "max" else 1.0
+        groups = list(dict.fromkeys(r["protocol_key"] for r in rows))
 
         def key(r: dict) -> tuple:
             v = _num((r["metrics"].get(sort) or {}).get("value"))
-            return (v is None, sign * v if v is not None else 0.0)
+            g = groups.index(r["protocol_key"])  # never ranked across protocols
+            return (g, v is None, sign * v if v is not None else 0.0)
 
         rows.sort(key=key)
     return Comparison(cols, rows, directions, sort)
 
 
-CSV_FIELDS = ("node", "status", "protocol", "protocol_hash", "parent", "depth")
+CSV_FIELDS = ("node", "status", "result", "protocol", "protocol_hash", "parent", "depth")
 
 
 def to_csv_rows(cmp: Comparison) -> tuple[list[str], list[list[Any]]]:
