@@ -31,13 +31,19 @@ _EXAMPLES: dict[str, list[str]] = {
         "poise-git compare --status evaluated --protocol proxy --metrics 'hard/*'",
         "poise-git compare --csv > nodes.csv",
     ],
-    "record": ["poise-git record clip-wide --results metrics.json"],
+    "record": [
+        "poise-git record clip-wide --results metrics.json",
+        "poise-git record clip-wide --results lab.json --protocol lab-eval/v1 --unit percent",
+    ],
     "evaluate": [
         "poise-git evaluate clip-wide --seeds 4 -C exp",
         "poise-git evaluate grpo --preset smoke",
         "poise-git evaluate clip-wide --suite math6 --backend openai --model m --base-url URL",
     ],
-    "select": ["poise-git select --k 3 --explain -C exp", "poise-git select --json"],
+    "select": [
+        "poise-git select --k 3 --explain -C exp",
+        "poise-git select --json --protocol proxy/smoke",
+    ],
     "retrospect": ["poise-git retrospect -C exp", "poise-git retrospect --json"],
     "train": ["poise-git train clip-wide --backend verl --dry-run"],
     "propose": [
