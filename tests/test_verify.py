@@ -199,7 +199,8 @@ def test_every_attempt_is_kept_on_the_branch(archive):
         )
         node = implement(archive, "grpo", p, archive.config(), llm=llm)
     assert node.status == "verified"
-    assert archive.read_file("fixed", "algorithm.py").count("stats.mean") == 1
+    tip = archive.read_file("fixed", "algorithm.py")
+    assert "torch.zeros_like(scores), stats.mean)" in tip and "* 0.0" not in tip
     read = lambda path: archive.read_file("fixed", path)  # noqa: E731
     # attempt 1: the static check; no node yet, so it lands in the spawn commit of attempt 2
     assert "import os" in read("attempts/1/edit.py")
