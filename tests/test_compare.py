@@ -66,6 +66,8 @@ def test_every_metric_with_interval_protocol_parent_and_gain(arch, cli):
     assert list(rows) == ["grpo", "better", "close", LONG]
     assert data["metrics"][0] == "overall" and len(data["metrics"]) == 3 + 3 * 4
     assert "hard/pass@8" in data["metrics"] and data["directions"]["mean_length"] == "min"
+    # a per-split length nobody gave a direction: shown, but neither better long nor short
+    assert data["directions"]["hard/mean_length"] == "none"
     b = rows["better"]
     assert b["protocol"] == "proxy/default" and b["protocol_key"].startswith("proxy/default@")
     assert b["parent"] == "grpo" and b["seeds"] == [0, 1, 2, 3]
@@ -110,6 +112,8 @@ def test_sort_and_filters(arch, cli):
     assert [r["node"] for r in d["rows"]] == ["better", "grpo"]
     r = cli("compare", "--sort", "nope", "-C", str(arch.path))
     assert r.returncode == 1 and "--sort 'nope': no such metric" in r.stderr
+    r = cli("compare", "--sort", "hard/mean_length", "-C", str(arch.path))
+    assert r.returncode == 1 and "has no direction" in r.stderr
 
 
 def test_csv_has_every_column(arch, cli):

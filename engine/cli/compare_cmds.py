@@ -44,7 +44,7 @@ def _cell(c: dict | None, g: dict | None, compact: bool) -> Text:
 
 
 def render_table(cmp, compact: bool) -> Table:
-    arrows = {"max": "↑", "min": "↓"}
+    arrows = {"max": " ↑", "min": " ↓", "none": ""}
     table = Table(
         show_lines=compact,
         caption=Text(
@@ -61,7 +61,7 @@ def render_table(cmp, compact: bool) -> Table:
         for m, c in r["metrics"].items():
             units.setdefault(m, c.get("unit"))
     for m in cmp.metrics:
-        head = f"{m} {arrows[cmp.directions[m]]}" + (" ▼" if cmp.sort == m else "")
+        head = f"{m}{arrows[cmp.directions[m]]}" + (" ▼" if cmp.sort == m else "")
         if units.get(m) not in (None, "fraction", "value"):
             head += f" ({units[m]})"
         table.add_column(head, justify="right", no_wrap=not compact)

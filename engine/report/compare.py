@@ -46,13 +46,22 @@ def _num(x: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
+def _direction(metric: str, exp: ExperimentConfig) -> str:
+    """``max`` | ``min``, or ``none`` for a length nothing asked about (no configured direction,
+    no length directive): a shown length is neither better long nor short."""
+    from engine.config import is_length_like
+
+    d, why = metric_direction(metric, exp)
+    return "none" if why == "default" and is_length_like(metric) else d
+
+
 def _gain(child: dict, parent: dict, direction: str) -> dict[str, Any]:
     a, b = _num(child.get("value")), _num(parent.get("value"))
     if a is None or b is None:
         return {"delta": None, "better": None, "significant": None}
     d = a - b
     sign = 1.0 if direction == "max" else -1.0
-    better = None if d == 0 else (d * sign > 0)
+    better = None if d == 0 or direction == "none" else (d * sign > 0)
     ci = (_num(child.get("lo")), _num(child.get("hi")))
     pi = (_num(parent.get("lo")), _num(parent.get("hi")))
     sig = None
@@ -168,7 +177,7 @@ def compare(
     if metrics:
         pats = [p.strip() for p in metrics.split(",") if p.strip()]
         cols = [c for c in cols if c == exp.objective or any(fnmatch.fnmatch(c, p) for p in pats)]
-    directions = {m: metric_direction(m, exp)[0] for m in cols}
+    directions = {m: _direction(m, exp) for m in cols}
     for row in rows:
         pair = row.pop("_pair")
         row["metrics"] = {m: row["metrics"][m] for m in cols if m in row["metrics"]}
@@ -184,6 +193,11 @@ def compare(
         if sort not in directions:
             known = ", ".join(cols[:12])
             raise PoiseError(f"--sort {sort!r}: no such metric column (metrics: {known}…)")
+        if directions[sort] == "none":
+            raise PoiseError(
+                f"--sort {sort!r}: the metric has no direction; set it in poise.toml "
+                f'([experiment.directions] "{sort}" = "min" or "max")'
+            )
         sign = -1.0 if directions[sort] == "max" else 1.0
         groups = list(dict.fromkeys(r["protocol_key"] for r in rows))
 
