@@ -69,6 +69,11 @@ def _fmt(v: Any) -> str:
     return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def _fmt_str(v: Any) -> str:
+    """A hydra override value that stays a string (``false``, ``1`` or ``null`` unquoted would not)."""
+    return "'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def node_settings(cfg: Any) -> dict[str, Any]:
     """The loss-side settings verl must share with the node (aggregation, clip ratios, KL, entropy)."""
     d = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(vars(cfg))
@@ -152,7 +157,7 @@ def build_overrides(
         f"trainer.default_local_dir={_fmt(ckpt_dir)}",
     ]
     ov += [
-        f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}={_fmt(v)}"
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}={_fmt_str(v)}"
         for k, v in sorted(env_for_workers.items())
     ]
     replaced = {_key(e) for e in extra}
