@@ -268,6 +268,10 @@ def make_policy_loss(module, cfg):
         mask = response_mask.to(log_prob.dtype)
         ppo_kl = ((old_log_prob - log_prob) * mask).sum() / mask.sum().clamp(min=1.0)
         out = {"actor/ppo_kl": float(ppo_kl.detach())}
+        state = _STATE[0]
+        if state is not None:  # what the node's loss was given (shows the state reached the worker)
+            out["actor/poise_state_progress"] = float(state.progress)
+            out["actor/poise_state_step"] = float(state.step)
         for k, v in metrics.items():
             out[f"actor/{k}" if not k.startswith("actor/") else k] = float(v)
         return loss, out

@@ -101,8 +101,20 @@ def write_data(out_dir: str | Path, model_dir: str | Path, proto: SmokeProtocol)
     return paths
 
 
-def cpu_overrides(proto: SmokeProtocol, model_dir: str, work_dir: str) -> list[str]:
-    """The hydra settings that put verl on the CPU at smoke scale (replacing the protocol's)."""
+def cpu_overrides(
+    proto: SmokeProtocol, model_dir: str, work_dir: str, ray_address: str | None = None
+) -> list[str]:
+    """The hydra settings that put verl on the CPU at smoke scale (replacing the protocol's). With
+    ``ray_address`` verl joins that running Ray instead of starting one (which then must offer
+    ``ray_cpus`` logical CPUs and one logical GPU)."""
+    if ray_address:
+        ray = [f"+ray_kwargs.ray_init.address={ray_address}"]
+    else:
+        ray = [
+            f"ray_kwargs.ray_init.num_cpus={proto.ray_cpus}",
+            "+ray_kwargs.ray_init.num_gpus=1",
+            "+ray_kwargs.ray_init.include_dashboard=false",
+        ]
     fp32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
     arr = "actor_rollout_ref"
     return [
@@ -135,9 +147,7 @@ def cpu_overrides(proto: SmokeProtocol, model_dir: str, work_dir: str) -> list[s
         "trainer.resume_mode=disable",
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
         "transfer_queue.backend.SimpleStorage.total_storage_size=4096",
-        f"ray_kwargs.ray_init.num_cpus={proto.ray_cpus}",
-        "+ray_kwargs.ray_init.num_gpus=1",
-        "+ray_kwargs.ray_init.include_dashboard=false",
+        *ray,
         f"hydra.run.dir={Path(work_dir) / 'hydra'}",
         "hydra.output_subdir=null",
     ]
@@ -168,6 +178,9 @@ def worker_env(
         "MLFLOW_RUN_ID": run_id,
         "POISE_PROGRESS_FILE": progress_file,
         "TOKENIZERS_PARALLELISM": "false",
+        # Ray enables token authentication for a local cluster; a driver joining a running one must
+        # say so explicitly to present the token (~/.ray/auth_token)
+        "RAY_AUTH_MODE": "token",
     }
 
 
@@ -184,8 +197,10 @@ def prepare(
     proto: SmokeProtocol = SmokeProtocol(),
     hparams: Mapping[str, Any] | None = None,
     extra: Sequence[str] = (),
+    ray_address: str | None = None,
 ) -> Launch:
-    """Write what the smoke of ``node`` needs and return its command.
+    """Write what the smoke of ``node`` needs and return its command (joining the Ray at
+    ``ray_address`` when given, else starting its own).
 
     ``work_dir`` (per node, emptied of earlier checkpoints and progress) receives ``algorithm.py``,
     ``hparams.json``, ``progress.jsonl`` and ``checkpoints/``; ``shared_dir`` (per archive) the tiny
@@ -234,7 +249,7 @@ def prepare(
         project=project,
         env_for_workers=env,
         protocol=protocol,
-        extra=[*cpu_overrides(proto, str(model_dir), str(work)), *extra],
+        extra=[*cpu_overrides(proto, str(model_dir), str(work), ray_address), *extra],
     )
     return Launch(
         cmd=[sys.executable, "-m", "verl.trainer.main_ppo", *overrides],
