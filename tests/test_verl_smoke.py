@@ -73,12 +73,28 @@ def smoke(tmp_path_factory):
     with shared_ray() as address:
         env = {"RAY_ADDRESS": address, "RAY_AUTH_MODE": "token"}
         done["grpo"] = run_cli(
-            "train", "grpo", "--backend", "verl", "--smoke", "-C", str(archive.path), env=env,
+            "train",
+            "grpo",
+            "--backend",
+            "verl",
+            "--smoke",
+            "-C",
+            str(archive.path),
+            env=env,
             timeout=1500,
         )
         done["centred"] = run_cli(
-            "evaluate", "centred", "--backend", "verl", "--smoke", "--limit", "1",
-            "-C", str(archive.path), env=env, timeout=1500,
+            "evaluate",
+            "centred",
+            "--backend",
+            "verl",
+            "--smoke",
+            "--limit",
+            "1",
+            "-C",
+            str(archive.path),
+            env=env,
+            timeout=1500,
         )
     return archive, done, time.monotonic() - t0
 
@@ -88,7 +104,9 @@ def _history(archive, node: str) -> dict[str, list[tuple[int, float]]]:
 
     from engine.archive.tracking import find_runs, set_uri, tracking_uri
 
-    runs = [r for r in find_runs(archive, node) if r.data.tags.get("poise.protocol") == "verl-smoke"]
+    runs = [
+        r for r in find_runs(archive, node) if r.data.tags.get("poise.protocol") == "verl-smoke"
+    ]
     assert len(runs) == 1, f"{node}: {len(runs)} verl-smoke runs"
     set_uri(tracking_uri(archive.path))
     client = mlflow.MlflowClient()

@@ -24,10 +24,12 @@ from typing import Any
 from engine.errors import EvaluationError
 
 SMOKE_DIR = Path(".poise") / "verl" / "smoke"
-# log line -> milestone reported before the first step (verl's own output, in the order it appears)
+# log line -> milestone reported before the first step (verl's and Ray's own output)
 MILESTONES = (
     ("Started a local Ray instance", "Ray started"),
-    ("LLMServerManager:", "workers, rollout server and reward loop up"),
+    ("Connected to Ray cluster", "joined the running Ray"),
+    ("create worker group", "actor worker starting"),
+    ("LLMServerManager:", "actor, rollout server and reward loop up"),
     ("Training Progress", "training"),
 )
 # reported per step (the proxy's names; see trainer_template.proxy.rl.SIGNALS)
@@ -105,7 +107,7 @@ def run_verl(
 
     say = _say(on_event)
     t0 = time.monotonic()
-    seen_steps, milestone = 0, 0
+    seen_steps, pending = 0, list(MILESTONES)
     with open(log_path, "w", encoding="utf-8") as log:
         proc = subprocess.Popen(
             list(cmd),
@@ -124,11 +126,11 @@ def run_verl(
                     done = True
                 except subprocess.TimeoutExpired:
                     done = False
-                if milestone < len(MILESTONES):
+                if pending and not seen_steps:
                     text = Path(log_path).read_text(encoding="utf-8", errors="replace")
-                    while milestone < len(MILESTONES) and MILESTONES[milestone][0] in text:
-                        say(f"{MILESTONES[milestone][1]} ({time.monotonic() - t0:.0f} s)")
-                        milestone += 1
+                    for marker, what in [m for m in pending if m[0] in text]:
+                        say(f"{what} ({time.monotonic() - t0:.0f} s)")
+                        pending.remove((marker, what))
                 rows = read_progress(progress_path)
                 for row in rows[seen_steps:]:
                     say(_step_line(row))

@@ -81,6 +81,7 @@ def build(out_dir: str | Path, seed: int = 0) -> Path:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers.utils import logging as hf_logging
 
     tok = build_tokenizer()
     cfg = Qwen2Config(
@@ -95,7 +96,13 @@ def build(out_dir: str | Path, seed: int = 0) -> Path:
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(cfg)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # the library reports nothing on its own
+    try:
+        model.save_pretrained(out, safe_serialization=True)
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
     GenerationConfig(
         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, do_sample=True
     ).save_pretrained(out)
