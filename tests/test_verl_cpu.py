@@ -214,7 +214,8 @@ def test_smoke_settings_compose_against_verls_config():
     assert m.override_config.attn_implementation == "sdpa" and not a.use_kl_loss
     assert a.fsdp_config.mixed_precision.param_dtype == "fp32"
     assert c.trainer.device == "cpu" and c.trainer.n_gpus_per_node == 1
-    assert c.trainer.total_training_steps == 2 and c.trainer.save_freq == 2
+    assert c.trainer.total_training_steps == 2 and c.trainer.resume_mode == "disable"
+    assert "hf_model" in a.checkpoint.save_contents  # a final Hugging Face checkpoint
     assert c.reward.custom_reward_function.name == "compute_smoke_score"
     assert c.transfer_queue.backend.SimpleStorage.num_data_storage_units == 1
     assert c.ray_kwargs.ray_init.num_cpus == 32 and c.ray_kwargs.ray_init.num_gpus == 1

@@ -153,8 +153,14 @@ def build_overrides(
         "trainer.nnodes=1",
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
-        "trainer.save_freq=-1",
+        # verl saves when the step is the last or a multiple of save_freq: a huge period means
+        # "only at the end"; the Hugging Face copy is what the evaluation loads
+        "trainer.save_freq=100000000",
+        "actor_rollout_ref.actor.checkpoint.save_contents=['model','optimizer','extra','hf_model']",
+        "trainer.resume_mode=disable",
         f"trainer.default_local_dir={_fmt(ckpt_dir)}",
+        f"hydra.run.dir={_fmt(Path(ckpt_dir).parent / 'hydra')}",  # not ./outputs of the caller
+        "hydra.output_subdir=null",
     ]
     ov += [
         f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}={_fmt_str(v)}"

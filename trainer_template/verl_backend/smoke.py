@@ -128,7 +128,6 @@ def cpu_overrides(
         f"+{arr}.actor.fsdp_config.mixed_precision={fp32}",
         f"{arr}.actor.use_kl_loss=false",
         f"{arr}.actor.ppo_max_token_len_per_gpu=4096",
-        f"{arr}.actor.checkpoint.save_contents=['model','optimizer','extra','hf_model']",
         f"{arr}.rollout.name=poise_hf",
         f"{arr}.rollout.tensor_model_parallel_size=1",
         f"{arr}.rollout.seed={proto.seed}",
@@ -143,13 +142,10 @@ def cpu_overrides(
         "trainer.n_gpus_per_node=1",
         f"trainer.total_training_steps={proto.steps}",
         "trainer.total_epochs=1",
-        f"trainer.save_freq={proto.steps}",
-        "trainer.resume_mode=disable",
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
         "transfer_queue.backend.SimpleStorage.total_storage_size=4096",
         *ray,
         f"hydra.run.dir={Path(work_dir) / 'hydra'}",
-        "hydra.output_subdir=null",
     ]
 
 
