@@ -11,7 +11,6 @@ started by :func:`engine.operators.train_verl.shared_ray` (one Ray start for the
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -162,26 +161,29 @@ def test_each_mechanism_ran_inside_verl(smoke):
 
 def test_results_carry_the_protocol_and_the_checkpoint(smoke):
     archive, _, _ = smoke
+    nodes = archive.nodes()
+    keys = set()
     for node in ("grpo", "centred"):
-        text = archive.read_file(node, "results/verl-smoke.json")
-        assert text is not None, node
-        res = json.loads(text)
-        assert res["protocol"]["id"] == "verl-smoke" and len(res["protocol"]["hash"]) == 64
-        assert res["status"] == "trained" and res["seeds"] == [0]
-        assert len(res["trajectory"]["step"]) == 2
-        ckpt = res["checkpoint"]
+        n = nodes[node]
+        assert set(n.results) == {"verl-smoke"} and n.result is None  # never the compared protocol
+        assert n.status == "spawned"  # a smoke is no evaluation under the experiment's protocol
+        res = n.results["verl-smoke"]
+        assert res.ok and res.protocol.backend == "verl" and res.seeds == (0,)
+        assert res.protocol.hash.startswith("sha256:") and res.protocol.settings["steps"] == 2
+        assert res.trajectory["step"] == [1, 2] and len(res.trajectory["train/adv_std"]) == 2
+        assert res.mlflow_run_ids and res.node_commit
+        ckpt = res.details["checkpoint"]
         assert os.path.isfile(os.path.join(ckpt, "config.json"))
         assert os.path.isfile(os.path.join(ckpt, "model.safetensors"))
-    ev = json.loads(archive.read_file("centred", "results/verl-smoke.json"))["evaluation"]
-    assert ev["suite"] == "math6" and set(ev["counts"]) == {
-        "aime24",
-        "aime25",
-        "amc",
-        "math500",
-        "minerva",
-        "olympiadbench",
-    }
-    assert 0.0 <= ev["metrics"]["overall"] <= 100.0
+        keys.add(res.protocol.key)
+    assert len(keys) == 2  # train-only and train+score smokes are different protocol versions
+    train = nodes["grpo"].results["verl-smoke"]
+    assert train.unit("overall") == "fraction"
+    assert train.value == pytest.approx(train.metrics["train/reward_mean"])
+    scored = nodes["centred"].results["verl-smoke"]
+    assert scored.unit("overall") == "percent" and 0.0 <= scored.value <= 100.0
+    for bench in ("aime24", "aime25", "amc", "math500", "minerva", "olympiadbench"):
+        assert f"math6/{bench}" in scored.metrics
+        assert scored.details["evaluation"]["counts"][bench]["problems"] == 1
+    assert scored.protocol.settings["evaluation"]["suite"] == "math6"
     assert _history(archive, "centred")["eval/overall"]
-    # the proxy's results file was not touched
-    assert archive.read_file("grpo", "results.json") is None

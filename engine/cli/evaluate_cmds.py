@@ -16,7 +16,8 @@ def evaluate(
     backend: str = typer.Option(
         "proxy",
         "--backend",
-        help="proxy (embedded CPU RL proxy); with --suite: vllm | openai | transformers.",
+        help="proxy (embedded CPU RL proxy); verl (GPU; --smoke on the CPU); with --suite: vllm | "
+        "openai | transformers.",
     ),
     seeds: int | None = typer.Option(
         None, "--seeds", help="Paired seeds, run as parallel processes (default: poise.toml)."

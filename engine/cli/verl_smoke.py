@@ -59,12 +59,17 @@ def run_smoke(
     import os
 
     from engine.operators.train_verl import require_verl, train_smoke
-    from engine.operators.verl_smoke_result import evaluate_checkpoint, record_smoke
+    from engine.operators.verl_smoke_result import (
+        check_objective,
+        evaluate_checkpoint,
+        record_smoke,
+    )
     from trainer_template.verl_backend.smoke import SmokeProtocol
 
     require_verl()
     arch = _open_or_init(archive)
     arch.node(node)  # unknown node: one clear error before anything starts
+    check_objective(arch)
     proto = SmokeProtocol(steps=steps, seed=seed)
     with console.status(f"[bold]{node}[/]: verl smoke starting ...") as status:
 
@@ -86,7 +91,7 @@ def run_smoke(
         if run.ok and evaluate:
             on_event(f"scoring the checkpoint on math6 ({limit} problems per benchmark)")
             evaluation = evaluate_checkpoint(run.checkpoint, limit=limit, seed=seed)
-        payload = record_smoke(arch, run, evaluation=evaluation)
+        result = record_smoke(arch, run, evaluation=evaluation)
     if run.steps:
         console.print(_steps_table(run.steps))
     times = run.step_times
@@ -103,10 +108,10 @@ def run_smoke(
                 "numbers are meaningless, the pipeline is not)"
             )
         console.print(
-            f"recorded a [bold]{payload['protocol']['id']}[/] result on {node} (never ranked "
+            f"recorded [bold]{result.protocol.key}[/] on {node} (a pipeline check, never ranked "
             f"against proxy or paper results); MLflow run {run.run_id}: `poise-git ui -C {arch.path}`"
         )
     else:
         console.print(f"[red]{node}: verl smoke failed:[/] {run.reason}", highlight=False)
-        console.print(f"log: {run.log}")
+        console.print(f"log: {run.log}; recorded as a failed {result.protocol.key} result")
         raise typer.Exit(2)
