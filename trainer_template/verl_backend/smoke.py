@@ -15,11 +15,12 @@ Everything here takes plain paths and values; the engine owns the archive, MLflo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -205,8 +206,10 @@ def prepare(
 
     work, shared = Path(work_dir).resolve(), Path(shared_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    model_dir = tiny_model.build(shared / "model", seed=proto.seed)
-    data = write_data(shared / f"data_seed{proto.seed}", model_dir, proto)
+    shared.mkdir(parents=True, exist_ok=True)
+    with _locked(shared / ".lock"):  # smokes of several nodes may start together
+        model_dir = tiny_model.build(shared / "model", seed=proto.seed)
+        data = write_data(shared / f"data_seed{proto.seed}", model_dir, proto)
     files = {
         "algorithm": str(work / "algorithm.py"),
         "hparams": str(work / "hparams.json"),
@@ -253,6 +256,19 @@ def prepare(
         overrides=overrides,
         files=files,
     )
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock on ``path`` (created) for the block."""
+    import fcntl
+
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _remove_tree(path: Path) -> None:
