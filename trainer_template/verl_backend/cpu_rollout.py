@@ -23,14 +23,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import logging
 import os
 from typing import Any
 
 import torch
 
 ROLLOUT_NAME = "poise_hf"
-log = logging.getLogger(__name__)
 
 
 def request_seed(base: int, version: int | None, prompt_ids: list[int], occurrence: int) -> int:
@@ -59,12 +57,11 @@ class HFGenerateServer:
             path, dtype=torch.float32, attn_implementation="sdpa"
         ).eval()
         gen = self.model.generation_config
-        self.eos_token_id = gen.eos_token_id if gen.eos_token_id is not None else None
+        self.eos_token_id = gen.eos_token_id
         self.pad_token_id = gen.pad_token_id if gen.pad_token_id is not None else 0
         self.global_steps: int | None = None
-        self._seen: dict[tuple, int] = {}
-        self._lock = asyncio.Lock()
-        torch.set_num_threads(max(1, int(os.environ.get("POISE_ROLLOUT_THREADS", "1"))))
+        self._seen: dict[tuple, int] = {}  # (weight version, prompt) -> requests seen
+        self._lock = asyncio.Lock()  # one generation at a time: the seeds stay per request
 
     # -- generation ---------------------------------------------------------------------------------
     def _max_tokens(self, n_prompt: int, sampling_params: dict) -> int:
