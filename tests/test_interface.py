@@ -81,7 +81,7 @@ def test_grpo_equals_verl(algo, kind, n_groups, g, seed, norm):
 
 
 def test_rloo_prior_equals_verl():
-    from trainer_template.priors import prior_source
+    from engine.archive.edit import prior_source
 
     rloo = load_algorithm(prior_source("rloo"), "rloo")
     scores, group = _case("ragged", 12, 8, 3)

@@ -50,7 +50,8 @@ class RolloutBatch:
     valid:         [B] bool    format-valid (a parsable boxed / delimited answer was produced).
     correct:       [B] bool    the extracted answer equals the gold answer.
     lengths:       [B] long    number of response tokens (padding excluded).
-    token_entropy: [B] float   optional mean per-token policy entropy of each response.
+    token_entropy: [B] float   mean per-token policy entropy of each response; the harnesses fill it
+                               (None only where a harness cannot: a mechanism needing it raises).
     progress:      float       training progress in [0, 1] (for schedules); 0.0 when unknown.
 
     A harness whose lengths cost a pass over a [B, T] mask may pass ``lengths`` as a function of no

@@ -87,12 +87,20 @@ def init(
 def spawn(
     parent: str = typer.Argument(..., help="The parent node."),
     name: str | None = typer.Option(
-        None, "--name", help="The new node's name (its branch is poise/NAME); optional with --auto."
+        None,
+        "--name",
+        help="The new node's name (its branch is poise/NAME); optional with --auto and --prior.",
     ),
     edit: Path | None = typer.Option(
         None,
         "--edit",
         help="A Python file of top-level definitions replacing / extending the parent's algorithm.py.",
+    ),
+    prior: str | None = typer.Option(
+        None,
+        "--prior",
+        help="Seed a published mechanism (trainer_template/priors): its edit over PARENT, its card as "
+        "PROPOSAL.md; the name defaults to the prior's.",
     ),
     proposal: Path | None = typer.Option(
         None, "--proposal", help="PROPOSAL.md for the node (motivation, method, expected effect)."
@@ -112,25 +120,32 @@ def spawn(
     no_verify: bool = typer.Option(
         False,
         "--no-verify",
-        help="With --edit: skip the static checks and generated tests (status stays spawned).",
+        help="With --edit or --prior: skip the static checks and generated tests (status stays spawned).",
     ),
     archive: Path = ArchiveOpt,
 ) -> None:
-    """Fork a candidate off PARENT with a LibCST edit of its algorithm.py (verified), or with --auto."""
+    """Fork a candidate off PARENT with a LibCST edit of its algorithm.py (verified), with --prior (a
+    published mechanism's edit), or with --auto."""
     if auto:
         return _spawn_auto(parent, name, proposer, replay, seed, archive)
+    files = None
+    if prior is not None:
+        name, edit_src, proposal_src, trailers, files = _prior_edit(prior, name, edit)
+    else:
+        edit_src = _read_text(edit, "edit file") if edit else None
+        proposal_src = None
+        trailers = {"Poise-Proposer": "manual"} if edit_src is not None else None
     if name is None:
         from engine.cli import err_console
 
         err_console.print(
-            "Error: Missing option '--name'. (required unless --auto)", highlight=False
+            "Error: Missing option '--name'. (required unless --auto or --prior)", highlight=False
         )
         raise typer.Exit(2)
-    edit_src = _read_text(edit, "edit file") if edit else None
-    proposal_src = _read_text(proposal, "proposal file") if proposal else None
+    if proposal is not None:
+        proposal_src = _read_text(proposal, "proposal file")
     arch = Archive(archive)
-    trailers = {"Poise-Proposer": "manual"} if edit_src is not None else None
-    node = arch.spawn(parent, name, edit_src, proposal=proposal_src, trailers=trailers)
+    node = arch.spawn(parent, name, edit_src, proposal=proposal_src, trailers=trailers, files=files)
     console.print(f"spawned [bold]{node.name}[/] from [bold]{parent}[/] at {node.commit[:10]}")
     console.print(arch.diff(parent, name, stat=True).rstrip(), highlight=False)
     if edit_src is not None and not no_verify:
@@ -140,6 +155,24 @@ def spawn(
         with console.status(f"verifying {name}…"):
             res = verify_node(arch, name, arch.config())
         report_verification(name, res)
+
+
+def _prior_edit(prior: str, name: str | None, edit: Path | None):
+    """(name, edit, proposal, trailers, files) that seed the published mechanism ``prior``; the
+    catalog's component record comes along where the offline catalog expresses the prior exactly."""
+    from engine.operators.proposers.offline import prior_record
+    from trainer_template.priors import list_priors, prior_card, prior_edit
+
+    if edit is not None:
+        raise PoiseError("--prior and --edit both give the edit: use one")
+    if prior not in list_priors():
+        raise PoiseError(f"unknown prior {prior!r}; known: {', '.join(list_priors())}")
+    trailers = {"Poise-Proposer": "prior", "Poise-Prior": prior}
+    record = prior_record(prior)
+    files = (
+        {"records/proposal.json": json.dumps(record, indent=1, sort_keys=True)} if record else None
+    )
+    return name or prior, prior_edit(prior), prior_card(prior), trailers, files
 
 
 def _spawn_auto(

@@ -114,16 +114,36 @@ def pareto_front(rows: dict[str, dict[str, float]], objectives: tuple[str, ...])
     return sorted(objective.pareto_front(pts))
 
 
+def _edit_functions(edit: str) -> str:
+    """The functions a prior's edit defines (its Hyperparameters are listed on its card)."""
+    try:
+        body = ast.parse(edit).body
+    except SyntaxError:
+        return ""
+    lines = edit.splitlines()
+    return "\n\n\n".join(
+        "\n".join(lines[n.lineno - 1 : n.end_lineno])
+        for n in body
+        if isinstance(n, ast.FunctionDef)
+    )
+
+
 def load_priors(limit: int = 6) -> list[dict[str, str]]:
-    """Literature prior cards from ``trainer_template.priors``."""
+    """Literature priors from ``trainer_template.priors``: each card and, under it, the functions the
+    prior's edit replaces in the root's algorithm.py (the root itself has none)."""
     from trainer_template import priors
 
     out = []
     try:
         for name in list(priors.list_priors())[:limit]:
-            card = priors.prior_card(name)
-            out.append({"name": str(name), "card": str(card)[:1200]})
-    except Exception:  # noqa: BLE001 - a broken prior card must not stop the search
+            card = str(priors.prior_card(name))[:1200]
+            code = _edit_functions(priors.prior_edit(name))[:2500]
+            if code:
+                card += (
+                    f"\n\nFunctions it replaces in the root's algorithm.py:\n```python\n{code}\n```"
+                )
+            out.append({"name": str(name), "card": card})
+    except Exception:  # noqa: BLE001 - a broken prior must not stop the search
         return out
     return out
 

@@ -17,8 +17,11 @@ models on verifiable math problems (GRPO family). A mechanism is a Python file `
 `TrainingState` (progress in [0, 1], step, total_steps, entropy: the mean token entropy measured on the \
 batch, or None).
 The two signatures are fixed. `batch` has 1-D tensors of length B: rewards (float), group (prompt-group ids), \
-valid (bool, format-valid), correct (bool), lengths (long), token_entropy (float or None); and progress
-(float in [0, 1]).
+valid (bool, format-valid), correct (bool), lengths (long), token_entropy (float, each response's mean \
+token entropy); and progress (float in [0, 1]).
+The root also defines `grpo_advantages(batch, cfg)` (GRPO as verl computes it) and \
+`entropy_coefficient(cfg, state, measured_entropy) -> float`, the entropy weight its policy_loss uses \
+(replace it for an entropy controller).
 Helpers in `trainer_template.interface` (already imported): group_stats(values, group, mask=None) -> fields \
 count, sum, mean, var, std, min, max, loo_mean (each [B], gathered per sample) and unbiased_std(); \
 masked_mean; agg_loss(loss_mat, mask, mode) with modes token-mean | seq-mean-token-mean | seq-mean-token-sum-norm; \
@@ -31,8 +34,8 @@ algorithm.py (others stay); include the Hyperparameters class whenever you add f
 
 INTENT_HELP = (
     "Intent tests you may claim (they are run against your code): correct_above_wrong, rare_success_larger, "
-    "invalid_below_wrong, all_fail_negative, shorter_correct_preferred, longer_wrong_penalized_more, bounded "
-    "(|advantage| <= cfg.adv_clip)."
+    "invalid_below_wrong, all_fail_negative, shorter_correct_preferred, longer_wrong_penalized_more, "
+    "longer_wrong_penalized_less, bounded (|advantage| <= cfg.adv_clip)."
 )
 
 _HP = {"type": "object", "additionalProperties": {"type": ["number", "boolean", "string"]}}
