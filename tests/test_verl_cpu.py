@@ -183,8 +183,8 @@ def _compose(overrides):
 
 
 def test_smoke_settings_compose_against_verls_config():
+    from engine.archive.edit import prior_source
     from trainer_template.loader import load_algorithm, make_config
-    from trainer_template.priors import prior_source
     from trainer_template.verl_backend.launch import Protocol, build_overrides
 
     proto = smoke.SmokeProtocol()
