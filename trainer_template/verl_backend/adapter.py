@@ -78,10 +78,6 @@ def install_training_state(state: TrainingState | Mapping[str, Any] | None) -> N
     _STATE[0] = state
 
 
-def current_training_state() -> TrainingState | None:
-    return _STATE[0]
-
-
 def install_training_state_in_actor(_actor: Any, state: Mapping[str, Any] | None) -> bool:
     """``__ray_call__`` target: the trainer runs it in each actor worker before the update."""
     install_training_state(state)

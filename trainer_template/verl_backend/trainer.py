@@ -51,7 +51,8 @@ VERL_ALIASES = {
 
 
 def _get(batch, fields: list[str]) -> dict:
-    """The named fields of ``batch`` from the TransferQueue; a field the queue lacks is left out."""
+    """The named fields of ``batch`` from the TransferQueue; a field the queue lacks is left out
+    (only for the optional signals: entropy, reference log-probabilities)."""
     import transfer_queue as tq
 
     out = {}
@@ -83,7 +84,12 @@ class ExtrasRoutingMixin:
 
     def _poise_reward_extras(self, batch) -> dict[str, list]:
         """Column-wise reward extras of ``batch`` (a KVBatchMeta) read from the TransferQueue."""
-        column = _get(batch, [EXTRAS_FIELD]).get(EXTRAS_FIELD)
+        import transfer_queue as tq
+
+        data = tq.kv_batch_get(
+            keys=batch.keys, partition_id=batch.partition_id, select_fields=[EXTRAS_FIELD]
+        )
+        column = data.get(EXTRAS_FIELD, None)
         if column is None:  # absent when the reward function returned a bare score
             return {}
         records = []
