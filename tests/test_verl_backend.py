@@ -534,3 +534,18 @@ def test_cli_train_dry_run(cli, archive):
     assert not (Path(archive.path) / ".poise" / "verl").exists()  # a dry run writes nothing
     bad = cli("train", "grpo", "--backend", "proxy", "--archive", str(archive.path))
     assert bad.returncode == 1 and "unknown training backend" in bad.stderr
+
+
+def test_cli_smoke_refuses_bad_input_before_starting_verl(cli, archive):
+    """One clear line and no verl run, no MLflow run, no result for input that cannot work."""
+    a = str(archive.path)
+    bad_hparam = cli(
+        "train", "grpo", "--backend", "verl", "--smoke", "--hparam", "nosuch=1", "-C", a
+    )
+    assert bad_hparam.returncode == 1 and "unknown hyperparameters" in bad_hparam.stderr
+    dry = cli("train", "grpo", "--backend", "verl", "--smoke", "--dry-run", "-C", a)
+    assert dry.returncode == 1 and "drop --smoke" in dry.stderr
+    proxy = cli("evaluate", "grpo", "--smoke", "-C", a)
+    assert proxy.returncode == 2 and "--backend verl" in proxy.stderr
+    assert not archive.nodes()["grpo"].results
+    assert not (Path(a) / ".poise" / "verl" / "smoke" / "nodes").exists()

@@ -86,6 +86,8 @@ def train(
     if smoke:
         from engine.cli.verl_smoke import run_smoke
 
+        if dry_run:
+            raise ConfigError("--dry-run prints the GPU protocol's command; drop --smoke")
         run_smoke(
             archive,
             node,

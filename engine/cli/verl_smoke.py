@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from engine.cli import console
+from engine.errors import PoiseError
 
 SUMMARY = (
     "train/reward_mean",
@@ -64,29 +65,36 @@ def run_smoke(
         evaluate_checkpoint,
         record_smoke,
     )
+    from trainer_template.loader import AlgorithmLoadError
     from trainer_template.verl_backend.smoke import SmokeProtocol
 
     require_verl()
     arch = _open_or_init(archive)
     arch.node(node)  # unknown node: one clear error before anything starts
     check_objective(arch)
-    proto = SmokeProtocol(steps=steps, seed=seed)
+    try:
+        proto = SmokeProtocol(steps=steps, seed=seed)
+    except ValueError as exc:
+        raise PoiseError(str(exc)) from None
     with console.status(f"[bold]{node}[/]: verl smoke starting ...") as status:
 
         def on_event(msg: str) -> None:
             console.print(f"  {msg}", highlight=False)
             status.update(f"[bold]{node}[/]: {msg}")
 
-        run = train_smoke(
-            arch,
-            node,
-            proto=proto,
-            hparams=hparams,
-            extra=extra,
-            timeout_s=timeout_s,
-            on_event=on_event,
-            ray_address=os.environ.get("RAY_ADDRESS") or None,  # a running Ray to join
-        )
+        try:
+            run = train_smoke(
+                arch,
+                node,
+                proto=proto,
+                hparams=hparams,
+                extra=extra,
+                timeout_s=timeout_s,
+                on_event=on_event,
+                ray_address=os.environ.get("RAY_ADDRESS") or None,  # a running Ray to join
+            )
+        except AlgorithmLoadError as exc:  # a bad --hparam or a broken algorithm.py
+            raise PoiseError(str(exc)) from None
         evaluation = None
         if run.ok and evaluate:
             on_event(f"scoring the checkpoint on math6 ({limit} problems per benchmark)")
