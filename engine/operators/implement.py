@@ -20,7 +20,7 @@ def build_source(parent_source: str, edit: str, hyperparameters: Mapping | None 
     """The candidate's algorithm.py: the LibCST edit applied, then hyperparameter defaults set."""
     src = apply_edit(parent_source, edit) if edit.strip() else parent_source
     if hyperparameters:
-        from engine.operators.proposers.codegen import set_defaults
+        from engine.operators.proposers.hyperparams import set_defaults
 
         src = set_defaults(src, hyperparameters)
     return src
