@@ -186,7 +186,7 @@ class Archive:
             (),
             "spawned",
             time.time(),
-            {"Poise-Event": ["init"]},
+            _set_mechanism({"Poise-Event": ["init"]}, algo),
         )
         commit = git.commit_tree(tree, [], msg)
         if not git.update_ref(REF_PREFIX + root_name, commit, None, "poise init"):
@@ -397,6 +397,7 @@ class Archive:
         tree = self.git.write_tree(tree_files)
         extra = {k: ([v] if isinstance(v, str) else list(v)) for k, v in (trailers or {}).items()}
         extra.setdefault("Poise-Event", ["spawn"])
+        _set_mechanism(extra, new_src)
         title = subject or f"poise: spawn {name} from {' + '.join(parents)}"
         body = _first_line(proposal) if proposal else ""
         created = time.time()
@@ -459,6 +460,9 @@ class Archive:
             }
             for k, v in (trailers or {}).items():
                 extra[k] = [v] if isinstance(v, str) else list(v)
+            if isinstance(files.get(ALGORITHM), (str, bytes)):
+                algo = files[ALGORITHM]
+                _set_mechanism(extra, algo.decode("utf-8") if isinstance(algo, bytes) else algo)
             if "Poise-Event" not in (trailers or {}):
                 extra["Poise-Event"] = ["record"]
             msg = _message(
@@ -565,6 +569,15 @@ def _detach_checkout(git: Git, commit: str) -> None:
     plumbing and never this checkout, so the work tree stays clean."""
     git.run("update-ref", "--no-deref", "HEAD", commit)
     git.run("read-tree", "-u", "--reset", commit)
+
+
+def _set_mechanism(extra: dict[str, list[str]], source: str) -> dict[str, list[str]]:
+    """Record the mechanism hash of ``source`` (the trailer ``Poise-Mechanism``) in ``extra``."""
+    from engine.archive.mechanism import TRAILER, mechanism_hash
+
+    h = mechanism_hash(source)
+    extra[TRAILER] = [h] if h else []
+    return extra
 
 
 def _result_ids(node: Node) -> list[str]:

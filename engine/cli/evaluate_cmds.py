@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from engine.cli import ArchiveOpt, console
+from engine.cli import EXIT_FAILED, ArchiveOpt, console
 from engine.errors import PoiseError
 
 
@@ -17,7 +17,8 @@ def evaluate(
     backend: str | None = typer.Option(
         None,
         "--backend",
-        help="The trainer: proxy (embedded CPU RL proxy, the default) | verl (GPU scale).",
+        help="The trainer: proxy (embedded CPU RL proxy, the default) | verl (GPU scale; --smoke on "
+        "the CPU).",
     ),
     generator: str | None = typer.Option(
         None,
@@ -45,13 +46,32 @@ def evaluate(
     limit: int | None = typer.Option(
         None,
         "--limit",
-        help="With --suite: at most this many problems per benchmark (a smoke run).",
+        help="With --suite: at most this many problems per benchmark (a smoke run); with "
+        "--backend verl --smoke: problems per benchmark scored after training (default 2).",
+    ),
+    smoke: bool = typer.Option(
+        False,
+        "--smoke",
+        help="With --backend verl: train a few real verl steps of a tiny model on the CPU, then score "
+        "the checkpoint on the six benchmarks (transformers); records a verl-smoke result.",
     ),
     archive: Path = ArchiveOpt,
 ) -> None:
-    """Evaluate a node under one standardized protocol and record its result on its branch."""
+    """Evaluate a node under one standardized protocol and record its result on its branch.
+
+    Exit code 4 when the candidate fails (raises, NaN/inf, collapse); the reason is recorded."""
     from engine.archive.store import Archive
 
+    if smoke:
+        if backend != "verl" or suite is not None:
+            raise typer.BadParameter(
+                "--smoke goes with --backend verl (and no --suite); the GPU protocol is "
+                "`poise-git train NODE --backend verl`"
+            )
+        from engine.cli.verl_smoke import run_smoke
+
+        run_smoke(archive, node, steps=2, timeout_s=1800.0, evaluate=True, limit=limit or 2)
+        return
     arch = Archive(archive)
     if suite:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -113,7 +133,7 @@ def evaluate(
             f"[bold]{node}[/] [red]failed[/] under {result.protocol.key}", highlight=False
         )
         console.print(f"[red]reason:[/] {result.reason}", highlight=False)
-        raise typer.Exit(2)
+        raise typer.Exit(EXIT_FAILED)
 
 
 def register(app: typer.Typer) -> None:
