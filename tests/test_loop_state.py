@@ -198,3 +198,18 @@ def test_resume_without_a_run_says_so(archive, cli):
     p = cli("run", "-C", str(archive.path), "--resume")
     assert p.returncode == 1 and "nothing to resume: no `poise-git run` has started" in p.stderr
     assert archive.fsck()
+
+
+def test_pending_work_evaluates_nodes_that_lack_a_result_under_the_runs_protocol(archive):
+    """A root and a child evaluated at the smoke preset are evaluated again by a run at the default
+    preset (their smoke results are never read as default ones); under smoke nothing is left."""
+    from engine.archive.results import configured_protocol
+    from engine.loop.state import pending_work
+
+    record(archive, "grpo", {"overall": 0.5}, preset="smoke")
+    archive.spawn("grpo", "a", trailers={"Poise-Round": "1"}, status="verified")
+    record(archive, "a", {"overall": 0.6}, preset="smoke")
+    archive.record_reflection("a", "# fine\n")
+    default = pending_work(archive, archive.nodes(configured_protocol(archive.config())))
+    assert sorted(default.evaluate) == ["a", "grpo"]
+    assert not pending_work(archive, archive.nodes("proxy/smoke"))

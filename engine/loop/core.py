@@ -158,9 +158,13 @@ class Loop:
             self.archive, rec, f"poise: run {rec.id} {'resumed' if o.resume else 'started'}"
         )
 
+    def _nodes(self) -> dict:
+        """The archive's nodes with each ``result`` read under this run's protocol (its preset)."""
+        return self.archive.nodes(configured_protocol(self.cfg))
+
     # -- budgets -------------------------------------------------------------------------------
     def usage(self, nodes=None) -> RunUsage:
-        nodes = nodes if nodes is not None else self.archive.nodes()
+        nodes = nodes if nodes is not None else self._nodes()
         mine = run_nodes(nodes, self.rec.id)
         tok, cost = _llm_usage(self.llm)
         u = RunUsage(
@@ -207,7 +211,7 @@ class Loop:
                 "resume": self.opts.resume,
                 "done": sum(
                     1
-                    for n in run_nodes(self.archive.nodes(), self.rec.id).values()
+                    for n in run_nodes(self._nodes(), self.rec.id).values()
                     if n.status in ("evaluated", "failed", "rejected")
                 ),
             }
@@ -225,7 +229,7 @@ class Loop:
             r = max(
                 first,
                 int(self.rec.data.get("round") or first),
-                last_round(run_nodes(self.archive.nodes(), self.rec.id)),
+                last_round(run_nodes(self._nodes(), self.rec.id)),
             )
             while r <= last and self._check_budget():
                 self._round(r)
@@ -305,7 +309,7 @@ class Loop:
         asked, so the proposer is asked again (new seed) up to PROPOSE_ATTEMPTS times."""
         parent = entry["node"]
         for attempt in range(PROPOSE_ATTEMPTS):
-            nodes = self.archive.nodes()
+            nodes = self._nodes()
             have = [
                 n
                 for n in run_nodes(nodes, self.rec.id).values()
@@ -451,7 +455,7 @@ class Loop:
                 return
 
     def _after_eval(self, out: EvalOutcome, r: int | None) -> None:
-        nodes = self.archive.nodes(configured_protocol(self.cfg))  # the run's protocol (its preset)
+        nodes = self._nodes()  # the run's protocol (its preset)
         node = nodes.get(out.node)
         parent = nodes.get(node.parent) if node is not None and node.parent else None
         verdict = obj.promotion(node, parent, self.cfg.experiment) if parent is not None else ""
@@ -491,7 +495,7 @@ class Loop:
             self.emit({"kind": "log", "msg": f"{name}: reflection failed: {exc}"})
 
     def _finish_pending(self, resuming: bool) -> None:
-        nodes = self.archive.nodes()
+        nodes = self._nodes()
         todo = pending_work(self.archive, nodes)
         if not todo:
             return
@@ -531,7 +535,7 @@ class Loop:
             self._reflect(name, node_round(nodes[name]))
 
     def _summary(self, first: int, last: int) -> RunSummary:
-        nodes = self.archive.nodes(configured_protocol(self.cfg))
+        nodes = self._nodes()
         exp = self.cfg.experiment
         best = obj.best_node(nodes, exp)
         root = nodes.get(ROOT_NAME) or next((n for n in nodes.values() if not n.parents), None)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer_template.verl_backend import ENV_ALGORITHM_FILE, ENV_HPARAMS, ENV_NODE
-from trainer_template.verl_backend.launch import PLUGIN, PROJECT_ROOT, Launch, Protocol
+from trainer_template.verl_backend.launch import PLUGIN, PROJECT_ROOT, Launch, VerlProtocol
 from trainer_template.verl_backend.launch import build_overrides as protocol_overrides
 
 PROTOCOL_ID = "verl-smoke"
@@ -226,7 +226,7 @@ def prepare(
     env = worker_env(
         node, files, tracking_uri=tracking_uri, run_id=run_id, progress_file=files["progress"]
     )
-    protocol = Protocol(
+    protocol = VerlProtocol(
         model=str(model_dir),
         lr=proto.lr,
         train_batch_size=proto.prompts,
