@@ -64,6 +64,7 @@ def test_the_cli_logs_on_stderr_only_with_v(archive, tmp_path, cli):
     quiet = cli("spawn", "grpo", "--name", "a", "--edit", str(edit), "--no-verify", *where)
     assert quiet.returncode == 0, quiet.stderr
     assert "spawned a from grpo (" not in quiet.stderr + quiet.stdout
+    edit.write_text("def helper_scale() -> float:\n    return 2.0\n")  # another mechanism
     loud = cli("-v", "spawn", "grpo", "--name", "b", "--edit", str(edit), "--no-verify", *where)
     assert loud.returncode == 0, loud.stderr
     assert "spawned b from grpo (" in loud.stderr and "spawned b from grpo (" not in loud.stdout

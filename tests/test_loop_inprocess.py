@@ -74,7 +74,9 @@ def test_resume_after_an_interrupted_round(tmp_path):
     rec = load_run(arch)
     assert rec.data["status"] == "stopped" and "interrupted" in rec.data["stop_reason"]
     (kid,) = children(arch).values()
-    assert kid.status == "verified" and pending_work(arch, arch.nodes()).evaluate == [kid.name]
+    assert kid.status == "verified" and pending_work(arch, arch.nodes("proxy/tiny")).evaluate == [
+        kid.name
+    ]
     assert git_status(arch) == ""
 
     events: list[dict] = []
@@ -87,7 +89,7 @@ def test_resume_after_an_interrupted_round(tmp_path):
     assert load_run(arch).data["status"] == "finished"
     subjects = arch.git.text("log", "--format=%s", RUN_REF).splitlines()
     assert any("resumed" in s for s in subjects) and any("stopped" in s for s in subjects)
-    assert not pending_work(arch, arch.nodes())
+    assert not pending_work(arch, arch.nodes("proxy/tiny"))
     check_reflections_logged_inside(arch, kids)
     assert git_status(arch) == "" and arch.fsck()
 
@@ -183,7 +185,7 @@ def test_a_failed_candidate_does_not_stop_the_round_and_a_budget_stops_the_run(t
         eval_timeout_s=300.0,
         proposer="scripted-for-tests",
     )
-    assert not pending_work(arch, arch.nodes())  # nothing left half done
+    assert not pending_work(arch, arch.nodes("proxy/tiny"))  # nothing left half done
     check_reflections_logged_inside(arch, kids)
     assert git_status(arch) == "" and arch.fsck()
 

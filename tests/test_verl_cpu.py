@@ -32,8 +32,8 @@ def model_dir(tmp_path_factory):
 def test_cpu_platform_in_verls_registry(monkeypatch):
     from verl.plugin.platform import PlatformRegistry
 
-    cls = cpu_platform.register()
-    assert PlatformRegistry.get("cpu") is cls and cpu_platform.register() is cls
+    cls = cpu_platform.register_cpu_platform()
+    assert PlatformRegistry.get("cpu") is cls and cpu_platform.register_cpu_platform() is cls
     p = cls()
     assert p.device_name == "cpu" and p.communication_backend_name() == "gloo"
     assert p.current_device() == torch.device("cpu") and p.ray_resource_name() == "GPU"
