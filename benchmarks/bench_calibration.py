@@ -151,7 +151,7 @@ def main() -> None:
     t0 = time.monotonic()
     loads = [load_average()]
     _path, sha, device = warm_start(args.preset)
-    phash = proto.hash(sha, device)
+    phash = proto.hash()
     only = set(filter(None, args.only.split(","))) | {"grpo"}
     names = [n for n in PAPER_OVERALL if not args.only or n in only]
     seeds = list(range(args.seeds))

@@ -31,23 +31,25 @@ from proxy_runs import ROOT, load_average, mean_interval, paired, stamp
 
 
 def per_seed_overall(node) -> dict[int, float]:
-    r = node.results or {}
+    r = node.result
+    if r is None:
+        return {}
     return {
         int(p["seed"]): float(p["metrics"]["overall"])
-        for p in r.get("per_seed", [])
+        for p in r.per_seed
         if p.get("metrics") and "overall" in p["metrics"]
     }
 
 
-def trace(archive, root: str) -> dict:
-    """Candidates in spawn order with their Overall, the best-so-far curve and the best node's paired
-    difference to the root."""
-    nodes = archive.nodes()
+def trace(archive, root: str, preset: str) -> dict:
+    """Candidates in spawn order with their Overall under ``proxy/<preset>``, the best-so-far curve
+    and the best node's paired difference to the root."""
+    nodes = archive.nodes(f"proxy/{preset}")
     kids = sorted((n for n in nodes.values() if n.name != root), key=lambda n: (n.created, n.name))
     base = per_seed_overall(nodes[root])
     best, curve, rows = None, [], []
     for n in kids:
-        ov = n.metrics.get("overall") if n.status == "evaluated" and n.metrics else None
+        ov = n.overall if n.evaluated else None
         rows.append({"node": n.name, "status": n.status, "overall": ov, "parents": list(n.parents)})
         if ov is not None and (best is None or ov > best[1]):
             best = (n.name, ov)
@@ -73,18 +75,20 @@ def run_loop(path: Path, search_seed: int, args) -> dict:
     archive = Archive.init(path)
     per_round = args.parents * args.population
     opts = RunOptions(
-        rounds=math.ceil(args.candidates / per_round) + 2,
-        parents=args.parents,
-        population=args.population,
-        seeds=args.seeds,
-        proposer="offline",
-        preset=args.preset,
-        seed=search_seed,
+        plan={
+            "rounds": math.ceil(args.candidates / per_round) + 2,
+            "parents": args.parents,
+            "population": args.population,
+            "seeds": args.seeds,
+            "proposer": "offline",
+            "preset": args.preset,
+            "seed": search_seed,
+        },
         workers=1,
         budget=Budget(candidates=args.candidates),
     )
     Loop(archive, opts, on_event=lambda e: _event(e, "loop", search_seed)).run()
-    return trace(Archive(path), "grpo")
+    return trace(Archive(path), "grpo", args.preset)
 
 
 def _event(e: dict, method: str, s: int) -> None:
@@ -99,13 +103,8 @@ def run_random(path: Path, search_seed: int, args) -> dict:
     from engine.operators.evaluate import evaluate_node
     from engine.operators.implement import build_source, implement
     from engine.operators.propose import Proposal, archived_code, code_key
-    from engine.operators.proposers.codegen import (
-        CONTINUOUS,
-        class_defaults,
-        describe,
-        normalize,
-        plan_edit,
-    )
+    from engine.operators.proposers.codegen import CONTINUOUS, describe, normalize
+    from engine.operators.proposers.edit_plan import class_defaults, plan_edit
     from engine.operators.proposers.offline import OfflineProposer, intents_for
 
     archive = Archive.init(path)
@@ -114,8 +113,8 @@ def run_random(path: Path, search_seed: int, args) -> dict:
     evaluate_node(archive, "grpo", seeds=args.seeds, preset=args.preset)
     made = 0
     while made < args.candidates:
-        nodes = archive.nodes()
-        pool = sorted(n for n, x in nodes.items() if x.status == "evaluated")
+        nodes = archive.nodes(f"proxy/{args.preset}")
+        pool = sorted(n for n, x in nodes.items() if x.evaluated)
         parent = rng.choice(pool)
         rec = archive.read_file(parent, "records/proposal.json")
         comps = json.loads(rec).get("components") if rec else None
@@ -149,13 +148,13 @@ def run_random(path: Path, search_seed: int, args) -> dict:
         node = implement(archive, parent, prop, cfg, name=prop.name)
         if node.status == "verified":
             evaluate_node(archive, node.name, seeds=args.seeds, preset=args.preset)
-        n = archive.node(prop.name)
+        n = archive.nodes(f"proxy/{args.preset}")[prop.name]
         print(
             f"  [random s{search_seed}] {made}/{args.candidates} {prop.name} <- {parent}: "
-            f"{n.status} {n.metrics.get('overall', float('nan')) if n.metrics else float('nan'):.3f}",
+            f"{n.status} {n.overall if n.overall is not None else float('nan'):.3f}",
             flush=True,
         )
-    return trace(Archive(path), "grpo")
+    return trace(Archive(path), "grpo", args.preset)
 
 
 def figure(results: dict, path: Path, candidates: int) -> None:

@@ -15,8 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from engine.operators.evaluate import SeedCache, mean_interval  # noqa: E402
+from engine.operators.evaluate import SeedCache  # noqa: E402
 from engine.sandbox.process import child_env, run_limited  # noqa: E402
+from engine.stats import mean_interval  # noqa: E402
 
 PAPER_OVERALL = {
     "grpo": 47.8,

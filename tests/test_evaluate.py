@@ -37,6 +37,7 @@ def exp(tmp_path_factory):
     mp.undo()
 
 
+@pytest.mark.slow  # two seeds of the smoke preset, logged to MLflow
 def test_evaluate_records_results_on_the_branch_and_mlflow(exp):
     from engine.archive.tracking import find_runs, tracking_uri
     from engine.operators.evaluate import evaluate_node
@@ -99,6 +100,7 @@ def test_evaluate_records_results_on_the_branch_and_mlflow(exp):
     assert len(hist) == proto["settings"]["rl"]["steps"]
 
 
+@pytest.mark.slow  # warm start + seed workers + a new MLflow store
 def test_broken_candidate_is_recorded_as_failed(exp):
     from engine.archive.tracking import find_runs
     from engine.operators.evaluate import evaluate_node
@@ -126,6 +128,7 @@ def test_unknown_preset_and_backend_are_clear_errors(exp):
     assert Archive(exp.path).node("drgrpo").status == "spawned"
 
 
+@pytest.mark.slow  # the CLI evaluates on the smoke preset
 def test_cli_evaluate_smoke(exp, cli):
     import os
 
@@ -153,7 +156,7 @@ def test_cli_evaluate_smoke(exp, cli):
         str(exp.path),
         env={"POISE_CACHE_DIR": os.environ["POISE_CACHE_DIR"]},
     )
-    assert bad.returncode == 2 and "reason" in bad.stdout
+    assert bad.returncode == 4 and "reason" in bad.stdout
     nope = cli("evaluate", "nosuch", "--preset", "smoke", "-C", str(exp.path))
     assert nope.returncode == 1 and "unknown node" in nope.stderr
 

@@ -163,6 +163,7 @@ def runtime_reasons():
         return dict(zip([c[0] for c in RUNTIME], pool.map(rejection, [c[1] for c in RUNTIME])))
 
 
+@pytest.mark.slow  # every runtime case in its own sandbox, ~25 s of CPU
 @pytest.mark.parametrize("case,why", [(c[0], c[2]) for c in RUNTIME], ids=[c[0] for c in RUNTIME])
 def test_runtime_rejection(runtime_reasons, case, why):
     reason = runtime_reasons[case]

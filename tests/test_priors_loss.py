@@ -179,7 +179,7 @@ def test_constant_entropy_weight_elsewhere(modules, name):
 
 
 def test_root_against_the_papers_grpo_on_a_group_of_eight(modules):
-    """verl (the root): unbiased std, eps outside; the paper: population std, eps inside the root.
+    """verl (the root): unbiased std, eps outside; the paper: population std, eps under the square root.
     On one success in eight the paper's advantages are sqrt(8/7) = 1.069 times the root's."""
     r = torch.tensor([1.0] + [0.0] * 7)
     b = RolloutBatch(

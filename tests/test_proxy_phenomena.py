@@ -130,6 +130,7 @@ def test_validity_is_learned_only_by_a_mechanism_that_penalizes_invalid_outputs(
     assert invalid_penal < 0.6 * invalid_ignore, (invalid_penal, invalid_ignore)
 
 
+@pytest.mark.slow  # 30 RL steps (~8 CPU-seconds)
 def test_entropy_collapses_under_plain_grpo_at_the_protocol_step_size(start):
     """The per-token entropy GRPO trains with falls to under 40% of the warm start's within 30 steps
     at lr 2e-4 (the default protocol's): the collapse entropy-aware mechanisms act on (seed 0)."""

@@ -53,7 +53,7 @@ def test_grpo_node_through_verls_compute_advantage():
     assert name == registered_name("vb_grpo") == "poise_vb_grpo"
     ours = compute_advantage(_data(SCORES, GROUPS), adv_estimator=name, config=None)
     ref = compute_advantage(_data(SCORES, GROUPS), adv_estimator="grpo")
-    assert torch.allclose(ours.batch["advantages"], ref.batch["advantages"], atol=1e-6)
+    assert torch.equal(ours.batch["advantages"], ref.batch["advantages"])  # bit-equal
     assert torch.equal(ours.batch["advantages"], ours.batch["returns"])
 
 
@@ -217,8 +217,82 @@ def test_trainer_mixin_routes_reward_extra_info():
     expect_valid[2] = False
     assert seen["valid"].tolist() == expect_valid.tolist()
     assert seen["correct"].tolist() == [bool(s) for s in SCORES]
-    assert seen["progress"] == pytest.approx(0.25)
+    assert seen["progress"] == pytest.approx(2 / 11)  # 0-based step 2 of 12: step / (total - 1)
     assert metrics["poise/valid_rate"] == pytest.approx(expect_valid.mean())
+
+
+ENTROPY_EDIT = '''
+def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:
+    """Centred per-response entropy (needs the harness's token_entropy)."""
+    if batch.token_entropy is None:
+        raise ValueError("no token_entropy")
+    return batch.token_entropy - batch.token_entropy.mean()
+
+
+def policy_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    cfg: Hyperparameters,
+    ref_log_prob: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+    state: TrainingState | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Mean surrogate; reports the state it was given."""
+    loss = -(advantages * torch.exp(log_prob - old_log_prob) * response_mask).sum() / response_mask.sum()
+    seen = {"seen_state": 0.0 if state is None else 1.0}
+    if state is not None:
+        seen.update(seen_progress=state.progress, seen_step=float(state.step))
+        seen["seen_entropy"] = -1.0 if state.entropy is None else state.entropy
+    return loss, seen
+'''
+
+
+def test_token_entropy_and_training_state_reach_the_mechanism():
+    """The trainer mixin routes per-response entropy as RolloutBatch.token_entropy, logs the node's
+    sequence advantages under the proxy's names, and the TrainingState it builds (installed in the
+    actor worker before the update) is what the node's policy_loss receives."""
+    from engine.archive.edit import apply_edit
+    from trainer_template.verl_backend.adapter import install_training_state
+
+    name = register_node("vb_ent", apply_edit(prior_source("grpo"), ENTROPY_EDIT))
+    ent = torch.tensor([0.5, 1.5, 1.0, 2.0, 3.0, 0.0])
+
+    class Base:
+        global_steps, total_training_steps = 2, 5
+
+        def _compute_advantage(self, batch, metrics):
+            return compute_advantage(batch, adv_estimator=name, config=None)
+
+    class Trainer(ExtrasRoutingMixin, Base):
+        def _poise_reward_extras(self, batch):
+            return {}
+
+        def _poise_signals(self, batch, n):
+            return {"token_entropy": ent, "train/entropy": float(ent.mean())}
+
+    trainer, metrics = Trainer(), {}
+    out = trainer._compute_advantage(_data([0.0] * 6, [0, 0, 0, 1, 1, 1]), metrics)
+    centred = ent - ent.mean()
+    assert torch.allclose(out.batch["advantages"][:, 0], centred)
+    assert metrics["train/adv_std"] == pytest.approx(float(centred.std()))
+    assert metrics["train/adv_max"] == pytest.approx(float(centred.max()))
+    assert metrics["train/entropy"] == pytest.approx(float(ent.mean()))
+    state = trainer._poise_state
+    assert state == {"progress": 0.25, "step": 1, "total_steps": 5, "entropy": float(ent.mean())}
+    loss_fn = core_algos.get_policy_loss_fn(name)
+    args = (torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3), torch.ones(2, 3))
+    try:
+        _, m = loss_fn(*args, loss_agg_mode="token-mean", config=None)
+        assert m["actor/seen_state"] == 0.0 and "actor/poise_state_progress" not in m
+        install_training_state(state)  # what the trainer runs in each actor worker
+        _, m = loss_fn(*args, loss_agg_mode="token-mean", config=None)
+    finally:
+        install_training_state(None)
+    assert m["actor/seen_progress"] == 0.25 and m["actor/seen_step"] == 1.0
+    assert m["actor/seen_entropy"] == pytest.approx(float(ent.mean()))
+    assert m["actor/poise_state_progress"] == 0.25 and m["actor/poise_state_step"] == 1.0
 
 
 def test_registration_rejects_clashes():
@@ -341,7 +415,7 @@ def test_data_subset_is_seeded_and_shipped_with_provenance(tmp_path):
     assert {r["extra_info"]["level"] for r in train} == {"Level 3", "Level 4", "Level 5"}
     row = train[0]
     assert row["prompt"][0] == {"role": "system", "content": data_prep.SYSTEM_PROMPT}
-    assert data_prep.gold_answer(r"a \boxed{1} b \boxed{\frac{2}{3}}") == r"\frac{2}{3}"
+    assert data_prep.boxed_gold(r"a \boxed{1} b \boxed{\frac{2}{3}}") == r"\frac{2}{3}"
     import pandas as pd
 
     tp, vp = data_prep.write_parquet(tmp_path, n=50, seed=0)
@@ -364,13 +438,13 @@ def test_overrides_compose_against_verls_config(archive):
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
+    from engine.operators.verl_launch import node_launch
     from trainer_template.loader import AlgorithmLoadError
-    from trainer_template.verl_backend.launch import prepare_launch
 
     archive.spawn("grpo", "dr", algorithm=prior_source("dr_grpo"))
     with pytest.raises(AlgorithmLoadError, match="unknown hyperparameters"):
-        prepare_launch(archive, "dr", hparams={"no_such_field": 1}, dry_run=True)
-    launch = prepare_launch(archive, "dr", dry_run=True)
+        node_launch(archive, "dr", hparams={"no_such_field": 1}, dry_run=True)
+    launch = node_launch(archive, "dr", dry_run=True)
     assert launch.cmd[1:3] == ["-m", "verl.trainer.main_ppo"]
     with initialize_config_dir(
         config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None
@@ -404,13 +478,13 @@ def test_overrides_compose_against_verls_config(archive):
 
 def test_the_nodes_kl_coefficient_reaches_verl(archive):
     """The root's KL (0.001, low_var_kl) is verl's KL loss; DAPO's kl_coef = 0 turns it off."""
-    from trainer_template.verl_backend.launch import prepare_launch
+    from engine.operators.verl_launch import node_launch
 
-    root = prepare_launch(archive, "grpo", dry_run=True).overrides
+    root = node_launch(archive, "grpo", dry_run=True).overrides
     assert "actor_rollout_ref.actor.use_kl_loss=true" in root
     assert "actor_rollout_ref.actor.kl_loss_coef=0.001" in root
     archive.spawn("grpo", "dapo", algorithm=prior_source("dapo"))
-    dapo = prepare_launch(archive, "dapo", dry_run=True).overrides
+    dapo = node_launch(archive, "dapo", dry_run=True).overrides
     assert "actor_rollout_ref.actor.use_kl_loss=false" in dapo
     assert "actor_rollout_ref.actor.kl_loss_coef=0.0" in dapo
 
@@ -419,9 +493,9 @@ def test_launch_opens_the_nodes_mlflow_run(archive):
     import mlflow
 
     from engine.archive.tracking import find_runs, set_uri
-    from trainer_template.verl_backend.launch import prepare_launch
+    from engine.operators.verl_launch import node_launch
 
-    launch = prepare_launch(archive, "grpo", dry_run=False)
+    launch = node_launch(archive, "grpo", dry_run=False)
     assert Path(launch.files["algorithm"]).read_text() == archive.algorithm("grpo")
     assert Path(launch.files["train"]).is_file() and Path(launch.files["val"]).is_file()
     runs = find_runs(archive, "grpo")
@@ -460,3 +534,18 @@ def test_cli_train_dry_run(cli, archive):
     assert not (Path(archive.path) / ".poise" / "verl").exists()  # a dry run writes nothing
     bad = cli("train", "grpo", "--backend", "proxy", "--archive", str(archive.path))
     assert bad.returncode == 1 and "unknown training backend" in bad.stderr
+
+
+def test_cli_smoke_refuses_bad_input_before_starting_verl(cli, archive):
+    """One clear line and no verl run, no MLflow run, no result for input that cannot work."""
+    a = str(archive.path)
+    bad_hparam = cli(
+        "train", "grpo", "--backend", "verl", "--smoke", "--hparam", "nosuch=1", "-C", a
+    )
+    assert bad_hparam.returncode == 1 and "unknown hyperparameters" in bad_hparam.stderr
+    dry = cli("train", "grpo", "--backend", "verl", "--smoke", "--dry-run", "-C", a)
+    assert dry.returncode == 1 and "drop --smoke" in dry.stderr
+    proxy = cli("evaluate", "grpo", "--smoke", "-C", a)
+    assert proxy.returncode == 2 and "--backend verl" in proxy.stderr
+    assert not archive.nodes()["grpo"].results
+    assert not (Path(a) / ".poise" / "verl" / "smoke" / "nodes").exists()

@@ -1,9 +1,10 @@
 """GRPO — group-relative policy optimization (the root node of every archive).
 
-Advantage (Shao et al. 2024), exactly as verl 0.9.1's ``compute_grpo_outcome_advantage``:
+Advantage (Shao et al. 2024), bit-equal to verl 0.9.1's ``compute_grpo_outcome_advantage`` (tested with
+torch.equal, graded and shuffled groups included):
     A_i = (r_i - mean_g(r)) / (std_g(r) + eps)     std_g: unbiased (divided by G - 1), eps outside;
     singleton groups use mean 0 and std 1.
-The POISE paper writes GRPO with the population std and eps inside the root,
+The POISE paper writes GRPO with the population std and eps under the square root,
     A_i = (r_i - mu_g) / sqrt(mean_g((r - mu_g)^2) + eps),
 which is larger by the constant sqrt(G / (G - 1)) on every group with a spread (1.069 at G = 8: one
 success in eight gets 2.4749 here, 2.6458 there) and gives singleton groups 0 instead of r_i / (1 + eps).
@@ -60,12 +61,14 @@ class Hyperparameters:
 
 
 def grpo_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:
-    """GRPO advantages [B], as verl's compute_grpo_outcome_advantage (unbiased std, eps outside)."""
+    """GRPO advantages [B], bit-equal to verl's compute_grpo_outcome_advantage (unbiased std, eps
+    outside; the group moments computed row-wise as verl's per-group torch.mean / torch.std)."""
     scores = batch.rewards.to(torch.float32)
     stats = group_stats(scores, batch.group)
     singleton = stats.count < 2
-    mean = torch.where(singleton, torch.zeros_like(scores), stats.mean)
-    std = torch.where(singleton, torch.ones_like(scores), stats.unbiased_std())
+    row_mean, row_std = stats.row_mean_std()
+    mean = torch.where(singleton, torch.zeros_like(scores), row_mean)
+    std = torch.where(singleton, torch.ones_like(scores), row_std)
     centred = scores - mean
     if cfg.norm_adv_by_std:
         return centred / (std + cfg.eps)

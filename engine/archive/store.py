@@ -9,6 +9,7 @@ whole lineage is one ``for-each-ref`` plus one ``cat-file --batch``.
 
 from __future__ import annotations
 
+import logging
 import re
 import subprocess
 import time
@@ -30,6 +31,7 @@ from engine.archive.results import (
 from engine.config import DEFAULT_TOML
 from engine.errors import ArchiveError
 
+log = logging.getLogger(__name__)
 REF_PREFIX = "refs/heads/poise/"
 ROOT_NAME = "grpo"
 ALGORITHM = "algorithm.py"
@@ -47,14 +49,17 @@ _EXPERIMENT_README = """\
 # A poise-git experiment
 
 This repository is a poise-git archive: every candidate RL algorithm is a branch `poise/<node>` whose
-commits carry its edited `algorithm.py`, `PROPOSAL.md`, generated `tests/`, `results.json` and
+commits carry its edited `algorithm.py`, `PROPOSAL.md`, generated `tests/`, `results/` and
 `REFLECTION.md`. Lineage lives in the commit trailers (`Poise-Node`, `Poise-Parent`).
 
-    poise-git log                 # the lineage tree
-    poise-git show NODE           # proposal, mechanism diff vs parent, results, reflection
-    git diff poise/grpo poise/X   # plain git works just as well
+    poise-git log                       # the lineage tree
+    poise-git show NODE                 # proposal, mechanism diff vs parent, results, reflection
+    git log --all --graph               # plain git works just as well
+    git show poise/NODE:algorithm.py    # any file of any node, as it is now
 
-`poise.toml` holds the experiment's protocol settings.
+The files in this directory are the root node as it was created (a detached checkout, for reading):
+the archive itself lives in the branches, which poise-git writes without touching this directory, so
+`git status` stays clean. `poise.toml` holds the experiment's protocol settings.
 """
 
 
@@ -125,6 +130,14 @@ class Archive:
             raise ArchiveError(
                 f"{self.path} is a git repository but not a poise-git archive (no poise/* branches)"
             )
+        head = self.path / ".git" / "HEAD"
+        if head.is_file() and head.read_text().startswith("ref: " + REF_PREFIX):
+            # made before the detached checkout: HEAD follows the root's branch, which records move,
+            # so `git status` showed them as staged deletions. Detach HEAD at the commit that was
+            # checked out (the root's first); the index and the files stay as they are.
+            first = self.git.text("rev-list", "--max-parents=0", "HEAD").split()
+            if first:
+                self.git.run("update-ref", "--no-deref", "HEAD", first[-1], check=False)
 
     def _any_node(self) -> bool:
         return bool(
@@ -173,12 +186,12 @@ class Archive:
             (),
             "spawned",
             time.time(),
-            {"Poise-Event": ["init"]},
+            _set_mechanism({"Poise-Event": ["init"]}, algo),
         )
         commit = git.commit_tree(tree, [], msg)
         if not git.update_ref(REF_PREFIX + root_name, commit, None, "poise init"):
             raise ArchiveError("could not create the root branch")
-        git.run("read-tree", "-u", "--reset", commit)  # a working copy of the root, for reading
+        _detach_checkout(git, commit)
         return cls(path)
 
     # -- reading -------------------------------------------------------------------------------
@@ -384,6 +397,7 @@ class Archive:
         tree = self.git.write_tree(tree_files)
         extra = {k: ([v] if isinstance(v, str) else list(v)) for k, v in (trailers or {}).items()}
         extra.setdefault("Poise-Event", ["spawn"])
+        _set_mechanism(extra, new_src)
         title = subject or f"poise: spawn {name} from {' + '.join(parents)}"
         body = _first_line(proposal) if proposal else ""
         created = time.time()
@@ -391,6 +405,7 @@ class Archive:
         commit = self.git.commit_tree(tree, parent_commits, msg)
         if not self.git.update_ref(REF_PREFIX + name, commit, None, f"poise spawn {name}"):
             raise ArchiveError(f"a node named {name!r} already exists (created concurrently)")
+        log.info("spawned %s from %s (%s)", name, " + ".join(parents), commit[:12])
         # Built locally: a full lineage read here would cost ~0.3 s at 10k nodes.
         return Node(
             name=name,
@@ -445,6 +460,9 @@ class Archive:
             }
             for k, v in (trailers or {}).items():
                 extra[k] = [v] if isinstance(v, str) else list(v)
+            if isinstance(files.get(ALGORITHM), (str, bytes)):
+                algo = files[ALGORITHM]
+                _set_mechanism(extra, algo.decode("utf-8") if isinstance(algo, bytes) else algo)
             if "Poise-Event" not in (trailers or {}):
                 extra["Poise-Event"] = ["record"]
             msg = _message(
@@ -458,6 +476,7 @@ class Archive:
             )
             commit = self.git.commit_tree(tree, [tip], msg)
             if self.git.update_ref(ref, commit, tip, f"poise record {name}"):
+                log.debug("%s: %s (%s)", name, subject, commit[:12])
                 return commit
             time.sleep(min(0.005 * (attempt + 1), 0.1))
         raise ArchiveError(
@@ -543,6 +562,22 @@ class Archive:
         names = list(new_files)
         for n, oid in zip(names, self.git.write_blobs([new_files[n] for n in names])):
             tree_files[n] = ("100644", oid)
+
+
+def _detach_checkout(git: Git, commit: str) -> None:
+    """Check ``commit`` out detached (HEAD, index and work tree): records move the node branches with
+    plumbing and never this checkout, so the work tree stays clean."""
+    git.run("update-ref", "--no-deref", "HEAD", commit)
+    git.run("read-tree", "-u", "--reset", commit)
+
+
+def _set_mechanism(extra: dict[str, list[str]], source: str) -> dict[str, list[str]]:
+    """Record the mechanism hash of ``source`` (the trailer ``Poise-Mechanism``) in ``extra``."""
+    from engine.archive.mechanism import TRAILER, mechanism_hash
+
+    h = mechanism_hash(source)
+    extra[TRAILER] = [h] if h else []
+    return extra
 
 
 def _result_ids(node: Node) -> list[str]:

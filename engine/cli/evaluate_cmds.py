@@ -6,17 +6,24 @@ from pathlib import Path
 
 import typer
 
-from engine.cli import ArchiveOpt, console
+from engine.cli import EXIT_FAILED, ArchiveOpt, console
+from engine.errors import PoiseError
 
 
 def evaluate(
     node: str = typer.Argument(
         ..., help="The node to evaluate (its algorithm.py is read from its commit)."
     ),
-    backend: str = typer.Option(
-        "proxy",
+    backend: str | None = typer.Option(
+        None,
         "--backend",
-        help="proxy (embedded CPU RL proxy); with --suite: vllm | openai | transformers.",
+        help="The trainer: proxy (embedded CPU RL proxy, the default) | verl (GPU scale; --smoke on "
+        "the CPU).",
+    ),
+    generator: str | None = typer.Option(
+        None,
+        "--generator",
+        help="With --suite: what samples the answers, vllm | openai | transformers.",
     ),
     seeds: int | None = typer.Option(
         None, "--seeds", help="Paired seeds, run as parallel processes (default: poise.toml)."
@@ -24,7 +31,7 @@ def evaluate(
     preset: str | None = typer.Option(
         None,
         "--preset",
-        help="Protocol preset: default | smoke (default: poise.toml); with --suite: paper (default) | "
+        help="Protocol preset: default | smoke | tiny (default: poise.toml); with --suite: paper (default) | "
         "smoke (2 samples, 24 tokens: a CPU smoke run, not comparable).",
     ),
     suite: str | None = typer.Option(
@@ -34,24 +41,53 @@ def evaluate(
         None, "--model", help="With --suite: the model path / served model name."
     ),
     base_url: str | None = typer.Option(
-        None, "--base-url", help="With --suite --backend openai: the server's URL."
+        None, "--base-url", help="With --suite --generator openai: the server's URL."
     ),
     limit: int | None = typer.Option(
         None,
         "--limit",
-        help="With --suite: at most this many problems per benchmark (a smoke run).",
+        help="With --suite: at most this many problems per benchmark (a smoke run); with "
+        "--backend verl --smoke: problems per benchmark scored after training (default 2).",
+    ),
+    smoke: bool = typer.Option(
+        False,
+        "--smoke",
+        help="With --backend verl: train a few real verl steps of a tiny model on the CPU, then score "
+        "the checkpoint on the six benchmarks (transformers); records a verl-smoke result.",
     ),
     archive: Path = ArchiveOpt,
 ) -> None:
-    """Evaluate a node under one standardized protocol and record its result on its branch."""
+    """Evaluate a node under one standardized protocol and record its result on its branch.
+
+    Exit code 4 when the candidate fails (raises, NaN/inf, collapse); the reason is recorded."""
     from engine.archive.store import Archive
 
+    if smoke:
+        if backend != "verl" or suite is not None:
+            raise typer.BadParameter(
+                "--smoke goes with --backend verl (and no --suite); the GPU protocol is "
+                "`poise-git train NODE --backend verl`"
+            )
+        from engine.cli.verl_smoke import run_smoke
+
+        run_smoke(archive, node, steps=2, timeout_s=1800.0, evaluate=True, limit=limit or 2)
+        return
     arch = Archive(archive)
     if suite:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
         from engine.operators.evaluate_suite import evaluate_node_on_suite
+        from evaluators.generation import BACKENDS as GENERATORS
 
+        if backend in GENERATORS:
+            raise PoiseError(
+                f"--backend names the trainer (proxy | verl); the suite's generator is "
+                f"--generator {backend}"
+            )
+        if backend is not None:
+            raise PoiseError("--suite scores a trained --model; --backend does not apply to it")
+        if generator is None:
+            raise PoiseError("--suite needs --generator vllm | openai | transformers")
         if not model:
             raise typer.BadParameter("--suite needs --model")
         cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
@@ -67,7 +103,7 @@ def evaluate(
                 arch,
                 node,
                 suite=suite,
-                backend=backend,
+                generator=generator,
                 model=model,
                 base_url=base_url,
                 limit=limit,
@@ -76,6 +112,10 @@ def evaluate(
             )
     else:
         from engine.operators.evaluate import evaluate_node
+
+        if generator is not None:
+            raise PoiseError("--generator applies with --suite only")
+        backend = backend or "proxy"
 
         with console.status(f"evaluating [bold]{node}[/] on the {backend} backend ...") as status:
 
@@ -93,7 +133,7 @@ def evaluate(
             f"[bold]{node}[/] [red]failed[/] under {result.protocol.key}", highlight=False
         )
         console.print(f"[red]reason:[/] {result.reason}", highlight=False)
-        raise typer.Exit(2)
+        raise typer.Exit(EXIT_FAILED)
 
 
 def register(app: typer.Typer) -> None:

@@ -8,7 +8,7 @@ are imported only in the children / inside functions, so importing this module i
 from __future__ import annotations
 
 import json
-import math
+import logging
 import os
 import sys
 import tempfile
@@ -20,56 +20,10 @@ from pathlib import Path
 
 from engine.archive.results import EvaluationResult, Protocol, now
 from engine.errors import EvaluationError
+from engine.stats import mean_interval
 
+log = logging.getLogger(__name__)
 TRAJECTORY_POINTS = 100
-# two-sided 95% Student-t quantiles by degrees of freedom (1..30); 1.96 beyond
-_T95 = [
-    12.706,
-    4.303,
-    3.182,
-    2.776,
-    2.571,
-    2.447,
-    2.365,
-    2.306,
-    2.262,
-    2.228,
-    2.201,
-    2.179,
-    2.160,
-    2.145,
-    2.131,
-    2.120,
-    2.110,
-    2.101,
-    2.093,
-    2.086,
-    2.080,
-    2.074,
-    2.069,
-    2.064,
-    2.060,
-    2.056,
-    2.052,
-    2.048,
-    2.045,
-    2.042,
-]
-
-
-def t95(df: int) -> float:
-    return _T95[df - 1] if 1 <= df <= len(_T95) else 1.96
-
-
-def mean_interval(values: list[float]) -> tuple[float, list[float] | None]:
-    """Mean and the 95% Student-t interval of the mean (None for a single value)."""
-    n = len(values)
-    m = sum(values) / n
-    if n < 2:
-        return m, None
-    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1))
-    h = t95(n - 1) * sd / math.sqrt(n)
-    return m, [m - h, m + h]
 
 
 def downsample(traj: Mapping[str, list], points: int = TRAJECTORY_POINTS) -> dict[str, list]:
@@ -135,7 +89,7 @@ def evaluate_node(
     """
     from trainer_template.proxy.protocol import PRESETS, get_protocol
 
-    say = on_event or (lambda _msg: None)
+    say = _reporter(name, on_event)
     if backend == "verl":
         from engine.operators.evaluate_verl import evaluate_node_verl
 
@@ -357,6 +311,17 @@ def _run(
     )
     archive.record_result(name, result)
     return result
+
+
+def _reporter(name: str, on_event: Callable[[str], None] | None) -> Callable[[str], None]:
+    """A progress line goes to ``on_event`` (the CLI's display) and to this module's logger."""
+
+    def say(msg: str) -> None:
+        log.info("%s: %s", name, msg)
+        if on_event is not None:
+            on_event(msg)
+
+    return say
 
 
 def proxy_protocol(preset: str, protocol) -> Protocol:

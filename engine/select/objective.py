@@ -12,8 +12,9 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from engine.config import ExperimentConfig, utility
+from engine.config import ExperimentConfig, metric_direction, utility
 from engine.errors import ConfigError
+from engine.stats import mean_interval
 
 _METRIC = r"[A-Za-z_][A-Za-z0-9_@/.:-]*"
 _PENALIZED = re.compile(rf"^\s*({_METRIC})\s*-\s*([0-9.eE+-]+)\s*\*\s*mean_length\s*$")
@@ -72,9 +73,10 @@ def with_objective(
     return dataclasses.replace(exp, **changes) if changes else exp
 
 
-def describe(exp: ExperimentConfig) -> str:
+def describe_objective(exp: ExperimentConfig) -> str:
     """A one-line statement of the objective, e.g. ``maximize overall - 0.002*mean_length``."""
-    s = f"maximize {exp.objective}" + (
+    verb = "minimize" if metric_direction(exp.objective, exp)[0] == "min" else "maximize"
+    s = f"{verb} {exp.objective}" + (
         f" - {exp.length_penalty:g}*mean_length" if exp.length_penalty else ""
     )
     if exp.pareto_objectives:
@@ -129,7 +131,6 @@ def paired_difference(
     Student-t interval or None below two seeds, number of seeds); None when nothing is shared.
     Paired seeds share prompts and sampling noise, so this resolves far smaller differences than
     comparing the two nodes' own intervals (:func:`promotion`)."""
-    from engine.operators.evaluate import mean_interval
 
     def per_seed(node) -> dict[int, float]:
         if node is None or node.result is None or not node.evaluated:
@@ -177,12 +178,13 @@ def pareto_front(points: Mapping[str, Iterable[float]]) -> set[str]:
 
 def objective_vector(node: Any, exp: ExperimentConfig) -> tuple[float, ...] | None:
     """The node's metric vector under ``pareto_objectives`` (signs flipped so that larger is better)."""
+    from engine.select.pareto import parse_objectives
+
     names = exp.pareto_objectives or (exp.objective,)
     m = node.metrics if node is not None and node.evaluated else {}
     out = []
-    for p in names:
-        key = p.lstrip("-")
+    for key, sign in parse_objectives(names, exp):
         if key not in m:
             return None
-        out.append(-float(m[key]) if p.startswith("-") else float(m[key]))
+        out.append(sign * float(m[key]))
     return tuple(out)

@@ -1,5 +1,6 @@
 """The RL loop: sample G responses per prompt, score them, call the node's ``compute_advantages`` and
-``policy_loss``, update with AdamW; a frozen copy of the warm start is the KL reference.
+``policy_loss``, update with Adam (written out, no weight decay); a frozen copy of the warm start is
+the KL reference.
 
 Seeds are paired: seed s fixes the prompt stream and the sampling generator of every step, so two
 candidates share the initial checkpoint, the prompts and the sampling noise (until their policies

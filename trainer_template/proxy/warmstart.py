@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from trainer_template.proxy import task
 from trainer_template.proxy.model import TinyGPT
-from trainer_template.proxy.protocol import Protocol, WarmStart
+from trainer_template.proxy.protocol import ProxyProtocol, WarmStart
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "checkpoints"
 
@@ -159,7 +159,9 @@ def checkpoint_hash(path: str | Path) -> str:
     return content_hash(ckpt["state_dict"])
 
 
-def ensure_warmstart(protocol: Protocol, directory: str | Path | None = None, log=None) -> Path:
+def ensure_warmstart(
+    protocol: ProxyProtocol, directory: str | Path | None = None, log=None
+) -> Path:
     """The cached checkpoint for ``protocol.warmstart``, trained now if absent. Returns its path.
 
     When the protocol pins the weights (``warmstart_sha256``), a checkpoint with other weights raises
@@ -173,7 +175,7 @@ def ensure_warmstart(protocol: Protocol, directory: str | Path | None = None, lo
     return path
 
 
-def verify_warmstart(protocol: Protocol, path: str | Path) -> str:
+def verify_warmstart(protocol: ProxyProtocol, path: str | Path) -> str:
     """The content hash of ``path``; raises WarmStartMismatch when the protocol pins another one."""
     got = checkpoint_hash(path)
     want = protocol.warmstart_sha256
@@ -186,7 +188,7 @@ def verify_warmstart(protocol: Protocol, path: str | Path) -> str:
     return got
 
 
-def _cached(protocol: Protocol, fname: str, directory, log) -> Path:
+def _cached(protocol: ProxyProtocol, fname: str, directory, log) -> Path:
     d = cache_dir(directory)
     d.mkdir(parents=True, exist_ok=True)
     path = d / fname
@@ -202,7 +204,9 @@ def _cached(protocol: Protocol, fname: str, directory, log) -> Path:
     return path
 
 
-def save_warmstart(model: TinyGPT, protocol: Protocol, path: Path, train_s: float = 0.0) -> None:
+def save_warmstart(
+    model: TinyGPT, protocol: ProxyProtocol, path: Path, train_s: float = 0.0
+) -> None:
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     sd = model.state_dict()
     torch.save(

@@ -1,13 +1,10 @@
 """Code generation for the offline proposer: a component spec -> readable mechanism code.
 
 A spec picks one option per component (baseline, scale, invalid, all_fail, length, adv_clip,
-entropy_control) plus the loss-side and continuous hyperparameters (``spec["hp"]``). :func:`plan_edit`
-turns a parent -> child spec change into the smallest edit: ``compute_advantages`` only when an
-advantage component changed, ``entropy_coefficient`` only when the entropy control changed, and the
-``Hyperparameters`` changes as field defaults that :func:`set_defaults` writes with LibCST (every other
-line of the dataclass, docstrings and literals included, stays as it was). :func:`render` writes a
-whole mechanism (``Hyperparameters``, ``compute_advantages``, ``entropy_coefficient`` and the root's
-``policy_loss``) from a spec.
+entropy_control) plus the loss-side and continuous hyperparameters (``spec["hp"]``). :func:`render`
+writes a whole mechanism (``Hyperparameters``, ``compute_advantages``, ``entropy_coefficient`` and the
+root's ``policy_loss``) from a spec; ``edit_plan.plan_edit`` turns a parent -> child spec change into
+the smallest edit, whose ``Hyperparameters`` changes ``hyperparams.set_defaults`` writes with LibCST.
 
 Components that mirror a published mechanism compute its equation (trainer_template/priors):
 ``valid_bayes`` baseline = VM-AV-GRPO's mu_valid (alpha = prior_strength * prior_mean, beta =
@@ -23,13 +20,9 @@ DACE- and DCBE-GRPO's. The ``group_mean`` baseline with ``group_std`` scale is t
 from __future__ import annotations
 
 import json
-import keyword
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
-
-import libcst as cst
 
 from engine.errors import EditError
 
@@ -97,7 +90,6 @@ PRIOR_SPECS: dict[str, dict[str, Any]] = {
         },
     },
 }
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 LOSS_KNOBS = ("clip", "loss_agg", "kl", "entropy")
 DEFAULT_SPEC: dict[str, Any] = {
     "baseline": "group_mean",
@@ -118,7 +110,7 @@ DEFAULT_SPEC: dict[str, Any] = {
         "entropy_coef": 0.0,
     },
 }
-_DOCS = {
+HP_DOCS = {
     "eps": "numerical floor added to the scale",
     "prior_strength": "pseudo-count of the Bayesian prior on the valid-subset mean",
     "prior_mean": "prior mean success rate of the valid subset",
@@ -251,7 +243,7 @@ _ENTROPY = {
 }
 
 
-def _root_function(name: str) -> str:
+def root_function(name: str) -> str:
     """A function of the root (trainer_template/algorithm.py), verbatim: loss-side mechanisms are
     expressed through the Hyperparameters it reads (clip ratios, aggregation, KL, entropy)."""
     import ast
@@ -265,10 +257,10 @@ def _root_function(name: str) -> str:
     raise RuntimeError(f"trainer_template/algorithm.py has no {name}")
 
 
-def _entropy_coefficient(option: str) -> str:
+def entropy_source(option: str) -> str:
     """The root's ``entropy_coefficient``, or an entropy controller of the paper."""
     if option == "none":
-        return _root_function("entropy_coefficient")
+        return root_function("entropy_coefficient")
     doc, lines, coef = _ENTROPY[option]
     body = "".join(f"    {ln}\n" for ln in lines)
     return (
@@ -333,12 +325,12 @@ def render(spec: Mapping[str, Any]) -> str:
     for k in sorted(s["hp"], key=lambda k: (base.index(k) if k in base else len(base), k)):
         v = s["hp"][k]
         lines += [
-            f"    {k}: {type(v).__name__} = {_source_literal(v)}",
-            f'    """{_DOCS.get(k, k)}"""',
+            f"    {k}: {type(v).__name__} = {source_literal(v)}",
+            f'    """{HP_DOCS.get(k, k)}"""',
         ]
     code = "\n".join(lines) + "\n\n\n" + render_advantages(s)
-    code += "\n\n" + _entropy_coefficient(s["entropy_control"])
-    return code + "\n\n" + _root_function("policy_loss")
+    code += "\n\n" + entropy_source(s["entropy_control"])
+    return code + "\n\n" + root_function("policy_loss")
 
 
 def render_advantages(spec: Mapping[str, Any]) -> str:
@@ -373,102 +365,7 @@ def render_advantages(spec: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-@dataclass(frozen=True)
-class EditPlan:
-    """The smallest change taking a parent to a spec: an edit (top-level definitions), new or changed
-    ``Hyperparameters`` defaults, and fields the child no longer uses."""
-
-    edit: str
-    hyperparameters: dict[str, Any]
-    drop: tuple[str, ...]
-
-
-def class_defaults(source: str) -> dict[str, Any]:
-    """The literal defaults of the ``Hyperparameters`` dataclass in ``source`` (others skipped)."""
-    import ast
-
-    out: dict[str, Any] = {}
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return out
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == "Hyperparameters":
-            for st in node.body:
-                if (
-                    isinstance(st, ast.AnnAssign)
-                    and isinstance(st.target, ast.Name)
-                    and st.value is not None
-                ):
-                    try:
-                        out[st.target.id] = ast.literal_eval(st.value)
-                    except ValueError:
-                        continue
-    return out
-
-
-def _reads(source: str, functions: Sequence[str]) -> set[str]:
-    """Attributes of ``cfg`` that the named top-level functions of ``source`` read."""
-    import ast
-
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return set()
-    out: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name in functions:
-            out |= {
-                n.attr
-                for n in ast.walk(node)
-                if isinstance(n, ast.Attribute)
-                and isinstance(n.value, ast.Name)
-                and n.value.id == "cfg"
-            }
-    return out
-
-
-def plan_edit(
-    parent_source: str, base: Mapping[str, Any], spec: Mapping[str, Any], *, rendered: bool
-) -> EditPlan:
-    """The edit taking ``parent_source`` (whose mechanism is ``base``) to ``spec``.
-
-    ``compute_advantages`` is rewritten only when an advantage component differs, the entropy
-    controller only when ``entropy_control`` differs, and the root's ``policy_loss`` (with its
-    ``entropy_coefficient`` when the parent has none) is brought in only when a changed loss knob is
-    not read by the parent's loss. Changed hyperparameters become new field defaults; continuous
-    hyperparameters owned by a component option the child no longer has are dropped. ``rendered``:
-    the parent's code was generated from ``base`` (else its own functions are kept where possible)."""
-    b, s = normalize(base), normalize(spec)
-    edits: list[str] = []
-    advantage_changed = any(s[k] != b[k] for k in ADVANTAGE_COMPONENTS)
-    entropy_changed = s["entropy_control"] != b["entropy_control"]
-    if advantage_changed:
-        edits.append(render_advantages(s))
-    if entropy_changed:
-        edits.append(_entropy_coefficient(s["entropy_control"]))
-    have = class_defaults(parent_source)
-    values = {
-        k: v
-        for k, v in s["hp"].items()
-        if k not in have or have[k] != v or type(have[k]) is not type(v)
-    }
-    loss_reads = _reads(parent_source, ("policy_loss", "entropy_coefficient"))
-    loss_knobs = [k for k in values if k in DEFAULT_SPEC["hp"] and k != "eps"]
-    if any(k not in loss_reads for k in loss_knobs) or (
-        entropy_changed and "def entropy_coefficient" not in parent_source
-    ):
-        if not entropy_changed and "def entropy_coefficient" not in parent_source:
-            edits.append(_entropy_coefficient(s["entropy_control"]))
-        edits.append(_root_function("policy_loss"))
-    owned = {h: c[4] for h, c in CONTINUOUS.items() if c[4] is not None}
-    drop = tuple(sorted(k for k in have if k in owned and not owns(owned[k], s)))
-    if not (advantage_changed or entropy_changed):
-        drop = ()
-    return EditPlan("\n\n".join(edits), values, drop)
-
-
-def _source_literal(value: Any) -> str:
+def source_literal(value: Any) -> str:
     """How a value is written in source: double-quoted strings, floats as written by hand (1e-6, not
     Python's repr 1e-06)."""
     if isinstance(value, str):
@@ -479,89 +376,3 @@ def _source_literal(value: Any) -> str:
             r"e([+-])0*(\d)", lambda m: f"e{'-' if m.group(1) == '-' else ''}{m.group(2)}", text
         )
     return text
-
-
-def _literal(value: Any) -> cst.BaseExpression:
-    if isinstance(value, bool) or isinstance(value, (int, float, str)):
-        return cst.parse_expression(_source_literal(value))
-    raise EditError(f"hyperparameter value {value!r} must be a number, bool or string")
-
-
-def _field_name(stmt: cst.BaseStatement) -> str | None:
-    if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.AnnAssign):
-        target = stmt.body[0].target
-        return target.value if isinstance(target, cst.Name) else None
-    return None
-
-
-def _is_docstring(stmt: cst.BaseStatement) -> bool:
-    return (
-        isinstance(stmt, cst.SimpleStatementLine)
-        and isinstance(stmt.body[0], cst.Expr)
-        and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
-    )
-
-
-class _Defaults(cst.CSTTransformer):
-    def __init__(self, values: Mapping[str, Any], docs: Mapping[str, str], drop: set[str]):
-        self.values = dict(values)
-        self.docs = docs
-        self.drop = drop
-        self.done: set[str] = set()
-        self.found = False
-
-    def leave_ClassDef(self, original, updated):
-        if updated.name.value != "Hyperparameters":
-            return updated
-        self.found = True
-        body: list[cst.BaseStatement] = []
-        dropping = False
-        for stmt in updated.body.body:
-            name = _field_name(stmt)
-            if dropping and _is_docstring(stmt):  # the dropped field's docstring goes with it
-                dropping = False
-                continue
-            dropping = False
-            if name in self.drop:
-                dropping = True
-                continue
-            if name in self.values:
-                ann = stmt.body[0]
-                stmt = stmt.with_changes(body=[ann.with_changes(value=_literal(self.values[name]))])
-                self.done.add(name)
-            body.append(stmt)
-        for k, v in self.values.items():
-            if k not in self.done:
-                body.append(
-                    cst.parse_statement(f"{k}: {type(v).__name__} = {_source_literal(v)}\n")
-                )
-                doc = self.docs.get(k)
-                if doc:
-                    body.append(cst.parse_statement(f'"""{doc}"""\n'))
-                self.done.add(k)
-        return updated.with_changes(body=updated.body.with_changes(body=body))
-
-
-def set_defaults(
-    source: str,
-    values: Mapping[str, Any],
-    drop: Sequence[str] = (),
-    docs: Mapping[str, str] | None = None,
-) -> str:
-    """``source`` with the ``Hyperparameters`` dataclass defaults set: changed fields get the new
-    literal, missing ones are appended (with their docstring from ``docs``, default the offline
-    catalogue's), ``drop`` fields are removed with their docstrings; every other byte is kept."""
-    for k, v in values.items():
-        if (
-            not isinstance(k, str)
-            or not k.isidentifier()
-            or keyword.iskeyword(k)
-            or k.startswith("_")
-        ):
-            raise EditError(f"bad hyperparameter name {k!r}")
-        _literal(v)
-    t = _Defaults(values, _DOCS if docs is None else docs, set(drop) - set(values))
-    out = cst.parse_module(source).visit(t)
-    if not t.found:
-        raise EditError("algorithm.py has no Hyperparameters dataclass to set hyperparameters on")
-    return out.code

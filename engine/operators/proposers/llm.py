@@ -76,6 +76,22 @@ REVISE_SCHEMA = {
 }
 
 
+def proposal_messages(context, parent: str, n: int, seed: int | None = None) -> list[dict]:
+    """The chat messages asking for ``n`` proposals: the system prompt, then the rendered context
+    (``engine.operators.context.Context.render``, within its token budget) and the task."""
+    user = (
+        f"{context.render()}\n\n## Task\nPropose {n} distinct candidate mechanisms that improve on the parent "
+        f"node `{parent}` under the directive (if any). For each give: name (short, kebab-case), motivation, "
+        "mechanism (one paragraph, the equations), expected_effect (on accuracy, length, validity, stability), "
+        "hyperparameters (new defaults of Hyperparameters fields your code uses), code, intents, expected_gain "
+        f"(your probability, 0..1, that it beats the parent).\n{INTENT_HELP}\n"
+        'Reply as {"proposals": [{"name": ..., "motivation": ..., "mechanism": ..., "expected_effect": ..., '
+        '"hyperparameters": {...}, "code": "...", "intents": [...], "expected_gain": 0.5}]}'
+        + (f"\n(seed {seed})" if seed is not None else "")
+    )
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+
+
 @register("llm")
 class LLMProposer:
     """Proposals and corrections from a chat model (``engine.llm.LLMClient``)."""
@@ -88,19 +104,9 @@ class LLMProposer:
     def propose(self, archive, parent: str, context, cfg, n: int, seed: int | None) -> list:
         from engine.operators.propose import Proposal, slug
 
-        user = (
-            f"{context.render()}\n\n## Task\nPropose {n} distinct candidate mechanisms that improve on the parent "
-            f"node `{parent}` under the directive (if any). For each give: name (short, kebab-case), motivation, "
-            "mechanism (one paragraph, the equations), expected_effect (on accuracy, length, validity, stability), "
-            "hyperparameters (new defaults of Hyperparameters fields your code uses), code, intents, expected_gain "
-            f"(your probability, 0..1, that it beats the parent).\n{INTENT_HELP}\n"
-            'Reply as {"proposals": [{"name": ..., "motivation": ..., "mechanism": ..., "expected_effect": ..., '
-            '"hyperparameters": {...}, "code": "...", "intents": [...], "expected_gain": 0.5}]}'
-            + (f"\n(seed {seed})" if seed is not None else "")
-        )
         before = self.llm.usage.as_dict()
         reply = self.llm.chat_json(
-            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
+            proposal_messages(context, parent, n, seed),
             proposals_schema(),
             node=f"propose:{parent}",
             purpose="propose",
@@ -126,9 +132,9 @@ class LLMProposer:
             )
         return out
 
-    def revise(self, archive, parent: str, proposal, failure: str, cfg, node: str | None = None):
-        from dataclasses import replace
-
+    def correction_messages(self, archive, parent: str, proposal, failure: str) -> list[dict]:
+        """The chat messages that ask for a corrected edit after ``failure`` (recorded by the
+        implementer as the attempt's correction prompt)."""
         user = (
             f"Your candidate `{proposal.name}` for parent `{parent}` failed.\n\nFailure: {failure}\n\n"
             f"Proposal:\n{proposal.markdown()}\n\nYour code (the edit):\n```python\n{proposal.edit}\n```\n\n"
@@ -136,8 +142,13 @@ class LLMProposer:
             "Fix the edit so it keeps the proposal's mechanism and passes. "
             'Reply as {"code": "...", "hyperparameters": {...}, "explanation": "..."}'
         )
+        return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+
+    def revise(self, archive, parent: str, proposal, failure: str, cfg, node: str | None = None):
+        from dataclasses import replace
+
         reply = self.llm.chat_json(
-            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
+            self.correction_messages(archive, parent, proposal, failure),
             REVISE_SCHEMA,
             node=node,
             purpose="revise",

@@ -21,16 +21,15 @@ from engine.errors import PoiseError
 from engine.operators.proposers import register
 from engine.operators.proposers.codegen import (
     CONTINUOUS,
-    LOSS_AGG_MODES,
     LOSS_KNOBS,
     OPTIONS,
     PRIOR_SPECS,
-    class_defaults,
     describe,
     normalize,
     owns,
-    plan_edit,
 )
+from engine.operators.proposers.edit_plan import class_defaults, plan_edit
+from trainer_template.interface import LOSS_AGG_MODES
 
 MUTABLE = tuple(OPTIONS) + LOSS_KNOBS
 log = logging.getLogger(__name__)
@@ -74,9 +73,6 @@ def clip_is_inert(old: dict, new: dict, ratios: tuple[float, float] | None) -> s
             f"ranges [{1 - low:.2f}, {1 + high:.2f}]: nothing would be clipped"
         )
     return ""
-
-
-MUTABLE = tuple(OPTIONS) + LOSS_KNOBS
 
 
 def intents_for(spec: dict[str, Any]) -> tuple[str, ...]:
