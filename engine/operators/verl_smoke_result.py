@@ -72,22 +72,22 @@ def evaluate_checkpoint(checkpoint: str, *, limit: int = 2, seed: int = 0) -> di
     ``{"settings", "metrics", "units", "intervals", "counts", "wall_time_s"}``."""
     from evaluators.benchmarks import suite as suite_spec
     from evaluators.generation import make_backend
-    from evaluators.metrics import metric_unit
-    from evaluators.suite import build_metrics, protocol, run_suite
+    from evaluators.metrics import suite_metric_unit
+    from evaluators.suite import build_metrics, protocol, run_benchmark_suite
 
     benches, max_tokens = suite_spec(SUITE, SUITE_PRESET)
     settings = protocol(SUITE, SUITE_PRESET, benches, max_tokens, limit, 10.0, seed)
     gen = make_backend("transformers", checkpoint)
     t0 = time.time()
     try:
-        out = run_suite(gen, benches, max_tokens, limit=limit, seed=seed, n_boot=200)
+        out = run_benchmark_suite(gen, benches, max_tokens, limit=limit, seed=seed, n_boot=200)
     finally:
         gen.close()
     metrics = build_metrics(out)
     return {
         "settings": settings,
         "metrics": metrics,
-        "units": {k: metric_unit(k) for k in metrics},
+        "units": {k: suite_metric_unit(k) for k in metrics},
         "intervals": out["intervals"],
         "counts": {
             k: {"problems": r["problems"], "samples": r["samples"]}
