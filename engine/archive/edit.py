@@ -10,14 +10,14 @@ import ast
 import functools
 
 from engine.errors import EditError
-from trainer_template import INTERFACE_FUNCTIONS
+from trainer_template import ALGORITHM_FILE, INTERFACE_FUNCTIONS
 
 
 class _LazyLibCST:
     """``import libcst`` costs ~0.4 s: load it on first use so read-only commands start instantly."""
 
     def __getattr__(self, name: str):
-        import libcst
+        import libcst  # lazy: libcst is heavy (only this path needs it)
 
         return getattr(libcst, name)
 
@@ -207,8 +207,7 @@ def prior_source(name: str, root_src: str | None = None) -> str:
     """The complete algorithm.py of the published mechanism ``name``: its edit
     (``trainer_template.priors.prior_edit``) applied to the root (``trainer_template/algorithm.py``,
     or ``root_src``) by :func:`apply_edit`, the edit ``poise-git spawn --edit`` makes."""
-    from trainer_template import ALGORITHM_FILE
-    from trainer_template.priors import prior_edit
+    from trainer_template.priors import prior_edit  # lazy: keeps `poise-git --help` fast
 
     edit_src = prior_edit(name)
     root = root_src if root_src is not None else ALGORITHM_FILE.read_text(encoding="utf-8")

@@ -9,9 +9,11 @@ whole lineage is one ``for-each-ref`` plus one ``cat-file --batch``.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -28,8 +30,9 @@ from engine.archive.results import (
     configured_protocol,
     parse_result,
 )
-from engine.config import DEFAULT_TOML
+from engine.config import DEFAULT_TOML, parse_config
 from engine.errors import ArchiveError
+from trainer_template import ALGORITHM_FILE
 
 log = logging.getLogger(__name__)
 REF_PREFIX = "refs/heads/poise/"
@@ -156,8 +159,6 @@ class Archive:
         proposal: str | None = None,
     ) -> Archive:
         """Create an archive whose root node ``poise/<root_name>`` holds the trainer template."""
-        from trainer_template import ALGORITHM_FILE
-
         path = Path(path).resolve()
         if path.exists() and any(path.iterdir()):
             raise ArchiveError(f"{path} exists and is not empty; choose a new directory")
@@ -311,8 +312,6 @@ class Archive:
         return self.read_file(name, "poise.toml") or ""
 
     def config(self, name: str | None = None):
-        from engine.config import parse_config
-
         target = name or (ROOT_NAME if self.exists(ROOT_NAME) else next(iter(self.nodes())))
         return parse_config(self.config_text(target))
 
@@ -573,6 +572,7 @@ def _detach_checkout(git: Git, commit: str) -> None:
 
 def _set_mechanism(extra: dict[str, list[str]], source: str) -> dict[str, list[str]]:
     """Record the mechanism hash of ``source`` (the trailer ``Poise-Mechanism``) in ``extra``."""
+    # lazy: keeps `poise-git --help` fast
     from engine.archive.mechanism import TRAILER, mechanism_hash
 
     h = mechanism_hash(source)
@@ -657,15 +657,11 @@ def _assign_depths(nodes: dict[str, Node]) -> None:
         memo[name] = d
         return d
 
-    import sys
-
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
     for name in nodes:
         nodes[name].depth = depth(name)
 
 
 def _did_you_mean(name: str, nodes: Mapping[str, Any]) -> str:
-    import difflib
-
     close = difflib.get_close_matches(name, list(nodes), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""

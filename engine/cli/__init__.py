@@ -10,14 +10,18 @@ endpoint...), 2 usage error (unknown option, missing argument), 3 the candidate 
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import pkgutil
 import sys
 
 import typer
 from rich.console import Console
 from typer.core import TyperCommand, TyperGroup
 
+from engine import __version__
 from engine.archive.gitio import GitError
-from engine.cli.help import ROOT_EPILOG
+from engine.cli.help import EXAMPLES, ROOT_EPILOG
 from engine.cli.logs import setup_logging
 from engine.errors import PoiseError
 
@@ -99,12 +103,11 @@ def setup_output() -> None:
 
 def _version() -> str:
     try:
+        # lazy: keeps `poise-git --help` fast
         from importlib.metadata import PackageNotFoundError, version
 
         return version("poise-git")
     except PackageNotFoundError:  # running from a source tree that is not installed
-        from engine import __version__
-
         return __version__
 
 
@@ -139,11 +142,7 @@ def _root(
 
 
 def _register() -> None:
-    import importlib
-    import pkgutil
-
-    import engine.cli as pkg
-    from engine.cli.help import EXAMPLES
+    import engine.cli as pkg  # lazy: imports engine.cli itself, still loading at module level
 
     if app.registered_commands:
         return
@@ -163,8 +162,6 @@ def _register() -> None:
 
 def _help_text(fn) -> str:
     """The docstring with each paragraph on one line (rich mode would keep the source's breaks)."""
-    import inspect
-
     doc = inspect.getdoc(fn) or ""
     return "\n\n".join(" ".join(p.split()) for p in doc.split("\n\n") if p.strip())
 

@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import sys
 from collections.abc import Sequence
+
+from engine.sandbox.process import child_env, run_limited
+from trainer_template.loader import load_algorithm, make_config
 
 DUPLICATE_TOL = 1e-3
 BANK_NAMES = (
@@ -31,8 +35,9 @@ BANK_NAMES = (
 
 def bank():
     """The fixed synthetic batches: ``{name: RolloutBatch}`` (groups of 8; deterministic)."""
-    import torch
+    import torch  # lazy: torch is heavy (only this path needs it)
 
+    # lazy: torch is heavy (only this path needs it)
     from trainer_template.interface import RolloutBatch
 
     def mk(correct, valid=None, lengths=None, group=None, g=8):
@@ -83,7 +88,7 @@ def bank():
 
 def loss_probes():
     """Fixed [B=4, T=6] probes: log-probs whose ratios cross both clip edges, advantages of both signs."""
-    import torch
+    import torch  # lazy: torch is heavy (only this path needs it)
 
     g = torch.Generator().manual_seed(1234)
     old = -torch.rand(4, 6, generator=g) * 3 - 0.1
@@ -99,10 +104,10 @@ def loss_probes():
 
 def compute(module, cfg=None) -> list[float]:
     """The fingerprint vector of a loaded algorithm module (NaN/inf kept as large sentinels)."""
-    import torch
+    import torch  # lazy: torch is heavy (only this path needs it)
 
+    # lazy: torch is heavy (only this path needs it)
     from trainer_template.interface import TrainingState, call_policy_loss
-    from trainer_template.loader import make_config
 
     # mid-training, entropy below a typical target: loss-side controllers show their effect
     probe_state = TrainingState(progress=0.5, step=50, total_steps=101, entropy=0.05)
@@ -193,7 +198,6 @@ def fingerprints(
     """Fingerprint many (statically checked) sources in ONE limited subprocess; an error string per failure."""
     if not sources:
         return []
-    from engine.sandbox.process import child_env, run_limited
 
     res = run_limited(
         [sys.executable, "-m", "engine.operators.fingerprint"],
@@ -213,10 +217,6 @@ def fingerprints(
 
 
 def _main() -> None:
-    import signal
-
-    from trainer_template.loader import load_algorithm
-
     def _alarm(*_):
         raise TimeoutError("a call took longer than 10 s")
 

@@ -10,6 +10,7 @@ goes to ``<work>/verl.log``. Progress comes from the rows the poise trainer appe
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import selectors
 import signal
@@ -21,7 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.archive.tracking import node_run, tracking_uri
 from engine.errors import EvaluationError
+from engine.operators.evaluate_verl import final_checkpoint
+from trainer_template.loader import load_algorithm, make_config
+from trainer_template.verl_backend import smoke
+from trainer_template.verl_backend.smoke import read_progress
 
 SMOKE_DIR = Path(".poise") / "verl" / "smoke"
 # log line -> milestone reported before the first step (verl's and Ray's own output)
@@ -103,8 +109,6 @@ def run_verl(
     poll_s: float = 1.0,
 ) -> tuple[int | None, bool, list[dict]]:
     """Run verl to completion; returns (exit code or None on timeout, timed out, progress rows)."""
-    from trainer_template.verl_backend.smoke import read_progress
-
     say = _say(on_event)
     t0 = time.monotonic()
     seen_steps, pending = 0, list(MILESTONES)
@@ -215,10 +219,6 @@ def train_smoke(
     """Train ``node`` for ``proto.steps`` verl steps on the CPU, logging into a new MLflow run of the
     node (joining the Ray at ``ray_address`` when given, see :func:`shared_ray`); the result is not
     recorded here (:func:`engine.operators.verl_smoke_result.record_smoke`)."""
-    from engine.archive.tracking import node_run, tracking_uri
-    from trainer_template.loader import load_algorithm, make_config
-    from trainer_template.verl_backend import smoke
-
     say = _say(on_event)
     proto = proto or smoke.SmokeProtocol()
     source = archive.algorithm(node)
@@ -260,7 +260,6 @@ def train_smoke(
         on_event=on_event,
     )
     wall = time.monotonic() - t0
-    from engine.operators.evaluate_verl import final_checkpoint
 
     ckpt = final_checkpoint(launch.files["ckpt"])
     reason = None
@@ -288,8 +287,6 @@ def train_smoke(
 
 def require_verl() -> None:
     """One clear error when the verl extra is missing."""
-    import importlib.util
-
     for mod, what in (("verl", "verl"), ("transfer_queue", "TransferQueue"), ("ray", "ray")):
         if importlib.util.find_spec(mod) is None:
             raise EvaluationError(

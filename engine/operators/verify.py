@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import PoiseError
+from engine.operators.static_check import static_check
 from engine.operators.verify_suite import CONFTEST, INTENT_TESTS, INTERFACE_TESTS, intent_suite
+from engine.sandbox.process import child_env, run_limited
 
 VERIFICATION = "verification.json"
 
@@ -102,8 +104,6 @@ def run_suite(
     source: str, files: dict[str, str], limits: VerifyLimits
 ) -> tuple[bool, str, dict[str, Any]]:
     """Run the suite against ``source`` in a limited subprocess; (ok, reason, report)."""
-    from engine.sandbox.process import child_env, run_limited
-
     with tempfile.TemporaryDirectory(prefix="poise-verify-") as tmp:
         root = Path(tmp)
         (root / "tests").mkdir()
@@ -153,8 +153,6 @@ def verify_source(
     source: str, parent_source: str | None, intents=(), limits: VerifyLimits | None = None
 ) -> VerifyResult:
     """Static checks, then the generated suite in a sandbox (nothing recorded)."""
-    from engine.operators.static_check import static_check
-
     limits = limits or VerifyLimits.from_env()
     files = generate_suite(tuple(intents))
     try:

@@ -21,6 +21,9 @@ import time
 import traceback
 from pathlib import Path
 
+from trainer_template.loader import load_algorithm, make_config
+from trainer_template.proxy.protocol import get_protocol
+
 
 def _write(path: Path, payload: dict) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -40,7 +43,7 @@ def _clean(traj: dict) -> dict:
 
 
 def cmd_warmstart(args: argparse.Namespace) -> int:
-    from trainer_template.proxy.protocol import get_protocol
+    # lazy: torch is heavy (only this path needs it)
     from trainer_template.proxy.warmstart import ensure_warmstart
 
     path = ensure_warmstart(
@@ -53,12 +56,12 @@ def cmd_warmstart(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import torch
+    import torch  # lazy: torch is heavy (only this path needs it)
 
     torch.set_num_threads(1)
-    from trainer_template.loader import load_algorithm, make_config
-    from trainer_template.proxy import evalset, rl
-    from trainer_template.proxy.protocol import get_protocol
+    from trainer_template.proxy import evalset, rl  # lazy: torch is heavy (only this path needs it)
+
+    # lazy: torch is heavy (only this path needs it)
     from trainer_template.proxy.warmstart import ensure_warmstart, load_warmstart
 
     out = Path(args.out)

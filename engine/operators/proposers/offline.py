@@ -16,6 +16,8 @@ import random
 from typing import Any
 
 from engine.archive.results import configured_protocol
+from engine.config import utility
+from engine.operators.propose import Proposal
 from engine.operators.proposers import register
 from engine.operators.proposers.codegen import (
     CONTINUOUS,
@@ -66,9 +68,7 @@ def prior_record(name: str) -> dict[str, Any] | None:
 
 def _study(archive, cfg, seed: int):
     """An in-memory TPE study warm-started with the archive's (spec hyperparameters, utility) pairs."""
-    import optuna
-
-    from engine.config import utility
+    import optuna  # lazy: optuna is heavy (only this path needs it)
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(
@@ -98,7 +98,7 @@ def _study(archive, cfg, seed: int):
 
 
 def _distributions():
-    import optuna
+    import optuna  # lazy: optuna is heavy (only this path needs it)
 
     return {
         k: optuna.distributions.FloatDistribution(lo, hi, log=log)
@@ -118,8 +118,6 @@ class OfflineProposer:
         self.llm = llm  # unused: the offline proposer never calls an endpoint
 
     def propose(self, archive, parent: str, context, cfg, n: int, seed: int | None) -> list:
-        from engine.operators.propose import Proposal
-
         seed = seed if seed is not None else len(archive.nodes())
         rng = random.Random(seed)
         study = _study(archive, cfg, seed)
