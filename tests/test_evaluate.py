@@ -161,6 +161,7 @@ def test_cli_evaluate_smoke(exp, cli):
     assert nope.returncode == 1 and "unknown node" in nope.stderr
 
 
+@pytest.mark.slow  # a Ray start / real evaluations: tens of CPU-seconds
 def test_tracking_never_leaks_the_store_into_the_environment(tmp_path, monkeypatch):
     """mlflow.set_tracking_uri exports $MLFLOW_TRACKING_URI; two archives in one process stay apart."""
     from engine.archive.store import Archive
