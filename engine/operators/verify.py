@@ -1,21 +1,21 @@
-"""Verification: a generated pytest suite, committed into the node's ``tests/``, run in a limited subprocess.
+"""Verification: a generated pytest suite, committed into the node's ``tests/``, decided on the trusted side.
 
 The suite checks interface properties on random and extreme batches (shape, dtype, finite values with
 all-correct / all-wrong / all-invalid / singleton groups, inputs not mutated, deterministic, invariant
 to group relabelling and batch permutation; the loss a finite differentiable scalar with finite
-gradients) plus the proposal's intent tests. Every call into candidate code has a per-call time limit;
-the whole run has CPU-time, memory and wall-clock limits (``engine.sandbox.run_limited``).
+gradients) plus the proposal's intent tests. The candidate runs only in a sandboxed child that
+records its calls (``engine.operators.probe``; each call within a per-call deadline the parent
+enforces, the whole child under CPU, memory, process and wall-clock limits); the suite's verdict and
+the behavioural fingerprint come from a replay of that recording that loads no candidate code.
 ``verify_node`` records ``verification.json`` and the status ``verified`` / ``rejected``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import sys
-import tempfile
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from engine.errors import PoiseError
@@ -32,6 +32,12 @@ class VerifyLimits:
     cpu_s: float = 120.0
     memory_mb: int = 3072
     call_s: float = 5.0
+
+    def sandbox(self):
+        """The sandbox limits of one verification child."""
+        from engine.sandbox.limits import Limits
+
+        return Limits(wall_s=self.timeout_s, cpu_s=self.cpu_s, memory_mb=self.memory_mb)
 
     @classmethod
     def from_env(cls) -> VerifyLimits:
@@ -60,35 +66,6 @@ class VerifyResult:
     report: dict[str, Any] = field(default_factory=dict)
 
 
-_RUNNER = r"""
-import json, sys
-import pytest
-
-class Collect:
-    def __init__(self):
-        self.rows = []
-    def pytest_runtest_logreport(self, report):
-        if report.when == "call" or report.failed:
-            msg = ""
-            if report.failed:
-                crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
-                msg = crash.message if crash is not None else str(report.longrepr)[-400:]
-                msg = (msg.strip().splitlines() or [""])[0]
-            self.rows.append(
-                {"test": report.nodeid, "outcome": report.outcome, "when": report.when, "message": msg[:600]}
-            )
-
-c = Collect()
-rc = pytest.main(["-q", "--maxfail=2", "-p", "no:cacheprovider", "tests"], plugins=[c])
-out = {"returncode": int(rc), "tests": c.rows, "fingerprint": None}
-if rc == 0:
-    from engine.operators.fingerprint import compute
-    from trainer_template.loader import load_algorithm
-    out["fingerprint"] = compute(load_algorithm(open("algorithm.py").read(), "verified"))
-json.dump(out, open(sys.argv[1], "w"))
-"""
-
-
 def generate_suite(intents: tuple[str, ...] | list[str] = ()) -> dict[str, str]:
     """The generated test files ``{path: text}`` for a node (``tests/...``)."""
     files = {"tests/conftest.py": CONFTEST, "tests/test_interface.py": INTERFACE_TESTS}
@@ -98,53 +75,91 @@ def generate_suite(intents: tuple[str, ...] | list[str] = ()) -> dict[str, str]:
     return files
 
 
+PYTEST_INI = "[pytest]\n"
+"""the suite's own (empty) settings, so that no configuration around the scratch directory applies"""
+
+
 def run_suite(
     source: str, files: dict[str, str], limits: VerifyLimits
 ) -> tuple[bool, str, dict[str, Any]]:
-    """Run the suite against ``source`` in a limited subprocess; (ok, reason, report)."""
-    from engine.sandbox.process import child_env, run_limited
+    """Record the candidate's calls in the sandbox, then decide on the trusted side; (ok, reason, report).
 
-    with tempfile.TemporaryDirectory(prefix="poise-verify-") as tmp:
-        root = Path(tmp)
-        (root / "tests").mkdir()
-        (root / "algorithm.py").write_text(source, encoding="utf-8")
-        for path, text in files.items():
-            (root / path).write_text(text, encoding="utf-8")
-        out = root / "result.json"
-        env = child_env(
-            {"POISE_VERIFY_CALL_S": str(limits.call_s), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-        )
-        res = run_limited(
-            [sys.executable, "-c", _RUNNER, str(out)],
-            timeout_s=limits.timeout_s,
-            cpu_s=limits.cpu_s,
-            memory_mb=limits.memory_mb,
-            cwd=root,
-            env=env,
-        )
-        report: dict[str, Any] = {"wall_s": round(res.wall_s, 2), "limits": asdict(limits)}
-        data = None
-        if out.is_file():
-            try:
-                data = json.loads(out.read_text())
-            except json.JSONDecodeError:
-                data = None
-    if data is None:
-        tail = "\n".join((res.stdout + "\n" + res.stderr).strip().splitlines()[-15:])
-        report["output_tail"] = tail[-2000:]
-        return False, f"the test run died: {res.reason()}", report
-    report["tests"] = data["tests"]
-    report["passed"] = sum(1 for t in data["tests"] if t["outcome"] == "passed")
-    report["failed"] = [
-        t["test"].split("::")[-1] for t in data["tests"] if t["outcome"] == "failed"
-    ]
-    if data["returncode"] == 0 and not report["failed"]:
-        report["fingerprint"] = data["fingerprint"]
+    1. A sandboxed child runs the suite against ``source`` and streams every call into the candidate
+       (raw outputs; each call within ``limits.call_s``, the parent's deadline).
+    2. A second sandboxed child that loads no candidate code runs the same suite against the
+       recording; its result is the verdict. Nothing either child writes to a file is read back."""
+    from engine.operators.recording import Recorder
+    from engine.sandbox import boundary
+    from engine.sandbox.channel import ChannelError
+    from engine.sandbox.runner import run_sandboxed
+
+    b = boundary.resolve()
+    box = limits.sandbox()
+    tests = {path: text.encode() for path, text in files.items()}
+    rec = Recorder(limits.call_s)
+    run = run_sandboxed(
+        "engine.operators.verify_child",
+        ["record", "{input}"],
+        limits=box,
+        inputs={"algorithm.py": source.encode(), "pytest.ini": PYTEST_INI.encode(), **tests},
+        env={"POISE_VERIFY_MODE": "record", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+        on_frame=rec,
+        boundary=b,
+    )
+    ended = rec.finish(run)
+    report: dict[str, Any] = {
+        "wall_s": round(run.wall_s, 2),
+        "limits": asdict(limits),
+        "boundary": b.describe(),
+        "calls": len(rec.calls),
+    }
+    if run.protocol_error:
+        report["output_tail"] = run.output_tail[-2000:]
+        return False, f"the candidate's process {run.reason()}", report
+    result: dict[str, Any] = {}
+
+    def on_result(frame: dict, _session) -> None:
+        if frame.get("type") != "result":
+            raise ChannelError("the replay sent an unexpected frame")
+        result.update(frame)
+
+    judged = run_sandboxed(
+        "engine.operators.verify_child",
+        ["replay", "{input}"],
+        limits=box.with_(cpu_s=None),
+        inputs={
+            "pytest.ini": PYTEST_INI.encode(),
+            "recording.json": rec.to_json(ended).encode(),
+            **tests,
+        },
+        env={
+            "POISE_VERIFY_MODE": "replay",
+            "POISE_VERIFY_RECORDING": "{input}/recording.json",
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        },
+        on_frame=on_result,
+        boundary=b,
+    )
+    report["wall_s"] = round(run.wall_s + judged.wall_s, 2)
+    rows = result.get("tests")
+    if not judged.ok or not isinstance(rows, list):  # a recording that breaks the judge is refused
+        report["output_tail"] = judged.output_tail[-2000:]
+        return False, f"the recording could not be judged: {judged.reason()}", report
+    report["tests"] = rows
+    report["passed"] = sum(1 for t in rows if t["outcome"] == "passed")
+    report["failed"] = [t["test"].split("::")[-1] for t in rows if t["outcome"] == "failed"]
+    if ended:
+        report["ended"] = ended
+        report["output_tail"] = run.output_tail[-2000:]
+    if result.get("returncode") == 0 and not report["failed"]:
+        fp = result.get("fingerprint")
+        report["fingerprint"] = fp if isinstance(fp, list) else None
         return True, "", report
-    first = next((t for t in data["tests"] if t["outcome"] == "failed"), None)
+    first = next((t for t in rows if t["outcome"] == "failed"), None)
     if first is None:
-        report["output_tail"] = (res.stdout + res.stderr)[-2000:]
-        return False, f"the test suite did not run (pytest exit code {data['returncode']})", report
+        report["output_tail"] = (run.output_tail + judged.output_tail)[-2000:]
+        code = result.get("returncode")
+        return False, f"the test suite did not run (pytest exit code {code})", report
     msg = " ".join(first["message"].split())[:240]
     return False, f"{first['test'].split('::')[-1]} failed: {msg}", report
 
@@ -189,6 +204,7 @@ def verify_node(
     record = {
         "ok": result.ok,
         "reason": result.reason,
+        "algorithm_sha256": hashlib.sha256(source.encode("utf-8")).hexdigest(),
         "intents": [i for i in intents if i in INTENT_TESTS],
         **result.report,
     }
@@ -212,3 +228,39 @@ def verify_node(
     else:
         archive.set_status(name, status, result.reason, files=payload)
     return result
+
+
+def is_template(source: str) -> bool:
+    """True for code shipped with poise-git (the root's algorithm.py or a published mechanism)."""
+    from trainer_template import ALGORITHM_FILE, TEMPLATE_DIR
+
+    if source == ALGORITHM_FILE.read_text(encoding="utf-8"):
+        return True
+    return any(
+        source == p.read_text(encoding="utf-8")
+        for p in sorted((TEMPLATE_DIR / "priors").glob("*.py"))
+    )
+
+
+def evaluation_gate(archive, name: str) -> str:
+    """'' when ``name`` may be evaluated, else why not.
+
+    Template code (``is_template``) is trusted as shipped: the root GRPO node needs no verification
+    run. Any other algorithm.py must carry a passing ``verification.json`` made for exactly this
+    source (its sha256)."""
+    source = archive.algorithm(name)
+    if is_template(source):
+        return ""
+    raw = archive.read_file(name, VERIFICATION)
+    if raw is None:
+        return f"it was never verified; run `poise-git verify {name}` first"
+    try:
+        rec = json.loads(raw)
+    except json.JSONDecodeError:
+        return f"its {VERIFICATION} is unreadable; run `poise-git verify {name}` again"
+    if not isinstance(rec, dict) or not rec.get("ok"):
+        why = rec.get("reason", "") if isinstance(rec, dict) else ""
+        return f"verification rejected it ({why})" if why else "verification rejected it"
+    if rec.get("algorithm_sha256") != hashlib.sha256(source.encode("utf-8")).hexdigest():
+        return f"its algorithm.py is not the one verified; run `poise-git verify {name}` again"
+    return ""
