@@ -43,7 +43,7 @@ def evaluate_node_verl(
     on_event=None,
 ) -> dict:
     """Train ``name`` with verl, then score the checkpoint on math6 (vLLM); records like the proxy."""
-    from engine.sandbox.process import run_limited
+    from engine.sandbox.process import run_limited, trusted_env
 
     try:
         import torch
@@ -70,9 +70,8 @@ def evaluate_node_verl(
     say(
         f"{name}: verl training ({proto.model}, {proto.n_gpus} GPU(s)), MLflow run {launch.env['MLFLOW_RUN_ID']}"
     )
-    import os
 
-    res = run_limited(launch.cmd, timeout_s=timeout_s, env={**os.environ, **launch.env})
+    res = run_limited(launch.cmd, timeout_s=timeout_s, env=trusted_env(launch.env))
     ckpt = final_checkpoint(launch.files["ckpt"]) if res.ok else None
     if ckpt is None:
         reason = (
