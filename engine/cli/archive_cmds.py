@@ -20,7 +20,9 @@ from engine.errors import ArchiveError, PoiseError
 def _read_text(path: Path, what: str) -> str:
     if not path.is_file():
         raise PoiseError(f"{what} {path} does not exist")
-    return path.read_text(encoding="utf-8")
+    from engine.archive.edit import decode_source
+
+    return decode_source(path.read_bytes(), f"{what} {path}")
 
 
 def _fmt(v: float | None) -> str:
