@@ -6,6 +6,7 @@ the commands so ``poise-git log`` starts instantly.
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import typer
@@ -41,8 +42,19 @@ def _register() -> None:
         importlib.import_module(f"engine.cli.{mod}").register(app)
 
 
+def _interrupt(signum, _frame) -> None:
+    """SIGINT / SIGTERM / SIGHUP: kill every sandboxed child first (they run in sessions of their own
+    and never see the terminal's signal), then unwind so that nodes are left resumable."""
+    from engine.sandbox.live import kill_all
+
+    kill_all()
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: list[str] | None = None) -> None:
     _register()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
     try:
         app(args=argv, standalone_mode=True)
     except PoiseError as exc:

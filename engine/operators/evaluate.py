@@ -348,6 +348,7 @@ def _log_mlflow(
         from mlflow.tracking import MlflowClient
 
         from engine.archive.tracking import node_run
+        from engine.secrets import scrub
     except Exception as exc:  # pragma: no cover - mlflow is a dependency
         say(f"MLflow unavailable: {exc}")
         return {}
@@ -390,7 +391,7 @@ def _log_mlflow(
                 if not metrics:
                     client.log_batch(rid, params=params)
                 if r["status"] != "ok":
-                    client.set_tag(rid, "poise.reason", str(r.get("reason", ""))[:500])
+                    client.set_tag(rid, "poise.reason", scrub(str(r.get("reason", "")))[:500])
                 ids[r["seed"]] = rid
         except Exception as exc:
             say(f"MLflow logging failed for seed {r['seed']}: {type(exc).__name__}: {exc}")

@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from engine import secrets
 from trainer_template.channel import HEADER, MAX_BLOB, MAX_FRAME
 
 
@@ -97,8 +98,8 @@ def expect(frame: Mapping[str, Any], key: str, kind: type | tuple[type, ...]) ->
 def text(value: Any, limit: int = 500) -> str:
     """A printable, bounded one-line string from untrusted input."""
     s = value if isinstance(value, str) else repr(value)
-    s = "".join(c if c.isprintable() else " " for c in s)
-    return " ".join(s.split())[:limit]
+    s = "".join(c if c.isprintable() else " " for c in s[: 4 * limit])
+    return secrets.scrub(" ".join(s.split()))[:limit]
 
 
 def metric_map(value: Any, *, max_keys: int = 64, allow_none: bool = False) -> dict[str, Any]:
@@ -107,7 +108,7 @@ def metric_map(value: Any, *, max_keys: int = 64, allow_none: bool = False) -> d
         raise ChannelError(f"metrics must be an object of at most {max_keys} entries")
     out: dict[str, Any] = {}
     for k, v in value.items():
-        if not isinstance(k, str) or not _KEY.match(k):
+        if not isinstance(k, str) or not _KEY.match(k) or secrets.scrub(k) != k:
             raise ChannelError(f"bad metric name {text(k, 80)!r}")
         if v is None and allow_none:
             out[k] = None

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine import secrets
+from engine.sandbox import live
 from engine.sandbox.env import trusted_env
 
 OUTPUT_CAP = 1024 * 1024
@@ -82,6 +83,8 @@ def run_limited(
 ) -> SandboxResult:
     """Run ``cmd`` with limits; on timeout the whole process group gets SIGKILL. Never raises on failure."""
     start = time.monotonic()
+    if live.stopping():
+        return SandboxResult(-signal.SIGKILL, "", "interrupted before it started", 0.0, False)
     proc = subprocess.Popen(
         list(cmd),
         cwd=cwd,
@@ -93,6 +96,7 @@ def run_limited(
         preexec_fn=_limits(cpu_s, memory_mb) if (cpu_s or memory_mb) else None,
     )
     timed_out = False
+    live.add(proc)
     try:
         if input is not None:
             try:
@@ -106,6 +110,7 @@ def run_limited(
         rc = proc.wait()
     finally:
         kill_group(proc.pid)  # stragglers the child left behind in its group
+        live.discard(proc)
     return SandboxResult(
         rc,
         secrets.scrub(out.decode("utf-8", "replace")),

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from engine import secrets
 from engine.sandbox import boundary as _boundary
+from engine.sandbox import live
 from engine.sandbox.channel import ChannelError, FrameReader
 from engine.sandbox.env import candidate_env
 from engine.sandbox.limits import Limits
@@ -130,6 +131,8 @@ def run_sandboxed(
     that directory); bytes are written by the parent, a Path is bound (or linked) read-only.
     ``on_frame`` may raise ChannelError (the child is killed, ``protocol_error`` says why)."""
     b = boundary or _boundary.resolve()
+    if live.stopping():
+        return SandboxRun(None, 0.0, b.kind, killed="interrupted before it started")
     with tempfile.TemporaryDirectory(prefix="poise-sbx-") as tmp:
         input_dir = Path(tmp) / "input"
         input_dir.mkdir()
@@ -187,11 +190,15 @@ def run_sandboxed(
             )
         finally:
             os.close(write_fd)
+        live.add(proc)
         try:
+            if live.stopping():
+                _kill(proc, b)
             run = _supervise(proc, read_fd, limits, on_frame, start, b)
         finally:
             _kill(proc, b)
             os.close(read_fd)
+            live.discard(proc)
     run.limits = limits.to_dict()
     return run
 
@@ -214,7 +221,9 @@ def _supervise(proc, read_fd: int, limits: Limits, on_frame, start: float, b) ->
     while sel.get_map():
         now = time.monotonic()
         if not killed:
-            if now >= wall_end:
+            if live.stopping():
+                killed = "interrupted (the engine is stopping)"
+            elif now >= wall_end:
                 killed = f"exceeded the wall-clock limit ({limits.wall_s:g} s)"
             elif session.deadline is not None and now >= session.deadline:
                 killed = session.deadline_reason
@@ -279,19 +288,12 @@ def _supervise(proc, read_fd: int, limits: Limits, on_frame, start: float, b) ->
 
 
 def _kill(proc: subprocess.Popen, b) -> None:
-    """SIGKILL the child's process group; under bwrap that takes its pid namespace down with it."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    if not b.isolated:  # the weak mode: descendants that left the group too
+    """SIGKILL the child's process group; under bwrap that takes its pid namespace down with it.
+    In the weak mode, descendants that left the group are found and killed too."""
+    if b.isolated:
         try:
-            import psutil
-
-            for child in psutil.Process(proc.pid).children(recursive=True):
-                try:
-                    child.kill()
-                except psutil.Error:
-                    pass
-        except Exception:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
             pass
+    else:
+        live.kill_tree(proc.pid)
