@@ -98,7 +98,9 @@ def _dotted(node: ast.AST) -> str:
         return f"{_dotted(node.value)}.{node.attr}"
     if isinstance(node, ast.Call):
         return _dotted(node.func)
-    return "?"
+    if isinstance(node, ast.Constant):
+        return repr(node.value)[:24]
+    return "(...)"
 
 
 def _root(node: ast.AST) -> ast.AST:
