@@ -55,13 +55,15 @@ def _scan() -> None:
 
 
 def names() -> set[str]:
-    """Registered secret variable names (and every environment name that looks secret)."""
+    """Registered secret variable names and every environment name that looks secret (their
+    current values are registered too)."""
     _scan()
     with _lock:
-        refresh = [n for n in _names if os.environ.get(n)]
-    for n in refresh:  # a value set after registration
-        register_value(os.environ[n])
-    return {n for n in os.environ if looks_secret(n)} | set(_names)
+        registered = set(_names)
+    found = {n for n in os.environ if looks_secret(n)} | registered
+    for n in found:
+        register_value(os.environ.get(n))
+    return found
 
 
 def _current() -> list[str]:
@@ -88,3 +90,17 @@ def scrub_bytes(data: bytes) -> bytes:
         if b in data:
             data = data.replace(b, REDACTED.encode())
     return data
+
+
+class ScrubbedStream:
+    """A text stream that scrubs every write (the CLI wraps stdout and stderr in it)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(scrub(text))
+        return len(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)

@@ -131,7 +131,10 @@ ATTEMPTS = {
     # the same, where running is allowed but nothing secret may come back
     "read-own-environ": "got = open('/proc/self/environ').read()",
     "read-pid1-environ": "got = open('/proc/1/environ').read()",
-    "scan-all-environ": "got = [open('/proc/%s/environ' % p).read() for p in os.listdir('/proc') if p.isdigit() and os.access('/proc/%s/environ' % p, os.R_OK)]",
+    "scan-all-environ": (
+        "got = [open('/proc/%s/environ' % p).read() for p in os.listdir('/proc')"
+        " if p.isdigit() and os.access('/proc/%s/environ' % p, os.R_OK)]"
+    ),
     "os-environ": "got = dict(os.environ)",
     "getenv-by-name": "got = os.environ['LLM_CRED']",
     "ctypes-getenv": "got = __import__('ctypes').CDLL(None).getenv(b'LLM_CRED')",
@@ -139,7 +142,10 @@ ATTEMPTS = {
     # writing outside the scratch directory
     "write-archive-git": "open('{archive}/.git/refs/heads/poise/pwned', 'w').write('0' * 40)",
     "delete-other-branch": "os.unlink('{archive}/.git/refs/heads/poise/other')",
-    "git-plumbing": "subprocess.run(['git', '-C', '{archive}', 'update-ref', '-d', 'refs/heads/poise/other'], check=True)",
+    "git-plumbing": (
+        "subprocess.run(['git', '-C', '{archive}', 'update-ref', '-d', 'refs/heads/poise/other'],"
+        " check=True)"
+    ),
     "write-home": "open('{home}/.ssh/authorized_keys', 'w').write('x')",
     "write-engine-cwd": "open('{cwd}/pwned', 'w').write('x')",
     "write-project": "open('{project}/engine/__init__.py', 'a').write('# pwned')",
@@ -272,7 +278,17 @@ def test_double_fork_daemon_does_not_outlive_the_sandbox(world):
         ("import time\ntime.sleep(600)", Limits(wall_s=2), "wall-clock"),
         ("import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)", Limits(wall_s=2), "wall-clock"),
     ],
-    ids=["memory", "fds", "file-size", "scratch-full", "shm-full", "cpu", "c-loop", "sleep", "stop"],
+    ids=[
+        "memory",
+        "fds",
+        "file-size",
+        "scratch-full",
+        "shm-full",
+        "cpu",
+        "c-loop",
+        "sleep",
+        "stop",
+    ],
 )
 def test_limits_hold(world, code, limits, why):
     res, frames = run(code, world, limits)
@@ -303,9 +319,21 @@ def test_printing_2_gib_keeps_the_engine_small(world):
         ("CHANNEL.send({'type': 'x', 'blob': 10 ** 12})", "exceeds the limit"),
         ("CHANNEL.send({'type': 'x', 'blob': -1})", "no valid size"),
         ("os.write(fd, b'\\x00\\x00\\x00\\x20{\"type\":')", "middle of a frame"),
-        ("b = b'{\"type\":\"x\",\"pad\":\"' + b'a' * 1000000 + b'\"}'\nfor _ in range(40):\n    CHANNEL._write(b)", "more than"),
+        (
+            'b = b\'{"type":"x","pad":"\' + b\'a\' * 1000000 + b\'"}\'\n'
+            "for _ in range(40):\n    CHANNEL._write(b)",
+            "more than",
+        ),
     ],
-    ids=["not-json", "not-object", "huge-length", "huge-blob", "negative-blob", "truncated", "flood"],
+    ids=[
+        "not-json",
+        "not-object",
+        "huge-length",
+        "huge-blob",
+        "negative-blob",
+        "truncated",
+        "flood",
+    ],
 )
 def test_malformed_channel_messages_are_refused(world, code, why):
     res, frames = run(

@@ -357,7 +357,8 @@ BENIGN = {
         '    """Mean of the other members of each group (0 for singletons)."""\n'
         "    stats = group_stats(scores, group)\n"
         "    n = stats.count.to(torch.float32)\n"
-        "    return torch.where(n > 1, (stats.mean * n - scores) / (n - 1).clamp(min=1.0), torch.zeros_like(scores))\n\n\n"
+        "    loo = (stats.mean * n - scores) / (n - 1).clamp(min=1.0)\n"
+        "    return torch.where(n > 1, loo, torch.zeros_like(scores))\n\n\n"
         + adv(
             "scores = batch.rewards.to(torch.float32)\nreturn scores - _leave_one_out(scores, batch.group)"
         )

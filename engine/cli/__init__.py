@@ -52,6 +52,9 @@ def _interrupt(signum, _frame) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from engine.secrets import ScrubbedStream
+
+    sys.stdout, sys.stderr = ScrubbedStream(sys.stdout), ScrubbedStream(sys.stderr)
     _register()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)

@@ -84,6 +84,8 @@ def _train(args: argparse.Namespace, on_row) -> tuple[object | None, str, dict]:
     except Exception as exc:  # the harness, driven by a broken candidate into a state it rejects
         failure = f"RL step failed: {type(exc).__name__}: {exc}"
         traceback.print_exc()
+    except BaseException as exc:  # SystemExit, KeyboardInterrupt... raised by the candidate
+        failure = f"the candidate raised {type(exc).__name__}: {exc}"
     timings["rl_s"] = time.monotonic() - t1
     return model, failure, timings
 
