@@ -39,6 +39,9 @@ class EvaluationConfig:
     """hard wall-clock limit of one evaluation (its whole process group)"""
     memory_mb: int = 4096
     """address-space limit of one evaluation process"""
+    protocol: str = ""
+    """the protocol results are ranked under, ``id`` or ``id@hash`` (empty: the one the backend and
+    preset define, e.g. proxy/default at the current proxy's hash)"""
 
 
 @dataclass(frozen=True)
@@ -232,6 +235,7 @@ directive = ""                 # natural-language research directive for the pro
 [evaluation]
 backend = "proxy"              # proxy (embedded CPU) | verl (GPU scale)
 seeds = 1
+# protocol = "proxy/default"   # rank under this protocol (default: what backend and preset define)
 
 [select]
 k = 3

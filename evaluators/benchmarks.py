@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from evaluators.errors import EvaluationError
+from evaluators.errors import SuiteError
 from evaluators.grading import extract_boxed, join_answers, normalize_gold, split_dollar_answers
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -54,7 +54,7 @@ def gold_answer(dataset: str, row: dict) -> str:
     if dataset == "minerva_math":
         boxed = extract_boxed(row["solution"])
         if boxed is None:
-            raise EvaluationError(
+            raise SuiteError(
                 f"minerva_math row without a \\boxed{{}} gold in its solution: {row['problem'][:60]!r}"
             )
         return normalize_gold(boxed)
@@ -63,7 +63,7 @@ def gold_answer(dataset: str, row: dict) -> str:
         for ans in row["final_answer"]:
             parts += split_dollar_answers(ans) if row.get("is_multiple_answer") else [ans]
         return join_answers(parts) if len(parts) > 1 else normalize_gold(parts[0])
-    raise EvaluationError(f"unknown dataset {dataset!r}")
+    raise SuiteError(f"unknown dataset {dataset!r}")
 
 
 def data_file(dataset: str) -> Path:
@@ -77,7 +77,7 @@ def file_sha256(dataset: str) -> str:
 def load_problems(bench: Benchmark, limit: int | None = None) -> list[Problem]:
     path = data_file(bench.dataset)
     if not path.is_file():
-        raise EvaluationError(f"benchmark file missing: {path}")
+        raise SuiteError(f"benchmark file missing: {path}")
     out = []
     with path.open(encoding="utf-8") as f:
         for i, line in enumerate(f):
@@ -116,9 +116,9 @@ PRESETS = {
 def suite(name: str, preset: str = "paper") -> tuple[tuple[Benchmark, ...], int]:
     """The benchmarks of a suite under a preset, and the generation budget in tokens."""
     if name not in SUITES:
-        raise EvaluationError(f"unknown suite {name!r}; known: {', '.join(SUITES)}")
+        raise SuiteError(f"unknown suite {name!r}; known: {', '.join(SUITES)}")
     if preset not in PRESETS:
-        raise EvaluationError(f"unknown suite preset {preset!r}; known: {', '.join(PRESETS)}")
+        raise SuiteError(f"unknown suite preset {preset!r}; known: {', '.join(PRESETS)}")
     cap = PRESETS[preset]["max_samples"]
     benches = tuple(
         Benchmark(b.key, b.dataset, b.problem_field, min(b.n, cap), min(b.k, cap), b.temperature)

@@ -1,7 +1,6 @@
-"""Errors of the evaluators (one clear line in the CLI)."""
+"""Errors of the evaluators. They do not import the engine (layers point one way); the engine turns a
+:class:`SuiteError` into its own user-facing error."""
 
-from engine.errors import PoiseError
 
-
-class EvaluationError(PoiseError):
+class SuiteError(Exception):
     """A suite evaluation cannot run as asked (unknown suite/backend, missing model, no server...)."""

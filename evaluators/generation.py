@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from evaluators.errors import EvaluationError
+from evaluators.errors import SuiteError
 
 SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
 # The Qwen2.5-Math "qwen25-math-cot" prompt, for models and endpoints without a chat template.
@@ -118,7 +118,7 @@ class VLLMBackend(Backend):
             try:
                 from vllm import LLM
             except ImportError as exc:
-                raise EvaluationError(
+                raise SuiteError(
                     "the vllm backend needs vllm on a GPU machine: pip install 'poise-git[vllm]'"
                 ) from exc
             self._llm = LLM(**self.llm_kwargs)
@@ -166,10 +166,10 @@ class OpenAIBackend(Backend):
         max_retries: int = 2,
     ):
         if api not in ("auto", "chat", "completions"):
-            raise EvaluationError(f"unknown OpenAI api {api!r}: chat | completions | auto")
+            raise SuiteError(f"unknown OpenAI api {api!r}: chat | completions | auto")
         base_url = base_url or os.environ.get("OPENAI_BASE_URL")
         if not base_url:
-            raise EvaluationError(
+            raise SuiteError(
                 "the openai backend needs --base-url (or $OPENAI_BASE_URL), e.g. http://127.0.0.1:8000/v1"
             )
         from openai import OpenAI
@@ -231,11 +231,11 @@ class OpenAIBackend(Backend):
             try:
                 out = self._one(p, sampling)
             except openai.APIConnectionError as exc:
-                raise EvaluationError(
+                raise SuiteError(
                     f"cannot reach the OpenAI-compatible server at {self.base_url}: {exc}"
                 ) from None
             except openai.APIError as exc:
-                raise EvaluationError(
+                raise SuiteError(
                     f"the server at {self.base_url} refused a request: {exc}"
                 ) from None
             if progress:
@@ -268,7 +268,7 @@ class TransformersBackend(Backend):
             import torch
             from transformers import AutoModelForCausalLM, AutoTokenizer
         except ImportError as exc:  # pragma: no cover
-            raise EvaluationError(
+            raise SuiteError(
                 "the transformers backend needs torch and transformers installed"
             ) from exc
         try:
@@ -276,9 +276,7 @@ class TransformersBackend(Backend):
             kw = {"dtype": getattr(torch, dtype)} if dtype else {}
             self.model = AutoModelForCausalLM.from_pretrained(model, **kw)
         except (OSError, ValueError) as exc:
-            raise EvaluationError(
-                f"cannot load model {model!r}: {str(exc).splitlines()[0]}"
-            ) from None
+            raise SuiteError(f"cannot load model {model!r}: {str(exc).splitlines()[0]}") from None
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model.to(self.device).eval()
         self.tokenizer.padding_side = "left"
@@ -334,6 +332,6 @@ def make_backend(name: str, model: str, base_url: str | None = None, **kwargs) -
         return OpenAIBackend(model, base_url=base_url, **kwargs)
     if name == "transformers":
         return TransformersBackend(model, **kwargs)
-    raise EvaluationError(
+    raise SuiteError(
         f"unknown generation backend {name!r}; with --suite use one of {', '.join(BACKENDS)}"
     )

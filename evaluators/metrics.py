@@ -86,3 +86,15 @@ def bootstrap_intervals(
         ov = sum(w * boots[k] for k, w in OVERALL_WEIGHTS.items())
         out["overall"] = [float(v) for v in np.percentile(ov, q)]
     return out
+
+
+def metric_unit(key: str) -> str:
+    """The unit of a suite metric: benchmark scores and Overall in percentage points, lengths in words,
+    valid rates a fraction, grader failures a count."""
+    if key.endswith("mean_length"):
+        return "words"
+    if key.endswith("valid_rate"):
+        return "fraction"
+    if key == "grader_failures":
+        return "count"
+    return "percent"

@@ -1,21 +1,19 @@
-"""``evaluate_node_on_suite``: generate on a suite's benchmarks, grade in a process pool, score, record.
+"""``run_suite``: generate on a suite's benchmarks, grade in a process pool, score.
 
 Per benchmark: pass@k (unbiased, averaged over problems) or acc@1, in percentage points, with a 95%
 bootstrap interval over problems; Overall (weighted, see :mod:`evaluators.metrics`) with its interval
-from the same replicates; mean length in words. Recorded as the node's results.json and an MLflow run.
+from the same replicates; mean length in words. The engine records it on a node
+(``engine.operators.evaluate_suite``); this module knows nothing of archives.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import time
+from collections.abc import Callable
 from typing import Any
 
 from evaluators.benchmarks import Benchmark, file_sha256, load_problems
-from evaluators.benchmarks import suite as suite_spec
-from evaluators.errors import EvaluationError
-from evaluators.generation import BACKENDS, SYSTEM_PROMPT, Sampling, make_backend
+from evaluators.errors import SuiteError
+from evaluators.generation import SYSTEM_PROMPT, Sampling
 from evaluators.grading import GRADER_VERSION
 from evaluators.metrics import (
     OVERALL_WEIGHTS,
@@ -99,40 +97,37 @@ def run_suite(
     grade_workers: int | None = None,
     grade_timeout_s: float = 10.0,
     n_boot: int = 1000,
-    show_progress: bool = True,
+    on_progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, Any]:
-    """Generate, grade and score every benchmark; returns metrics, intervals, counts and samples."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    """Generate, grade and score every benchmark; returns metrics, intervals, counts and samples.
 
+    ``on_progress(stage, advance, total)`` is called as work completes (stage: ``generate KEY`` or
+    ``grade KEY``); the caller renders it."""
     from evaluators.pool import GraderPool
 
+    report = on_progress or (lambda _stage, _k, _total: None)
     problems = {b.key: load_problems(b, limit) for b in benches}
     results: dict[str, dict] = {}
     samples: list[dict] = []
-    cols = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    with (
-        Progress(*cols, disable=not show_progress, transient=True) as bar,
-        GraderPool(workers=grade_workers, timeout_s=grade_timeout_s) as pool,
-    ):
+    with GraderPool(workers=grade_workers, timeout_s=grade_timeout_s) as pool:
         for b in benches:
             probs = problems[b.key]
             sampling = Sampling(n=b.n, temperature=b.temperature, max_tokens=max_tokens, seed=seed)
-            t = bar.add_task(f"generate {b.key}", total=len(probs))
+            stage = f"generate {b.key}"
+            report(stage, 0, len(probs))
             completions = backend.generate(
-                [p.problem for p in probs], sampling, progress=lambda k, t=t: bar.advance(t, k)
+                [p.problem for p in probs],
+                sampling,
+                progress=lambda k, st=stage, n=len(probs): report(st, k, n),
             )
             if len(completions) != len(probs):
-                raise EvaluationError(
+                raise SuiteError(
                     f"{backend.name} returned {len(completions)} outputs for {len(probs)} prompts"
                 )
             pairs = [(p.gold, text) for p, texts in zip(probs, completions) for text in texts]
-            g = bar.add_task(f"grade {b.key}", total=len(pairs))
-            flat = pool.grade(pairs, progress=lambda k, g=g: bar.advance(g, k))
+            stage = f"grade {b.key}"
+            report(stage, 0, len(pairs))
+            flat = pool.grade(pairs, progress=lambda k, st=stage, n=len(pairs): report(st, k, n))
             grades, i = [], 0
             for texts in completions:
                 grades.append(flat[i : i + len(texts)])
@@ -181,165 +176,9 @@ def build_metrics(run: dict[str, Any]) -> dict[str, float]:
     return metrics
 
 
-def evaluate_node_on_suite(
-    archive,
-    name: str,
-    suite: str = "math6",
-    backend: str = "transformers",
-    model: str | None = None,
-    base_url: str | None = None,
-    limit: int | None = None,
-    *,
-    preset: str | None = None,
-    seed: int = 0,
-    grade_workers: int | None = None,
-    grade_timeout_s: float = 10.0,
-    n_boot: int = 1000,
-    backend_kwargs: dict | None = None,
-    show_progress: bool = True,
-) -> dict:
-    """Score ``model`` (trained with node ``name``'s algorithm) on ``suite`` and record the results on the
-    node (results.json, status evaluated | failed) and in an MLflow run. Returns the payload."""
-    import platform
+def protocol_hash(proto: dict[str, Any]) -> str:
+    """sha256 of every setting of a suite protocol (datasets by content hash, grader, prompt...)."""
+    import hashlib
+    import json
 
-    preset = {None: "paper", "default": "paper"}.get(preset, preset)
-    if backend not in BACKENDS:
-        raise EvaluationError(
-            f"with --suite, --backend must be one of {', '.join(BACKENDS)} (got {backend!r})"
-        )
-    if not model:
-        raise EvaluationError("a suite evaluation needs --model (a path, or the served model name)")
-    if limit is not None and limit < 1:
-        raise EvaluationError("--limit must be >= 1")
-    benches, max_tokens = suite_spec(suite, preset)
-    archive.node(name)  # unknown node: one clear error before anything runs
-    proto = protocol(suite, preset, benches, max_tokens, limit, grade_timeout_s, seed)
-    phash = hashlib.sha256(json.dumps(proto, sort_keys=True).encode()).hexdigest()
-    t0 = time.time()
-    gen = make_backend(backend, model, base_url=base_url, **(backend_kwargs or {}))
-    archive.set_status(name, "evaluating")
-    payload: dict[str, Any] = {
-        "backend": backend,
-        "suite": suite,
-        "model": model,
-        "generation": gen.describe(),
-        "protocol": proto,
-        "protocol_hash": phash,
-        "versions": _versions(),
-    }
-    try:
-        run = run_suite(
-            gen,
-            benches,
-            max_tokens,
-            limit=limit,
-            seed=seed,
-            grade_workers=grade_workers,
-            grade_timeout_s=grade_timeout_s,
-            n_boot=n_boot,
-            show_progress=show_progress,
-        )
-    except (
-        Exception,
-        KeyboardInterrupt,
-    ) as exc:  # the node must not stay "evaluating": record, then report
-        reason = (
-            str(exc)
-            if isinstance(exc, EvaluationError)
-            else f"{type(exc).__name__}: {exc}".rstrip(": ")
-        )
-        payload.update(
-            status="failed",
-            reason=reason[:2000],
-            metrics={},
-            wall_time_s=round(time.time() - t0, 3),
-        )
-        archive.record_results(name, payload, status="failed")
-        if isinstance(exc, EvaluationError):
-            return payload
-        raise
-    finally:
-        gen.close()
-    metrics = build_metrics(run)
-    counts = {
-        k: {
-            "problems": r["problems"],
-            "samples": r["samples"],
-            **{f"grader_{s}": c for s, c in r["grader_failures"].items()},
-        }
-        for k, r in run["benchmarks"].items()
-    }
-    payload.update(
-        status="evaluated",
-        metrics=metrics,
-        intervals=run["intervals"],
-        counts=counts,
-        grader={
-            "version": GRADER_VERSION,
-            "restarts": run["grader_restarts"],
-            "python": platform.python_version(),
-        },
-        wall_time_s=round(time.time() - t0, 3),
-    )
-    try:  # the scores are recorded on the node even when the tracking store is unreachable
-        payload["mlflow_run_ids"] = [_log_mlflow(archive, name, payload, run["samples"])]
-    except Exception as exc:  # noqa: BLE001
-        payload["mlflow_run_ids"] = []
-        payload["mlflow_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-    archive.record_results(name, payload, status="evaluated")
-    return payload
-
-
-def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {"grader": GRADER_VERSION}
-    for pkg in ("poise-git", "math-verify", "transformers", "vllm", "openai", "torch"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            pass
-    return out
-
-
-def _log_mlflow(archive, name: str, payload: dict, samples: list[dict]) -> str:
-    import gzip
-    import tempfile
-    from pathlib import Path
-
-    import mlflow
-
-    from engine.archive.tracking import node_run
-
-    tags = {
-        "poise.eval": "suite",
-        "poise.suite": payload["suite"],
-        "poise.backend": payload["backend"],
-        "poise.protocol_hash": payload["protocol_hash"],
-        "poise.grader": GRADER_VERSION,
-    }
-    with node_run(archive, name, run_name=f"{name}:{payload['suite']}", tags=tags) as run:
-        mlflow.log_params(
-            {
-                "suite": payload["suite"],
-                "backend": payload["backend"],
-                "model": payload["model"],
-                "preset": payload["protocol"]["preset"],
-                "limit": payload["protocol"]["limit"],
-                "max_tokens": payload["protocol"]["max_tokens"],
-                "grader_version": GRADER_VERSION,
-            }
-        )
-        mlflow.log_metrics({f"eval/{k}": float(v) for k, v in payload["metrics"].items()})
-        for k, (lo, hi) in payload["intervals"].items():
-            mlflow.log_metrics({f"eval/{k}/ci_low": lo, f"eval/{k}/ci_high": hi})
-        with tempfile.TemporaryDirectory() as d:
-            p = Path(d) / "samples.jsonl.gz"
-            with gzip.open(p, "wt", encoding="utf-8") as f:
-                for s in samples:
-                    f.write(json.dumps(s, ensure_ascii=False) + "\n")
-            mlflow.log_artifact(str(p), artifact_path="suite")
-            mlflow.log_dict(
-                {k: v for k, v in payload.items() if k != "mlflow_run_ids"}, "suite/results.json"
-            )
-        return run.info.run_id
+    return "sha256:" + hashlib.sha256(json.dumps(proto, sort_keys=True).encode()).hexdigest()

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from results_util import record
 
 from engine.archive.store import ALGORITHM, Archive, check_name
 from engine.errors import ArchiveError, EditError
@@ -109,7 +110,7 @@ def test_git_diff_is_meaningful(archive):
 def test_records_are_further_commits_never_rewrites(archive):
     archive.spawn("grpo", "dr", EDIT)
     first = archive.tip("dr")
-    archive.record_results("dr", {"overall": 0.51, "mean_length": 20})
+    record(archive, "dr", {"overall": 0.51, "mean_length": 20})
     archive.record_reflection("dr", "# Reflection\nentropy stayed high\n")
     log = git(archive.path, "log", "--format=%H", "poise/dr").split()
     assert (
@@ -124,12 +125,15 @@ def test_records_are_further_commits_never_rewrites(archive):
 
 
 def test_child_does_not_inherit_node_files(archive):
-    archive.record_results("grpo", {"overall": 0.4})
+    record(archive, "grpo", {"overall": 0.4})
     archive.record_reflection("grpo", "root reflection")
     archive.spawn("grpo", "c", EDIT)
     files = git(archive.path, "ls-tree", "-r", "--name-only", "poise/c").split()
-    assert "results.json" not in files and "REFLECTION.md" not in files
-    assert archive.node("c").results is None
+    assert not any(f.startswith("results/") for f in files) and "REFLECTION.md" not in files
+    assert "results/proxy/default.json" in git(
+        archive.path, "ls-tree", "-r", "--name-only", "poise/grpo"
+    )
+    assert archive.node("c").results == {} and archive.node("c").result is None
 
 
 def test_crossover_has_two_parents(archive):
@@ -218,11 +222,13 @@ def test_edit_errors_are_edit_errors(archive):
 _SPAWNER = """
 import sys
 sys.path.insert(0, {repo!r})
+sys.path.insert(0, {repo!r} + "/tests")
 from engine.archive.store import Archive
+from results_util import record
 arch = Archive({path!r})
 name = sys.argv[1]
 arch.spawn("grpo", name, "SCALE_" + name.replace("-", "_") + " = 1.0\\n", proposal="p " + name)
-arch.record_results("grpo", {{"overall": 0.1, "writer": float(name.split("-")[1])}})
+record(arch, "grpo", {{"overall": 0.1, "writer": float(name.split("-")[1]) / 10}})
 """
 
 
@@ -251,7 +257,7 @@ def test_eight_concurrent_spawners_all_succeed(archive, tmp_path):
 def test_clone_and_read_back(archive, tmp_path):
     archive.spawn("grpo", "a", EDIT, proposal="A")
     archive.spawn("a", "b", "BETA = 2.0\n")
-    archive.record_results("b", {"overall": 0.7})
+    record(archive, "b", {"overall": 0.7})
     clone = tmp_path / "clone"
     subprocess.run(
         ["git", "clone", "-q", "--mirror", str(archive.path), str(clone / ".git")], check=True
@@ -290,11 +296,22 @@ def test_cli_tour(archive, cli, tmp_path):
     )
     res = tmp_path / "r.json"
     res.write_text(json.dumps({"overall": 47.8, "mean_length": 812}))
-    assert cli("record", "dr", "--results", str(res), "--archive", a).returncode == 0
+    rec = ("record", "dr", "--results", str(res), "--protocol", "lab/math6", "--unit", "percent")
+    assert cli(*rec, "--archive", a).returncode != 0  # mean_length 812 is no percentage
+    res.write_text(
+        json.dumps(
+            {"metrics": {"overall": 47.8, "mean_length": 812}, "units": {"mean_length": "words"}}
+        )
+    )
+    assert cli(*rec, "--archive", a).returncode == 0
     p = cli("log", "--archive", a)
     assert p.returncode == 0 and "grpo" in p.stdout and "└── dr" in p.stdout and "47.8" in p.stdout
+    assert "lab/math6" in p.stdout  # labelled with its protocol: not the experiment's proxy/default
     data = json.loads(cli("log", "--json", "-C", a).stdout)
-    assert [r["node"] for r in data] == ["grpo", "dr"] and data[1]["overall"] == 47.8
+    assert [r["node"] for r in data] == ["grpo", "dr"] and data[1]["overall"] is None
+    assert data[1]["results"]["lab/math6"] == {"status": "evaluated", "overall": 47.8}
+    data = json.loads(cli("log", "--json", "--protocol", "lab/math6", "-C", a).stdout)
+    assert data[1]["overall"] == 47.8
     p = cli("show", "dr", "-C", a)
     assert (
         p.returncode == 0
@@ -309,7 +326,7 @@ def test_cli_tour(archive, cli, tmp_path):
         and "PROPOSAL.md" not in p.stdout
     )
     p = cli("diff", "grpo", "dr", "--all", "-C", a)
-    assert "PROPOSAL.md" in p.stdout and "results.json" in p.stdout
+    assert "PROPOSAL.md" in p.stdout and "results/lab/math6.json" in p.stdout
     # --archive defaults to the current directory, like git.
     p = cli("log", cwd=archive.path)
     assert p.returncode == 0 and "dr" in p.stdout

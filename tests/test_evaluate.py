@@ -46,17 +46,18 @@ def test_evaluate_records_results_on_the_branch_and_mlflow(exp):
     from engine.operators.evaluate import evaluate_node
 
     events = []
-    payload = evaluate_node(exp, "grpo", seeds=2, preset="smoke", on_event=events.append)
-    assert payload["status"] == "evaluated", payload.get("reason")
+    result = evaluate_node(exp, "grpo", seeds=2, preset="smoke", on_event=events.append)
+    assert result.status == "evaluated", result.reason
     node = Archive(exp.path).node("grpo")  # read back from git alone
-    assert node.status == "evaluated" and node.results == json.loads(json.dumps(payload))
+    assert node.status == "evaluated" and node.results["proxy/smoke"] == result
     blob = subprocess.run(
-        ["git", "-C", str(exp.path), "show", "poise/grpo:results.json"],
+        ["git", "-C", str(exp.path), "show", "poise/grpo:results/proxy/smoke.json"],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
     res = json.loads(blob)
+    assert res["schema"] == "poise.result/2" and res["status"] == "evaluated"
     m = res["metrics"]
     for key in (
         "overall",
@@ -68,19 +69,22 @@ def test_evaluate_records_results_on_the_branch_and_mlflow(exp):
         "easy/acc@1",
     ):
         assert key in m and 0 <= m[key] <= (100 if key == "mean_length" else 1)
+        assert res["units"][key] == ("tokens" if key == "mean_length" else "fraction")
     lo, hi = res["intervals"]["overall"]
-    assert lo <= m["overall"] <= hi
+    assert lo <= m["overall"] <= hi and "Student-t" in res["interval_kind"]
+    proto = res["protocol"]
+    assert res["seeds"] == [0, 1] and len(res["per_seed"]) == 2 and res["utility"] == "overall"
+    assert proto["id"] == "proxy/smoke" and proto["hash"].startswith("sha256:")
     assert (
-        res["seeds"] == [0, 1]
-        and len(res["per_seed"]) == 2
-        and res["protocol_hash"].startswith("sha256:")
+        proto["backend"] == "proxy" and res["details"]["versions"]["torch"] and res["node_commit"]
     )
-    assert res["backend"] == "proxy" and res["versions"]["torch"] and res["node_commit"]
-    assert len(res["trajectory"]["step"]) == res["protocol"]["rl"]["steps"] <= 100
+    assert len(res["trajectory"]["step"]) == proto["settings"]["rl"]["steps"] <= 100
     assert {"train/reward_mean", "train/entropy", "train/kl", "train/adv_std"} <= set(
         res["trajectory"]
     )
-    assert "Poise-Overall" in node.trailers and exp.fsck()
+    assert node.trailer("Poise-Results") == "proxy/smoke" and exp.fsck()
+    # the smoke result is not compared under the experiment's protocol (proxy/default)
+    assert node.result is None and Archive(exp.path).nodes("proxy/smoke")["grpo"].evaluated
     assert any("seed 1" in e for e in events)
     # MLflow: one run per seed in the archive's SQLite store, tagged and with batched step metrics
     assert tracking_uri(exp.path).startswith("sqlite:///") and (exp.path / "mlflow.db").is_file()
@@ -96,20 +100,18 @@ def test_evaluate_records_results_on_the_branch_and_mlflow(exp):
     hist = MlflowClient(tracking_uri(exp.path)).get_metric_history(
         runs[0].info.run_id, "train/reward_mean"
     )
-    assert len(hist) == res["protocol"]["rl"]["steps"]
+    assert len(hist) == proto["settings"]["rl"]["steps"]
 
 
 def test_broken_candidate_is_recorded_as_failed(exp):
     from engine.archive.tracking import find_runs
     from engine.operators.evaluate import evaluate_node
 
-    payload = evaluate_node(exp, "broken", seeds=1, preset="smoke")
-    assert payload["status"] == "failed"
-    assert (
-        "compute_advantages raised RuntimeError: deliberately broken mechanism" in payload["reason"]
-    )
+    result = evaluate_node(exp, "broken", seeds=1, preset="smoke")
+    assert result.status == "failed"
+    assert "compute_advantages raised RuntimeError: deliberately broken mechanism" in result.reason
     node = Archive(exp.path).node("broken")
-    assert node.status == "failed" and node.results["reason"] == payload["reason"]
+    assert node.status == "failed" and node.results["proxy/smoke"].reason == result.reason
     assert "deliberately broken" in node.trailer("Poise-Reason")
     runs = find_runs(exp, "broken")
     assert len(runs) == 1 and runs[0].data.tags["poise.status"] == "failed"
@@ -169,7 +171,7 @@ def test_cli_evaluate_smoke(exp, cli):
     )
     assert out.returncode == 0, out.stderr + out.stdout
     assert "drgrpo evaluated" in out.stdout and "overall" in out.stdout
-    node = Archive(exp.path).node("drgrpo")
+    node = Archive(exp.path).nodes("proxy/smoke")["drgrpo"]
     assert node.status == "evaluated" and node.overall is not None
     bad = cli(
         "evaluate",

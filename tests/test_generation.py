@@ -10,8 +10,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from engine.errors import EvaluationError
 from evaluators.benchmarks import SUITES, load_problems
-from evaluators.errors import EvaluationError
+from evaluators.errors import SuiteError
 from evaluators.generation import (
     QWEN25_MATH_COT,
     SYSTEM_PROMPT,
@@ -112,7 +113,7 @@ def test_vllm_missing_is_one_clear_error():
         pytest.skip("vllm is installed")
     except ImportError:
         pass
-    with pytest.raises(EvaluationError, match="pip install"):
+    with pytest.raises(SuiteError, match="pip install"):
         VLLMBackend("m").llm()
 
 
@@ -225,10 +226,10 @@ def _scripted(limit=2):
 
 def test_openai_backend_suite_recorded_on_node_and_mlflow(archive):
     from engine.archive.tracking import find_runs
-    from evaluators.suite import evaluate_node_on_suite
+    from engine.operators.evaluate_suite import evaluate_node_on_suite
 
     with _Server(*_scripted()) as srv:
-        payload = evaluate_node_on_suite(
+        result = evaluate_node_on_suite(
             archive,
             "grpo",
             backend="openai",
@@ -236,10 +237,9 @@ def test_openai_backend_suite_recorded_on_node_and_mlflow(archive):
             base_url=srv.url,
             limit=2,
             n_boot=200,
-            show_progress=False,
         )
-    assert payload["status"] == "evaluated", payload.get("reason")
-    m = payload["metrics"]
+    assert result.status == "evaluated", result.reason
+    m = result.metrics
     for (
         k
     ) in OVERALL_WEIGHTS:  # pass@32 with 1/32 correct on one problem of two -> 50; acc@1 likewise
@@ -249,12 +249,14 @@ def test_openai_backend_suite_recorded_on_node_and_mlflow(archive):
         "math500/mean_accuracy"
     ] == pytest.approx(50.0)
     assert m["valid_rate"] == pytest.approx(1.0) and m["mean_length"] > 3
-    assert payload["counts"]["aime24"] == {"problems": 2, "samples": 64}
-    assert payload["counts"]["minerva"] == {"problems": 2, "samples": 2}
-    assert set(payload["intervals"]) == set(OVERALL_WEIGHTS) | {"overall"}
+    assert result.details["counts"]["aime24"] == {"problems": 2, "samples": 64}
+    assert result.details["counts"]["minerva"] == {"problems": 2, "samples": 2}
+    assert set(result.intervals) == set(OVERALL_WEIGHTS) | {"overall"}
+    assert result.protocol.id == "math6/paper" and result.protocol.hash.startswith("sha256:")
+    assert result.unit("overall") == "percent" and result.unit("mean_length") == "words"
     assert (
-        payload["protocol"]["benchmarks"]["aime25"]["metric"] == "pass@32"
-        and payload["versions"]["grader"]
+        result.protocol.settings["benchmarks"]["aime25"]["metric"] == "pass@32"
+        and result.details["versions"]["grader"]
     )
     # requests: the paper's sampling through the chat endpoint, system prompt included
     paths = {p for p, _ in srv.requests}
@@ -267,13 +269,12 @@ def test_openai_backend_suite_recorded_on_node_and_mlflow(archive):
     assert all(
         b["messages"][0] == {"role": "system", "content": SYSTEM_PROMPT} for b in aime + greedy
     )
-    node = archive.node("grpo")
+    node = archive.nodes("math6/paper")["grpo"]
     assert node.status == "evaluated" and node.overall == pytest.approx(50.0)
-    assert (
-        node.results["intervals"]["overall"][0] <= 50.0 <= node.results["intervals"]["overall"][1]
-    )
+    lo, hi = node.result.interval("overall")
+    assert lo <= 50.0 <= hi
     runs = find_runs(archive, "grpo")
-    assert [r.info.run_id for r in runs] == payload["mlflow_run_ids"]
+    assert [r.info.run_id for r in runs] == list(result.mlflow_run_ids)
     assert runs[0].data.metrics["eval/overall"] == pytest.approx(50.0)
     assert runs[0].data.tags["poise.suite"] == "math6"
     assert archive.fsck()
@@ -300,30 +301,29 @@ def test_openai_backend_falls_back_to_completions():
 def test_unreachable_server_marks_node_failed(archive):
     import socket
 
-    from evaluators.suite import evaluate_node_on_suite
+    from engine.operators.evaluate_suite import evaluate_node_on_suite
 
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
-    payload = evaluate_node_on_suite(
+    result = evaluate_node_on_suite(
         archive,
         "grpo",
         backend="openai",
         model="m",
         base_url=f"http://127.0.0.1:{port}/v1",
         limit=1,
-        show_progress=False,
         backend_kwargs={"max_retries": 0},
     )
-    assert payload["status"] == "failed" and "cannot reach" in payload["reason"]
+    assert result.status == "failed" and "cannot reach" in result.reason
     node = archive.node("grpo")
-    assert node.status == "failed" and node.results["status"] == "failed"
+    assert node.status == "failed" and node.results["math6/paper"].status == "failed"
     assert archive.fsck()
 
 
 def test_bad_input_is_rejected_before_the_archive_changes(archive):
-    from evaluators.suite import evaluate_node_on_suite
+    from engine.operators.evaluate_suite import evaluate_node_on_suite
 
     tip = archive.tip("grpo")
     for kwargs, msg in [
@@ -359,22 +359,22 @@ def test_cli_evaluate_suite_on_tiny_model(archive, tiny, cli):
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "grpo" in r.stdout and "evaluated" in r.stdout
-    node = archive.node("grpo")
-    res = node.results
+    res = archive.node("grpo").results["math6/smoke"]
+    assert res.protocol.settings["suite"] == "math6" and res.protocol.preset == "smoke"
+    assert res.protocol.settings["limit"] == 1
     assert (
-        res["suite"] == "math6"
-        and res["protocol"]["preset"] == "smoke"
-        and res["protocol"]["limit"] == 1
+        res.details["counts"]["aime24"] == {"problems": 1, "samples": 2}
+        and res.details["counts"]["math500"]["samples"] == 1
     )
-    assert (
-        res["counts"]["aime24"] == {"problems": 1, "samples": 2}
-        and res["counts"]["math500"]["samples"] == 1
-    )
-    assert set(OVERALL_WEIGHTS) <= set(res["metrics"]) and 0 < res["metrics"]["mean_length"] <= 24
-    assert 0.0 <= res["metrics"]["overall"] <= 100.0 and set(res["intervals"]) == set(
-        OVERALL_WEIGHTS
-    ) | {"overall"}
-    assert res["generation"] == {"backend": "transformers", "model": str(tiny), "device": "cpu"}
+    assert set(OVERALL_WEIGHTS) <= set(res.metrics) and 0 < res.metrics["mean_length"] <= 24
+    assert 0.0 <= res.metrics["overall"] <= 100.0 and set(res.intervals) == set(OVERALL_WEIGHTS) | {
+        "overall"
+    }
+    assert res.details["generation"] == {
+        "backend": "transformers",
+        "model": str(tiny),
+        "device": "cpu",
+    }
     bad = cli("evaluate", "grpo", "--suite", "math6", "--model", str(tiny), "-C", str(archive.path))
     assert (
         bad.returncode == 1
@@ -384,12 +384,12 @@ def test_cli_evaluate_suite_on_tiny_model(archive, tiny, cli):
 
 
 def test_scores_are_recorded_when_mlflow_is_unreachable(archive, monkeypatch, tmp_path):
-    from evaluators.suite import evaluate_node_on_suite
+    from engine.operators.evaluate_suite import evaluate_node_on_suite
 
     (tmp_path / "a-file").write_text("not a directory")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/a-file/mlflow.db")
     with _Server(*_scripted(limit=1)) as srv:
-        payload = evaluate_node_on_suite(
+        result = evaluate_node_on_suite(
             archive,
             "grpo",
             backend="openai",
@@ -397,12 +397,7 @@ def test_scores_are_recorded_when_mlflow_is_unreachable(archive, monkeypatch, tm
             base_url=srv.url,
             limit=1,
             n_boot=50,
-            show_progress=False,
         )
-    assert (
-        payload["status"] == "evaluated"
-        and payload["mlflow_run_ids"] == []
-        and payload["mlflow_error"]
-    )
-    node = archive.node("grpo")
+    assert result.ok and result.mlflow_run_ids == () and result.details["mlflow_error"]
+    node = archive.nodes("math6/paper")["grpo"]
     assert node.status == "evaluated" and node.overall == pytest.approx(100.0)

@@ -23,7 +23,8 @@ def adv(body: str, head: str = "") -> str:
 
 def loss_edit(tail: str) -> str:
     return (
-        "def policy_loss(log_prob, old_log_prob, advantages, response_mask, cfg, ref_log_prob=None, entropy=None):\n"
+        "def policy_loss(log_prob, old_log_prob, advantages, response_mask, cfg,\n"
+        "                ref_log_prob=None, entropy=None, state=None):\n"
         "    pg, _ = ppo_clip_loss(log_prob, old_log_prob, advantages, cfg.clip_ratio_low, cfg.clip_ratio_high)\n"
         "    loss = agg_loss(pg, response_mask, cfg.loss_agg_mode)\n" + tail
     )

@@ -158,11 +158,11 @@ def outcomes(lab):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_hostile_evaluation_leaves_the_node_failed_with_its_reason(lab, outcomes, name):
-    payload = outcomes[name]
-    node = Archive(lab.path).node(name)
-    assert payload["status"] == "failed" and CASES[name][1] in payload["reason"], payload["reason"]
+    result = outcomes[name]
+    node = Archive(lab.path).nodes("proxy/smoke")[name]
+    assert result.status == "failed" and CASES[name][1] in result.reason, result.reason
     assert node.status == "failed" and CASES[name][1] in node.trailer("Poise-Reason")
-    assert not payload["metrics"] and node.overall is None
+    assert not result.metrics and node.overall is None
     assert all(n.status != "evaluating" for n in Archive(lab.path).nodes().values())
     assert lab.fsck()
 
@@ -171,9 +171,9 @@ def test_hostile_evaluation_leaves_the_node_failed_with_its_reason(lab, outcomes
 def test_patched_harness_changes_no_number(lab, outcomes):
     """The candidate replaced the harness's own evaluation (and skipped training) in its process:
     the numbers are the trusted scorer's, of the untrained warm start."""
-    payload = outcomes["patched-harness"]
-    assert payload["status"] == "evaluated", payload.get("reason")
-    m = payload["metrics"]
+    result = outcomes["patched-harness"]
+    assert result.status == "evaluated", result.reason
+    m = result.metrics
     assert m["overall"] != 0.99 and 0.0 < m["overall"] < 0.9 and "hard/pass@8" in m
     assert not list(REPO.glob("seed*.json")) and not os.path.exists("/tmp/seed0.json")
 

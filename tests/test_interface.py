@@ -268,3 +268,38 @@ def test_rollout_batch_lazy_lengths_checked_like_eager():
         RolloutBatch(*args, lambda: torch.ones(3, 1, dtype=torch.long)).lengths
     with pytest.raises(ValueError, match="must return a Tensor"):
         RolloutBatch(*args, lambda: [1, 2, 3]).lengths
+
+
+def test_training_state_reaches_policy_losses_that_take_it():
+    from trainer_template.interface import TrainingState, call_policy_loss
+
+    seen = {}
+
+    def new_style(
+        log_prob,
+        old_log_prob,
+        advantages,
+        response_mask,
+        cfg,
+        ref_log_prob=None,
+        entropy=None,
+        state=None,
+    ):
+        seen["state"] = state
+        return log_prob.sum(), {}
+
+    def old_style(
+        log_prob, old_log_prob, advantages, response_mask, cfg, ref_log_prob=None, entropy=None
+    ):
+        return log_prob.sum() * 2, {}
+
+    x = torch.ones(2, 3)
+    st = TrainingState(progress=0.25, step=3, total_steps=13, entropy=0.4)
+    loss, _ = call_policy_loss(new_style, x, x, x, x, None, state=st)
+    assert seen["state"] is st and float(loss) == 6.0
+    loss, _ = call_policy_loss(
+        old_style, x, x, x, x, None, state=st
+    )  # no `state` parameter: not passed
+    assert float(loss) == 12.0
+    with pytest.raises(ValueError, match="progress"):
+        TrainingState(progress=1.5)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from results_util import record
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -216,7 +217,7 @@ def test_kill_9_then_resume_finishes_without_duplicates(evaluated_root, tmp_path
 def test_hung_candidate_is_cut_off_by_the_limit(archive):
     from engine.loop.executor import EvalJob, LocalExecutor
 
-    archive.record_results("grpo", {"overall": 0.5})
+    record(archive, "grpo", {"overall": 0.5})
     edit = (
         "def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:\n"
         "    while True:\n        pass\n"

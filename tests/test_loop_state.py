@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from results_util import record
 
 from engine.errors import ConfigError
 from engine.loop.budget import Budget, Usage, exhausted
@@ -73,7 +74,7 @@ def test_pending_work_follows_the_status_machine(archive):
 
     nodes = archive.nodes()
     assert pending_work(archive, nodes).evaluate == ["grpo"]  # the root is evaluated first
-    archive.record_results("grpo", {"overall": 0.5})
+    record(archive, "grpo", {"overall": 0.5})
     archive.spawn("grpo", "a", trailers={"Poise-Round": "1"})  # spawned -> verify
     archive.spawn(
         "grpo", "b", trailers={"Poise-Round": "1"}, status="verified"
@@ -81,9 +82,9 @@ def test_pending_work_follows_the_status_machine(archive):
     archive.spawn("grpo", "c", trailers={"Poise-Round": "1"}, status="verified")
     archive.set_status("c", "evaluating")  # evaluating -> evaluate
     archive.spawn("grpo", "d", trailers={"Poise-Round": "1"}, status="verified")
-    archive.record_results("d", {"overall": 0.6})  # evaluated -> reflect
+    record(archive, "d", {"overall": 0.6})  # evaluated -> reflect
     archive.spawn("grpo", "e", trailers={"Poise-Round": "1"}, status="verified")
-    archive.record_results("e", {"overall": 0.4})
+    record(archive, "e", {"overall": 0.4})
     archive.record_reflection("e", "# fine\n")  # done
     archive.spawn("grpo", "f", trailers={"Poise-Round": "1"})
     archive.set_status("f", "rejected", reason="imports os")  # done
@@ -137,7 +138,8 @@ def test_executor_records_a_crashed_evaluation_as_failed(archive):
     node = archive.node("ghost-backend")
     assert out.status == "failed" and node.status == "failed"
     assert node.trailer("Poise-Reason") and out.reason
-    assert node.results["status"] == "failed"
+    (res,) = node.results.values()  # under the job's own protocol, not the experiment's
+    assert res.status == "failed" and res.source == "loop" and res.reason
     assert archive.fsck()
 
 

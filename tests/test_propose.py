@@ -9,6 +9,7 @@ from pathlib import Path
 
 import openai_server  # tests/openai_server.py (tests/ is on pythonpath)
 import pytest
+from results_util import record
 
 from engine.archive.store import Archive
 from engine.errors import PoiseError
@@ -130,7 +131,7 @@ def test_context_tiers(archive):
         ("d", "c", 0.20),
     ):
         archive.spawn(parent, name, proposal=f"# {name}\n\n## Mechanism\nmechanism of {name}\n")
-        archive.record_results(name, {"overall": overall, "mean_length": 100 * overall})
+        record(archive, name, {"overall": overall, "mean_length": 100 * overall})
     archive.spawn("grpo", "bad", "import os\n", proposal="# bad\n")
     archive.set_status("bad", "rejected", "static check: import of 'os' is not allowed")
     ctx = build_context(archive, "a", cfg, seed=0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import openai_server  # tests/openai_server.py (tests/ is on pythonpath)
 import pytest
+from results_util import proxy_result, record
 
 from engine.config import LLMConfig
 from engine.errors import PoiseError
@@ -55,18 +56,26 @@ def test_trajectory_diagnostics():
 
 def test_metric_diagnostics_intervals():
     findings, rows = metric_diagnostics(
-        results(0.60, 0.57, 0.63, {}), results(0.50, 0.47, 0.53, {})
+        proxy_result(results(0.60, 0.57, 0.63, {})), proxy_result(results(0.50, 0.47, 0.53, {}))
     )
     assert any("overall 0.5 -> 0.6" in f and "beyond" in f for f in findings)
     assert ("overall", 0.60, 0.50, pytest.approx(0.10), True) in rows
-    findings, _ = metric_diagnostics(results(0.51, 0.47, 0.55, {}), results(0.50, 0.46, 0.54, {}))
+    findings, _ = metric_diagnostics(
+        proxy_result(results(0.51, 0.47, 0.55, {})), proxy_result(results(0.50, 0.46, 0.54, {}))
+    )
     assert findings[0] == "no metric moved beyond its 95% interval"
+    # a parent measured under another protocol (the smoke preset) is not compared with
+    findings, _ = metric_diagnostics(
+        proxy_result(results(0.61, 0.58, 0.64, {})),
+        proxy_result(results(0.50, 0.47, 0.53, {}), preset="smoke"),
+    )
+    assert "not compared" in findings[0] and "proxy/smoke" in findings[0]
 
 
 def test_reflect_command_commits_reflection(archive, cli):
-    archive.record_results("grpo", results(0.50, 0.47, 0.53, HEALTHY))
+    record(archive, "grpo", results(0.50, 0.47, 0.53, HEALTHY))
     archive.spawn("grpo", "kid", proposal="# kid\n")
-    archive.record_results("kid", results(0.40, 0.37, 0.43, SICK, valid=0.72, length=440.0))
+    record(archive, "kid", results(0.40, 0.37, 0.43, SICK, valid=0.72, length=440.0))
     r = cli("reflect", "kid", "--no-llm", "-C", str(archive.path))
     assert r.returncode == 0, r.stderr
     text = archive.read_file("kid", "REFLECTION.md")
@@ -87,11 +96,11 @@ def test_llm_narrative_and_mlflow(archive, monkeypatch, tmp_path):
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setenv("POISE_TEST_KEY", "sk-test")
-    archive.record_results("grpo", results(0.50, 0.47, 0.53, HEALTHY))
+    record(archive, "grpo", results(0.50, 0.47, 0.53, HEALTHY))
     archive.spawn("grpo", "kid", "def helper_scale():\n    return 2.0\n", proposal="# kid\n")
     with node_run(archive, "kid") as run:
         run_id = run.info.run_id
-    archive.record_results("kid", results(0.40, 0.37, 0.43, SICK, run_ids=[run_id]))
+    record(archive, "kid", results(0.40, 0.37, 0.43, SICK, run_ids=[run_id]))
     S = openai_server
     with S.ScriptedOpenAI(
         ["The helper doubles the scale, which sharpens updates and collapses entropy."]

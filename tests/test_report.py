@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from results_util import record
 
 STEPS = list(range(0, 50, 5))
 
@@ -41,24 +42,23 @@ def _build(tmp_path: Path):
     from engine.archive.store import Archive
 
     arch = Archive.init(tmp_path / "exp")
-    arch.record_results("grpo", _payload(0.50, 0.02, 22.0))
+    record(arch, "grpo", _payload(0.50, 0.02, 22.0))
     arch.spawn(
         "grpo",
         "dr-grpo",
         trailers={"Poise-Round": "1", "Poise-Proposer": "offline"},
         status="verified",
     )
-    arch.record_results("dr-grpo", _payload(0.60, 0.02, 18.0, 0.03))  # clears the root's interval
+    record(arch, "dr-grpo", _payload(0.60, 0.02, 18.0, 0.03))  # clears the root's interval
     arch.spawn("grpo", "clip-higher", trailers={"Poise-Round": "1"}, status="verified")
-    arch.record_results("clip-higher", _payload(0.52, 0.03, 25.0))  # overlaps: within noise
+    record(arch, "clip-higher", _payload(0.52, 0.03, 25.0))  # overlaps: within noise
     arch.spawn("dr-grpo", "dr-grpo-kl", trailers={"Poise-Round": "2"}, status="verified")
-    arch.record_results(
-        "dr-grpo-kl", _payload(0.40, 0.02, 15.0, -0.01)
-    )  # below the parent's interval
+    record(arch, "dr-grpo-kl", _payload(0.40, 0.02, 15.0, -0.01))  # below the parent's interval
     arch.spawn("dr-grpo", "no-iv", trailers={"Poise-Round": "2"}, status="verified")
-    arch.record_results("no-iv", _payload(0.61, None, 19.0))  # one seed: no interval
+    record(arch, "no-iv", _payload(0.61, None, 19.0))  # one seed: no interval
     arch.spawn("clip-higher", "broken", trailers={"Poise-Round": "2"}, status="verified")
-    arch.record_results(
+    record(
+        arch,
         "broken",
         {"status": "failed", "reason": "NaN loss at step 3", "metrics": {}},
         status="failed",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from results_util import record
 
 from engine.archive.store import Archive
 from engine.config import Config, ExperimentConfig, SelectConfig
@@ -35,14 +36,30 @@ def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tenso
 '''
 
 
-def record(arch: Archive, node: str, tmp_path, via_cli: bool = False, **metrics) -> None:
-    """``poise-git record`` (the real CLI) or the library call it makes (faster, for bigger lineages)."""
+LAB = "lab-eval/v1"
+"""the protocol of the externally recorded lineage (its archive ranks under it)"""
+
+
+def put(arch: Archive, node: str, tmp_path, via_cli: bool = False, **metrics) -> None:
+    """``poise-git record --protocol lab-eval/v1`` (the real CLI, for an archive configured to rank
+    under that protocol) or a typed proxy result (faster, for bigger lineages)."""
     if not via_cli:
-        arch.record_results(node, metrics)
+        record(arch, node, metrics)
         return
     f = tmp_path / f"{node}.json"
     f.write_text(json.dumps(metrics))
-    r = run_cli("record", node, "--results", str(f), "--archive", str(arch.path))
+    r = run_cli(
+        "record",
+        node,
+        "--results",
+        str(f),
+        "--protocol",
+        LAB,
+        "--unit",
+        "fraction",
+        "--archive",
+        str(arch.path),
+    )
     assert r.returncode == 0, r.stderr
 
 
@@ -62,14 +79,18 @@ def lineage(tmp_path_factory):
     spec.loader.exec_module(mod)
     run_cli = mod.run_cli
     tmp_path = tmp_path_factory.mktemp("lineage")
-    archive = Archive.init(tmp_path / "exp")
-    record(archive, "grpo", tmp_path, via_cli=True, overall=0.40)
+    from engine.config import DEFAULT_TOML
+
+    toml = DEFAULT_TOML.replace('# protocol = "proxy/default"', f'protocol = "{LAB}"')
+    assert f'protocol = "{LAB}"' in toml
+    archive = Archive.init(tmp_path / "exp", config_toml=toml)
+    put(archive, "grpo", tmp_path, via_cli=True, overall=0.40)
     for n in ("A", "B"):
         spawn(archive, "grpo", n)
-        record(archive, n, tmp_path, via_cli=True, overall=0.50)
+        put(archive, n, tmp_path, via_cli=True, overall=0.50)
     for n, p, u in (("A1", "A", 0.60), ("A2", "A", 0.55), ("B1", "B", 0.45)):
         spawn(archive, p, n)
-        record(archive, n, tmp_path, via_cli=True, overall=u)
+        put(archive, n, tmp_path, via_cli=True, overall=u)
     return archive
 
 
@@ -138,9 +159,9 @@ def test_default_objectives_and_length_directive(archive, tmp_path):
         ("math/acc@1", 1.0),
     ]
     assert default_objectives(ms, "overall", 1e-3)[-1] == ("mean_length", -1.0)
-    record(archive, "grpo", tmp_path, overall=0.5, mean_length=300)
+    put(archive, "grpo", tmp_path, overall=0.5, mean_length=300)
     spawn(archive, "grpo", "short")
-    record(archive, "short", tmp_path, overall=0.45, mean_length=100)
+    put(archive, "short", tmp_path, overall=0.45, mean_length=100)
     cfg = Config(experiment=ExperimentConfig(pareto_objectives=("overall", "-mean_length")))
     sel = select_parents(archive, cfg, k=2)
     assert sel.row("short")["pareto"] == 1.0 and sel.row("grpo")["pareto"] == 1.0
@@ -150,12 +171,12 @@ def test_default_objectives_and_length_directive(archive, tmp_path):
 
 
 def test_determinism_and_diversity(archive, tmp_path):
-    record(archive, "grpo", tmp_path, overall=0.40)
+    put(archive, "grpo", tmp_path, overall=0.40)
     rng = np.random.default_rng(0)
     for i in range(12):
         parent = "grpo" if i < 4 else f"n{rng.integers(0, i)}"
         spawn(archive, parent, f"n{i}", edit=EDIT.format(i=i, scale=1 + i % 3))
-        record(archive, f"n{i}", tmp_path, overall=float(np.round(rng.uniform(0.3, 0.6), 3)))
+        put(archive, f"n{i}", tmp_path, overall=float(np.round(rng.uniform(0.3, 0.6), 3)))
     a = select_parents(archive, k=3, seed=7)
     b = select_parents(archive, k=3, seed=7)
     assert a.chosen == b.chosen and a.rows == b.rows and len(set(a.chosen)) == 3
@@ -171,14 +192,12 @@ def test_determinism_and_diversity(archive, tmp_path):
 def test_unevaluated_and_failed_nodes(archive, tmp_path):
     sel = select_parents(archive)  # fresh archive: the unevaluated root is the only choice
     assert sel.chosen == ["grpo"] and "fallback" in sel.params
-    record(archive, "grpo", tmp_path, overall=0.4)
+    put(archive, "grpo", tmp_path, overall=0.4)
     spawn(archive, "grpo", "pending")
     spawn(archive, "grpo", "broken")
     archive.set_status("broken", "rejected", reason="static check failed")
     spawn(archive, "grpo", "crash")
-    archive.record_results(
-        "crash", {"metrics": {"overall": 0.9}, "status": "failed", "reason": "oom"}
-    )
+    record(archive, "crash", {"metrics": {"overall": 0.9}, "status": "failed", "reason": "oom"})
     sel = select_parents(archive, k=3)
     assert sel.chosen == ["grpo"]
     rows = {r["node"]: r for r in sel.rows}
@@ -210,10 +229,10 @@ def test_select_cli_json_schema(lineage):
 def test_retrospect_rounds(archive, tmp_path):
     """Round 1 ranks A over B (below the root), but B's line wins later: a miss; round 2 is a hit;
     round 0 has a single parent and is not judged."""
-    record(archive, "grpo", tmp_path, overall=0.40)
+    put(archive, "grpo", tmp_path, overall=0.40)
     for n, u in (("A", 0.50), ("B", 0.35)):
         spawn(archive, "grpo", n, trailers={"Poise-Round": "0"})
-        record(archive, n, tmp_path, overall=u)
+        put(archive, n, tmp_path, overall=u)
     r1 = {"A": ("1", "0.9"), "B": ("2", "0.7")}
     for n, p, u in (("A1", "A", 0.52), ("B1", "B", 0.45)):
         rank, score = r1[p]
@@ -227,7 +246,7 @@ def test_retrospect_rounds(archive, tmp_path):
                 "Poise-Selection-Score": score,
             },
         )
-        record(archive, n, tmp_path, overall=u)
+        put(archive, n, tmp_path, overall=u)
     for n, p, rank, u in (("B2", "B1", "1", 0.58), ("A1a", "A1", "2", 0.50)):
         spawn(
             archive,
@@ -239,7 +258,7 @@ def test_retrospect_rounds(archive, tmp_path):
                 "Poise-Selection-Score": "0.5",
             },
         )
-        record(archive, n, tmp_path, overall=u)
+        put(archive, n, tmp_path, overall=u)
     rep = retrospect(archive)
     by = {r["round"]: r for r in rep["rounds"]}
     assert by[1]["top_parent"] == "A" and by[1]["best_parent"] == "B" and by[1]["hit"] is False

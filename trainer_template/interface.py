@@ -4,7 +4,10 @@ A candidate's ``algorithm.py`` defines exactly two functions with these signatur
 
     compute_advantages(batch: RolloutBatch, cfg) -> Tensor[B]
     policy_loss(log_prob, old_log_prob, advantages, response_mask, cfg,
-                ref_log_prob=None, entropy=None) -> (loss, metrics)
+                ref_log_prob=None, entropy=None, state=None) -> (loss, metrics)
+
+``state`` is a :class:`TrainingState` (training progress and the entropy measured on the batch) that
+both harnesses pass, so loss-side controllers (annealed or adaptive entropy terms) need no hidden state.
 
 ``cfg`` is an instance of the module's own ``Hyperparameters`` dataclass. This module also provides
 the vectorized group statistics and loss utilities every mechanism may use; candidates never edit it.
@@ -12,6 +15,8 @@ the vectorized group statistics and loss utilities every mechanism may use; cand
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,6 +25,8 @@ from torch import Tensor
 
 __all__ = [
     "RolloutBatch",
+    "TrainingState",
+    "call_policy_loss",
     "GroupStats",
     "group_stats",
     "masked_mean",
@@ -90,6 +97,43 @@ class RolloutBatch:
     @property
     def size(self) -> int:
         return int(self.rewards.shape[0])
+
+
+@dataclass(frozen=True)
+class TrainingState:
+    """What the harness knows about training when it calls ``policy_loss`` (same in both harnesses).
+
+    progress:    float in [0, 1]   global step / (total steps - 1); 0.0 when unknown.
+    step:        int               the global RL step (0-based).
+    total_steps: int               RL steps of the run (0 when unknown).
+    entropy:     float | None      mean per-token policy entropy (nats) of this step's responses,
+                                   measured by the harness at rollout (None when not measured).
+    """
+
+    progress: float = 0.0
+    step: int = 0
+    total_steps: int = 0
+    entropy: float | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= float(self.progress) <= 1.0:
+            raise ValueError("TrainingState.progress must lie in [0, 1]")
+
+
+@functools.lru_cache(maxsize=256)
+def _takes_state(fn: Callable) -> bool:
+    try:
+        return "state" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def call_policy_loss(fn: Callable, *args, state: TrainingState | None = None, **kwargs):
+    """Call a mechanism's ``policy_loss``, passing ``state`` when its signature has that parameter
+    (mechanisms written before ``state`` existed keep working unchanged)."""
+    if _takes_state(fn):
+        kwargs["state"] = state
+    return fn(*args, **kwargs)
 
 
 def _check_1d(name: str, t: Tensor, n: int) -> None:

@@ -9,7 +9,6 @@ whole lineage is one ``for-each-ref`` plus one ``cat-file --batch``.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -22,6 +21,14 @@ from typing import Any
 
 from engine.archive.edit import apply_edit, check_interface
 from engine.archive.gitio import Git, GitError, parse_tree
+from engine.archive.results import (
+    LEGACY_FILE,
+    RESULTS_DIR,
+    EvaluationResult,
+    ProtocolRef,
+    configured_protocol,
+    parse_result,
+)
 from engine.config import DEFAULT_TOML
 from engine.errors import ArchiveError
 
@@ -30,12 +37,11 @@ _WARNED: set[tuple[str, str, str]] = set()
 REF_PREFIX = "refs/heads/poise/"
 ROOT_NAME = "grpo"
 ALGORITHM = "algorithm.py"
-RESULTS = "results.json"
 REFLECTION = "REFLECTION.md"
 PROPOSAL = "PROPOSAL.md"
 # Files that belong to one node and are not inherited by its children.
-NODE_FILES = (PROPOSAL, REFLECTION, RESULTS, "verification.json")
-NODE_DIRS = ("tests/", "records/")
+NODE_FILES = (PROPOSAL, REFLECTION, LEGACY_FILE, "verification.json")
+NODE_DIRS = ("tests/", "records/", RESULTS_DIR + "/")
 STATUSES = ("spawned", "verified", "rejected", "evaluating", "evaluated", "failed")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _TRAILER_RE = re.compile(r"^[ \t]*(Poise-[A-Za-z-]+): (.*)$", re.MULTILINE)
@@ -66,18 +72,29 @@ class Node:
     status: str
     created: float
     trailers: dict[str, list[str]] = field(default_factory=dict)
-    results: dict[str, Any] | None = None
+    results: dict[str, EvaluationResult] = field(default_factory=dict)
+    """every recorded result, by protocol id"""
+    result: EvaluationResult | None = None
+    """the result under the protocol this lineage read compares (None: not evaluated under it)"""
+    stale: EvaluationResult | None = None
+    """a result under the compared protocol id but another hash (an older protocol version)"""
     depth: int = 0
     subject: str = ""
 
     @property
     def metrics(self) -> dict[str, float]:
-        return dict((self.results or {}).get("metrics", {}))
+        """The compared result's metrics ({} when there is none)."""
+        return dict(self.result.metrics) if self.result is not None else {}
 
     @property
     def overall(self) -> float | None:
         v = self.metrics.get("overall")
         return None if v is None else float(v)
+
+    @property
+    def evaluated(self) -> bool:
+        """Has a successful result under the compared protocol."""
+        return self.result is not None and self.result.ok
 
     @property
     def parent(self) -> str | None:
@@ -122,24 +139,6 @@ def parse_trailers(message: str) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for key, value in _TRAILER_RE.findall(message):
         out.setdefault(key, []).append(value.strip())
-    return out
-
-
-def validate_metrics(results: Mapping[str, Any]) -> dict[str, float]:
-    """A flat ``{metric: number}`` mapping, finite numbers only."""
-    if not isinstance(results, Mapping) or not results:
-        raise ArchiveError("results must be a non-empty JSON object of metric name -> number")
-    out = {}
-    for key, value in results.items():
-        if not isinstance(key, str) or not key:
-            raise ArchiveError(f"results: bad metric name {key!r}")
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not math.isfinite(float(value))
-        ):
-            raise ArchiveError(f"results: metric {key!r} must be a finite number, got {value!r}")
-        out[key] = float(value)
     return out
 
 
@@ -219,8 +218,11 @@ class Archive:
         return cls(path)
 
     # -- reading -------------------------------------------------------------------------------
-    def nodes(self) -> dict[str, Node]:
-        """Every node with parents, status and latest results: one for-each-ref + one cat-file --batch."""
+    def nodes(self, protocol: ProtocolRef | str | None = None) -> dict[str, Node]:
+        """Every node with parents, status and results: one for-each-ref + one cat-file --batch.
+
+        ``protocol`` (a :class:`ProtocolRef`, or ``id`` / ``id@hash``; default: the experiment's
+        configured one) is the protocol whose result each node's ``result`` holds."""
         fmt = "%(refname)%1f%(objectname)%1f%(objecttype)%1f%(contents)%1e"
         out = self.git.text("for-each-ref", f"--format={fmt}", REF_PREFIX)
         nodes: dict[str, Node] = {}
@@ -239,20 +241,31 @@ class Archive:
                     log.warning("poise-git: ignoring %s: %s", ref, problem)
                 continue
             nodes[name] = node
-        wanted = [n for n in nodes.values() if "Poise-Results" in n.trailers]
-        blobs = self.git.cat_blobs([f"{n.commit}:{RESULTS}" for n in wanted])
-        for n, blob in zip(wanted, blobs):
-            if blob is not None:
-                try:
-                    n.results = json.loads(blob)
-                except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-                    n.results = None
-                if not isinstance(n.results, dict) or not isinstance(
-                    n.results.get("metrics", {}), dict
-                ):
-                    n.results = None
+        wanted = [(n, p) for n in nodes.values() for p in _result_paths(n)]
+        blobs = self.git.cat_blobs([f"{n.commit}:{p}" for n, p in wanted])
+        for (n, p), blob in zip(wanted, blobs):
+            if blob is None:
+                continue
+            try:
+                r = parse_result(blob, f"{n.name}:{p}")
+            except (ArchiveError, KeyError, TypeError, ValueError, RecursionError):
+                continue  # unreadable: the node shows as not evaluated, `poise-git show` says why
+            n.results[r.protocol.id] = r
+        ref = self._protocol_ref(protocol)
+        for n in nodes.values():
+            r = n.results.get(ref.id)
+            if r is not None and not ref.matches(r.protocol):
+                n.stale, r = r, None
+            n.result = r
         _assign_depths(nodes)
         return nodes
+
+    def _protocol_ref(self, protocol: ProtocolRef | str | None) -> ProtocolRef:
+        if isinstance(protocol, ProtocolRef):
+            return protocol
+        if isinstance(protocol, str) and protocol:
+            return ProtocolRef.parse(protocol)
+        return configured_protocol(self.config())
 
     def node(self, name: str) -> Node:
         nodes = self.nodes()
@@ -486,28 +499,34 @@ class Archive:
             f"could not record on {name!r}: the branch kept moving (lost {retries} compare-and-swaps)"
         )
 
-    def record_results(
-        self, name: str, results: Mapping[str, Any], *, status: str | None = None
+    def record_result(
+        self, name: str, result: EvaluationResult, *, status: str | None = None
     ) -> str:
-        """Record ``results.json``. A flat ``{metric: number}`` is wrapped as ``{"metrics": ...}``;
-        a dict with a ``metrics`` key is stored as given (intervals, trajectory, provenance...)."""
-        if "metrics" in results and isinstance(results["metrics"], Mapping):
-            payload = dict(results)
-            payload["metrics"] = validate_metrics(results["metrics"]) if results["metrics"] else {}
-        else:
-            payload = {"metrics": validate_metrics(results), "source": "record"}
-        status = status or payload.get("status") or "evaluated"
+        """The one writer of results: ``results/<protocol id>.json`` on the node's branch (replacing
+        an earlier result under the same protocol), status ``evaluated`` | ``failed``.
+
+        An ``evaluated`` result must contain the experiment's utility metric (``[experiment].objective``
+        in poise.toml): a result the selection could not rank is refused here, not dropped later."""
+        if not isinstance(result, EvaluationResult):
+            raise ArchiveError("record_result takes an EvaluationResult")
+        objective = self.config().experiment.objective
+        if result.ok and objective not in result.metrics:
+            raise ArchiveError(
+                f"the result has no {objective!r}, the experiment's utility "
+                f"(metrics: {', '.join(sorted(result.metrics)) or 'none'}); "
+                "record it with that metric, or change [experiment].objective"
+            )
+        status = status or ("evaluated" if result.ok else "failed")
         if status not in STATUSES:
             raise ArchiveError(f"unknown status {status!r}")
-        text = json.dumps(payload, indent=2, sort_keys=True, allow_nan=False) + "\n"
-        overall = payload["metrics"].get("overall")
-        extra = {"Poise-Results": "yes", "Poise-Event": "results"}
-        if overall is not None:
-            extra["Poise-Overall"] = f"{overall:.6g}"
+        ids = set(_result_ids(self.node(name))) | {result.protocol.id}
+        extra = {"Poise-Results": ",".join(sorted(ids)), "Poise-Event": "results"}
+        if not result.ok:
+            extra["Poise-Reason"] = " ".join(result.reason.split())[:300]
         return self.commit_files(
             name,
-            {RESULTS: text},
-            subject=f"poise: results for {name}",
+            {result.protocol.path: result.to_json()},
+            subject=f"poise: results for {name} ({result.protocol.id})",
             status=status,
             trailers=extra,
         )
@@ -559,6 +578,19 @@ class Archive:
         names = list(new_files)
         for n, oid in zip(names, self.git.write_blobs([new_files[n] for n in names])):
             tree_files[n] = ("100644", oid)
+
+
+def _result_ids(node: Node) -> list[str]:
+    """Protocol ids the node's ``Poise-Results`` trailer lists (``yes``: a schema-1 results.json)."""
+    value = node.trailer("Poise-Results") or ""
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _result_paths(node: Node) -> list[str]:
+    """The node's result files, a legacy results.json first (a typed result under the same protocol,
+    read after it, replaces it)."""
+    ids = _result_ids(node)
+    return [LEGACY_FILE] * ("yes" in ids) + [f"{RESULTS_DIR}/{i}.json" for i in ids if i != "yes"]
 
 
 def check_name(name: str) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 from rich.markdown import Markdown
+from rich.markup import escape
 from rich.panel import Panel
 from rich.syntax import Syntax
 from rich.table import Table
@@ -41,10 +42,28 @@ _STATUS_STYLE = {
 
 def _label(n: Node) -> str:
     style = _STATUS_STYLE.get(n.status, "white")
-    extra = f"  overall [bold]{_fmt(n.overall)}[/]" if n.overall is not None else ""
+    r, extra = n.result, ""
+    if r is not None and r.ok:
+        extra = f"  {r.utility} [bold]{_fmt(r.value)}[/]"
+    elif r is None and n.results:  # evaluated only under other protocols: say which
+        other = max(n.results.values(), key=lambda x: x.recorded_at)
+        if other.ok:
+            extra = f"  {other.utility} {_fmt(other.value)} [dim]({escape(other.protocol.id)})[/]"
+    others = sorted(set(n.results) - ({r.protocol.id} if r is not None else set()))
+    if len(others) > (0 if r is not None else 1):
+        extra += f"  [dim]\\[results under: {escape(', '.join(others))}][/]"
+    if n.stale is not None:
+        extra += "  [dim](evaluated under an older protocol version)[/]"
     reason = n.trailer("Poise-Reason")
     why = f"  [dim]({reason[:60]})[/]" if reason and n.status in ("rejected", "failed") else ""
     return f"[bold]{n.name}[/]  [{style}]{n.status}[/]{extra}{why}"
+
+
+ProtocolOpt = typer.Option(
+    None,
+    "--protocol",
+    help="Compare results under this protocol id (default: the experiment's, e.g. proxy/default).",
+)
 
 
 def init(
@@ -169,9 +188,10 @@ def _spawn_auto(
 def log(
     archive: Path = ArchiveOpt,
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    protocol: str | None = ProtocolOpt,
 ) -> None:
-    """Draw the lineage tree: node, status and Overall when known."""
-    nodes = Archive(archive).nodes()
+    """Draw the lineage tree: node, status and its utility under the compared protocol."""
+    nodes = Archive(archive).nodes(protocol)
     if as_json:
         rows = [
             {
@@ -180,6 +200,11 @@ def log(
                 "status": n.status,
                 "depth": n.depth,
                 "overall": n.overall,
+                "protocol": n.result.protocol.key if n.result is not None else None,
+                "results": {
+                    pid: {"status": r.status, r.utility: r.value}
+                    for pid, r in sorted(n.results.items())
+                },
                 "commit": n.commit,
             }
             for n in sorted(nodes.values(), key=lambda n: n.created)
@@ -229,16 +254,22 @@ def show(
                 title=f"mechanism diff vs {n.parent}",
             )
         )
-    if n.results:
-        table = Table(title="results", show_header=True)
+    for _pid, r in sorted(n.results.items()):
+        seeds = f"seeds {', '.join(map(str, r.seeds))}" if r.seeds else "no seeds"
+        title = f"results under {r.protocol.key} ({r.status}; {seeds})"
+        if r.legacy:
+            title += " [read from a schema-1 results.json]"
+        table = Table(title=title, show_header=True, title_justify="left")
         table.add_column("metric")
         table.add_column("value", justify="right")
-        table.add_column("95% interval", justify="right")
-        intervals = n.results.get("intervals", {})
-        for k, v in sorted(n.metrics.items()):
-            iv = intervals.get(k)
-            table.add_row(k, _fmt(v), f"[{_fmt(iv[0])}, {_fmt(iv[1])}]" if iv else "")
+        table.add_column("unit")
+        table.add_column(f"95% interval ({r.interval_kind or 'none'})", justify="right")
+        for k, v in sorted(r.metrics.items()):
+            iv = r.interval(k)
+            table.add_row(k, _fmt(v), r.unit(k), f"[{_fmt(iv[0])}, {_fmt(iv[1])}]" if iv else "")
         console.print(table)
+        if not r.ok:
+            console.print(f"[red]failed:[/] {r.reason}", highlight=False)
     reflection = arch.read_file(node, "REFLECTION.md")
     if reflection:
         console.print(Panel(Markdown(reflection), title="REFLECTION.md"))
@@ -263,20 +294,37 @@ def record(
     results: Path = typer.Option(
         ...,
         "--results",
-        help="A JSON object of metric name -> number ('overall' is the default utility).",
+        help="A JSON object of metric name -> number, or {metrics, units, intervals, seeds}.",
+    ),
+    protocol: str = typer.Option(
+        "external",
+        "--protocol",
+        help="The protocol id the metrics were measured under (ranked only against the same id).",
+    ),
+    unit: str = typer.Option(
+        "value",
+        "--unit",
+        help="Unit of metrics the file gives none for: fraction | percent | tokens | words | value.",
     ),
     archive: Path = ArchiveOpt,
 ) -> None:
-    """Record externally obtained metrics on a node (results.json on its branch)."""
+    """Record externally obtained metrics on a node, under their own protocol id."""
+    from engine.archive.results import from_record
+
     text = _read_text(results, "results file")
     try:
         payload = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ArchiveError(f"{results} is not valid JSON: {exc}") from None
     arch = Archive(archive)
-    commit = arch.record_results(node, payload)
+    result = from_record(
+        payload, protocol=protocol, unit=unit, utility=arch.config().experiment.objective
+    )
+    commit = arch.record_result(node, result)
     console.print(
-        f"recorded {len(arch.node(node).metrics)} metrics on [bold]{node}[/] at {commit[:10]}"
+        f"recorded {len(result.metrics)} metrics on [bold]{node}[/] under "
+        f"{result.protocol.id} at {commit[:10]}",
+        highlight=False,
     )
 
 

@@ -43,25 +43,37 @@ def evaluate(
     ),
     archive: Path = ArchiveOpt,
 ) -> None:
-    """Evaluate a node under one standardized protocol and record results.json on its branch."""
+    """Evaluate a node under one standardized protocol and record its result on its branch."""
     from engine.archive.store import Archive
 
     arch = Archive(archive)
     if suite:
-        from evaluators.suite import evaluate_node_on_suite
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        from engine.operators.evaluate_suite import evaluate_node_on_suite
 
         if not model:
             raise typer.BadParameter("--suite needs --model")
-        payload = evaluate_node_on_suite(
-            arch,
-            node,
-            suite=suite,
-            backend=backend,
-            model=model,
-            base_url=base_url,
-            limit=limit,
-            preset=preset,
-        )
+        cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+        with Progress(*cols, console=console, transient=True) as bar:
+            tasks: dict[str, int] = {}
+
+            def on_progress(stage: str, advance: int, total: int) -> None:
+                if stage not in tasks:
+                    tasks[stage] = bar.add_task(stage, total=total)
+                bar.advance(tasks[stage], advance)
+
+            result = evaluate_node_on_suite(
+                arch,
+                node,
+                suite=suite,
+                backend=backend,
+                model=model,
+                base_url=base_url,
+                limit=limit,
+                preset=preset,
+                on_progress=on_progress,
+            )
     else:
         from engine.operators.evaluate import evaluate_node
 
@@ -71,17 +83,16 @@ def evaluate(
                 console.print(f"  {msg}", highlight=False)
                 status.update(f"evaluating [bold]{node}[/]: {msg}")
 
-            payload = evaluate_node(
+            result = evaluate_node(
                 arch, node, backend=backend, seeds=seeds, preset=preset, on_event=on_event
             )
-    status = payload.get("status", "evaluated")
-    metrics = payload.get("metrics", {})
-    head = f"[bold]{node}[/] {status}"
-    if "overall" in metrics:
-        head += f"  overall [bold]{metrics['overall']:.4g}[/]"
-    console.print(head)
-    if status == "failed":
-        console.print(f"[red]reason:[/] {payload.get('reason', 'unknown')}")
+    if result.ok:
+        console.print(f"[bold]{node}[/] evaluated  {result.describe()}", highlight=False)
+    else:
+        console.print(
+            f"[bold]{node}[/] [red]failed[/] under {result.protocol.key}", highlight=False
+        )
+        console.print(f"[red]reason:[/] {result.reason}", highlight=False)
         raise typer.Exit(2)
 
 

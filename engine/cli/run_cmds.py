@@ -283,7 +283,7 @@ def _print_summary(arch, s, report: bool) -> None:
             from engine.report.html import report_experiment
             from engine.select.objective import promotion
 
-            nodes = arch.nodes()
+            nodes = arch.nodes(s.protocol)
             verdict = promotion(nodes[s.best], nodes[root], report_experiment(arch))
             root_txt = f" (root {s.root_utility:.4f}; {verdict} vs the root)"
         console.print(f"[bold green]best node: {s.best}[/]  U {s.best_utility:.4f}{root_txt}")

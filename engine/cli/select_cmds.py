@@ -28,6 +28,12 @@ def select(
     as_json: bool = typer.Option(
         False, "--json", help="Machine-readable output: {chosen, rows, params}."
     ),
+    protocol: str | None = typer.Option(
+        None,
+        "--protocol",
+        help="Rank results under this protocol id (default: the experiment's, e.g. proxy/default); "
+        "results under other protocols are never ranked together.",
+    ),
     archive: Path = ArchiveOpt,
 ) -> None:
     """Score every node with s(d) = w_pareto*U_pareto + w_perf*U_perf + w_div*U_div + w_bayes*alpha_GP
@@ -35,7 +41,7 @@ def select(
     from engine.archive.store import Archive
     from engine.select import select_parents
 
-    sel = select_parents(Archive(archive), None, k=k, seed=seed)
+    sel = select_parents(Archive(archive), None, k=k, seed=seed, protocol=protocol)
     if as_json:
         typer.echo(json.dumps(sel.to_dict(), indent=2))
         return
@@ -74,7 +80,9 @@ def select(
     console.print(table)
     p = sel.params
     w = p["weights"]
-    console.print(f"chosen: [bold]{', '.join(sel.chosen)}[/]")
+    console.print(
+        f"chosen: [bold]{', '.join(sel.chosen)}[/]  (results under {sel.params['protocol']})"
+    )
     console.print(
         f"params: top_k={p['top_k']} gamma={p['gamma']} beta={p['beta']} kappa={p['kappa']} seed={p['seed']} "
         f"weights pareto={w['pareto']} perf={w['perf']} div={w['div']} bayes={w['bayes']}",

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.archive.results import configured_protocol
 from engine.archive.store import ROOT_NAME, Archive
 from engine.config import validate
 from engine.errors import PoiseError
@@ -88,6 +89,8 @@ class RunSummary:
     counts: dict[str, int]
     usage: dict[str, Any]
     objective: str
+    protocol: str = ""
+    """the protocol key the run ranked its nodes under"""
 
 
 def _slug(text: str) -> str:
@@ -202,9 +205,9 @@ class Loop:
         )
         gpus = float(self.plan["gpus_per_eval"])
         for n in mine.values():
-            r = n.results or {}
-            devices = gpus if r.get("backend") == "verl" else len(r.get("seeds") or [1])
-            u.device_hours += float(r.get("wall_time_s") or 0.0) * devices / 3600.0
+            for r in n.results.values():
+                devices = gpus if r.protocol.backend == "verl" else len(r.seeds or (1,))
+                u.device_hours += float(r.wall_time_s) * devices / 3600.0
         return u
 
     def _check_budget(self) -> bool:
@@ -563,7 +566,7 @@ class Loop:
             self._reflect(name, node_round(nodes[name]))
 
     def _summary(self, first: int, last: int) -> RunSummary:
-        nodes = self.archive.nodes()
+        nodes = self.archive.nodes(configured_protocol(self.cfg))
         exp = self.cfg.experiment
         best = obj.best_node(nodes, exp)
         root = nodes.get(ROOT_NAME) or next((n for n in nodes.values() if not n.parents), None)
@@ -585,6 +588,7 @@ class Loop:
             counts,
             self.usage(nodes).to_dict(),
             obj.describe(exp),
+            configured_protocol(self.cfg).key,
         )
 
 

@@ -111,41 +111,43 @@ def run_job(job: EvalJob) -> EvalOutcome:
 def record_failure(
     job: EvalJob, reason: str, wall_s: float, timed_out: bool = False
 ) -> EvalOutcome:
-    """Mark the node failed (results.json with the reason) unless it already has its results."""
-    from engine.archive.store import RESULTS, Archive
+    """Record the node failed under the job's protocol, with the reason, unless the evaluation
+    itself already recorded its result there."""
+    from engine.archive.results import EvaluationResult, now
+    from engine.archive.store import Archive
 
     arch = Archive(job.archive)
+    protocol = job_protocol(arch, job)
     node = arch.node(job.node)
-    if node.status in ("evaluated", "failed") and node.results is not None:
-        return EvalOutcome(
-            job.node,
-            node.status,
-            node.trailer("Poise-Reason") or "",
-            node.overall,
-            wall_s,
-            timed_out,
-        )
-    payload = {
-        "status": "failed",
-        "reason": reason,
-        "metrics": {},
-        "backend": job.backend,
-        "seeds": list(range(job.seeds or 1)),
-        "wall_time_s": round(wall_s, 3),
-        "source": "loop",
-    }
-    arch.commit_files(
-        job.node,
-        {RESULTS: json.dumps(payload, indent=2, sort_keys=True) + "\n"},
-        subject=f"poise: {job.node} failed",
+    done = node.results.get(protocol.id)
+    if node.status in ("evaluated", "failed") and done is not None:
+        return EvalOutcome(job.node, done.status, done.reason, done.value, wall_s, timed_out)
+    result = EvaluationResult(
+        protocol=protocol,
         status="failed",
-        trailers={
-            "Poise-Results": "yes",
-            "Poise-Event": "failed",
-            "Poise-Reason": " ".join(reason.split())[:300],
-        },
+        reason=reason,
+        seeds=tuple(range(job.seeds or 1)),
+        utility=arch.config().experiment.objective,
+        wall_time_s=round(wall_s, 3),
+        node_commit=node.commit,
+        source="loop",
+        recorded_at=now(),
     )
+    arch.record_result(job.node, result)
     return EvalOutcome(job.node, "failed", reason, None, wall_s, timed_out)
+
+
+def job_protocol(arch, job: EvalJob):
+    """The typed protocol a job evaluates under (what its result is recorded as)."""
+    from engine.archive.results import Protocol
+
+    if job.backend == "proxy":
+        from engine.operators.evaluate import proxy_protocol
+        from trainer_template.proxy.protocol import get_protocol
+
+        preset = job.preset or arch.config().proxy.preset
+        return proxy_protocol(preset, get_protocol(preset))
+    return Protocol(f"{job.backend}/paper", backend=job.backend, preset="paper")
 
 
 def kill_tree(pid: int) -> None:
@@ -348,7 +350,7 @@ def _worker(job: EvalJob) -> None:
     from engine.archive.store import Archive
     from engine.operators.evaluate import evaluate_node
 
-    payload = evaluate_node(
+    result = evaluate_node(
         Archive(job.archive),
         job.node,
         backend=job.backend,
@@ -357,12 +359,7 @@ def _worker(job: EvalJob) -> None:
         timeout_s=job.timeout_s,
         tags=job.tags,
     )
-    overall = (payload.get("metrics") or {}).get("overall")
-    out = {
-        "status": payload.get("status", "evaluated"),
-        "reason": payload.get("reason", ""),
-        "overall": overall,
-    }
+    out = {"status": result.status, "reason": result.reason, "overall": result.value}
     print(RESULT_MARK + json.dumps(out), flush=True)
 
 

@@ -123,7 +123,7 @@ def pending_work(archive: Archive, nodes: dict[str, Node]) -> Pending:
                 out.verify.append(n.name)
             else:
                 out.evaluate.append(n.name)  # the root is the template: nothing to verify
-        elif n.status in ("verified", "evaluating") and n.results is None:
+        elif n.status in ("verified", "evaluating") and not n.results:
             out.evaluate.append(n.name)
         elif n.status == "evaluated" and n.parents:
             evaluated.append(n)

@@ -13,6 +13,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.archive.results import configured_protocol
 from engine.config import utility
 from engine.select import objective
 
@@ -157,7 +158,7 @@ def build_context(archive, parent: str, cfg, *, seed: int | None = None, nodes=N
     """The full context for proposing children of ``parent``."""
     import json
 
-    nodes = nodes if nodes is not None else archive.nodes()
+    nodes = nodes if nodes is not None else archive.nodes(configured_protocol(cfg))
     if parent not in nodes:
         archive.node(parent)  # raises the 'unknown node' error
     names = sorted(nodes, key=lambda n: nodes[n].created)
@@ -196,7 +197,7 @@ def build_context(archive, parent: str, cfg, *, seed: int | None = None, nodes=N
         )
 
     lineage = set(archive.descendants(parent, nodes)) | _ancestors(parent, nodes) | {parent}
-    evaluated = [n for n in names if nodes[n].metrics and nodes[n].status == "evaluated"]
+    evaluated = [n for n in names if nodes[n].metrics and nodes[n].evaluated]
     objectives = tuple(cfg.experiment.pareto_objectives) or (cfg.experiment.objective,)
     front = [
         n for n in pareto_front({n: nodes[n].metrics for n in evaluated}, objectives) if n != parent

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
 
+from engine.archive.results import EvaluationResult, Protocol, now
 from engine.errors import EvaluationError
 
 TRAJECTORY_POINTS = 100
@@ -127,8 +128,8 @@ def evaluate_node(
     *,
     on_event: Callable[[str], None] | None = None,
     cache_dir: str | None = None,
-) -> dict:
-    """Evaluate ``name`` and record results.json (status evaluated | failed). Returns the payload.
+) -> EvaluationResult:
+    """Evaluate ``name`` and record its result under ``proxy/<preset>`` (status evaluated | failed).
 
     ``seeds``: a count N (seeds 0..N-1) or an explicit list; default ``[evaluation].seeds``.
     ``preset``: the proxy protocol preset (default ``[proxy].preset``). ``on_event``: progress lines.
@@ -171,32 +172,24 @@ def evaluate_node(
     prior_status = node.status
     t_start = time.monotonic()
     base = {
-        "backend": "proxy",
-        "preset": preset,
-        "protocol": protocol.to_dict(),
-        "protocol_hash": protocol.hash(),
-        "seeds": seed_list,
+        "protocol": proxy_protocol(preset, protocol),
+        "seeds": tuple(seed_list),
         "node_commit": commit,
-        "versions": _versions(),
+        "details": {"versions": _versions()},
     }
 
     try:
         compile(source, f"{name}/algorithm.py", "exec")
     except SyntaxError as exc:
-        payload = {
+        result = EvaluationResult(
             **base,
-            "status": "failed",
-            "reason": f"algorithm.py does not compile: {exc.msg} (line {exc.lineno})",
-            "metrics": {},
-            "intervals": {},
-            "per_seed": [],
-            "mlflow_run_ids": [],
-            "trajectory": {},
-            "wall_time_s": 0.0,
-        }
-        archive.record_results(name, payload)
-        archive.set_status(name, "failed", reason=payload["reason"])
-        return payload
+            status="failed",
+            reason=f"algorithm.py does not compile: {exc.msg} (line {exc.lineno})",
+            utility=cfg.experiment.objective,
+            recorded_at=now(),
+        )
+        archive.record_result(name, result)
+        return result
 
     archive.set_status(name, "evaluating")
     try:
@@ -247,10 +240,11 @@ def _run(
     cache_dir,
     prior_status,
     t_start,
-) -> dict:
+) -> EvaluationResult:
     from engine.operators.evaluate_seed import run_seed
     from engine.sandbox.limits import Limits
     from engine.sandbox.process import run_limited, trusted_env
+    from trainer_template.proxy.protocol import metric_unit
 
     cache_dir = cache_dir or cfg.proxy.cache_dir or None
     env = trusted_env({"POISE_CACHE_DIR": str(Path(cache_dir).expanduser())} if cache_dir else None)
@@ -299,34 +293,47 @@ def _run(
         if failed
         else _mean_trajectory([r["trajectory"] for r in runs])
     )
-    payload = {
+    per_seed = tuple(
+        {
+            "seed": r["seed"],
+            "status": "evaluated" if r["status"] == "ok" else "failed",
+            **({"reason": r["reason"]} if r["status"] != "ok" else {}),
+            "metrics": r.get("metrics", {}),
+            "mlflow_run_id": run_ids.get(r["seed"]),
+            "wall_s": round(r["wall_s"], 3),
+            "timings": r.get("timings", {}),
+            "peak_rss_mb": r.get("peak_rss_mb"),
+        }
+        for r in runs
+    )
+    result = EvaluationResult(
         **base,
-        "status": "failed" if failed else "evaluated",
-        "metrics": metrics,
-        "intervals": intervals,
-        "per_seed": [
-            {
-                "seed": r["seed"],
-                "status": "evaluated" if r["status"] == "ok" else "failed",
-                **({"reason": r["reason"]} if r["status"] != "ok" else {}),
-                "metrics": r.get("metrics", {}),
-                "mlflow_run_id": run_ids.get(r["seed"]),
-                "wall_s": round(r["wall_s"], 3),
-                "timings": r.get("timings", {}),
-                "peak_rss_mb": r.get("peak_rss_mb"),
-            }
-            for r in runs
-        ],
-        "mlflow_run_ids": [run_ids[s] for s in seed_list if run_ids.get(s)],
-        "wall_time_s": round(time.monotonic() - t_start, 3),
-        "trajectory": downsample(trajectory),
-    }
-    if failed:
-        payload["reason"] = "; ".join(r["reason"] for r in failed)[:1000]
-    archive.record_results(name, json.loads(json.dumps(payload, allow_nan=False)))
-    if failed:
-        archive.set_status(name, "failed", reason=payload["reason"])  # the Poise-Reason trailer
-    return payload
+        status="failed" if failed else "evaluated",
+        metrics=metrics,
+        units={k: metric_unit(k) for k in metrics},
+        intervals={k: (float(a), float(b)) for k, (a, b) in intervals.items()},
+        interval_kind="95% Student-t over paired seeds",
+        utility=cfg.experiment.objective,
+        reason="; ".join(r["reason"] for r in failed)[:1000] if failed else "",
+        per_seed=tuple(json.loads(json.dumps(per_seed, allow_nan=False))),
+        trajectory=downsample(trajectory),
+        mlflow_run_ids=tuple(run_ids[s] for s in seed_list if run_ids.get(s)),
+        wall_time_s=round(time.monotonic() - t_start, 3),
+        recorded_at=now(),
+    )
+    archive.record_result(name, result)
+    return result
+
+
+def proxy_protocol(preset: str, protocol) -> Protocol:
+    """The typed identity of a proxy preset (its hash covers every setting and the warm start)."""
+    return Protocol(
+        id=f"proxy/{preset}",
+        hash=protocol.hash(),
+        backend="proxy",
+        preset=preset,
+        settings=protocol.to_dict(),
+    )
 
 
 def mlflow_key(key: str) -> str:
@@ -353,17 +360,23 @@ def _log_mlflow(
         say(f"MLflow unavailable: {exc}")
         return {}
     ids: dict[int, str] = {}
-    params = [Param("preset", base["preset"]), Param("protocol_hash", base["protocol_hash"])]
+    proto: Protocol = base["protocol"]
+    params = [
+        Param("preset", proto.preset),
+        Param("protocol", proto.id),
+        Param("protocol_hash", proto.hash),
+    ]
     params += [
         Param(f"{sec}.{k}", str(v))
         for sec in ("warmstart", "rl", "eval")
-        for k, v in base["protocol"][sec].items()
+        for k, v in proto.settings.get(sec, {}).items()
     ]
     for r in runs:
         run_tags = {
             "poise.backend": "proxy",
             "poise.seed": str(r["seed"]),
-            "poise.preset": base["preset"],
+            "poise.preset": proto.preset,
+            "poise.protocol": proto.id,
             "poise.status": "evaluated" if r["status"] == "ok" else "failed",
             **(tags or {}),
         }

@@ -41,7 +41,7 @@ def evaluate_node_verl(
     gpus: int | None = None,
     tags: Mapping[str, str] | None = None,
     on_event=None,
-) -> dict:
+):
     """Train ``name`` with verl, then score the checkpoint on math6 (vLLM); records like the proxy."""
     from engine.sandbox.process import run_limited, trusted_env
 
@@ -79,20 +79,23 @@ def evaluate_node_verl(
             if not res.ok
             else "verl training saved no HF checkpoint"
         )
-        payload = {
-            "status": "failed",
-            "reason": reason,
-            "metrics": {},
-            "backend": "verl",
-            "mlflow_run_ids": [launch.env["MLFLOW_RUN_ID"]],
-            "wall_time_s": time.monotonic() - t0,
-        }
-        archive.record_results(name, payload, status="failed")
-        archive.set_status(name, "failed", reason=reason)
-        return payload
+        from engine.archive.results import EvaluationResult, now
+        from engine.archive.results import Protocol as ResultProtocol
+
+        result = EvaluationResult(
+            protocol=ResultProtocol("verl/paper", backend="verl", preset="paper"),
+            status="failed",
+            reason=reason,
+            utility=archive.config().experiment.objective,
+            mlflow_run_ids=(launch.env["MLFLOW_RUN_ID"],),
+            wall_time_s=round(time.monotonic() - t0, 3),
+            recorded_at=now(),
+        )
+        archive.record_result(name, result)
+        return result
     say(f"{name}: scoring {ckpt} on math6 with vLLM")
     try:
-        from evaluators.suite import evaluate_node_on_suite
+        from engine.operators.evaluate_suite import evaluate_node_on_suite
 
         return evaluate_node_on_suite(archive, name, suite="math6", backend="vllm", model=str(ckpt))
     except PoiseError:

@@ -94,8 +94,11 @@ def compute(module, cfg=None) -> list[float]:
     """The fingerprint vector of a loaded algorithm module (NaN/inf kept as large sentinels)."""
     import torch
 
+    from trainer_template.interface import TrainingState, call_policy_loss
     from trainer_template.loader import make_config
 
+    # mid-training, entropy below a typical target: loss-side controllers show their effect
+    probe_state = TrainingState(progress=0.5, step=50, total_steps=101, entropy=0.05)
     cfg = make_config(module) if cfg is None else cfg
     out: list[float] = []
     with torch.no_grad():
@@ -106,7 +109,8 @@ def compute(module, cfg=None) -> list[float]:
     probe = []
     for with_extras in (False, True):
         lp = logp.clone().requires_grad_(True)
-        loss, _ = module.policy_loss(
+        loss, _ = call_policy_loss(
+            module.policy_loss,
             lp,
             old,
             adv,
@@ -114,6 +118,7 @@ def compute(module, cfg=None) -> list[float]:
             cfg,
             ref_log_prob=ref if with_extras else None,
             entropy=ent if with_extras else None,
+            state=probe_state if with_extras else None,
         )
         loss.backward()
         probe += [float(loss.detach()), float(lp.grad.norm()) if lp.grad is not None else 0.0]

@@ -16,6 +16,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from engine.archive.results import configured_protocol
 from engine.errors import PoiseError
 
 INTENTS = (
@@ -233,7 +234,7 @@ def propose_all(
         from engine.operators.llm import make_client
 
         llm = make_client(cfg, archive, replay=replay)
-    nodes = archive.nodes()
+    nodes = archive.nodes(configured_protocol(cfg))
     ctx = build_context(archive, parent, cfg, seed=seed, nodes=nodes)
     prop = get_proposer(name, llm=llm)
     raw = prop.propose(archive, parent, ctx, cfg, n, seed)

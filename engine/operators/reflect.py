@@ -12,6 +12,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from engine.archive.results import EvaluationResult, comparable, configured_protocol
 from engine.errors import PoiseError
 
 
@@ -78,16 +79,21 @@ def trajectory_diagnostics(traj: dict[str, Any]) -> list[str]:
 
 
 def metric_diagnostics(
-    node_res: dict[str, Any], parent_res: dict[str, Any] | None
+    node_res: EvaluationResult, parent_res: EvaluationResult | None
 ) -> tuple[list[str], list[tuple]]:
-    """(findings, table rows ``(metric, node, parent, delta, significant)``) of node vs parent metrics."""
-    nm = node_res.get("metrics", {}) or {}
-    if not parent_res:
-        return ["no evaluated parent to compare with"], [
-            (k, v, None, None, False) for k, v in sorted(nm.items())
-        ]
-    pm = parent_res.get("metrics", {}) or {}
-    ni, pi = node_res.get("intervals", {}) or {}, parent_res.get("intervals", {}) or {}
+    """(findings, table rows ``(metric, node, parent, delta, significant)``) of node vs parent metrics;
+    the parent is compared only when its result is under the same protocol."""
+    nm = dict(node_res.metrics)
+    if parent_res is None or not parent_res.ok or not comparable(node_res, parent_res):
+        why = (
+            "no evaluated parent to compare with"
+            if parent_res is None or not parent_res.ok
+            else f"the parent was evaluated under {parent_res.protocol.key}, not "
+            f"{node_res.protocol.key}: not compared"
+        )
+        return [why], [(k, v, None, None, False) for k, v in sorted(nm.items())]
+    pm = dict(parent_res.metrics)
+    ni, pi = dict(node_res.intervals), dict(parent_res.intervals)
     rows, moved = [], []
     for k in sorted(set(nm) & set(pm)):
         a, b = float(nm[k]), float(pm[k])
@@ -161,8 +167,15 @@ def render(
 
 def reflect_node(archive, name: str, cfg, llm=None) -> str:
     """Diagnose ``name`` against its parent, commit REFLECTION.md, log it to MLflow; returns the text."""
-    node = archive.node(name)
-    if node.results is None:
+    ref = configured_protocol(cfg)
+    nodes = archive.nodes(ref)
+    if name not in nodes:
+        archive.node(name)  # the one clear "unknown node" error
+    node = nodes[name]
+    result = node.result or (
+        max(node.results.values(), key=lambda r: r.recorded_at) if node.results else None
+    )
+    if result is None:
         if node.status == "rejected":
             text = (
                 f"# Reflection on {name}\n\n## Diagnostics\n\n- rejected before evaluation: "
@@ -171,12 +184,13 @@ def reflect_node(archive, name: str, cfg, llm=None) -> str:
             archive.record_reflection(name, text)
             return text
         raise PoiseError(
-            f"node {name!r} has no results.json yet; evaluate it first (`poise-git evaluate {name}`)"
+            f"node {name!r} has no result yet; evaluate it first (`poise-git evaluate {name}`)"
         )
     parent = node.parent
-    parent_res = archive.node(parent).results if parent and archive.exists(parent) else None
-    findings, rows = metric_diagnostics(node.results, parent_res)
-    traj = trajectory_diagnostics(node.results.get("trajectory") or {})
+    parent_node = nodes.get(parent) if parent else None
+    parent_res = parent_node.results.get(result.protocol.id) if parent_node is not None else None
+    findings, rows = metric_diagnostics(result, parent_res)
+    traj = trajectory_diagnostics(dict(result.trajectory))
     narrative = ""
     if llm is not None:
         diff = archive.diff(parent, name, ["algorithm.py"]) if parent else archive.algorithm(name)
@@ -200,12 +214,12 @@ def reflect_node(archive, name: str, cfg, llm=None) -> str:
         ).text
     text = render(name, parent, findings, traj, rows, narrative)
     archive.record_reflection(name, text)
-    _log_mlflow(archive, node.results, text)
+    _log_mlflow(archive, result, text)
     return text
 
 
-def _log_mlflow(archive, results: dict[str, Any], text: str) -> None:
-    run_ids = list(results.get("mlflow_run_ids") or [])
+def _log_mlflow(archive, result: EvaluationResult, text: str) -> None:
+    run_ids = list(result.mlflow_run_ids)
     if not run_ids:
         return
     from mlflow.tracking import MlflowClient

@@ -156,7 +156,11 @@ def frontier(nodes: Mapping[str, Any], exp, out: Path) -> dict[str, str] | None:
 
 
 def dynamics(nodes: Mapping[str, Any], names: list[str], out: Path) -> dict[str, str] | None:
-    series = {k: (nodes[k].results or {}).get("trajectory") or {} for k in names if k in nodes}
+    series = {
+        k: dict(nodes[k].result.trajectory) if nodes[k].result is not None else {}
+        for k in names
+        if k in nodes
+    }
     series = {
         k: t for k, t in series.items() if t.get("step") and any(t.get(key) for key, _ in DYNAMICS)
     }
@@ -200,7 +204,7 @@ def accuracy_length(nodes: Mapping[str, Any], exp, out: Path) -> dict[str, str] 
     pts = {
         k: (float(n.metrics[exp.objective]), float(n.metrics["mean_length"]))
         for k, n in nodes.items()
-        if n.status == "evaluated" and exp.objective in n.metrics and "mean_length" in n.metrics
+        if n.evaluated and exp.objective in n.metrics and "mean_length" in n.metrics
     }
     if not pts:
         return None

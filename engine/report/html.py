@@ -40,6 +40,26 @@ def report_experiment(archive: Archive) -> ExperimentConfig:
     return exp
 
 
+def report_protocol(archive: Archive):
+    """The protocol the last run ranked under (its plan may override poise.toml's backend and preset),
+    else the one poise.toml defines."""
+    from engine.archive.results import configured_protocol
+    from engine.loop.state import load_run
+
+    cfg = archive.config()
+    rec = load_run(archive)
+    plan = (rec.get("plan") if rec is not None else None) or {}
+    if plan.get("backend") or plan.get("preset"):
+        cfg = dataclasses.replace(
+            cfg,
+            evaluation=dataclasses.replace(
+                cfg.evaluation, backend=plan.get("backend") or cfg.evaluation.backend
+            ),
+            proxy=dataclasses.replace(cfg.proxy, preset=plan.get("preset") or cfg.proxy.preset),
+        )
+    return configured_protocol(cfg)
+
+
 def _root(nodes) -> str | None:
     if ROOT_NAME in nodes:
         return ROOT_NAME
@@ -87,7 +107,9 @@ def node_rows(nodes, exp: ExperimentConfig) -> list[dict[str, Any]]:
                 "vs_root": obj.promotion(n, root, exp)
                 if root is not None and n is not root
                 else "",
-                "reason": n.trailer("Poise-Reason") or (n.results or {}).get("reason") or "",
+                "reason": n.trailer("Poise-Reason")
+                or (n.result.reason if n.result is not None else "")
+                or "",
             }
         )
     return rows
@@ -117,7 +139,7 @@ def render(
     for old in out.glob("*.png"):
         old.unlink()
     exp = experiment or report_experiment(archive)
-    nodes = archive.nodes()
+    nodes = archive.nodes(report_protocol(archive))
     root = _root(nodes)
     ranked = obj.ranked(nodes, exp)
     best = ranked[0][0] if ranked else None

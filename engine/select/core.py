@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.archive.results import ProtocolRef, configured_protocol, require_comparable
 from engine.config import Config, SelectConfig, utility
 from engine.errors import ConfigError, PoiseError
 from engine.select import pareto
@@ -61,10 +62,10 @@ def _check(sc: SelectConfig) -> None:
             raise ConfigError(f"poise.toml: [select].{w} must be >= 0")
 
 
-def _read(archive: Any, need_sources: bool) -> tuple[dict, dict | None, dict | None, Config | None]:
+def _read(archive: Any, protocol: Any) -> tuple[dict, dict | None, dict | None]:
     if isinstance(archive, Mapping):
-        return dict(archive), None, None, None
-    nodes = archive.nodes()
+        return dict(archive), None, None
+    nodes = archive.nodes(protocol)
     names = list(nodes)
     blobs = archive.git.cat_blobs(
         [f"{nodes[n].commit}:algorithm.py" for n in names]
@@ -73,7 +74,22 @@ def _read(archive: Any, need_sources: bool) -> tuple[dict, dict | None, dict | N
     k = len(names)
     sources = {n: b.decode("utf-8", "replace") for n, b in zip(names, blobs[:k]) if b is not None}
     fps = {n: b for n, b in zip(names, blobs[k:]) if b is not None}
-    return nodes, sources, fps, None
+    return nodes, sources, fps
+
+
+def _why_unranked(node: Any, ref: ProtocolRef, objective: str) -> str:
+    if node.result is not None:
+        return (
+            f"{node.result.status} under {ref.id}"
+            if not node.result.ok
+            else (f"objective {objective!r} not measured")
+        )
+    if getattr(node, "stale", None) is not None:
+        return f"evaluated under an older version of {ref.id} ({node.stale.protocol.key})"
+    others = sorted(getattr(node, "results", {}) or {})
+    if others:
+        return f"results under {', '.join(others)} only (not compared with {ref.id})"
+    return "no results"
 
 
 def _gp_alpha(
@@ -158,15 +174,19 @@ def select_parents(
     *,
     sources: Mapping[str, str] | None = None,
     fingerprints: Mapping[str, Any] | None = None,
+    protocol: str | None = None,
 ) -> Selection:
     """Rank the archive's nodes by s(d) and pick ``k`` parents (default ``[select].k``).
 
     ``archive``: an :class:`engine.archive.Archive` (nodes, algorithm.py and fingerprint.json read in
     one batch) or an already-read ``{name: Node}`` (then ``sources`` / ``fingerprints`` may give the
-    mechanisms; without them diversity uses the objective vector)."""
-    nodes, src, fps, _ = _read(archive, True)
+    mechanisms; without them diversity uses the objective vector). Results are compared under
+    ``protocol`` (``id`` or ``id@hash``; default: the one ``cfg`` defines); nodes evaluated only under
+    other protocols are listed with the reason, never ranked against them."""
     if cfg is None:
         cfg = archive.config() if not isinstance(archive, Mapping) else Config()
+    ref = ProtocolRef.parse(protocol) if protocol else configured_protocol(cfg)
+    nodes, src, fps = _read(archive, ref)
     sc, exp = cfg.select, cfg.experiment
     _check(sc)
     k = sc.k if k is None else int(k)
@@ -181,7 +201,8 @@ def select_parents(
 
     names = sorted(nodes, key=lambda n: (nodes[n].created, n))
     mets = {n: nodes[n].metrics for n in names}  # each access copies: read once
-    util = {n: utility(mets[n], exp) if nodes[n].results else None for n in names}
+    util = {n: utility(mets[n], exp) if nodes[n].result is not None else None for n in names}
+    require_comparable({n: nodes[n].result for n in names if util[n] is not None}, exp.objective)
     kids: dict[str, list[str]] = {}
     for n in names:
         for p in set(nodes[n].parents):
@@ -209,6 +230,7 @@ def select_parents(
         "objectives": [("-" if s < 0 else "") + m for m, s in objectives],
         "utility": exp.objective
         + (f" - {exp.length_penalty:g}*mean_length" if exp.length_penalty else ""),
+        "protocol": ref.key,
     }
     rows: dict[str, dict[str, Any]] = {}
     for n in names:
@@ -219,7 +241,7 @@ def select_parents(
         elif not allowed(n):
             why = f"{node.status}: evidence, not a parent"
         elif util[n] is None:
-            why = "no results" if not node.results else f"objective {exp.objective!r} not measured"
+            why = _why_unranked(node, ref, exp.objective)
         rows[n] = {
             "node": n,
             "status": node.status,

@@ -89,17 +89,17 @@ def has_length_objective(exp: ExperimentConfig) -> bool:
 
 
 def node_utility(node: Any, exp: ExperimentConfig) -> float | None:
-    if node is None or node.status != "evaluated" or not node.results:
+    if node is None or not node.evaluated:
         return None
     return utility(node.metrics, exp)
 
 
 def utility_interval(node: Any, exp: ExperimentConfig) -> tuple[float, float] | None:
     """The 95% interval of U, from the objective's recorded interval; None when unknown."""
-    if node is None or not node.results:
+    if node is None or node.result is None:
         return None
-    iv = (node.results.get("intervals") or {}).get(exp.objective)
-    if not iv or len(iv) != 2 or iv[0] is None or iv[1] is None:
+    iv = node.result.interval(exp.objective)
+    if iv is None:
         return None
     shift = 0.0
     if exp.length_penalty and "mean_length" in node.metrics:
@@ -151,7 +151,7 @@ def pareto_front(points: Mapping[str, Iterable[float]]) -> set[str]:
 def objective_vector(node: Any, exp: ExperimentConfig) -> tuple[float, ...] | None:
     """The node's metric vector under ``pareto_objectives`` (signs flipped so that larger is better)."""
     names = exp.pareto_objectives or (exp.objective,)
-    m = node.metrics if node is not None and node.status == "evaluated" else {}
+    m = node.metrics if node is not None and node.evaluated else {}
     out = []
     for p in names:
         key = p.lstrip("-")

@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+from engine.archive.results import configured_protocol
 from engine.config import Config, utility
 
 
@@ -34,11 +35,14 @@ def _float(v: str | None) -> float | None:
 
 def retrospect(archive: Any, cfg: Config | None = None) -> dict[str, Any]:
     """``{"rounds": [...], "summary": {...}, "assumptions": [...]}`` for an Archive or ``{name: Node}``."""
-    nodes = dict(archive) if isinstance(archive, Mapping) else archive.nodes()
     if cfg is None:
         cfg = Config() if isinstance(archive, Mapping) else archive.config()
+    nodes = (
+        dict(archive) if isinstance(archive, Mapping) else archive.nodes(configured_protocol(cfg))
+    )
     util = {
-        n: (utility(v.metrics, cfg.experiment) if v.results else None) for n, v in nodes.items()
+        n: (utility(v.metrics, cfg.experiment) if v.result is not None else None)
+        for n, v in nodes.items()
     }
     kids: dict[str, list[str]] = {}
     for v in nodes.values():

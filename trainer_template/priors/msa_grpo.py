@@ -20,6 +20,7 @@ import torch
 
 from trainer_template.interface import (
     RolloutBatch,
+    TrainingState,
     agg_loss,
     group_stats,
     kl_penalty,
@@ -77,6 +78,7 @@ def policy_loss(
     cfg: Hyperparameters,
     ref_log_prob: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
+    state: TrainingState | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clip loss. log_prob, old_log_prob, advantages, response_mask, entropy: [B, T]; returns a scalar."""
     pg_losses, clipped = ppo_clip_loss(

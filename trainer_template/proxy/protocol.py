@@ -116,3 +116,8 @@ def get_protocol(preset: str | None = None) -> Protocol:
 
 def overall(metrics: dict[str, float]) -> float:
     return float(sum(w * metrics[k] for k, w in OVERALL_WEIGHTS.items()))
+
+
+def metric_unit(key: str) -> str:
+    """The unit of a proxy metric: lengths in tokens, every rate and pass@k a fraction in [0, 1]."""
+    return "tokens" if key.endswith("mean_length") else "fraction"

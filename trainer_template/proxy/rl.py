@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from trainer_template.interface import RolloutBatch
+from trainer_template.interface import RolloutBatch, TrainingState, call_policy_loss
 from trainer_template.proxy import task
 from trainer_template.proxy.model import TinyGPT, generate, response_logprobs
 from trainer_template.proxy.protocol import RL
@@ -129,6 +129,12 @@ def train(
             token_entropy=seq_entropy,
             progress=step / max(1, rl.steps - 1),
         )
+        state = TrainingState(
+            progress=batch.progress,
+            step=step,
+            total_steps=rl.steps,
+            entropy=float(seq_entropy.mean()),
+        )
         adv_raw = _call(module.compute_advantages, "compute_advantages", step, batch, cfg)
         adv = _expand_advantages(adv_raw, b, t, step)
         model.train()
@@ -137,9 +143,10 @@ def train(
         for mb in order.chunk(rl.minibatches):
             logp, ent_mb = response_logprobs(model, prompts[mb], responses[mb], rl.temperature)
             out = _call(
-                module.policy_loss,
+                call_policy_loss,
                 "policy_loss",
                 step,
+                module.policy_loss,
                 logp,
                 old_logp[mb],
                 adv[mb],
@@ -147,6 +154,7 @@ def train(
                 cfg,
                 ref_log_prob=ref_logp[mb],
                 entropy=ent_mb,
+                state=state,
             )
             if not (
                 isinstance(out, tuple)

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer_template.interface import RolloutBatch
+from trainer_template.interface import RolloutBatch, call_policy_loss
 from trainer_template.loader import load_algorithm, make_config
 from trainer_template.verl_backend import registered_name
 
@@ -208,8 +208,15 @@ def make_policy_loss(module, cfg):
             if fields
             else cfg
         )
-        loss, metrics = module.policy_loss(
-            log_prob, old_log_prob, advantages, response_mask, node_cfg
+        # verl 0.9.1 passes a policy loss no training progress or entropy: the state stays empty
+        loss, metrics = call_policy_loss(
+            module.policy_loss,
+            log_prob,
+            old_log_prob,
+            advantages,
+            response_mask,
+            node_cfg,
+            state=None,
         )
         info = getattr(config, "global_batch_info", None) if config is not None else None
         loss = loss * _global_scale(response_mask, loss_agg_mode, info)

@@ -11,9 +11,11 @@ SYSTEM = """You are a research scientist designing policy-optimization (RL) algo
 models on verifiable math problems (GRPO family). A mechanism is a Python file `algorithm.py` with:
 - `@dataclass class Hyperparameters` (fields with defaults; `cfg` is an instance of it),
 - `compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor` returning advantages [B],
-- `policy_loss(log_prob, old_log_prob, advantages, response_mask, cfg, ref_log_prob=None, entropy=None)
-  -> (loss, metrics)`
-  with [B, T] tensors, a scalar differentiable loss and a dict of float metrics.
+- `policy_loss(log_prob, old_log_prob, advantages, response_mask, cfg, ref_log_prob=None, entropy=None,
+  state=None) -> (loss, metrics)`
+  with [B, T] tensors, a scalar differentiable loss and a dict of float metrics; `state` is a \
+`TrainingState` (progress in [0, 1], step, total_steps, entropy: the mean token entropy measured on the \
+batch, or None).
 The two signatures are fixed. `batch` has 1-D tensors of length B: rewards (float), group (prompt-group ids), \
 valid (bool, format-valid), correct (bool), lengths (long), token_entropy (float or None); and progress
 (float in [0, 1]).

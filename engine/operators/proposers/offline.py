@@ -15,6 +15,7 @@ import math
 import random
 from typing import Any
 
+from engine.archive.results import configured_protocol
 from engine.operators.proposers import register
 from engine.operators.proposers.codegen import (
     CONTINUOUS,
@@ -58,8 +59,8 @@ def _study(archive, cfg, seed: int):
         direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=8)
     )
     dists = _distributions()
-    for node in archive.nodes().values():
-        if node.status != "evaluated" or not node.metrics:
+    for node in archive.nodes(configured_protocol(cfg)).values():
+        if not node.evaluated or not node.metrics:
             continue
         u = utility(node.metrics, cfg.experiment)
         rec = archive.read_file(node.name, "records/proposal.json")

@@ -1,0 +1,438 @@
+"""One typed evaluation result: what was measured, under which protocol, on what scale, with which seeds.
+
+A node holds at most one result per protocol, as ``results/<protocol id>.json`` on its branch (a verl
+smoke run never overwrites the proxy result it sits beside). :meth:`Archive.record_result` is the one
+writer, :func:`parse_result` the one reader (``Archive.nodes`` uses it); everything that ranks,
+compares or shows results reads :class:`EvaluationResult` objects and nothing else.
+
+Comparability: two results may be ranked together only under the same protocol id *and* hash, with the
+utility metric on the same unit (proxy Overall is a fraction in [0, 1]; the six-benchmark Overall is in
+percentage points). :func:`comparable` is the check and :class:`Incomparable` the refusal.
+
+Why a frozen dataclass and not pydantic: the type is small, stdlib-only and cheap to import (``poise-git
+log`` reads every node's results), and its validation is a few explicit checks with messages that name
+the offending field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.errors import ArchiveError
+
+SCHEMA = "poise.result/2"
+RESULTS_DIR = "results"
+LEGACY_FILE = "results.json"
+"""schema 1: one untyped results.json per node (archives made before results were typed)"""
+STATUSES = ("evaluated", "failed")
+UNITS = {
+    "fraction": (0.0, 1.0),
+    "percent": (0.0, 100.0),
+    "tokens": (0.0, math.inf),
+    "words": (0.0, math.inf),
+    "nats": (0.0, math.inf),
+    "seconds": (0.0, math.inf),
+    "count": (0.0, math.inf),
+    "value": (-math.inf, math.inf),
+}
+"""unit -> the range its values must lie in (``value``: a number of unknown scale)"""
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*(/[A-Za-z0-9][A-Za-z0-9._+-]*)?$")
+_TOL = 1e-9
+
+
+class Incomparable(ArchiveError):
+    """Results of different protocols (or units) were asked to be ranked or compared together."""
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """The identity of an evaluation protocol.
+
+    id:       ``family/preset`` (``proxy/default``, ``proxy/smoke``, ``math6/paper``, ``verl-smoke``,
+              ``external``...): what a user names with ``--protocol``.
+    hash:     the hash of every setting that defines it (for the proxy, the warm-start content too);
+              '' when unknown (an external record).
+    backend:  what produced it (``proxy``, ``suite``, ``verl``, ``record``).
+    preset:   the preset name within the family.
+    settings: the settings the hash covers, for display.
+    """
+
+    id: str
+    hash: str = ""
+    backend: str = ""
+    preset: str = ""
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not _ID_RE.match(self.id):
+            raise ArchiveError(
+                f"bad protocol id {self.id!r}: use letters, digits, '.', '_', '+', '-' and at most one '/'"
+            )
+
+    @property
+    def key(self) -> str:
+        """``id@hash12`` (or ``id`` when the hash is unknown): the unit of comparability."""
+        return f"{self.id}@{short_hash(self.hash)}" if self.hash else self.id
+
+    @property
+    def path(self) -> str:
+        return f"{RESULTS_DIR}/{self.id}.json"
+
+
+@dataclass(frozen=True)
+class EvaluationResult:
+    """One evaluation of one node under one protocol.
+
+    metrics:   name -> value (the mean over seeds where there are seeds).
+    units:     name -> unit for every metric (a key of :data:`UNITS`).
+    intervals: name -> (low, high), the 95% interval; ``interval_kind`` says over what.
+    utility:   the metric the experiment ranks by when this was recorded (``overall`` by default);
+               an ``evaluated`` result must contain it.
+    """
+
+    protocol: Protocol
+    status: str
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    units: Mapping[str, str] = field(default_factory=dict)
+    intervals: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    interval_kind: str = ""
+    seeds: tuple[int, ...] = ()
+    utility: str = "overall"
+    reason: str = ""
+    per_seed: tuple[Mapping[str, Any], ...] = ()
+    trajectory: Mapping[str, list] = field(default_factory=dict)
+    mlflow_run_ids: tuple[str, ...] = ()
+    wall_time_s: float = 0.0
+    node_commit: str = ""
+    source: str = "evaluate"
+    """evaluate | record | loop (a failure the loop recorded for a lost worker)"""
+    recorded_at: float = 0.0
+    details: Mapping[str, Any] = field(default_factory=dict)
+    """backend-specific provenance: versions, timings, generation settings, grader counts..."""
+    legacy: bool = False
+    """read from a schema-1 results.json (units and protocol inferred)"""
+
+    def __post_init__(self) -> None:
+        check = _Checker(self.protocol.id)
+        check(self.status in STATUSES, f"status must be one of {STATUSES}, got {self.status!r}")
+        for k, v in self.metrics.items():
+            check(isinstance(k, str) and k != "", f"bad metric name {k!r}")
+            check(
+                not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v),
+                f"metric {k!r} must be a finite number, got {v!r}",
+            )
+            unit = self.units.get(k)
+            check(
+                unit in UNITS, f"metric {k!r} has no unit (one of {', '.join(UNITS)}), got {unit!r}"
+            )
+            lo, hi = UNITS[unit]
+            check(
+                lo - _TOL <= float(v) <= hi + _TOL,
+                f"metric {k!r} = {v!r} lies outside its unit's range ({unit}: {lo:g}..{hi:g})",
+            )
+        for k, iv in self.intervals.items():
+            check(k in self.metrics, f"interval for {k!r}, which is not a metric")
+            check(
+                len(iv) == 2 and all(math.isfinite(float(x)) for x in iv) and iv[0] <= iv[1] + _TOL,
+                f"interval of {k!r} must be [low, high], got {iv!r}",
+            )
+        check(all(isinstance(s, int) and s >= 0 for s in self.seeds), f"bad seeds {self.seeds!r}")
+        if self.status == "evaluated":
+            check(
+                self.utility in self.metrics,
+                f"an evaluated result must contain the utility metric {self.utility!r} "
+                f"(it has: {', '.join(sorted(self.metrics)) or 'no metrics'})",
+            )
+        else:
+            check(bool(self.reason), "a failed result must say why (reason)")
+
+    # -- reading -------------------------------------------------------------------------------
+    @property
+    def ok(self) -> bool:
+        return self.status == "evaluated"
+
+    @property
+    def value(self) -> float | None:
+        """The utility metric's value (None for a failed result)."""
+        v = self.metrics.get(self.utility) if self.ok else None
+        return None if v is None else float(v)
+
+    def interval(self, metric: str) -> tuple[float, float] | None:
+        iv = self.intervals.get(metric)
+        return None if iv is None else (float(iv[0]), float(iv[1]))
+
+    def unit(self, metric: str) -> str:
+        return self.units.get(metric, "value")
+
+    def describe(self) -> str:
+        """One line: protocol, seeds and the utility with its interval."""
+        if not self.ok:
+            return f"{self.protocol.key}: failed ({self.reason})"
+        u, iv = self.utility, self.interval(self.utility)
+        span = f" [{iv[0]:.4g}, {iv[1]:.4g}]" if iv else ""
+        seeds = f", {len(self.seeds)} seed(s)" if self.seeds else ""
+        return f"{self.protocol.key}: {u} {self.value:.4g}{span} ({self.unit(u)}{seeds})"
+
+    # -- (de)serialization ---------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("legacy")
+        d["schema"] = SCHEMA
+        d["intervals"] = {k: [float(a), float(b)] for k, (a, b) in self.intervals.items()}
+        return d
+
+    def to_json(self) -> str:
+        try:
+            return json.dumps(self.to_dict(), indent=2, sort_keys=True, allow_nan=False) + "\n"
+        except ValueError as exc:
+            raise ArchiveError(
+                f"result for {self.protocol.id}: {exc} (NaN/inf in a detail)"
+            ) from None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> EvaluationResult:
+        if not isinstance(d, Mapping):
+            raise ArchiveError("a result must be a JSON object")
+        if d.get("schema") != SCHEMA:
+            raise ArchiveError(f"not a {SCHEMA} result (schema {d.get('schema')!r})")
+        p = d.get("protocol")
+        if not isinstance(p, Mapping):
+            raise ArchiveError("a result needs its protocol")
+        known = {f.name for f in dataclasses.fields(cls)} - {"legacy"}
+        kw = {k: v for k, v in d.items() if k in known}
+        kw["protocol"] = Protocol(**{k: v for k, v in p.items() if k in _PROTOCOL_FIELDS})
+        for k in ("seeds", "per_seed", "mlflow_run_ids"):
+            kw[k] = tuple(kw.get(k) or ())
+        kw["intervals"] = {
+            k: (float(v[0]), float(v[1])) for k, v in (kw.get("intervals") or {}).items()
+        }
+        return cls(**kw)
+
+
+_PROTOCOL_FIELDS = {f.name for f in dataclasses.fields(Protocol)}
+
+
+class _Checker:
+    def __init__(self, what: str):
+        self.what = what
+
+    def __call__(self, ok: bool, msg: str) -> None:
+        if not ok:
+            raise ArchiveError(f"invalid result ({self.what}): {msg}")
+
+
+def short_hash(h: str) -> str:
+    return h.split(":", 1)[-1][:12]
+
+
+def parse_result(text: str | bytes, where: str = "") -> EvaluationResult:
+    """The one reader: a result file's JSON (schema 2, or a legacy schema-1 results.json)."""
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ArchiveError(f"{where or 'result'} is not valid JSON: {exc}") from None
+    if isinstance(data, Mapping) and data.get("schema") == SCHEMA:
+        return EvaluationResult.from_dict(data)
+    return from_legacy(data)
+
+
+# -- schema 1 --------------------------------------------------------------------------------
+def _legacy_unit(key: str, family: str) -> str:
+    if key.endswith("mean_length"):
+        return "words" if family == "suite" else "tokens"
+    if family == "proxy":
+        return "fraction"
+    if family == "suite":
+        return "fraction" if key.endswith("valid_rate") else "percent"
+    return "value"
+
+
+def from_legacy(d: Any) -> EvaluationResult:
+    """A schema-1 ``results.json`` read as a typed result, its protocol and units inferred from the
+    backend that wrote it (``legacy`` is set so the CLI can say so)."""
+    if not isinstance(d, Mapping):
+        raise ArchiveError("results.json must be a JSON object")
+    metrics = d.get("metrics") if isinstance(d.get("metrics"), Mapping) else {}
+    backend = str(d.get("backend") or ("record" if d.get("source") == "record" else ""))
+    if "suite" in d:
+        proto_d = d.get("protocol") if isinstance(d.get("protocol"), Mapping) else {}
+        preset = str(proto_d.get("preset") or "paper")
+        protocol = Protocol(
+            f"{d['suite']}/{preset}", str(d.get("protocol_hash") or ""), "suite", preset
+        )
+        family = "suite"
+    elif backend == "proxy":
+        preset = str(d.get("preset") or "default")
+        settings = d.get("protocol") if isinstance(d.get("protocol"), Mapping) else {}
+        protocol = Protocol(
+            f"proxy/{preset}", str(d.get("protocol_hash") or ""), "proxy", preset, settings
+        )
+        family = "proxy"
+    elif backend == "verl":
+        protocol, family = Protocol("verl/paper", "", "verl", "paper"), "suite"
+    else:
+        protocol, family = Protocol("external", "", "record"), "external"
+    status = "failed" if d.get("status") == "failed" else "evaluated"
+    reason = str(
+        d.get("reason") or ("" if status == "evaluated" else "failed (no reason recorded)")
+    )
+    utility = (
+        "overall" if "overall" in metrics or status == "failed" else next(iter(metrics), "overall")
+    )
+    ivs = d.get("intervals") if isinstance(d.get("intervals"), Mapping) else {}
+    return EvaluationResult(
+        protocol=protocol,
+        status=status,
+        metrics={k: float(v) for k, v in metrics.items()},
+        units={k: _legacy_unit(k, family) for k in metrics},
+        intervals={k: (float(v[0]), float(v[1])) for k, v in ivs.items() if k in metrics and v},
+        interval_kind={"proxy": "t95 over seeds", "suite": "bootstrap over problems"}.get(
+            family, ""
+        ),
+        seeds=tuple(int(s) for s in (d.get("seeds") or ()) if isinstance(s, int)),
+        utility=utility,
+        reason=reason,
+        per_seed=tuple(d.get("per_seed") or ()),
+        trajectory=dict(d.get("trajectory") or {}),
+        mlflow_run_ids=tuple(d.get("mlflow_run_ids") or ()),
+        wall_time_s=float(d.get("wall_time_s") or 0.0),
+        node_commit=str(d.get("node_commit") or ""),
+        source="record"
+        if family == "external"
+        else ("loop" if d.get("source") == "loop" else "evaluate"),
+        details={
+            k: d[k] for k in ("versions", "counts", "grader", "generation", "model") if k in d
+        },
+        legacy=True,
+    )
+
+
+# -- comparability ---------------------------------------------------------------------------
+def comparable(a: EvaluationResult, b: EvaluationResult, metric: str | None = None) -> bool:
+    """Same protocol id and hash, and the metric (default: a's utility) on the same unit."""
+    m = metric or a.utility
+    return (
+        a.protocol.id == b.protocol.id
+        and a.protocol.hash == b.protocol.hash
+        and a.unit(m) == b.unit(m)
+    )
+
+
+def require_comparable(results: Mapping[str, EvaluationResult], metric: str | None = None) -> None:
+    """Raise :class:`Incomparable` (naming the groups) unless every result can be ranked together."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for name, r in results.items():
+        m = metric or r.utility
+        groups.setdefault((r.protocol.key, r.unit(m)), []).append(name)
+    if len(groups) > 1:
+        parts = [
+            f"{key} ({unit}): {', '.join(sorted(names)[:4])}{'…' if len(names) > 4 else ''}"
+            for (key, unit), names in sorted(groups.items())
+        ]
+        raise Incomparable(
+            "results of different protocols or units cannot be ranked together: "
+            + "; ".join(parts)
+            + " (choose one with --protocol)"
+        )
+
+
+def protocol_ids(results: Iterable[EvaluationResult]) -> list[str]:
+    return sorted({r.protocol.id for r in results})
+
+
+def now() -> float:
+    return round(time.time(), 3)
+
+
+@dataclass(frozen=True)
+class ProtocolRef:
+    """The protocol a ranking or comparison is made under: an id and, when known, a hash (a result
+    under the same id with another hash comes from an older protocol version and is not compared)."""
+
+    id: str
+    hash: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> ProtocolRef:
+        pid, _, h = text.strip().partition("@")
+        Protocol(pid)  # validates the id
+        return cls(pid, h)
+
+    def matches(self, p: Protocol) -> bool:
+        if p.id != self.id:
+            return False
+        return not self.hash or short_hash(p.hash).startswith(short_hash(self.hash))
+
+    @property
+    def key(self) -> str:
+        return f"{self.id}@{short_hash(self.hash)}" if self.hash else self.id
+
+
+def configured_protocol(cfg) -> ProtocolRef:
+    """The protocol the experiment ranks under: ``[evaluation].protocol`` when set, else the one its
+    backend and preset define (``proxy/<preset>`` with the proxy protocol's current hash)."""
+    explicit = getattr(cfg.evaluation, "protocol", "")
+    if explicit:
+        return ProtocolRef.parse(explicit)
+    if cfg.evaluation.backend == "proxy":
+        from trainer_template.proxy.protocol import PRESETS, get_protocol
+
+        preset = cfg.proxy.preset
+        return ProtocolRef(
+            f"proxy/{preset}", get_protocol(preset).hash() if preset in PRESETS else ""
+        )
+    return ProtocolRef(f"{cfg.evaluation.backend}/paper")
+
+
+def from_record(
+    payload: Mapping[str, Any],
+    *,
+    protocol: str = "external",
+    unit: str = "value",
+    utility: str = "overall",
+) -> EvaluationResult:
+    """A result a user records from elsewhere (``poise-git record``): a flat ``{metric: number}``
+    object, or ``{"metrics": {...}, "units": {...}, "intervals": {...}, "seeds": [...]}``. Metrics
+    without a unit get ``unit``; the protocol is ``protocol`` (never one the engine measures itself,
+    so a record cannot pass for a proxy or benchmark evaluation)."""
+    if not isinstance(payload, Mapping) or not payload:
+        raise ArchiveError("results must be a non-empty JSON object of metric name -> number")
+    if unit not in UNITS:
+        raise ArchiveError(f"unknown unit {unit!r}; use one of {', '.join(UNITS)}")
+    pid = str(payload.get("protocol") or protocol)
+    if pid.split("/", 1)[0] in ("proxy", "verl-smoke", "math6", "verl"):
+        raise ArchiveError(
+            f"protocol {pid!r} is measured by poise-git itself; record external results under "
+            "another id (e.g. --protocol lab-eval/v1)"
+        )
+    nested = isinstance(payload.get("metrics"), Mapping)
+    metrics = payload["metrics"] if nested else payload
+    units = dict(payload.get("units") or {}) if nested else {}
+    try:
+        metrics = {str(k): float(v) for k, v in metrics.items() if not isinstance(v, bool)}
+    except (TypeError, ValueError):
+        raise ArchiveError("results: every metric must be a number") from None
+    if not metrics:
+        raise ArchiveError("results must hold at least one metric name -> number")
+    ivs = (
+        payload.get("intervals") if nested and isinstance(payload.get("intervals"), Mapping) else {}
+    )
+    return EvaluationResult(
+        protocol=Protocol(pid, str(payload.get("protocol_hash") or ""), "record"),
+        status="evaluated",
+        metrics=metrics,
+        units={k: units.get(k, unit) for k in metrics},
+        intervals={k: (float(v[0]), float(v[1])) for k, v in ivs.items()},
+        interval_kind=str(payload.get("interval_kind") or ("as recorded" if ivs else "")),
+        seeds=tuple(int(s) for s in (payload.get("seeds") or ()) if nested),
+        utility=utility,
+        source="record",
+        recorded_at=now(),
+    )

@@ -1,0 +1,207 @@
+"""Score a model trained with a node's algorithm on a benchmark suite (math6) and record the result.
+
+The evaluators compute (``evaluators.suite.run_suite``: generation, grading, pass@k / acc@1, bootstrap
+intervals); this module turns that into the node's typed result under ``<suite>/<preset>`` and one
+MLflow run with the samples.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Callable
+from typing import Any
+
+from engine.archive.results import EvaluationResult, Protocol, now
+from engine.errors import EvaluationError
+
+
+def evaluate_node_on_suite(
+    archive,
+    name: str,
+    suite: str = "math6",
+    backend: str = "transformers",
+    model: str | None = None,
+    base_url: str | None = None,
+    limit: int | None = None,
+    *,
+    preset: str | None = None,
+    seed: int = 0,
+    grade_workers: int | None = None,
+    grade_timeout_s: float = 10.0,
+    n_boot: int = 1000,
+    backend_kwargs: dict | None = None,
+    on_progress: Callable[[str, int, int], None] | None = None,
+) -> EvaluationResult:
+    """Score ``model`` (trained with node ``name``'s algorithm) on ``suite``; record the result on the
+    node (status evaluated | failed) and in an MLflow run."""
+    from evaluators.benchmarks import suite as suite_spec
+    from evaluators.errors import SuiteError
+    from evaluators.generation import BACKENDS, make_backend
+    from evaluators.suite import protocol, protocol_hash, run_suite
+
+    preset = {None: "paper", "default": "paper"}.get(preset, preset)
+    if backend not in BACKENDS:
+        raise EvaluationError(
+            f"with --suite, --backend must be one of {', '.join(BACKENDS)} (got {backend!r})"
+        )
+    if not model:
+        raise EvaluationError("a suite evaluation needs --model (a path, or the served model name)")
+    if limit is not None and limit < 1:
+        raise EvaluationError("--limit must be >= 1")
+    try:
+        benches, max_tokens = suite_spec(suite, preset)
+    except SuiteError as exc:
+        raise EvaluationError(str(exc)) from None
+    node = archive.node(name)  # unknown node: one clear error before anything runs
+    cfg = archive.config()
+    settings = protocol(suite, preset, benches, max_tokens, limit, grade_timeout_s, seed)
+    proto = Protocol(f"{suite}/{preset}", protocol_hash(settings), "suite", preset, settings)
+    t0 = time.time()
+    try:
+        gen = make_backend(backend, model, base_url=base_url, **(backend_kwargs or {}))
+    except SuiteError as exc:
+        raise EvaluationError(str(exc)) from None
+    details: dict[str, Any] = {
+        "generator": backend,
+        "model": model,
+        "generation": gen.describe(),
+        "versions": _versions(),
+    }
+    base = dict(protocol=proto, node_commit=node.commit, utility=cfg.experiment.objective)
+    archive.set_status(name, "evaluating")
+    try:
+        run = run_suite(
+            gen,
+            benches,
+            max_tokens,
+            limit=limit,
+            seed=seed,
+            grade_workers=grade_workers,
+            grade_timeout_s=grade_timeout_s,
+            n_boot=n_boot,
+            on_progress=on_progress,
+        )
+    except (Exception, KeyboardInterrupt) as exc:  # the node must not stay "evaluating"
+        reason = str(exc) if isinstance(exc, SuiteError) else f"{type(exc).__name__}: {exc}"
+        failed = EvaluationResult(
+            **base,
+            status="failed",
+            reason=reason.rstrip(": ")[:2000],
+            wall_time_s=round(time.time() - t0, 3),
+            details=details,
+            recorded_at=now(),
+        )
+        archive.record_result(name, failed)
+        if isinstance(exc, SuiteError):
+            return failed
+        raise
+    finally:
+        gen.close()
+    result = _result(base, run, details, t0)
+    try:  # the scores are recorded on the node even when the tracking store is unreachable
+        run_ids = (_log_mlflow(archive, name, result, run["samples"]),)
+    except Exception as exc:  # noqa: BLE001
+        run_ids = ()
+        details["mlflow_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    result = EvaluationResult(**{**_fields(result), "mlflow_run_ids": run_ids, "details": details})
+    archive.record_result(name, result)
+    return result
+
+
+def _result(base: dict, run: dict, details: dict, t0: float) -> EvaluationResult:
+    from evaluators.grading import GRADER_VERSION
+    from evaluators.metrics import metric_unit
+    from evaluators.suite import build_metrics
+
+    metrics = build_metrics(run)
+    details["counts"] = {
+        k: {
+            "problems": r["problems"],
+            "samples": r["samples"],
+            **{f"grader_{s}": c for s, c in r["grader_failures"].items()},
+        }
+        for k, r in run["benchmarks"].items()
+    }
+    details["grader"] = {
+        "version": GRADER_VERSION,
+        "restarts": run["grader_restarts"],
+        "python": platform.python_version(),
+    }
+    return EvaluationResult(
+        **base,
+        status="evaluated",
+        metrics=metrics,
+        units={k: metric_unit(k) for k in metrics},
+        intervals={k: (float(lo), float(hi)) for k, (lo, hi) in run["intervals"].items()},
+        interval_kind="95% bootstrap over problems",
+        wall_time_s=round(time.time() - t0, 3),
+        details=details,
+        recorded_at=now(),
+    )
+
+
+def _fields(r: EvaluationResult) -> dict[str, Any]:
+    import dataclasses
+
+    return {f.name: getattr(r, f.name) for f in dataclasses.fields(r)}
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from evaluators.grading import GRADER_VERSION
+
+    out = {"grader": GRADER_VERSION}
+    for pkg in ("poise-git", "math-verify", "transformers", "vllm", "openai", "torch"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def _log_mlflow(archive, name: str, result: EvaluationResult, samples: list[dict]) -> str:
+    import gzip
+    import json
+    import tempfile
+    from pathlib import Path
+
+    import mlflow
+
+    from engine.archive.tracking import node_run
+    from evaluators.grading import GRADER_VERSION
+
+    proto = result.protocol
+    suite = proto.settings["suite"]
+    tags = {
+        "poise.eval": "suite",
+        "poise.suite": suite,
+        "poise.backend": result.details["generator"],
+        "poise.protocol": proto.id,
+        "poise.protocol_hash": proto.hash,
+        "poise.grader": GRADER_VERSION,
+    }
+    with node_run(archive, name, run_name=f"{name}:{suite}", tags=tags) as run:
+        mlflow.log_params(
+            {
+                "suite": suite,
+                "backend": result.details["generator"],
+                "model": result.details["model"],
+                "preset": proto.preset,
+                "limit": proto.settings["limit"],
+                "max_tokens": proto.settings["max_tokens"],
+                "grader_version": GRADER_VERSION,
+            }
+        )
+        mlflow.log_metrics({f"eval/{k}": float(v) for k, v in result.metrics.items()})
+        for k, (lo, hi) in result.intervals.items():
+            mlflow.log_metrics({f"eval/{k}/ci_low": lo, f"eval/{k}/ci_high": hi})
+        with tempfile.TemporaryDirectory() as d:
+            p = Path(d) / "samples.jsonl.gz"
+            with gzip.open(p, "wt", encoding="utf-8") as f:
+                for s in samples:
+                    f.write(json.dumps(s, ensure_ascii=False) + "\n")
+            mlflow.log_artifact(str(p), artifact_path="suite")
+            mlflow.log_dict(result.to_dict(), "suite/results.json")
+        return run.info.run_id
