@@ -73,6 +73,7 @@ def run_seed(
     warmstart: Path,
     limits: Limits,
     required: tuple[str, ...] = ("overall",),
+    boundary=None,
 ) -> dict:
     """``{"status": "ok"|"failed", "reason", "metrics", "trajectory", "timings", "peak_rss_mb",
     "seed", "wall_s"}`` of one seed; never raises for anything the candidate does."""
@@ -84,6 +85,7 @@ def run_seed(
         limits=limits,
         inputs={"algorithm.py": source.encode("utf-8"), "warmstart.pt": warmstart},
         on_frame=train,
+        boundary=boundary,
     )
     done = train.done or {}
     data: dict = {
@@ -107,7 +109,7 @@ def run_seed(
     if not train.weights:
         data["reason"] = f"seed {seed}: the training process sent no trained weights"
         return data
-    metrics, problem, scored = _score(train.weights, preset, seed, limits, required)
+    metrics, problem, scored = _score(train.weights, preset, seed, limits, required, boundary)
     data["wall_s"] += scored.wall_s
     data["timings"] = {**data["timings"], "eval_s": round(scored.wall_s, 3)}
     if problem:
@@ -131,7 +133,7 @@ def _ended(run: SandboxRun, train: _Training) -> str:
 
 
 def _score(
-    weights: bytes, preset: str, seed: int, limits: Limits, required: tuple[str, ...]
+    weights: bytes, preset: str, seed: int, limits: Limits, required: tuple[str, ...], boundary
 ) -> tuple[dict, str, SandboxRun]:
     got: dict = {}
 
@@ -146,6 +148,7 @@ def _score(
         limits=limits.with_(cpu_s=None),
         inputs={"checkpoint.pt": weights},
         on_frame=on_frame,
+        boundary=boundary,
     )
     if got.get("type") == "invalid":
         return {}, text(got.get("reason", "the trained checkpoint is refused"), 300), run

@@ -172,11 +172,19 @@ def _replay(key: str, args: tuple, kwargs: dict) -> Any:
 
 
 class CandidateFunction:
-    """``mod.compute_advantages`` / ``mod.policy_loss`` in record or replay mode."""
+    """``mod.compute_advantages`` / ``mod.policy_loss`` in record or replay mode. Its signature says
+    whether the real function takes ``state`` (``call_policy_loss`` reads it), nothing more."""
 
-    def __init__(self, name: str, fn=None):
+    def __init__(self, name: str, fn=None, takes_state: bool = False):
+        import inspect
+
         self.__name__ = name
         self._fn = fn
+        params = [inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL)]
+        if takes_state:
+            params.append(inspect.Parameter("state", inspect.Parameter.KEYWORD_ONLY, default=None))
+        params.append(inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD))
+        self.__signature__ = inspect.Signature(params)
 
     def __call__(self, *args, **kwargs):
         key = _S.key()
@@ -211,19 +219,39 @@ def load_candidate(path: str | Path, key: str = "session") -> Any:
             msg = _describe(exc)
             ch.send({"type": "end", "key": f"{key}#load", "error": msg})
             raise CandidateError(msg) from None
-        ch.send({"type": "end", "key": f"{key}#load", "out": {"t": "scalar", "v": None}})
+        takes = _takes_state(module.policy_loss)
+        ch.send(
+            {
+                "type": "end",
+                "key": f"{key}#load",
+                "out": {"t": "scalar", "v": None},
+                "fields": {"takes_state": {"t": "scalar", "v": takes}},
+            }
+        )
         _S.module = types.SimpleNamespace(
             compute_advantages=CandidateFunction("compute_advantages", module.compute_advantages),
-            policy_loss=CandidateFunction("policy_loss", module.policy_loss),
+            policy_loss=CandidateFunction("policy_loss", module.policy_loss, takes),
             real=module,
         )
         return _S.module
-    _entry(f"{key}#load")
+    rec = _entry(f"{key}#load")
+    fields = rec.get("fields") if isinstance(rec.get("fields"), dict) else {}
+    takes = codec.decode(fields["takes_state"]) is True if "takes_state" in fields else False
     return types.SimpleNamespace(
         compute_advantages=CandidateFunction("compute_advantages"),
-        policy_loss=CandidateFunction("policy_loss"),
+        policy_loss=CandidateFunction("policy_loss", None, takes),
         real=None,
     )
+
+
+def _takes_state(fn) -> bool:
+    """Whether ``policy_loss`` has a ``state`` parameter (as ``call_policy_loss`` decides)."""
+    import inspect
+
+    try:
+        return "state" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def config(mod: Any, key: str = "session") -> Any:

@@ -80,7 +80,7 @@ PYTEST_INI = "[pytest]\n"
 
 
 def run_suite(
-    source: str, files: dict[str, str], limits: VerifyLimits
+    source: str, files: dict[str, str], limits: VerifyLimits, boundary=None
 ) -> tuple[bool, str, dict[str, Any]]:
     """Record the candidate's calls in the sandbox, then decide on the trusted side; (ok, reason, report).
 
@@ -89,11 +89,11 @@ def run_suite(
     2. A second sandboxed child that loads no candidate code runs the same suite against the
        recording; its result is the verdict. Nothing either child writes to a file is read back."""
     from engine.operators.recording import Recorder
-    from engine.sandbox import boundary
+    from engine.sandbox import boundary as _boundary
     from engine.sandbox.channel import ChannelError
     from engine.sandbox.runner import run_sandboxed
 
-    b = boundary.resolve()
+    b = boundary or _boundary.resolve()
     box = limits.sandbox()
     tests = {path: text.encode() for path, text in files.items()}
     rec = Recorder(limits.call_s)

@@ -150,15 +150,27 @@ def readonly_paths() -> list[str]:
     return kept
 
 
+@functools.lru_cache(maxsize=4)
+def _options(exe: str) -> frozenset[str]:
+    """The options this bwrap knows (``--size`` and ``--disable-userns`` are recent)."""
+    try:
+        out = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=10, env={})
+    except (OSError, subprocess.TimeoutExpired):
+        return frozenset()
+    return frozenset(w for w in (out.stdout + out.stderr).split() if w.startswith("--"))
+
+
 def bwrap_command(boundary: Boundary, input_dir: str | None, scratch_mb: int) -> list[str]:
     """The bwrap prefix of a sandboxed command (the command itself follows)."""
+    known = _options(boundary.bwrap)
     args = [boundary.bwrap, "--die-with-parent", "--new-session"]
     if os.geteuid() == 0:  # the launcher drops to a fresh uid; it needs these two until then
         args += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
         args += ["--unshare-cgroup-try", "--cap-drop", "ALL"]
         args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
-        args += ["--unshare-all", "--unshare-user", "--disable-userns"]
+        args += ["--unshare-all", "--unshare-user"]
+        args += ["--disable-userns"] if "--disable-userns" in known else []
     args += ["--ro-bind", "/usr", "/usr"]
     for top in ("/bin", "/lib", "/lib64", "/sbin", "/lib32", "/libx32"):
         if os.path.islink(top):
@@ -175,11 +187,15 @@ def bwrap_command(boundary: Boundary, input_dir: str | None, scratch_mb: int) ->
                 made.add(str(parent))
                 args += ["--perms", "0755", "--dir", str(parent)]
         args += ["--ro-bind", path, path]
-    size = str(int(scratch_mb) * 1024 * 1024)
+
+    def tmpfs(path: str, size_bytes: int) -> list[str]:
+        sized = ["--size", str(size_bytes)] if "--size" in known else []  # bwrap >= 0.8
+        return ["--perms", "01777", *sized, "--tmpfs", path]
+
     args += ["--dev", "/dev", "--proc", "/proc"]
-    for tmpfs in (SCRATCH, "/tmp"):
-        args += ["--perms", "01777", "--size", size, "--tmpfs", tmpfs]
-    args += ["--perms", "01777", "--size", str(1024 * 1024), "--tmpfs", "/dev/shm"]
+    for path in (SCRATCH, "/tmp"):
+        args += tmpfs(path, int(scratch_mb) * 1024 * 1024)
+    args += tmpfs("/dev/shm", 1024 * 1024) + ["--remount-ro", "/dev"]
     if input_dir:
         args += ["--ro-bind", input_dir, INPUT]
     args += ["--chdir", SCRATCH]
