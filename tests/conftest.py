@@ -77,3 +77,17 @@ def mark_verified(archive, name: str) -> None:
         subject=f"poise: {name} verified (test)",
         status="verified",
     )
+
+
+def require_boundary():
+    """The OS boundary (bubblewrap), or skip — except under CI (``$CI`` set), where its absence fails.
+
+    Tests that run hostile code need it: in the weak mode such code can reach this very process."""
+    from engine.sandbox import boundary
+
+    b = boundary.resolve(os.environ.get("POISE_TEST_FORCE_MODE", "auto"))
+    if not b.isolated and not os.environ.get("POISE_TEST_FORCE_MODE"):
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the boundary's tests under bubblewrap: {b.note}")
+        pytest.skip(f"needs bubblewrap (ci/setup.sh installs it): {b.note}")
+    return b

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import require_boundary
 
 from engine.archive.store import Archive
 from engine.sandbox import boundary
@@ -23,15 +24,6 @@ from engine.sandbox.runner import run_sandboxed
 
 CANARY = "canary-" + uuid.uuid4().hex
 MARK = "poise-test-mark-" + uuid.uuid4().hex
-
-
-def bwrap_or_skip() -> boundary.Boundary:
-    b = boundary.resolve(os.environ.get("POISE_TEST_FORCE_MODE", "auto"))
-    if not b.isolated and not os.environ.get("POISE_TEST_FORCE_MODE"):
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the boundary's tests under bubblewrap: {b.note}")
-        pytest.skip(f"needs bubblewrap (ci/setup.sh installs it): {b.note}")
-    return b
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +63,7 @@ def world(tmp_path_factory):
 
 
 def run(code: str, world: dict, limits: Limits | None = None, **kw):
-    b = bwrap_or_skip()
+    b = require_boundary()
     frames: list[dict] = []
     res = run_sandboxed(
         "engine.sandbox.exec_source",

@@ -15,7 +15,7 @@ import time
 
 import psutil
 import pytest
-from conftest import REPO, mark_verified
+from conftest import REPO, mark_verified, require_boundary
 
 from engine.archive.store import Archive
 from trainer_template import ALGORITHM_FILE
@@ -118,6 +118,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
+    require_boundary()
     mp = pytest.MonkeyPatch()
     mp.setenv("POISE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
     mp.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -218,6 +219,7 @@ def _descendants_gone(pid_list, timeout=10.0) -> bool:
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_to_evaluate_stops_every_child_and_leaves_the_node_resumable(tmp_path, sig):
+    require_boundary()
     arch = Archive.init(tmp_path / "exp")
     arch.spawn("grpo", "slow", algorithm=hostile("import time", "time.sleep(600)"))
     mark_verified(arch, "slow")
@@ -242,6 +244,7 @@ def test_signal_to_evaluate_stops_every_child_and_leaves_the_node_resumable(tmp_
 
 @pytest.mark.slow
 def test_sigterm_to_verify_leaves_no_orphan(tmp_path):
+    require_boundary()
     arch = Archive.init(tmp_path / "exp")
     r = subprocess.run(
         [sys.executable, "-m", "engine", "spawn", "grpo", "--name", "loops", "--no-verify",

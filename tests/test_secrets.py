@@ -10,7 +10,7 @@ import uuid
 
 import openai_server
 import pytest
-from conftest import mark_verified
+from conftest import mark_verified, require_boundary
 
 from engine import secrets
 from engine.archive.store import Archive
@@ -71,6 +71,7 @@ def test_scrub_and_environments(monkeypatch):
 
 @pytest.mark.slow
 def test_canary_secret_is_nowhere_after_a_full_flow(tmp_path, cli):
+    require_boundary()
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)
     (home / ".ssh" / "id_rsa").write_text(FILE_SECRET)
