@@ -14,11 +14,12 @@ child computed them.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from engine.sandbox.channel import ChannelError, expect, metric_map, text
 from engine.sandbox.limits import Limits
-from engine.sandbox.runner import SandboxRun, Session, run_sandboxed
+from engine.sandbox.runner import Feed, SandboxRun, Session, run_sandboxed
 
 WORKER = "trainer_template.proxy.worker"
 
@@ -76,19 +77,43 @@ def run_seed(
     boundary=None,
 ) -> dict:
     """``{"status": "ok"|"failed", "reason", "metrics", "trajectory", "timings", "peak_rss_mb",
-    "seed", "wall_s"}`` of one seed; never raises for anything the candidate does."""
+    "seed", "wall_s"}`` of one seed; never raises for anything the candidate does.
+
+    The scorer starts with the training child (its imports overlap the training) and receives the
+    weights on its stdin when they exist."""
     train = _Training(max_steps)
-    run = run_sandboxed(
-        WORKER,
-        ["train", "--preset", preset, "--algorithm", "{input}/algorithm.py"]
-        + ["--warmstart", "{input}/warmstart.pt", "--name", name, "--seed", str(seed)],
-        limits=limits,
-        inputs={"algorithm.py": source.encode("utf-8"), "warmstart.pt": warmstart},
-        on_frame=train,
-        boundary=boundary,
+    feed = Feed()
+    scoring: dict = {}
+    scorer = threading.Thread(
+        target=lambda: scoring.update(
+            result=_score(feed, preset, seed, limits, required, boundary)
+        ),
+        name=f"poise-score-{seed}",
     )
+    scorer.start()
+    try:
+        run = run_sandboxed(
+            WORKER,
+            ["train", "--preset", preset, "--algorithm", "{input}/algorithm.py"]
+            + ["--warmstart", "{input}/warmstart.pt", "--name", name, "--seed", str(seed)],
+            limits=limits,
+            inputs={"algorithm.py": source.encode("utf-8"), "warmstart.pt": warmstart},
+            on_frame=train,
+            boundary=boundary,
+        )
+        data = _judge_training(run, train, seed)
+        feed.put(train.weights if data is None else None)
+    finally:
+        feed.put(None)  # no-op after the weights; unblocks the scorer on any error
+        scorer.join()
+    if data is not None:
+        return data
+    return _with_scores(_base(run, train, seed), train, scoring["result"], seed)
+
+
+def _base(run: SandboxRun, train: _Training, seed: int) -> dict:
     done = train.done or {}
-    data: dict = {
+    return {
         "status": "failed",
         "reason": "",
         "metrics": {},
@@ -98,24 +123,34 @@ def run_seed(
         "seed": seed,
         "wall_s": run.wall_s,
     }
+
+
+def _judge_training(run: SandboxRun, train: _Training, seed: int) -> dict | None:
+    """The failed seed when the training alone decides it, else None (the weights get scored)."""
+    data = _base(run, train, seed)
     problem = _ended(run, train)
     if problem:
         data["reason"] = f"seed {seed}: the training process {problem}"
         return data
-    failure = done["reason"] if done["status"] == "failed" else ""
+    failure = train.done["reason"] if train.done["status"] == "failed" else ""
     if failure and not failure.startswith("collapsed"):
         data["reason"] = f"seed {seed}: {failure}"
         return data
     if not train.weights:
         data["reason"] = f"seed {seed}: the training process sent no trained weights"
         return data
-    metrics, problem, scored = _score(train.weights, preset, seed, limits, required, boundary)
-    data["wall_s"] += scored.wall_s
-    data["timings"] = {**data["timings"], "eval_s": round(scored.wall_s, 3)}
+    return None
+
+
+def _with_scores(data: dict, train: _Training, scored, seed: int) -> dict:
+    metrics, problem, run, eval_s = scored
+    data["wall_s"] = max(data["wall_s"], run.wall_s)  # the two children overlap
+    data["timings"] = {**data["timings"], "eval_s": round(eval_s, 3)}
     if problem:
         data["reason"] = f"seed {seed}: {problem}"
         return data
     data["metrics"] = metrics
+    failure = train.done["reason"] if train.done["status"] == "failed" else ""
     if failure:  # collapsed: the metrics of the collapsed policy are kept, the seed failed
         data["reason"] = f"seed {seed}: {failure}"
         return data
@@ -133,8 +168,8 @@ def _ended(run: SandboxRun, train: _Training) -> str:
 
 
 def _score(
-    weights: bytes, preset: str, seed: int, limits: Limits, required: tuple[str, ...], boundary
-) -> tuple[dict, str, SandboxRun]:
+    weights: Feed, preset: str, seed: int, limits: Limits, required: tuple[str, ...], boundary
+) -> tuple[dict, str, SandboxRun, float]:
     got: dict = {}
 
     def on_frame(frame: dict, _session: Session) -> None:
@@ -144,21 +179,23 @@ def _score(
 
     run = run_sandboxed(
         WORKER,
-        ["score", "--preset", preset, "--checkpoint", "{input}/checkpoint.pt", "--seed", str(seed)],
-        limits=limits.with_(cpu_s=None),
-        inputs={"checkpoint.pt": weights},
+        ["score", "--preset", preset, "--checkpoint", "-", "--seed", str(seed)],
+        limits=limits.with_(wall_s=2 * limits.wall_s, cpu_s=limits.wall_s),
         on_frame=on_frame,
         boundary=boundary,
+        stdin=weights,
     )
+    spent = got.get("eval_s")
+    eval_s = float(spent) if isinstance(spent, (int, float)) else 0.0
     if got.get("type") == "invalid":
-        return {}, text(got.get("reason", "the trained checkpoint is refused"), 300), run
+        return {}, text(got.get("reason", "the trained checkpoint is refused"), 300), run, eval_s
     if not run.ok or got.get("type") != "metrics":
-        return {}, f"scoring the trained weights failed: {run.reason()}", run
+        return {}, f"scoring the trained weights failed: {run.reason()}", run, eval_s
     try:
         metrics = metric_map(got.get("metrics"), max_keys=256)
     except ChannelError as exc:
-        return {}, f"the held-out evaluation produced {exc}", run
+        return {}, f"the held-out evaluation produced {exc}", run, eval_s
     missing = [k for k in required if k not in metrics]
     if missing:
-        return {}, f"the held-out evaluation lacks {', '.join(missing)}", run
-    return metrics, "", run
+        return {}, f"the held-out evaluation lacks {', '.join(missing)}", run, eval_s
+    return metrics, "", run, eval_s

@@ -14,6 +14,7 @@ the static checks, as recorded calls (``engine.operators.probe``) replayed on th
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Sequence
 
 DUPLICATE_TOL = 1e-3
@@ -194,31 +195,11 @@ def fingerprints(
     from engine.sandbox import boundary
     from engine.sandbox.channel import ChannelError
     from engine.sandbox.limits import Limits
-    from engine.sandbox.runner import run_sandboxed
+    from engine.sandbox.runner import Feed, run_sandboxed
 
     b = boundary.resolve()
     limits = Limits(wall_s=timeout_s, cpu_s=timeout_s, memory_mb=memory_mb)
     inputs = {f"src{i}.py": src.encode("utf-8") for i, src in enumerate(sources)}
-    rec = Recorder(call_s)
-    start, ended = 0, ""
-    while start < len(sources):
-        run = run_sandboxed(
-            "engine.operators.verify_child",
-            ["fp-record", "{input}", str(start)],
-            limits=limits,
-            inputs=inputs,
-            env={"POISE_VERIFY_MODE": "record"},
-            on_frame=rec,
-            boundary=b,
-        )
-        if run.protocol_error:
-            return [f"fingerprinting failed: {run.reason()}"] * len(sources)
-        stop = rec.finish(run)
-        if not stop:
-            break
-        ended, rec.done = stop, False
-        seen = [int(k[2:].split("#")[0]) for k in rec.calls if k.startswith("fp")]
-        start = max([start, *seen]) + 1  # the source it stopped at keeps its recorded error
     values: list = []
 
     def on_result(frame: dict, _session) -> None:
@@ -226,15 +207,52 @@ def fingerprints(
             raise ChannelError("the replay sent an unexpected frame")
         values.extend(frame["values"])
 
-    judged = run_sandboxed(
-        "engine.operators.verify_child",
-        ["fp-replay", "{input}", str(len(sources))],
-        limits=limits.with_(cpu_s=None),
-        inputs={"recording.json": rec.to_json(ended).encode()},
-        env={"POISE_VERIFY_MODE": "replay", "POISE_VERIFY_RECORDING": "{input}/recording.json"},
-        on_frame=on_result,
-        boundary=b,
+    feed = Feed()
+    judging: dict = {}
+    judge = threading.Thread(  # starts now: its imports overlap the recording
+        target=lambda: judging.update(
+            run=run_sandboxed(
+                "engine.operators.verify_child",
+                ["fp-replay", "{input}", str(len(sources))],
+                limits=limits.with_(wall_s=2 * timeout_s),
+                env={"POISE_VERIFY_MODE": "replay"},
+                on_frame=on_result,
+                boundary=b,
+                stdin=feed,
+            )
+        ),
+        name="poise-fingerprint-replay",
     )
+    judge.start()
+    rec = Recorder(call_s)
+    start, ended, refused = 0, "", ""
+    try:
+        while start < len(sources):
+            run = run_sandboxed(
+                "engine.operators.verify_child",
+                ["fp-record", "{input}", str(start)],
+                limits=limits,
+                inputs=inputs,
+                env={"POISE_VERIFY_MODE": "record"},
+                on_frame=rec,
+                boundary=b,
+            )
+            if run.protocol_error:
+                refused = f"fingerprinting failed: {run.reason()}"
+                break
+            stop = rec.finish(run)
+            if not stop:
+                break
+            ended, rec.done = stop, False
+            seen = [int(k[2:].split("#")[0]) for k in rec.calls if k.startswith("fp")]
+            start = max([start, *seen]) + 1  # the source it stopped at keeps its recorded error
+        feed.put(None if refused else rec.to_json(ended).encode())
+    finally:
+        feed.put(None)
+        judge.join()
+    if refused:
+        return [refused] * len(sources)
+    judged = judging["run"]
     if not judged.ok or len(values) != len(sources):
         return [f"fingerprinting failed: {judged.reason()}"] * len(sources)
     return [[float(x) for x in v] if isinstance(v, list) else f"{v}"[:300] for v in values]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -91,24 +92,55 @@ def run_suite(
     from engine.operators.recording import Recorder
     from engine.sandbox import boundary as _boundary
     from engine.sandbox.channel import ChannelError
-    from engine.sandbox.runner import run_sandboxed
+    from engine.sandbox.runner import Feed, run_sandboxed
 
     b = boundary or _boundary.resolve()
     box = limits.sandbox()
     tests = {path: text.encode() for path, text in files.items()}
-    rec = Recorder(limits.call_s)
-    run = run_sandboxed(
-        "engine.operators.verify_child",
-        ["record", "{input}"],
-        limits=box,
-        inputs={"algorithm.py": source.encode(), "pytest.ini": PYTEST_INI.encode(), **tests},
-        env={"POISE_VERIFY_MODE": "record", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
-        on_frame=rec,
-        boundary=b,
+    result: dict[str, Any] = {}
+
+    def on_result(frame: dict, _session) -> None:
+        if frame.get("type") != "result" or result:
+            raise ChannelError("the replay sent an unexpected frame")
+        result.update(frame)
+
+    feed = Feed()
+    judging: dict[str, Any] = {}
+    judge = threading.Thread(  # starts now: its imports overlap the recording
+        target=lambda: judging.update(
+            run=run_sandboxed(
+                "engine.operators.verify_child",
+                ["replay", "{input}"],
+                limits=box.with_(wall_s=2 * box.wall_s, cpu_s=box.wall_s),
+                inputs={"pytest.ini": PYTEST_INI.encode(), **tests},
+                env={"POISE_VERIFY_MODE": "replay", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+                on_frame=on_result,
+                boundary=b,
+                stdin=feed,
+            )
+        ),
+        name="poise-verify-replay",
     )
-    ended = rec.finish(run)
+    judge.start()
+    rec = Recorder(limits.call_s)
+    try:
+        run = run_sandboxed(
+            "engine.operators.verify_child",
+            ["record", "{input}"],
+            limits=box,
+            inputs={"algorithm.py": source.encode(), "pytest.ini": PYTEST_INI.encode(), **tests},
+            env={"POISE_VERIFY_MODE": "record", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+            on_frame=rec,
+            boundary=b,
+        )
+        ended = rec.finish(run)
+        feed.put(None if run.protocol_error else rec.to_json(ended).encode())
+    finally:
+        feed.put(None)
+        judge.join()
+    judged = judging["run"]
     report: dict[str, Any] = {
-        "wall_s": round(run.wall_s, 2),
+        "wall_s": round(max(run.wall_s, judged.wall_s), 2),
         "limits": asdict(limits),
         "boundary": b.describe(),
         "calls": len(rec.calls),
@@ -116,31 +148,6 @@ def run_suite(
     if run.protocol_error:
         report["output_tail"] = run.output_tail[-2000:]
         return False, f"the candidate's process {run.reason()}", report
-    result: dict[str, Any] = {}
-
-    def on_result(frame: dict, _session) -> None:
-        if frame.get("type") != "result":
-            raise ChannelError("the replay sent an unexpected frame")
-        result.update(frame)
-
-    judged = run_sandboxed(
-        "engine.operators.verify_child",
-        ["replay", "{input}"],
-        limits=box.with_(cpu_s=None),
-        inputs={
-            "pytest.ini": PYTEST_INI.encode(),
-            "recording.json": rec.to_json(ended).encode(),
-            **tests,
-        },
-        env={
-            "POISE_VERIFY_MODE": "replay",
-            "POISE_VERIFY_RECORDING": "{input}/recording.json",
-            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-        },
-        on_frame=on_result,
-        boundary=b,
-    )
-    report["wall_s"] = round(run.wall_s + judged.wall_s, 2)
     rows = result.get("tests")
     if not judged.ok or not isinstance(rows, list):  # a recording that breaks the judge is refused
         report["output_tail"] = judged.output_tail[-2000:]

@@ -2,16 +2,20 @@
 
     record INPUT            run the suite in INPUT/tests against INPUT/algorithm.py, streaming every
                             call (sandboxed, candidate code), then the fingerprint probes
-    replay INPUT            run the suite against INPUT/recording.json (trusted: no candidate code);
-                            sends {"type": "result", "returncode", "tests", "fingerprint"}
+    replay INPUT            run the suite against the recording on stdin (trusted: no candidate
+                            code); sends {"type": "result", "returncode", "tests", "fingerprint"}
     fp-record INPUT START   fingerprint probes of INPUT/src<i>.py for i >= START (candidate code)
-    fp-replay INPUT N       the fingerprint vectors of sources 0..N-1 from the recording (trusted)
+    fp-replay INPUT N       the fingerprint vectors of sources 0..N-1 from the recording on stdin
+
+The replays start together with their recording child: they import pytest and torch, then block
+on stdin until the engine writes the recording (nothing: the recording was refused, exit quietly).
 
 The mode (``$POISE_VERIFY_MODE``) is set by the parent; see ``engine.operators.probe``.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -67,7 +71,24 @@ def record(root: Path) -> None:
     Channel.from_env().send({"type": "done"})
 
 
+def _recording_from_stdin() -> bool:
+    import pytest  # noqa: F401 - imported while the recording child runs
+    import torch  # noqa: F401
+
+    import engine.operators.fingerprint  # noqa: F401
+
+    data = sys.stdin.buffer.read()
+    if not data:
+        return False
+    path = Path(os.environ.get("HOME", "/tmp")) / "recording.json"  # the child's own scratch
+    path.write_bytes(data)
+    os.environ[probe.RECORDING_ENV] = str(path)
+    return True
+
+
 def replay(root: Path) -> None:
+    if not _recording_from_stdin():
+        return
     collect = _Collect()
     rc = _pytest(root, ["--maxfail=2"], [collect])
     fingerprint = None
@@ -95,6 +116,8 @@ def fp_record(root: Path, start: int) -> None:
 
 
 def fp_replay(root: Path, n: int) -> None:
+    if not _recording_from_stdin():
+        return
     out: list = []
     for i in range(n):
         try:

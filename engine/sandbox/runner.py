@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +33,25 @@ from trainer_template.channel import FD_ENV
 INPUT_TOKEN = "{input}"
 _UID_BASE = 1_500_000_000
 _uid_counter = 0
+
+
+class Feed:
+    """Bytes for a child's stdin that arrive later: a child started early (its imports overlapping
+    other work) blocks on stdin until :meth:`put`; ``put(None)`` closes stdin empty."""
+
+    def __init__(self) -> None:
+        self._ready = threading.Event()
+        self._data: bytes | None = None
+
+    def put(self, data: bytes | None) -> None:
+        """The first call wins; later ones do nothing."""
+        if not self._ready.is_set():
+            self._data = data
+            self._ready.set()
+
+    def get(self, timeout: float) -> bytes | None:
+        self._ready.wait(timeout)
+        return self._data
 
 
 class Session:
@@ -124,11 +144,13 @@ def run_sandboxed(
     env: Mapping[str, str] | None = None,
     on_frame: Callable[[dict, Session], None] | None = None,
     boundary: _boundary.Boundary | None = None,
+    stdin: Feed | None = None,
 ) -> SandboxRun:
     """Run ``python -m module *args`` behind the boundary; frames go to ``on_frame`` in order.
 
     ``inputs``: files the child reads under ``{input}/NAME`` (``{input}`` in ``args`` is replaced by
     that directory); bytes are written by the parent, a Path is bound (or linked) read-only.
+    ``stdin``: bytes delivered later (the child may start before they exist).
     ``on_frame`` may raise ChannelError (the child is killed, ``protocol_error`` says why)."""
     b = boundary or _boundary.resolve()
     if live.stopping():
@@ -180,7 +202,7 @@ def run_sandboxed(
         try:
             proc = subprocess.Popen(
                 cmd,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 env=child_env,
@@ -191,6 +213,10 @@ def run_sandboxed(
         finally:
             os.close(write_fd)
         live.add(proc)
+        if stdin is not None:
+            threading.Thread(
+                target=_feed, args=(proc, stdin, limits.wall_s), daemon=True, name="poise-feed"
+            ).start()
         try:
             if live.stopping():
                 _kill(proc, b)
@@ -201,6 +227,16 @@ def run_sandboxed(
             live.discard(proc)
     run.limits = limits.to_dict()
     return run
+
+
+def _feed(proc: subprocess.Popen, feed: Feed, wait_s: float) -> None:
+    data = feed.get(wait_s)
+    try:
+        if data:
+            proc.stdin.write(data)
+        proc.stdin.close()
+    except (BrokenPipeError, OSError, ValueError):
+        pass
 
 
 def _supervise(proc, read_fd: int, limits: Limits, on_frame, start: float, b) -> SandboxRun:

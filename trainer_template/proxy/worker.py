@@ -2,7 +2,7 @@
 
     python -m trainer_template.proxy.worker warmstart --preset P [--cache-dir D]
     python -m trainer_template.proxy.worker train --algorithm A.py --warmstart W.pt --seed S [--preset P]
-    python -m trainer_template.proxy.worker score --checkpoint C.pt --seed S [--preset P]
+    python -m trainer_template.proxy.worker score --checkpoint C.pt|- --seed S [--preset P]
     python -m trainer_template.proxy.worker run --algorithm A.py --seed S --out R.json   (benchmarks)
 
 ``warmstart`` (trusted) builds or finds the cached warm start. ``train`` runs candidate code, behind
@@ -162,13 +162,19 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(1)
     from trainer_template.channel import Channel
+    from trainer_template.proxy import evalset  # noqa: F401 - imported before the weights arrive
+    from trainer_template.proxy.warmstart import build_model  # noqa: F401
 
     channel = Channel.from_env()
     if channel is None:
         raise SystemExit("score needs the engine's channel ($POISE_CHANNEL_FD)")
+    # "-": the engine starts the scorer early and writes the weights to stdin once they exist
+    data = sys.stdin.buffer.read() if args.checkpoint == "-" else Path(args.checkpoint).read_bytes()
+    if not data:
+        return 0  # the training failed: nothing to score
     t0 = time.monotonic()
     try:
-        model = load_checkpoint(Path(args.checkpoint).read_bytes(), args.preset)
+        model = load_checkpoint(data, args.preset)
     except ValueError as exc:
         channel.send({"type": "invalid", "reason": f"the trained checkpoint is refused: {exc}"})
         return 0
