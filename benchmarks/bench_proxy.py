@@ -66,7 +66,7 @@ def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tenso
 
 
 def prior(name: str) -> str:
-    from trainer_template.priors import prior_source
+    from engine.archive.edit import prior_source
 
     return prior_source(name)
 

@@ -7,6 +7,7 @@ environment variable the ``[llm]`` section names (default ``OPENAI_API_KEY``).
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,8 @@ class ExperimentConfig:
     """metrics of the Pareto front (empty: the objective alone); prefix '-' to minimize"""
     directive: str = ""
     """natural-language research directive that enters every proposal context"""
+    directions: tuple[tuple[str, str], ...] = ()
+    """``[experiment.directions]``: metric -> "max" | "min" (see :func:`metric_direction`)"""
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,8 @@ class ProposeConfig:
     """N candidates proposed per parent"""
     correction_rounds: int = 3
     """R: bounded implement -> verify correction rounds"""
+    context_tokens: int = 12000
+    """token budget of the proposal context (engine.operators.context; the parent is never cut)"""
 
 
 @dataclass(frozen=True)
@@ -156,6 +161,13 @@ def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
         if not isinstance(value, str):
             raise ConfigError(f"{where} must be a string, got {value!r}")
         return value
+    if key == "directions":
+        if not isinstance(value, dict):
+            raise ConfigError(f'{where} must be a table of metric = "max" | "min"')
+        for metric, d in value.items():
+            if d not in ("max", "min"):
+                raise ConfigError(f'{where}.{metric} must be "max" or "min", got {d!r}')
+        return tuple(sorted(value.items()))
     if isinstance(default, tuple):
         if not isinstance(value, list):
             raise ConfigError(f"{where} must be a list, got {value!r}")
@@ -212,12 +224,53 @@ def validate(cfg: Config) -> None:
         )
 
 
+_LENGTH_LIKE = re.compile(r"(^|[/_.:-])(length|len|tokens|response_length)$")
+_LENGTH_WORDS = re.compile(
+    r"\b(length|lengths|shorter|concise|brevity|compress\w*|tokens?)\b", re.I
+)
+
+
+def is_length_like(metric: str) -> bool:
+    """``mean_length``, ``hard/mean_length``, ``train/response_length``, ``…_tokens``: a length."""
+    return bool(_LENGTH_LIKE.search(metric.lstrip("+-")))
+
+
+def has_length_directive(cfg: ExperimentConfig) -> bool:
+    """A length penalty, a length-like objective, or a directive that asks about length."""
+    return (
+        bool(cfg.length_penalty)
+        or is_length_like(cfg.objective)
+        or any(is_length_like(p) for p in cfg.pareto_objectives)
+        or bool(_LENGTH_WORDS.search(cfg.directive or ""))
+    )
+
+
+def metric_direction(metric: str, cfg: ExperimentConfig) -> tuple[str, str]:
+    """``(direction, why)`` of a metric: ``"max"`` | ``"min"``, and where that comes from.
+
+    ``[experiment.directions]`` in poise.toml wins; else a length-like metric is ``min`` under a
+    length directive (:func:`has_length_directive`); else ``max`` (accuracies, pass@k, Overall)."""
+    name = metric.lstrip("+-")
+    explicit = dict(cfg.directions).get(name)
+    if explicit:
+        return explicit, "poise.toml [experiment.directions]"
+    if is_length_like(name) and has_length_directive(cfg):
+        return "min", "length directive"
+    return "max", "default"
+
+
 def utility(metrics: dict[str, float], cfg: ExperimentConfig) -> float | None:
-    """The scalar utility U(y) of a metric vector, or None when the objective was not measured."""
+    """The scalar utility U(y) of a metric vector, or None when the objective was not measured.
+
+    U = s * y[objective] - length_penalty * y[mean_length], s = -1 when the objective's direction
+    is ``min`` (:func:`metric_direction`), else +1: U is always higher-is-better."""
     value = metrics.get(cfg.objective)
     if value is None:
         return None
     u = float(value)
+    if cfg.directions or is_length_like(cfg.objective):
+        if metric_direction(cfg.objective, cfg)[0] == "min":
+            u = -u
     if cfg.length_penalty:
         length = metrics.get("mean_length")
         if length is not None:
@@ -231,6 +284,12 @@ DEFAULT_TOML = """\
 name = "poise-experiment"
 objective = "overall"          # the metric U maximizes
 directive = ""                 # natural-language research directive for the proposer
+
+# Direction of each metric an objective may name: "max" (higher is better) or "min". Unlisted
+# metrics are "max", except length-like ones (mean_length, hard/mean_length, ...), which are "min"
+# under a length directive. `poise-git select --explain` shows the directions in use.
+[experiment.directions]
+mean_length = "min"
 
 [evaluation]
 backend = "proxy"              # proxy (embedded CPU) | verl (GPU scale)

@@ -1,8 +1,10 @@
 """A real HTTP server on 127.0.0.1 speaking the OpenAI chat-completions protocol with scripted replies.
 
 Tests import it as ``openai_server`` (pytest puts tests/ on the path; tests/ is not a package). Each scripted item is a
-reply text, a dict ``{"status": 429, "headers": {...}}`` (an error response), or a callable
-``request -> text``; when the script is empty the ``default`` callable answers (or a 500).
+reply text, a dict ``{"status": 429, "headers": {...}}`` (an error response), a raw reply
+``{"status": 200, "body": "<html>…", "content_type": "text/html"}`` or ``{"status": 200, "json": {...}}``
+(what misbehaving gateways send), or a callable ``request -> text``; when the script is empty the
+``default`` callable answers (or a 500).
 """
 
 from __future__ import annotations
@@ -38,6 +40,17 @@ class ScriptedOpenAI:
                     return self._send(
                         500, {"error": {"message": "script exhausted", "type": "server_error"}}
                     )
+                if isinstance(item, dict) and ("body" in item or "json" in item):
+                    # a raw reply: any status, any body (HTML from a proxy, a JSON error object)
+                    data = item.get("body")
+                    if data is None:
+                        data = json.dumps(item["json"])
+                    return self._send_raw(
+                        item.get("status", 200),
+                        data.encode() if isinstance(data, str) else data,
+                        item.get("content_type", "application/json"),
+                        item.get("headers", {}),
+                    )
                 if isinstance(item, dict):
                     return self._send(
                         item.get("status", 500),
@@ -70,9 +83,13 @@ class ScriptedOpenAI:
                 )
 
             def _send(self, status, payload, headers=None):
-                data = json.dumps(payload).encode()
+                return self._send_raw(
+                    status, json.dumps(payload).encode(), "application/json", headers
+                )
+
+            def _send_raw(self, status, data, content_type, headers=None):
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
                 for k, v in (headers or {}).items():
                     self.send_header(k, str(v))

@@ -103,7 +103,9 @@ class Hyperparameters:
 def test_git_diff_is_meaningful(archive):
     archive.spawn("grpo", "dr", EDIT)
     diff = git(archive.path, "diff", "poise/grpo", "poise/dr", "--", ALGORITHM)
-    assert "-    if cfg.norm_adv_by_std:" in diff and "+    # centred only: Dr.GRPO" in diff
+    assert (
+        "-    return grpo_advantages(batch, cfg)" in diff and "+    # centred only: Dr.GRPO" in diff
+    )
     assert archive.diff("grpo", "dr", [ALGORITHM]) == diff
 
 

@@ -182,7 +182,7 @@ def test_cli_evaluate_smoke(exp, cli):
         str(exp.path),
         env={"POISE_CACHE_DIR": os.environ["POISE_CACHE_DIR"]},
     )
-    assert bad.returncode == 2 and "reason" in bad.stdout
+    assert bad.returncode == 4 and "reason" in bad.stdout
     nope = cli("evaluate", "nosuch", "--preset", "smoke", "-C", str(exp.path))
     assert nope.returncode == 1 and "unknown node" in nope.stderr
 

@@ -47,6 +47,13 @@ def _case(kind: str, n_groups: int, g: int, seed: int):
     elif kind == "constant":  # every group has equal rewards: std 0
         scores = torch.randint(0, 2, (n_groups,), generator=gen).float().repeat_interleave(g)
         group = torch.arange(n_groups).repeat_interleave(g)
+    elif kind == "graded_constant":  # equal graded rewards: float32 gives them a std of ~1e-8
+        scores = torch.full((n_groups * g,), 0.9)
+        group = torch.arange(n_groups).repeat_interleave(g)
+    elif kind == "shuffled":  # graded rewards, members of a group scattered over the batch
+        scores = torch.rand(n_groups * g, generator=gen)
+        group = torch.arange(n_groups).repeat_interleave(g)
+        group = group[torch.randperm(group.numel(), generator=gen)] * 5 + 2
     elif kind == "ragged":  # singleton groups mixed with larger ones, shuffled, non-contiguous ids
         sizes = torch.randint(1, g + 1, (n_groups,), generator=gen)
         sizes[0] = 1
@@ -58,7 +65,9 @@ def _case(kind: str, n_groups: int, g: int, seed: int):
     return scores, group
 
 
-@pytest.mark.parametrize("kind", ["binary", "continuous", "constant", "ragged"])
+@pytest.mark.parametrize(
+    "kind", ["binary", "continuous", "constant", "graded_constant", "shuffled", "ragged"]
+)
 @pytest.mark.parametrize("n_groups,g", [(1, 1), (1, 8), (4, 2), (16, 8), (32, 16)])
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("norm", [True, False])
@@ -77,11 +86,11 @@ def test_grpo_equals_verl(algo, kind, n_groups, g, seed, norm):
     cfg = make_config(algo, {"norm_adv_by_std": norm})
     ours = algo.compute_advantages(_batch(scores, group), cfg)
     assert ours.shape == (scores.numel(),)
-    assert torch.allclose(ours.unsqueeze(-1) * mask, ref, atol=1e-6)
+    assert torch.equal(ours.unsqueeze(-1) * mask, ref)  # bit-equal, not only close
 
 
 def test_rloo_prior_equals_verl():
-    from trainer_template.priors import prior_source
+    from engine.archive.edit import prior_source
 
     rloo = load_algorithm(prior_source("rloo"), "rloo")
     scores, group = _case("ragged", 12, 8, 3)
@@ -186,6 +195,28 @@ def test_dual_clip_bounds_negative_advantages():
     assert float(loss) == pytest.approx(float(torch.exp(torch.tensor(2.0))))
     with pytest.raises(ValueError):
         ppo_clip_loss(logp, torch.zeros(1, 1), torch.tensor([[-1.0]]), 0.2, 0.2, 1.0)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "shuffled", "ragged", "masked"])
+def test_row_mean_std_is_bit_equal_to_a_loop(layout):
+    """torch.mean / torch.std over each group's members in batch order, as verl's loop computes them."""
+    gen = torch.Generator().manual_seed(11)
+    sizes = [8] * 12 if layout in ("contiguous", "shuffled") else [1, 3, 8, 8, 5, 16, 2, 8]
+    group = torch.repeat_interleave(torch.arange(len(sizes)) * 3 + 1, torch.tensor(sizes))
+    if layout != "contiguous":
+        group = group[torch.randperm(group.numel(), generator=gen)]
+    values = torch.rand(group.numel(), generator=gen)
+    values[group == group[0]] = 0.9  # equal graded values: float32 gives them a std of ~1e-8
+    mask = torch.rand(group.numel(), generator=gen) > 0.3 if layout == "masked" else None
+    mean, std = group_stats(values, group, mask).row_mean_std()
+    for i in range(group.numel()):
+        members = (group == group[i]) & (mask if mask is not None else True)
+        v = values[members]
+        if v.numel() == 0:
+            assert mean[i] == 0 and std[i] == 0
+            continue
+        assert torch.equal(mean[i], torch.mean(v))
+        assert torch.equal(std[i], torch.std(v) if v.numel() > 1 else torch.tensor(0.0))
 
 
 def test_group_stats_match_a_loop():

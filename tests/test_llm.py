@@ -127,3 +127,71 @@ def test_missing_key_is_one_clear_error(monkeypatch):
     monkeypatch.delenv("POISE_TEST_KEY")
     with pytest.raises(LLMError, match="POISE_TEST_KEY"):
         client(None).chat(MSGS)
+
+
+HTML = {
+    "status": 200,
+    "body": "<html><body>502 Bad Gateway</body></html>",
+    "content_type": "text/html",
+}
+
+
+def test_non_json_body_is_retried_then_answered():
+    S = openai_server
+    no_choices = {"status": 200, "json": {"id": "x", "object": "chat.completion"}}
+    with S.ScriptedOpenAI([HTML, no_choices, '{"answer": 42}']) as srv:
+        c = client(srv)
+        assert c.chat_json(MSGS, SCHEMA).data == {"answer": 42}
+    assert len(srv.requests) == 3 and c.usage.calls == 1
+
+
+def test_persistent_non_json_body_names_endpoint_and_status():
+    S = openai_server
+    with S.ScriptedOpenAI([HTML] * 10) as srv:
+        with pytest.raises(LLMError) as info:
+            client(srv, max_retries=2).chat(MSGS)
+    msg = str(info.value)
+    assert len(srv.requests) == 3 and "\n" not in msg
+    assert f"{srv.base_url}/chat/completions failed after 3 attempts" in msg
+    assert "not JSON (HTTP 200, text/html)" in msg and "502 Bad Gateway" in msg
+
+
+def test_json_error_object_in_a_200_reply():
+    S = openai_server
+    overloaded = {"status": 200, "json": {"error": {"message": "upstream overloaded", "code": 503}}}
+    with S.ScriptedOpenAI([overloaded, '{"answer": 7}']) as srv:
+        assert client(srv).chat_json(MSGS, SCHEMA).data == {"answer": 7}  # transient: retried
+    assert len(srv.requests) == 2
+    bad = {
+        "status": 200,
+        "json": {
+            "error": {
+                "message": "model 'x' does not exist",
+                "type": "invalid_request_error",
+                "code": 404,
+            }
+        },
+    }
+    with S.ScriptedOpenAI([bad, '{"answer": 7}']) as srv:
+        with pytest.raises(LLMError) as info:
+            client(srv).chat(MSGS)
+    assert len(srv.requests) == 1  # not transient: no retry
+    assert str(info.value) == (
+        f"the LLM endpoint {srv.base_url}/chat/completions answered HTTP 200 with an error object "
+        "(code 404, invalid_request_error): model 'x' does not exist"
+    )
+
+
+def test_cli_gives_one_line_not_a_traceback(tmp_path, cli):
+    from engine.archive.store import Archive
+
+    toml = '[propose]\nproposer = "llm"\n[llm]\napi_key_env = "POISE_TEST_KEY"\nmax_retries = 1\n'
+    arch = Archive.init(tmp_path / "exp", config_toml=toml)
+    S = openai_server
+    with S.ScriptedOpenAI([HTML] * 5) as srv:
+        env = {"OPENAI_BASE_URL": srv.base_url, "POISE_TEST_KEY": KEY}
+        r = cli("propose", "grpo", "-C", str(arch.path), env=env)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith(f"error: the LLM endpoint {srv.base_url}/chat/completions failed")
+    assert "HTTP 200, text/html" in line and KEY not in line

@@ -16,7 +16,8 @@ from engine.errors import PoiseError
 from engine.operators.context import build_context, pareto_front
 from engine.operators.propose import Proposal, screen
 from engine.operators.proposers import available, get_proposer, register
-from engine.operators.proposers.codegen import normalize, render, set_defaults
+from engine.operators.proposers.codegen import normalize, render
+from engine.operators.proposers.hyperparams import set_defaults
 
 RLOO = '''\
 @dataclass

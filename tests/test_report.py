@@ -105,24 +105,36 @@ def _chromium() -> str | None:
 
 _CHECK = """<script>
 window.addEventListener('load', function () {
-  var imgs = Array.prototype.slice.call(document.images);
-  var out = imgs.map(function (i) { return [i.getAttribute('src'), i.complete && i.naturalWidth > 0]; });
+  var out = {images: document.images.length, svgs: [], labels: []};
+  Array.prototype.forEach.call(document.querySelectorAll('.fig > svg'), function (svg) {
+    var r = svg.getBoundingClientRect();
+    out.svgs.push([r.width, r.height, svg.querySelectorAll('path, use').length]);
+  });
+  var names = JSON.parse(document.body.getAttribute('data-labels') || '[]');
+  var first = document.querySelector('.fig > svg');
+  Array.prototype.forEach.call(first ? first.querySelectorAll('text') : [], function (t) {
+    var axis = t.closest('[id^="matplotlib.axis"], [id^="xtick"], [id^="ytick"]');
+    if (!axis && names.indexOf(t.textContent.trim()) >= 0) {
+      var r = t.getBoundingClientRect();
+      out.labels.push([t.textContent.trim(), r.left, r.top, r.right, r.bottom]);
+    }
+  });
   var pre = document.createElement('pre'); pre.id = 'poise-imgcheck';
   pre.textContent = JSON.stringify(out); document.body.appendChild(pre);
 });
 </script>"""
 
 
-def _render_in_chromium(page: Path) -> list:
+def _render_in_chromium(page: Path, labels: list[str] = ()) -> dict:
     exe = _chromium()
     if exe is None:
         pytest.skip(
             "no Chromium binary on PATH (apt-get install chromium) — the page-render check needs one"
         )
     probe = page.with_name("_render_check.html")
-    probe.write_text(
-        page.read_text(encoding="utf-8").replace("</body>", _CHECK + "</body>"), encoding="utf-8"
-    )
+    text = page.read_text(encoding="utf-8").replace("</body>", _CHECK + "</body>")
+    text = text.replace("<body>", f"<body data-labels='{json.dumps(list(labels))}'>", 1)
+    probe.write_text(text, encoding="utf-8")
     with tempfile.TemporaryDirectory(prefix="poise-chromium-") as profile:
         cmd = [
             exe,
@@ -167,11 +179,10 @@ def test_report_command_writes_figures_and_renders(tmp_path, cli):
     assert p.returncode == 0, p.stderr
     page = out / "index.html"
     html = page.read_text()
-    for stem in ("lineage", "frontier", "dynamics", "accuracy_length"):
-        assert (out / f"{stem}.svg").stat().st_size > 1000 and (
-            out / f"{stem}.png"
-        ).stat().st_size > 1000
-        assert f"{stem}.svg" in html
+    # one self-contained file: the four figures inline, nothing else written or referenced
+    assert [f.name for f in out.iterdir()] == ["index.html"]
+    assert html.count("<svg") == 4 and "<img" not in html
+    assert not re.search(r"""(src|href)=["'](?!#|data:)""", html), "an external reference"
     for node in (
         "grpo",
         "dr-grpo",
@@ -191,7 +202,8 @@ def test_report_command_writes_figures_and_renders(tmp_path, cli):
         and "no-iv (0.6100)" in html
     )
     loaded = _render_in_chromium(page)
-    assert len(loaded) == 4 and all(ok for _src, ok in loaded), loaded
+    assert loaded["images"] == 0 and len(loaded["svgs"]) == 4, loaded
+    assert all(w > 200 and h > 100 and n > 5 for w, h, n in loaded["svgs"]), loaded
 
 
 def test_report_on_fresh_archive_says_no_data(tmp_path):
@@ -203,7 +215,47 @@ def test_report_on_fresh_archive_says_no_data(tmp_path):
     assert page == arch.path / ".poise" / "report" / "index.html"
     text = page.read_text()
     assert "no data yet" in text and "<td>grpo</td>" in text
-    assert [p.name for p in page.parent.glob("*.svg")] == [
-        "lineage.svg"
-    ]  # the root alone, unevaluated
+    assert text.count("<svg") == 1  # the lineage of the root alone, unevaluated
+    assert [p.name for p in page.parent.iterdir()] == ["index.html"]
     assert arch.fsck()
+
+
+def _overlaps(boxes: list) -> list:
+    out = []
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            if a[1] < b[3] and b[1] < a[3] and a[2] < b[4] and b[2] < a[4]:
+                out.append((a[0], b[0]))
+    return out
+
+
+def test_large_lineage_labels_do_not_overlap_and_have_a_legend(tmp_path, cli):
+    """30 nodes with long names, 3 generations: the figure labels nodes with ids, none of the labels
+    overlap once rendered, and the legend maps every id to its full name."""
+    from engine.archive.store import Archive
+
+    arch = Archive.init(tmp_path / "exp")
+    record(arch, "grpo", _payload(0.50, 0.02, 22.0))
+    names = []
+    for i in range(5):
+        kid = f"advantage-rescaling-variant-number-{i:02d}"
+        arch.spawn("grpo", kid, status="verified")
+        record(arch, kid, _payload(0.5 + i / 100, 0.02, 20.0))
+        names.append(kid)
+        for j in range(5):
+            g = f"{kid}-with-length-shaping-{j}"
+            arch.spawn(kid, g, status="verified")
+            record(arch, g, _payload(0.45 + j / 50, 0.02, 20.0))
+            names.append(g)
+    out = tmp_path / "rep"
+    p = cli("report", "-C", str(arch.path), "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    html = (out / "index.html").read_text()
+    assert "Lineage legend" in html
+    legend = html[html.index("Lineage legend") :]
+    for name in ["grpo", *names]:
+        assert f"<td>{name}</td>" in legend
+    ids = [str(i) for i in range(1, len(names) + 2)]
+    loaded = _render_in_chromium(out / "index.html", ids)
+    assert len(loaded["labels"]) == len(ids), loaded["labels"]
+    assert _overlaps(loaded["labels"]) == []

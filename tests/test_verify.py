@@ -58,12 +58,12 @@ def test_hand_written_edit_is_verified_like_a_generated_one(archive, cli, tmp_pa
         and archive.node("dr").trailer("Poise-Proposer") == "manual"
     )
     r = cli("spawn", "grpo", "--name", "nan", "--edit", str(bad), "-C", str(archive.path))
-    assert r.returncode == 2 and "rejected" in r.stdout and "non-finite" in r.stdout
+    assert r.returncode == 3 and "rejected" in r.stdout and "non-finite" in r.stdout
     node = archive.node("nan")
     assert node.status == "rejected" and "non-finite" in node.trailer("Poise-Reason")
     assert json.loads(archive.read_file("nan", "verification.json"))["ok"] is False
     r = cli("spawn", "grpo", "--name", "sneaky", "--edit", str(hostile), "-C", str(archive.path))
-    assert r.returncode == 2 and "import of 'os'" in r.stdout
+    assert r.returncode == 3 and "import of 'os'" in r.stdout
     assert json.loads(archive.read_file("sneaky", "verification.json"))["static"].endswith(
         "is not allowed (allowed: __future__, math, dataclasses, typing, torch, torch.nn, "
         "torch.nn.functional, trainer_template.interface, functools, itertools, numbers, enum)"
@@ -71,6 +71,20 @@ def test_hand_written_edit_is_verified_like_a_generated_one(archive, cli, tmp_pa
     # the old behaviour stays available, and the archive is intact
     r = cli(
         "spawn", "grpo", "--name", "raw", "--edit", str(bad), "--no-verify", "-C", str(archive.path)
+    )
+    assert r.returncode == 1 and "same mechanism as the existing node nan" in r.stderr
+    assert not archive.exists("raw")
+    r = cli(
+        "spawn",
+        "grpo",
+        "--name",
+        "raw",
+        "--edit",
+        str(bad),
+        "--no-verify",
+        "--force",
+        "-C",
+        str(archive.path),
     )
     assert r.returncode == 0 and archive.node("raw").status == "spawned"
     r = cli("spawn", "grpo", "--edit", str(good), "-C", str(archive.path))
@@ -103,7 +117,7 @@ def test_correction_loop_rejects_hostile_code_and_the_engine_keeps_running(tmp_p
             "POISE_VERIFY_MEMORY_MB": "1500",
         }
         r = cli("spawn", "grpo", "--auto", "-C", str(arch.path), env=env)
-    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.returncode == 3, r.stdout + r.stderr
     assert len(srv.requests) == 4
     # every failure went back to the implementer
     assert "import of 'os'" in srv.requests[1]["messages"][-1]["content"]
@@ -148,4 +162,75 @@ def test_endpoint_lost_during_correction_still_archives_the_reason(archive):
         "grpo"
     )  # never-passing code is kept aside
     assert "import os" in archive.read_file("sneaky", "records/rejected_edit.py")
+    assert archive.fsck()
+
+
+def _git_log(arch, ref):
+    import subprocess
+
+    out = subprocess.run(
+        ["git", "-C", str(arch.path), "log", "--format=%s", ref],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return out.splitlines()[::-1]
+
+
+def test_every_attempt_is_kept_on_the_branch(archive):
+    """Attempt 1 imports os (static check, before the node exists), attempt 2 is NaN (verification),
+    attempt 3 passes: both failures are on the branch with code, failing tests and prompts."""
+    from engine.config import LLMConfig
+    from engine.operators.implement import implement
+    from engine.operators.llm import LLMClient
+    from engine.operators.propose import Proposal
+
+    S = openai_server
+    script = [S.revise_reply(NAN_EDIT), S.revise_reply(GOOD_EDIT)]
+    with S.ScriptedOpenAI(script) as srv:
+        llm = LLMClient(LLMConfig(base_url=srv.base_url, api_key_env="POISE_NO_SUCH_KEY"), archive)
+        p = Proposal(
+            name="fixed",
+            motivation="m",
+            mechanism="centred advantages",
+            expected_effect="e",
+            edit=OS_EDIT,
+            proposer="llm",
+        )
+        node = implement(archive, "grpo", p, archive.config(), llm=llm)
+    assert node.status == "verified"
+    tip = archive.read_file("fixed", "algorithm.py")
+    assert "torch.zeros_like(scores), stats.mean)" in tip and "* 0.0" not in tip
+    read = lambda path: archive.read_file("fixed", path)  # noqa: E731
+    # attempt 1: the static check; no node yet, so it lands in the spawn commit of attempt 2
+    assert "import os" in read("attempts/1/edit.py")
+    assert "attempt 1 failed: static check" in read("attempts/1/failure.txt")
+    assert (
+        read("attempts/1/correction_prompt.md")
+        == "\n\n".join(f"## {m['role']}\n\n{m['content']}" for m in srv.requests[0]["messages"])
+        + "\n"
+    )
+    # attempt 2: verification, with the failing tests and the suite that found them
+    fail2 = read("attempts/2/failure.txt")
+    assert "non-finite" in fail2 and "failing tests:" in fail2
+    assert "- tests/test_interface.py::test_advantages_shape_dtype_finite" in fail2
+    assert "* 0.0" in read("attempts/2/algorithm.py")
+    assert json.loads(read("attempts/2/verification.json"))["ok"] is False
+    assert read("attempts/2/tests/test_interface.py") == read("tests/test_interface.py")
+    assert "non-finite" in srv.requests[1]["messages"][-1]["content"]
+    assert read("attempts/2/correction_prompt.md").endswith(
+        srv.requests[1]["messages"][-1]["content"] + "\n"
+    )
+    assert read("attempts/3/failure.txt") is None
+    # the lineage shows the loop, commit by commit
+    subjects = _git_log(archive, "poise/fixed")
+    loop = subjects[subjects.index("poise: spawn fixed from grpo") :]
+    assert loop == [
+        "poise: spawn fixed from grpo",
+        "poise: fixed rejected",
+        "poise: attempt 2 of fixed failed",
+        "poise: correction 3 of fixed",
+        "poise: fixed verified",
+        "poise: LLM usage of fixed",
+    ]
     assert archive.fsck()

@@ -17,9 +17,9 @@ from verl import DataProto  # noqa: E402
 from verl.trainer.ppo import core_algos  # noqa: E402
 from verl.trainer.ppo.ray_trainer import compute_advantage  # noqa: E402
 
+from engine.archive.edit import prior_source  # noqa: E402
 from trainer_template.interface import RolloutBatch  # noqa: E402
 from trainer_template.loader import load_algorithm, make_config  # noqa: E402
-from trainer_template.priors import prior_source  # noqa: E402
 from trainer_template.verl_backend import registered_name  # noqa: E402
 from trainer_template.verl_backend.adapter import (  # noqa: E402
     VerlRegistrationError,
@@ -53,7 +53,7 @@ def test_grpo_node_through_verls_compute_advantage():
     assert name == registered_name("vb_grpo") == "poise_vb_grpo"
     ours = compute_advantage(_data(SCORES, GROUPS), adv_estimator=name, config=None)
     ref = compute_advantage(_data(SCORES, GROUPS), adv_estimator="grpo")
-    assert torch.allclose(ours.batch["advantages"], ref.batch["advantages"], atol=1e-6)
+    assert torch.equal(ours.batch["advantages"], ref.batch["advantages"])  # bit-equal
     assert torch.equal(ours.batch["advantages"], ours.batch["returns"])
 
 
@@ -400,6 +400,19 @@ def test_overrides_compose_against_verls_config(archive):
         env_vars.MLFLOW_TRACKING_URI == launch.env["MLFLOW_TRACKING_URI"]
         and env_vars.POISE_NODE_NAME == "dr"
     )
+
+
+def test_the_nodes_kl_coefficient_reaches_verl(archive):
+    """The root's KL (0.001, low_var_kl) is verl's KL loss; DAPO's kl_coef = 0 turns it off."""
+    from trainer_template.verl_backend.launch import prepare_launch
+
+    root = prepare_launch(archive, "grpo", dry_run=True).overrides
+    assert "actor_rollout_ref.actor.use_kl_loss=true" in root
+    assert "actor_rollout_ref.actor.kl_loss_coef=0.001" in root
+    archive.spawn("grpo", "dapo", algorithm=prior_source("dapo"))
+    dapo = prepare_launch(archive, "dapo", dry_run=True).overrides
+    assert "actor_rollout_ref.actor.use_kl_loss=false" in dapo
+    assert "actor_rollout_ref.actor.kl_loss_coef=0.0" in dapo
 
 
 def test_launch_opens_the_nodes_mlflow_run(archive):

@@ -23,9 +23,9 @@ tq = pytest.importorskip(
 )
 ray = pytest.importorskip("ray")
 
+from engine.archive.edit import prior_source  # noqa: E402
 from trainer_template.interface import RolloutBatch  # noqa: E402
 from trainer_template.loader import load_algorithm, make_config  # noqa: E402
-from trainer_template.priors import prior_source  # noqa: E402
 from trainer_template.verl_backend.trainer import TRAINER_MODE, ExtrasRoutingMixin  # noqa: E402
 
 NODE = (

@@ -50,7 +50,8 @@ class RolloutBatch:
     valid:         [B] bool    format-valid (a parsable boxed / delimited answer was produced).
     correct:       [B] bool    the extracted answer equals the gold answer.
     lengths:       [B] long    number of response tokens (padding excluded).
-    token_entropy: [B] float   optional mean per-token policy entropy of each response.
+    token_entropy: [B] float   mean per-token policy entropy of each response; the harnesses fill it
+                               (None only where a harness cannot: a mechanism needing it raises).
     progress:      float       training progress in [0, 1] (for schedules); 0.0 when unknown.
 
     A harness whose lengths cost a pass over a [B, T] mask may pass ``lengths`` as a function of no
@@ -149,6 +150,7 @@ class GroupStats:
     loo_mean: leave-one-out mean of the *other* masked members (the sample itself excluded when it is
     masked in; 0 where no other member exists). ``index`` is the group index [B] in [0, n_slots);
     ``n_groups`` the number of distinct groups. Each statistic is computed on first access only.
+    ``row_mean_std()`` gives mean and unbiased std bit-equal to a per-group ``torch.mean`` / ``torch.std``.
     """
 
     def __init__(self, values: Tensor, index: Tensor, n_slots: int, mask: Tensor):
@@ -227,6 +229,56 @@ class GroupStats:
         c = self.count
         var = torch.where(c > 1, self.var * c / (c - 1).clamp(min=1), torch.zeros_like(self.var))
         return var.sqrt()
+
+    def row_mean_std(self) -> tuple[Tensor, Tensor]:
+        """(mean, unbiased std) [B] of each group's masked members, bit-equal to ``torch.mean`` /
+        ``torch.std`` of each group's members in batch order, i.e. to a per-group loop such as verl's
+        ``compute_grpo_outcome_advantage`` (float32 row mean; std as torch computes it for one tensor:
+        squared deviations summed in float64). One row reduction per distinct group size (a batch
+        whose groups are already contiguous needs no sort); std 0 for count < 2, both 0 where a group
+        has no masked member. ``std`` (above) differs in the last bits."""
+
+        def moments(rows: Tensor) -> tuple[Tensor, Tensor]:
+            s = rows.shape[1]
+            mean = rows.mean(dim=1)
+            if s < 2:
+                return mean, torch.zeros_like(mean)
+            # torch.std of one tensor: squared deviations about the float32 mean summed in float64
+            dev = rows.to(torch.float64) - mean.to(torch.float64).unsqueeze(1)
+            return mean, (dev.square().sum(dim=1) / (s - 1)).sqrt().to(rows.dtype)
+
+        def compute() -> tuple[Tensor, Tensor]:
+            values, n = self._values, self._values.shape[0]
+            everyone = bool(self._mask.all())
+            # members: the masked-in samples grouped, batch order within a group (None: all, as is)
+            members = None if everyone else torch.nonzero(self._mask).reshape(-1)
+            keys = self.index if members is None else self.index[members]
+            if keys.numel() == 0:
+                return values.new_zeros(n), values.new_zeros(n)
+            if keys.numel() > 1 and not bool((keys[1:] >= keys[:-1]).all()):
+                perm = torch.argsort(keys.to(torch.int32), stable=True)  # batch order within groups
+                members = perm if members is None else members[perm]
+                keys = keys[perm]
+            size = self._count_g[keys].to(torch.long)
+            if everyone and bool((size == size[0]).all()):  # one group size: one reshape
+                s = int(size[0])
+                if members is None:  # groups already contiguous
+                    mean, std = moments(values.reshape(-1, s))
+                    return mean.repeat_interleave(s), std.repeat_interleave(s)
+                mean, std = moments(values[members].reshape(-1, s))
+                out_m, out_s = torch.empty_like(values), torch.empty_like(values)
+                out_m[members], out_s[members] = mean.repeat_interleave(s), std.repeat_interleave(s)
+                return out_m, out_s
+            if members is None:
+                members = torch.arange(n, device=values.device)
+            mean_g, std_g = self._zeros.clone(), self._zeros.clone()
+            for s in torch.unique(size).tolist():
+                sel = members[size == s]
+                slots = self.index[sel[::s]]
+                mean_g[slots], std_g[slots] = moments(values[sel].reshape(-1, s))
+            return mean_g[self.index], std_g[self.index]
+
+        return self._get("row_mean_std", compute)
 
 
 def group_stats(values: Tensor, group: Tensor, mask: Tensor | None = None) -> GroupStats:

@@ -266,3 +266,25 @@ def check_interface(parent_src: str, new_src: str) -> None:
         raise EditError(
             f"the edited algorithm.py is too deeply nested ({type(exc).__name__})"
         ) from None
+
+
+@functools.lru_cache(maxsize=32)
+def _materialize(name: str, root_src: str, edit_src: str) -> str:
+    out = apply_edit(root_src, edit_src)
+    try:
+        check_interface(root_src, out)
+    except EditError as exc:
+        raise EditError(f"prior {name!r}: {exc}") from None
+    return out
+
+
+def prior_source(name: str, root_src: str | None = None) -> str:
+    """The complete algorithm.py of the published mechanism ``name``: its edit
+    (``trainer_template.priors.prior_edit``) applied to the root (``trainer_template/algorithm.py``,
+    or ``root_src``) by :func:`apply_edit`, the edit ``poise-git spawn --edit`` makes."""
+    from trainer_template import ALGORITHM_FILE
+    from trainer_template.priors import prior_edit
+
+    edit_src = prior_edit(name)
+    root = root_src if root_src is not None else ALGORITHM_FILE.read_text(encoding="utf-8")
+    return _materialize(name, root, edit_src)

@@ -166,6 +166,17 @@ class Git:
         proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_ENV)
         return proc.returncode == 0
 
+    def ref_transaction(self, lines: list[str]) -> str | None:
+        """Apply ``update-ref --stdin`` commands (``create REF NEW``, ``delete REF OLD``...) as one
+        transaction: all or none. None on success, else git's last error line."""
+        script = "start\n" + "".join(line + "\n" for line in lines) + "prepare\ncommit\n"
+        cmd = ["git", "-C", str(self.path), "update-ref", "--stdin"]
+        proc = subprocess.run(cmd, input=script.encode(), capture_output=True, env=_ENV)
+        if proc.returncode == 0:
+            return None
+        err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        return err[-1] if err else f"git update-ref failed ({proc.returncode})"
+
 
 def parse_tree(raw: bytes) -> dict[str, tuple[str, str]]:
     """``{name: (mode, oid)}`` of one raw tree object (as ``cat-file --batch`` returns it)."""

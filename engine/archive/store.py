@@ -209,7 +209,7 @@ class Archive:
             (),
             "spawned",
             time.time(),
-            {"Poise-Event": ["init"]},
+            _set_mechanism({"Poise-Event": ["init"]}, algo),
         )
         commit = git.commit_tree(tree, [], msg)
         if not git.update_ref(REF_PREFIX + root_name, commit, None, "poise init"):
@@ -419,6 +419,7 @@ class Archive:
         tree = self.git.write_tree(tree_files)
         extra = {k: ([v] if isinstance(v, str) else list(v)) for k, v in (trailers or {}).items()}
         extra.setdefault("Poise-Event", ["spawn"])
+        _set_mechanism(extra, new_src)
         title = subject or f"poise: spawn {name} from {' + '.join(parents)}"
         body = _first_line(proposal) if proposal else ""
         created = time.time()
@@ -480,6 +481,9 @@ class Archive:
             }
             for k, v in (trailers or {}).items():
                 extra[k] = [v] if isinstance(v, str) else list(v)
+            if isinstance(files.get(ALGORITHM), (str, bytes)):
+                algo = files[ALGORITHM]
+                _set_mechanism(extra, algo.decode("utf-8") if isinstance(algo, bytes) else algo)
             if "Poise-Event" not in (trailers or {}):
                 extra["Poise-Event"] = ["record"]
             msg = _message(
@@ -578,6 +582,15 @@ class Archive:
         names = list(new_files)
         for n, oid in zip(names, self.git.write_blobs([new_files[n] for n in names])):
             tree_files[n] = ("100644", oid)
+
+
+def _set_mechanism(extra: dict[str, list[str]], source: str) -> dict[str, list[str]]:
+    """Record the mechanism hash of ``source`` (the trailer ``Poise-Mechanism``) in ``extra``."""
+    from engine.archive.mechanism import TRAILER, mechanism_hash
+
+    h = mechanism_hash(source)
+    extra[TRAILER] = [h] if h else []
+    return extra
 
 
 def _result_ids(node: Node) -> list[str]:

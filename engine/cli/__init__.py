@@ -2,6 +2,10 @@
 
 Each ``*_cmds`` module registers its verbs on :data:`app`; heavy imports (torch, mlflow) stay inside
 the commands so ``poise-git log`` starts instantly.
+
+Exit codes (stable; README "Exit codes"): 0 success, 1 error (bad input, unknown node, failed
+endpoint...), 2 usage error (unknown option, missing argument), 3 the candidate was rejected
+(verification or screening), 4 the candidate failed its evaluation, 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -11,12 +15,59 @@ import sys
 
 import typer
 from rich.console import Console
+from typer.core import TyperCommand, TyperGroup
 
+from engine.archive.gitio import GitError
+from engine.cli.help import ROOT_EPILOG
 from engine.errors import PoiseError
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_REJECTED = 3
+EXIT_FAILED = 4
+EXIT_INTERRUPTED = 130
+
+PIPE_WIDTH = 4096
+"""columns of the rendering when stdout is not a terminal: tables keep their natural width, nothing a
+user may copy (node names, paths, diffs) is cut or wrapped at 80 columns"""
+
+
+def _flags_without_type(params: list) -> list:
+    """A flag takes no value: show no ``<bool>`` type in its help row (typer's rich panel would)."""
+    for p in params:
+        if getattr(p, "is_flag", False) and getattr(p, "metavar", "") is None:
+            p.metavar = ""
+    return params
+
+
+class _Command(TyperCommand):
+    """A poise-git verb: flags rendered without a type; engine errors and Ctrl-C become one line on
+    stderr and a documented exit code (also under typer's CliRunner)."""
+
+    def get_params(self, ctx):
+        return _flags_without_type(super().get_params(ctx))
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except PoiseError as exc:
+            fail(str(exc))
+        except GitError as exc:  # git itself failed (a corrupt repository, a full disk...)
+            fail(f"git: {exc}")
+        except KeyboardInterrupt:
+            err_console.print("[yellow]interrupted[/]", highlight=False)
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+class _Group(TyperGroup):
+    def get_params(self, ctx):
+        return _flags_without_type(super().get_params(ctx))
+
 
 app = typer.Typer(
     name="poise-git",
-    help="poise-git: a git-native evolution engine for discovering RL (policy-optimization) algorithms for LLMs.",
+    cls=_Group,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
@@ -30,16 +81,84 @@ ArchiveOpt = typer.Option(
 )
 
 
+def fail(message: str, code: int = EXIT_ERROR) -> None:
+    """Print ``error: message`` on stderr (one line, never wrapped) and exit with ``code``."""
+    err_console.print(
+        f"[bold red]error:[/] {message}", markup=True, highlight=False, soft_wrap=True
+    )
+    raise typer.Exit(code)
+
+
+def setup_output() -> None:
+    """Render for the terminal when there is one; piped or redirected, render wide and unwrapped."""
+    for c in (console, err_console):
+        if not c.is_terminal:
+            c.width = PIPE_WIDTH
+            c.soft_wrap = True
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        return version("poise-git")
+    except PackageNotFoundError:  # running from a source tree that is not installed
+        from engine import __version__
+
+        return __version__
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"poise-git {_version()}")
+        raise typer.Exit(EXIT_OK)
+
+
+@app.callback(epilog=ROOT_EPILOG)
+def _root(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        "-V",
+        help="Print the version and exit.",
+        callback=_version_callback,
+        is_eager=True,
+    ),
+) -> None:
+    """poise-git: a git-native evolution engine for discovering RL (policy-optimization) algorithms
+    for LLMs. Every candidate algorithm is a branch poise/NODE of an experiment repository."""
+    setup_output()
+
+
 def _register() -> None:
     import importlib
     import pkgutil
 
     import engine.cli as pkg
+    from engine.cli.help import EXAMPLES
 
+    if app.registered_commands:
+        return
     for mod in sorted(
         m.name for m in pkgutil.iter_modules(pkg.__path__) if m.name.endswith("_cmds")
     ):
         importlib.import_module(f"engine.cli.{mod}").register(app)
+    for info in app.registered_commands:
+        name = info.name or info.callback.__name__.replace("_", "-")
+        if info.cls in (None, TyperCommand):
+            info.cls = _Command
+        if info.help is None:
+            info.help = _help_text(info.callback)
+        if info.epilog is None and name in EXAMPLES:
+            info.epilog = EXAMPLES[name]
+
+
+def _help_text(fn) -> str:
+    """The docstring with each paragraph on one line (rich mode would keep the source's breaks)."""
+    import inspect
+
+    doc = inspect.getdoc(fn) or ""
+    return "\n\n".join(" ".join(p.split()) for p in doc.split("\n\n") if p.strip())
 
 
 def _interrupt(signum, _frame) -> None:
@@ -59,10 +178,10 @@ def main(argv: list[str] | None = None) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
     try:
-        app(args=argv, standalone_mode=True)
-    except PoiseError as exc:
+        app(args=argv, prog_name="poise-git", standalone_mode=True)
+    except PoiseError as exc:  # raised outside a command (e.g. while parsing)
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        sys.exit(1)
+        sys.exit(EXIT_ERROR)
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)

@@ -6,16 +6,14 @@ import json
 from pathlib import Path
 
 import typer
-from rich.markdown import Markdown
 from rich.markup import escape
 from rich.panel import Panel
-from rich.syntax import Syntax
 from rich.table import Table
 from rich.tree import Tree
 
-from engine.archive.store import ALGORITHM, Archive, Node
-from engine.cli import ArchiveOpt, console
-from engine.errors import ArchiveError, PoiseError
+from engine.archive.store import ALGORITHM, Archive, Node, check_name
+from engine.cli import EXIT_REJECTED, ArchiveOpt, console, fail
+from engine.errors import ArchiveError, EditError, PoiseError
 
 
 def _read_text(path: Path, what: str) -> str:
@@ -40,7 +38,7 @@ _STATUS_STYLE = {
 }
 
 
-def _label(n: Node) -> str:
+def _label(n: Node, full: bool = False) -> str:
     style = _STATUS_STYLE.get(n.status, "white")
     r, extra = n.result, ""
     if r is not None and r.ok:
@@ -55,8 +53,10 @@ def _label(n: Node) -> str:
     if n.stale is not None:
         extra += "  [dim](evaluated under an older protocol version)[/]"
     reason = n.trailer("Poise-Reason")
-    why = f"  [dim]({reason[:60]})[/]" if reason and n.status in ("rejected", "failed") else ""
-    return f"[bold]{n.name}[/]  [{style}]{n.status}[/]{extra}{why}"
+    if reason and not full:
+        reason = reason[:60] + ("…" if len(reason) > 60 else "")
+    why = f"  [dim]({escape(reason)})[/]" if reason and n.status in ("rejected", "failed") else ""
+    return f"[bold]{escape(n.name)}[/]  [{style}]{n.status}[/]{extra}{why}"
 
 
 ProtocolOpt = typer.Option(
@@ -89,12 +89,20 @@ def init(
 def spawn(
     parent: str = typer.Argument(..., help="The parent node."),
     name: str | None = typer.Option(
-        None, "--name", help="The new node's name (its branch is poise/NAME); optional with --auto."
+        None,
+        "--name",
+        help="The new node's name (its branch is poise/NAME); optional with --auto and --prior.",
     ),
     edit: Path | None = typer.Option(
         None,
         "--edit",
         help="A Python file of top-level definitions replacing / extending the parent's algorithm.py.",
+    ),
+    prior: str | None = typer.Option(
+        None,
+        "--prior",
+        help="Seed a published mechanism (trainer_template/priors): its edit over PARENT, its card as "
+        "PROPOSAL.md; the name defaults to the prior's.",
     ),
     proposal: Path | None = typer.Option(
         None, "--proposal", help="PROPOSAL.md for the node (motivation, method, expected effect)."
@@ -114,27 +122,43 @@ def spawn(
     no_verify: bool = typer.Option(
         False,
         "--no-verify",
-        help="With --edit: skip the static checks and generated tests (status stays spawned).",
+        help="With --edit or --prior: skip the static checks and generated tests (status stays spawned).",
+    ),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Spawn even when the result is the same mechanism as an existing node.",
     ),
     archive: Path = ArchiveOpt,
 ) -> None:
-    """Fork a candidate off PARENT with a LibCST edit of its algorithm.py (verified), or with --auto."""
+    """Fork a candidate off PARENT with a LibCST edit of its algorithm.py (verified), with --prior (a
+    published mechanism's edit), or with --auto.
+
+    An edit whose result is the same mechanism as an existing node (same code up to formatting,
+    comments and docstrings) is refused with that node's name unless --force is given.
+    Exit code 3 when verification rejects the candidate."""
     if auto:
         return _spawn_auto(parent, name, proposer, replay, seed, archive)
+    files = None
+    if prior is not None:
+        name, edit_src, proposal_src, trailers, files = _prior_edit(prior, name, edit)
+    else:
+        edit_src = _read_text(edit, "edit file") if edit else None
+        proposal_src = None
+        trailers = {"Poise-Proposer": "manual"} if edit_src is not None else None
     if name is None:
-        from engine.cli import err_console
-
-        err_console.print(
-            "Error: Missing option '--name'. (required unless --auto)", highlight=False
-        )
-        raise typer.Exit(2)
-    edit_src = _read_text(edit, "edit file") if edit else None
-    proposal_src = _read_text(proposal, "proposal file") if proposal else None
+        raise typer.BadParameter("Missing option '--name' (required unless --auto or --prior).")
+    if edit is not None and edit_src is not None:
+        check_syntax(edit_src, edit)
+    if proposal is not None:
+        proposal_src = _read_text(proposal, "proposal file")
     arch = Archive(archive)
-    trailers = {"Poise-Proposer": "manual"} if edit_src is not None else None
-    node = arch.spawn(parent, name, edit_src, proposal=proposal_src, trailers=trailers)
+    if edit_src is not None and not force and arch.exists(parent):
+        check_name(name)
+        _refuse_duplicate(arch, parent, name, edit_src)
+    node = arch.spawn(parent, name, edit_src, proposal=proposal_src, trailers=trailers, files=files)
     console.print(f"spawned [bold]{node.name}[/] from [bold]{parent}[/] at {node.commit[:10]}")
-    console.print(arch.diff(parent, name, stat=True).rstrip(), highlight=False)
+    console.print(arch.diff(parent, name, stat=True).rstrip(), highlight=False, markup=False)
     if edit_src is not None and not no_verify:
         from engine.cli.operator_cmds import report_verification
         from engine.operators.verify import verify_node
@@ -142,6 +166,57 @@ def spawn(
         with console.status(f"verifying {name}…"):
             res = verify_node(arch, name, arch.config())
         report_verification(name, res)
+
+
+def _prior_edit(prior: str, name: str | None, edit: Path | None):
+    """(name, edit, proposal, trailers, files) that seed the published mechanism ``prior``; the
+    catalog's component record comes along where the offline catalog expresses the prior exactly."""
+    from engine.operators.proposers.offline import prior_record
+    from trainer_template.priors import list_priors, prior_card, prior_edit
+
+    if edit is not None:
+        raise PoiseError("--prior and --edit both give the edit: use one")
+    if prior not in list_priors():
+        raise PoiseError(f"unknown prior {prior!r}; known: {', '.join(list_priors())}")
+    trailers = {"Poise-Proposer": "prior", "Poise-Prior": prior}
+    record = prior_record(prior)
+    files = (
+        {"records/proposal.json": json.dumps(record, indent=1, sort_keys=True)} if record else None
+    )
+    return name or prior, prior_edit(prior), prior_card(prior), trailers, files
+
+
+def check_syntax(source: str, path: Path) -> None:
+    """Refuse a Python file that does not parse, in one line naming its file, line and column as
+    Python does (``File "e.py", line 3, column 9``) and quoting the offending line."""
+    try:
+        compile(source, str(path), "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        where = f'File "{exc.filename or path}", line {exc.lineno}'
+        if exc.offset:
+            where += f", column {exc.offset}"
+        code = (exc.text or "").strip()
+        raise EditError(
+            f"syntax error in the edit: {where}: {exc.msg}" + (f": {code}" if code else "")
+        ) from None
+    except ValueError as exc:  # e.g. a NUL byte
+        raise EditError(f'syntax error in the edit: File "{path}": {exc}') from None
+
+
+def _refuse_duplicate(arch: Archive, parent: str, name: str, edit_src: str) -> None:
+    """An edit that recreates an existing node's mechanism is an error unless --force."""
+    from engine.archive.edit import apply_edit
+    from engine.archive.mechanism import same_mechanism
+
+    new_src = apply_edit(arch.algorithm(parent), edit_src)
+    same = same_mechanism(arch, new_src)
+    if same:
+        shown = ", ".join(same[:5]) + (f" and {len(same) - 5} more" if len(same) > 5 else "")
+        raise PoiseError(
+            f"{name!r} would be the same mechanism as the existing node {shown} "
+            "(identical algorithm.py up to formatting, comments and docstrings); "
+            "use --force to spawn it anyway"
+        )
 
 
 def _spawn_auto(
@@ -163,7 +238,10 @@ def _spawn_auto(
         kept, dropped = propose_all(arch, parent, cfg, None, proposer, seed, llm=llm, replay=replay)
     if not kept:
         why = "; ".join(f"{p.name}: {p.screening.get('reason', '?')}" for p in dropped[:3])
-        raise PoiseError(f"no proposal for {parent} survived screening ({why or 'none proposed'})")
+        fail(
+            f"no proposal for {parent} survived screening ({why or 'none proposed'})",
+            EXIT_REJECTED,
+        )
     best = kept[0]
     console.print(
         f"best proposal [bold]{best.name}[/] (score {best.score:.3f}): {best.mechanism[:200]}"
@@ -182,7 +260,7 @@ def _spawn_auto(
         f"spawned [bold]{node.name}[/] from [bold]{parent}[/]: [red]{node.status}[/]: "
         f"{node.trailer('Poise-Reason') or ''}"
     )
-    raise typer.Exit(2)
+    raise typer.Exit(EXIT_REJECTED)
 
 
 def log(
@@ -218,49 +296,56 @@ def log(
             kids.setdefault(n.parents[0], []).append(n)
         else:
             roots.append(n)
+    full = not console.is_terminal  # piped: reasons in full, nothing wrapped
     for root in roots:
-        tree = Tree(_label(root))
+        tree = Tree(_label(root, full))
         stack = [(root, tree)]
         while stack:
             n, t = stack.pop()
             for c in kids.get(n.name, []):
                 extra = f"  [dim](× {', '.join(c.parents[1:])})[/]" if len(c.parents) > 1 else ""
-                stack.append((c, t.add(_label(c) + extra)))
+                stack.append((c, t.add(_label(c, full) + extra)))
         console.print(tree)
 
 
 def show(
     node: str = typer.Argument(..., help="The node to show."), archive: Path = ArchiveOpt
 ) -> None:
-    """Show a node: proposal, mechanism diff vs its parent, results and reflection."""
+    """Show a node: proposal, mechanism diff vs its parent, results and reflection.
+
+    Piped or redirected, the sections are written as plain text, never cut or wrapped."""
+    from engine.cli.render import piped, raw, section
+
     arch = Archive(archive)
     n = arch.node(node)
     head = (
-        f"[bold]{n.name}[/]  status {n.status}  depth {n.depth}  "
-        f"parents {', '.join(n.parents) or '—'}  commit {n.commit[:10]}"
+        f"{n.name}  status {n.status}  depth {n.depth}  "
+        f"parents {', '.join(n.parents) or '—'}  commit {n.commit}"
     )
-    console.print(Panel(head, expand=False))
+    if piped():
+        raw(head)
+    else:
+        console.print(Panel(head, expand=False), highlight=False, markup=False)
     reason = n.trailer("Poise-Reason")
     if reason:
-        console.print(f"[red]reason:[/] {reason}")
+        console.print(f"[red]reason:[/] {escape(reason)}", highlight=False)
     proposal = arch.read_file(node, "PROPOSAL.md")
     if proposal:
-        console.print(Panel(Markdown(proposal), title="PROPOSAL.md"))
+        section("PROPOSAL.md", proposal, "markdown")
     if n.parent:
         diff = arch.diff(n.parent, node, [ALGORITHM])
-        console.print(
-            Panel(
-                Syntax(diff or "(no change)", "diff", theme="ansi_dark"),
-                title=f"mechanism diff vs {n.parent}",
-            )
-        )
+        section(f"mechanism diff vs {n.parent}", diff or "(no change)", "diff")
     for _pid, r in sorted(n.results.items()):
         seeds = f"seeds {', '.join(map(str, r.seeds))}" if r.seeds else "no seeds"
         title = f"results under {r.protocol.key} ({r.status}; {seeds})"
         if r.legacy:
             title += " [read from a schema-1 results.json]"
-        table = Table(title=title, show_header=True, title_justify="left")
-        table.add_column("metric")
+        if piped():
+            raw(f"== {title} ==")
+        table = Table(
+            title=None if piped() else escape(title), show_header=True, title_justify="left"
+        )
+        table.add_column("metric", overflow="fold")
         table.add_column("value", justify="right")
         table.add_column("unit")
         table.add_column(f"95% interval ({r.interval_kind or 'none'})", justify="right")
@@ -272,7 +357,7 @@ def show(
             console.print(f"[red]failed:[/] {r.reason}", highlight=False)
     reflection = arch.read_file(node, "REFLECTION.md")
     if reflection:
-        console.print(Panel(Markdown(reflection), title="REFLECTION.md"))
+        section("REFLECTION.md", reflection, "markdown")
 
 
 def diff(

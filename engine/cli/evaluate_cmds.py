@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from engine.cli import ArchiveOpt, console
+from engine.cli import EXIT_FAILED, ArchiveOpt, console
 
 
 def evaluate(
@@ -43,7 +43,9 @@ def evaluate(
     ),
     archive: Path = ArchiveOpt,
 ) -> None:
-    """Evaluate a node under one standardized protocol and record its result on its branch."""
+    """Evaluate a node under one standardized protocol and record its result on its branch.
+
+    Exit code 4 when the candidate fails (raises, NaN/inf, collapse); the reason is recorded."""
     from engine.archive.store import Archive
 
     arch = Archive(archive)
@@ -93,7 +95,7 @@ def evaluate(
             f"[bold]{node}[/] [red]failed[/] under {result.protocol.key}", highlight=False
         )
         console.print(f"[red]reason:[/] {result.reason}", highlight=False)
-        raise typer.Exit(2)
+        raise typer.Exit(EXIT_FAILED)
 
 
 def register(app: typer.Typer) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from engine.cli import ArchiveOpt, console, err_console
+from engine.cli import EXIT_REJECTED, ArchiveOpt, console, err_console
 
 ProposerOpt = typer.Option(
     None,
@@ -97,7 +97,7 @@ def propose(
     print_usage(llm)
     if not kept:
         err_console.print("[red]no proposal survived screening[/]")
-        raise typer.Exit(2)
+        raise typer.Exit(EXIT_REJECTED)
 
 
 def verify(
@@ -105,7 +105,8 @@ def verify(
     archive: Path = ArchiveOpt,
 ) -> None:
     """Static checks + the generated test suite (sandboxed); records verification.json and tests/.
-    Exits with status 2 when the node is rejected."""
+
+    Exit code 3 when the node is rejected."""
     from engine.archive.store import Archive
     from engine.operators.verify import verify_node
 
@@ -122,7 +123,7 @@ def report_verification(node: str, res) -> None:
         )
         return
     console.print(f"[bold]{node}[/] [red]rejected[/]: {res.reason}")
-    raise typer.Exit(2)
+    raise typer.Exit(EXIT_REJECTED)
 
 
 def reflect(
@@ -155,7 +156,10 @@ def reflect(
         )
     llm = make_llm(arch, cfg, "llm", replay) if use_llm else None
     text = reflect_node(arch, node, cfg, llm=llm)
-    console.print(Markdown(text))
+    if console.is_terminal:
+        console.print(Markdown(text))
+    else:  # piped: the Markdown itself, unwrapped
+        typer.echo(text.rstrip("\n"))
     print_usage(llm)
 
 

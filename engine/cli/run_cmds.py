@@ -56,7 +56,10 @@ class _Display:
             self.log_file.close()
 
     def log(self, msg: str) -> None:
-        console.log(msg, highlight=False)
+        if console.is_terminal:
+            console.log(msg, highlight=False)
+        else:  # piped (`| tee run.txt`): one plain line, not a log table as wide as the console
+            console.print(f"[dim]{time.strftime('[%H:%M:%S]')}[/] {msg}", highlight=False)
         if self.log_file:
             from rich.text import Text
 
@@ -237,9 +240,11 @@ def run(
 
         parse_objective(objective)  # a bad objective fails before anything is created
     if proposer is not None and proposer not in ("offline", "llm"):
-        raise PoiseError(f"--proposer must be offline or llm, got {proposer!r}")
+        raise typer.BadParameter(
+            f"must be offline or llm, got {proposer!r}", param_hint="--proposer"
+        )
     if backend is not None and backend not in ("proxy", "verl"):
-        raise PoiseError(f"--backend must be proxy or verl, got {backend!r}")
+        raise typer.BadParameter(f"must be proxy or verl, got {backend!r}", param_hint="--backend")
     path = Path(archive)
     if not path.exists() or (path.is_dir() and not any(path.iterdir())):
         if resume:
@@ -260,8 +265,6 @@ def run(
 
 
 def _print_summary(arch, s, report: bool) -> None:
-    from rich.panel import Panel
-    from rich.syntax import Syntax
 
     from engine.archive.store import ALGORITHM
 
@@ -293,13 +296,10 @@ def _print_summary(arch, s, report: bool) -> None:
             console.print(
                 f"no candidate beat the root; the best candidate is [bold]{shown}[/] (U {s.best_candidate_utility:.4f})"
             )
+        from engine.cli.render import section
+
         diff = arch.diff(root, shown, [ALGORITHM])
-        console.print(
-            Panel(
-                Syntax(diff or "(no change)", "diff", theme="ansi_dark"),
-                title=f"mechanism diff: {root} -> {shown}",
-            )
-        )
+        section(f"mechanism diff: {root} -> {shown}", diff or "(no change)", "diff")
     if report:
         from engine.report.html import render
 

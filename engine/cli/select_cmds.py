@@ -59,7 +59,12 @@ def select(
         "desc. gain",
         "score",
     ):
-        table.add_column(col, justify="left" if col in ("node", "status") else "right")
+        table.add_column(
+            col,
+            justify="left" if col in ("node", "status") else "right",
+            overflow="fold",
+            min_width=len(col) if col != "status" else 9,
+        )
     for r in sel.rows:
         if not r["eligible"] and not explain and r["rank"] is None:
             continue
@@ -89,11 +94,25 @@ def select(
         highlight=False,
     )
     if "objectives" in p:
+        dirs = p.get("directions") or [
+            {"metric": o.lstrip("-"), "direction": "min" if o.startswith("-") else "max"}
+            for o in p["objectives"]
+        ]
         console.print(
-            f"objectives: {', '.join(p['objectives'])}   utility: {p['utility']}   "
-            f"mechanism: {p.get('mechanism', '—')}",
+            "objectives: "
+            + ", ".join(f"{d['metric']} ({d['direction']})" for d in dirs)
+            + f"   utility: {p['utility']}   mechanism: {p.get('mechanism', '—')}",
             highlight=False,
+            markup=False,
         )
+        if explain:
+            for d in dirs:
+                arrow = "higher is better" if d["direction"] == "max" else "lower is better"
+                console.print(
+                    f"  {d['metric']}: {d['direction']} ({arrow}; from {d.get('why', 'sign')})",
+                    highlight=False,
+                    markup=False,
+                )
     if "gp" in p:
         console.print(
             f"GP: fitted on {p['gp']['train']} of {p['gp']['observed']} nodes with observed descendant gain",
@@ -127,13 +146,16 @@ def retrospect(
     table = Table(title="parent retention by round")
     for col in ("round", "parent", "rank", "score", "U", "best descendant", "U best", "gain", ""):
         table.add_column(
-            col, justify="left" if col in ("parent", "best descendant", "") else "right"
+            col,
+            justify="left" if col in ("parent", "best descendant", "") else "right",
+            overflow="fold",
         )
     for r in rep["rounds"]:
         for i, e in enumerate(r["parents"]):
             mark = ""
             if e["parent"] == r["best_parent"]:
-                mark = "[green]best[/]" if r["hit"] else "[yellow]best (not top)[/]"
+                # hit is None when the round had a single parent: nothing was ranked against it
+                mark = "[yellow]best (not top)[/]" if r["hit"] is False else "[green]best[/]"
             table.add_row(
                 str(r["round"]) if i == 0 else "",
                 e["parent"],

@@ -18,6 +18,41 @@ from engine.config import utility
 from engine.select import objective
 
 MAX_PER_TIER = 3
+CONTEXT_TOKENS = 12000
+"""default token budget of the rendered context (``[propose].context_tokens``)"""
+
+
+def _num(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, (int, float)) else str(v)
+
+
+def metrics_line(
+    metrics: dict[str, float], intervals: dict[str, Any], first: str = "overall"
+) -> str:
+    """Every metric with its 95% interval, the objective first: ``overall=0.41 [0.39, 0.43]; …``."""
+    keys = sorted(metrics, key=lambda k: (k != first, k))
+    parts = []
+    for k in keys:
+        iv = intervals.get(k)
+        ok = isinstance(iv, (list, tuple)) and len(iv) == 2 and None not in iv
+        parts.append(f"{k}={_num(metrics[k])}" + (f" [{_num(iv[0])}, {_num(iv[1])}]" if ok else ""))
+    return "; ".join(parts)
+
+
+def reflection_digest(text: str) -> str:
+    """A reflection without its metrics table (the metrics are listed with their intervals anyway):
+    the diagnostics and the mechanism-level analysis, whole."""
+    keep, skip = [], False
+    for line in text.splitlines():
+        if line.startswith("# "):
+            continue
+        if line.startswith("## "):
+            skip = line.startswith("## Metrics vs parent")
+            if skip:
+                continue
+        if not skip and line.strip():
+            keep.append(line.rstrip())
+    return "\n".join(keep)
 
 
 @dataclass
@@ -28,20 +63,23 @@ class NodeSummary:
     metrics: dict[str, float]
     utility: float | None
     reflection: str = ""
+    """the node's REFLECTION.md, whole"""
     reason: str = ""
     components: dict | None = None
+    intervals: dict[str, Any] = field(default_factory=dict)
+    objective: str = "overall"
 
-    def render(self) -> str:
-        m = (
-            ", ".join(f"{k}={v:.4g}" for k, v in sorted(self.metrics.items())[:8])
-            or "not evaluated"
-        )
+    def render(self, reflection: str | None = None) -> str:
+        """The node as prompt text; ``reflection`` overrides how its reflection is shown."""
+        m = metrics_line(self.metrics, self.intervals, self.objective) or "not evaluated"
         u = "—" if self.utility is None else f"{self.utility:.4g}"
-        out = f"- {self.name} [{self.status}] U={u}; {m}\n  mechanism: {self.mechanism}"
+        out = f"- {self.name} [{self.status}] U={u}\n  metrics (95% intervals): {m}"
+        out += f"\n  mechanism: {self.mechanism}"
         if self.reason:
             out += f"\n  rejected/failed because: {self.reason}"
-        if self.reflection:
-            out += f"\n  reflection: {self.reflection}"
+        refl = reflection_digest(self.reflection) if reflection is None else reflection
+        if refl:
+            out += "\n  reflection:\n" + "\n".join(f"    {ln}" for ln in refl.splitlines())
         return out
 
 
@@ -56,30 +94,85 @@ class Context:
     priors: list[dict[str, str]] = field(default_factory=list)
     directive: str = ""
     proposal: str = ""
+    budget_tokens: int = CONTEXT_TOKENS
+    trimmed: list[str] = field(default_factory=list)
+    """what :meth:`render` left out to stay within the budget (empty when it all fit)"""
 
-    def render(self) -> str:
-        """The context as prompt text (sections in a fixed order; deterministic for replay)."""
+    def _text(self, ref_reflection: str, prior_chars: int | None, tiers: int) -> str:
         parts = []
         if self.directive:
             parts.append(f"## Research directive\n{self.directive}")
-        parts.append(f"## Parent node\n{self.parent.render()}")
+        p = self.parent
+        parts.append(
+            f"## Parent node\n{p.render(reflection='')}"
+            + (
+                f"\n\n### Parent's reflection (whole)\n{p.reflection.strip()}"
+                if p.reflection
+                else ""
+            )
+        )
         if self.proposal:
             parts.append(f"### Parent's proposal\n{self.proposal[:1500]}")
         parts.append(f"### Parent's algorithm.py\n```python\n{self.parent_code}\n```")
-        for title, tier in (
+        named = (
             ("Pareto-frontier nodes", self.frontier),
+            ("Rejected or failed nodes (avoid repeating these)", self.rejected),
             ("Complementary nodes (structural contrast)", self.complementary),
             ("Exploratory nodes (outside the parent's lineage)", self.exploratory),
-            ("Rejected or failed nodes (avoid repeating these)", self.rejected),
-        ):
+        )
+        for title, tier in named[:tiers]:
             if tier:
-                parts.append(f"## {title}\n" + "\n".join(s.render() for s in tier))
+                rendered = []
+                for s in tier:
+                    refl = None
+                    if ref_reflection == "first":
+                        lines = reflection_digest(s.reflection).splitlines()
+                        refl = next((ln for ln in lines if ln.startswith("- ")), "")
+                    elif ref_reflection == "none":
+                        refl = ""
+                    rendered.append(s.render(reflection=refl))
+                parts.append(f"## {title}\n" + "\n".join(rendered))
         if self.priors:
             parts.append(
                 "## Literature priors\n"
-                + "\n\n".join(f"### {p['name']}\n{p['card']}" for p in self.priors)
+                + "\n\n".join(
+                    f"### {q['name']}\n{q['card'] if prior_chars is None else q['card'][:prior_chars]}"
+                    for q in self.priors
+                )
+            )
+        if self.trimmed:
+            parts.append(
+                f"(context trimmed to its {self.budget_tokens}-token budget: {'; '.join(self.trimmed)})"
             )
         return "\n\n".join(parts)
+
+    def render(self) -> str:
+        """The context as prompt text (sections in a fixed order; deterministic for replay).
+
+        The parent is never cut: every metric with its interval, its whole reflection, proposal and
+        code. When the text exceeds ``budget_tokens`` (``engine.operators.tokens.count_tokens``),
+        the other nodes' reflections shrink to their first finding, then go; prior cards shrink to
+        400 characters; then the exploratory and complementary tiers go. What went is said at the
+        end of the text and kept in ``trimmed``."""
+        from engine.operators.tokens import count_tokens
+
+        steps = [
+            ("full", None, 4, None),
+            ("first", None, 4, "other nodes' reflections cut to their first finding"),
+            ("none", None, 4, "other nodes' reflections left out"),
+            ("none", 400, 4, "literature prior cards cut to 400 characters"),
+            ("none", 400, 3, "exploratory nodes left out"),
+            ("none", 400, 2, "complementary nodes left out"),
+        ]
+        self.trimmed = []
+        text = ""
+        for refl, prior_chars, tiers, note in steps:
+            if note:
+                self.trimmed.append(note)
+            text = self._text(refl, prior_chars, tiers)
+            if count_tokens(text) <= self.budget_tokens:
+                break
+        return text
 
 
 def identifiers(source: str) -> set[str]:
@@ -107,23 +200,48 @@ def jaccard_distance(a: set[str], b: set[str]) -> float:
     return 1.0 - len(a & b) / max(1, len(a | b))
 
 
-def pareto_front(rows: dict[str, dict[str, float]], objectives: tuple[str, ...]) -> list[str]:
-    """Nodes no other node dominates; an objective prefixed '-' is minimized."""
-    keys = [(o.lstrip("-"), -1.0 if o.startswith("-") else 1.0) for o in objectives]
+def pareto_front(
+    rows: dict[str, dict[str, float]], objectives: tuple[str, ...], exp=None
+) -> list[str]:
+    """Nodes no other node dominates; '-' minimizes, '+' maximizes, a bare name takes its
+    direction from ``exp`` (``engine.config.metric_direction``)."""
+    from engine.select.pareto import parse_objectives
+
+    keys = parse_objectives(objectives, exp)
     pts = {n: [m[k] * s for k, s in keys] for n, m in rows.items() if all(k in m for k, _ in keys)}
     return sorted(objective.pareto_front(pts))
 
 
+def _edit_functions(edit: str) -> str:
+    """The functions a prior's edit defines (its Hyperparameters are listed on its card)."""
+    try:
+        body = ast.parse(edit).body
+    except SyntaxError:
+        return ""
+    lines = edit.splitlines()
+    return "\n\n\n".join(
+        "\n".join(lines[n.lineno - 1 : n.end_lineno])
+        for n in body
+        if isinstance(n, ast.FunctionDef)
+    )
+
+
 def load_priors(limit: int = 6) -> list[dict[str, str]]:
-    """Literature prior cards from ``trainer_template.priors``."""
+    """Literature priors from ``trainer_template.priors``: each card and, under it, the functions the
+    prior's edit replaces in the root's algorithm.py (the root itself has none)."""
     from trainer_template import priors
 
     out = []
     try:
         for name in list(priors.list_priors())[:limit]:
-            card = priors.prior_card(name)
-            out.append({"name": str(name), "card": str(card)[:1200]})
-    except Exception:  # noqa: BLE001 - a broken prior card must not stop the search
+            card = str(priors.prior_card(name))[:1200]
+            code = _edit_functions(priors.prior_edit(name))[:2500]
+            if code:
+                card += (
+                    f"\n\nFunctions it replaces in the root's algorithm.py:\n```python\n{code}\n```"
+                )
+            out.append({"name": str(name), "card": card})
+    except Exception:  # noqa: BLE001 - a broken prior must not stop the search
         return out
     return out
 
@@ -178,7 +296,7 @@ def build_context(archive, parent: str, cfg, *, seed: int | None = None, nodes=N
 
     def summary(n: str) -> NodeSummary:
         node, f = nodes[n], files[n]
-        refl = " ".join((f["reflection"] or "").split())[:500]
+        refl = f["reflection"] or ""
         comps = None
         if f["components"]:
             try:
@@ -194,13 +312,17 @@ def build_context(archive, parent: str, cfg, *, seed: int | None = None, nodes=N
             refl,
             node.trailer("Poise-Reason") or "",
             comps,
+            dict(node.result.intervals) if node.result is not None else {},
+            cfg.experiment.objective,
         )
 
     lineage = set(archive.descendants(parent, nodes)) | _ancestors(parent, nodes) | {parent}
     evaluated = [n for n in names if nodes[n].metrics and nodes[n].evaluated]
     objectives = tuple(cfg.experiment.pareto_objectives) or (cfg.experiment.objective,)
     front = [
-        n for n in pareto_front({n: nodes[n].metrics for n in evaluated}, objectives) if n != parent
+        n
+        for n in pareto_front({n: nodes[n].metrics for n in evaluated}, objectives, cfg.experiment)
+        if n != parent
     ]
     front.sort(key=lambda n: -(utility(nodes[n].metrics, cfg.experiment) or -1e9))
     parent_ids = identifiers(files[parent]["algo"] or "")
@@ -232,6 +354,7 @@ def build_context(archive, parent: str, cfg, *, seed: int | None = None, nodes=N
         priors=load_priors(),
         directive=cfg.experiment.directive,
         proposal=files[parent]["proposal"] or "",
+        budget_tokens=cfg.propose.context_tokens,
     )
 
 

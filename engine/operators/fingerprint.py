@@ -50,8 +50,14 @@ def bank():
         grp = torch.tensor(
             group if group is not None else [i // g for i in range(n)], dtype=torch.long
         )
+        ent = torch.tensor([0.3 + 0.1 * (i % 7) for i in range(n)], dtype=torch.float32)
         return RolloutBatch(
-            rewards=(c & v).to(torch.float32), group=grp, valid=v, correct=c & v, lengths=ln
+            rewards=(c & v).to(torch.float32),
+            group=grp,
+            valid=v,
+            correct=c & v,
+            lengths=ln,
+            token_entropy=ent,
         )
 
     mixed = (

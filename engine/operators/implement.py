@@ -20,7 +20,7 @@ def build_source(parent_source: str, edit: str, hyperparameters: Mapping | None 
     """The candidate's algorithm.py: the LibCST edit applied, then hyperparameter defaults set."""
     src = apply_edit(parent_source, edit) if edit.strip() else parent_source
     if hyperparameters:
-        from engine.operators.proposers.codegen import set_defaults
+        from engine.operators.proposers.hyperparams import set_defaults
 
         src = set_defaults(src, hyperparameters)
     return src
@@ -40,7 +40,11 @@ def implement(
     progress=None,
 ):
     """Spawn ``proposal`` off ``parent`` (str, or a list for a crossover), verify it, correct it for at most
-    R rounds (``[propose].correction_rounds``); return the Node, ``verified`` or ``rejected``."""
+    R rounds (``[propose].correction_rounds``); return the Node, ``verified`` or ``rejected``.
+
+    Every failed attempt is kept on the node's branch under ``attempts/<r>/`` (see
+    :func:`attempt_files`): its edit and algorithm.py, the failure with the failing tests, and the
+    correction prompt that went back to the proposer, so ``git log poise/NODE`` shows the loop."""
     from engine.operators.proposers import get_proposer
     from engine.operators.verify import verify_node
 
@@ -55,11 +59,12 @@ def implement(
     failures: list[str] = []
     notes: list[str] = []
     node_made = False
+    pending: dict[str, str] = {}  # attempt records written before the node exists
     current = proposal
     for r in range(1, rounds + 1):
         if progress:
             progress(f"{name}: implementation round {r}/{rounds}")
-        src, problem = None, ""
+        src, problem, result = None, "", None
         try:
             src = build_source(parent_src, current.edit, current.hyperparameters)
             static_check(src, parent_src)
@@ -67,7 +72,8 @@ def implement(
             problem = f"static check: {exc}"
         if not problem:
             files = {
-                "records/proposal.json": json.dumps(current.to_record(), indent=1, sort_keys=True)
+                "records/proposal.json": json.dumps(current.to_record(), indent=1, sort_keys=True),
+                **pending,
             }
             if not node_made:
                 archive.spawn(
@@ -91,12 +97,29 @@ def implement(
                         "Poise-Reason": [],
                     },
                 )
+            pending = {}
             result = verify_node(archive, name, cfg, proposal=current, limits=limits)
             if result.ok:
                 _record_usage(archive, name, llm, proposal)
                 return archive.node(name)
             problem = f"verification: {result.reason}"
         failures.append(f"round {r}: {problem}")
+        prompt = None
+        if r < rounds and hasattr(proposer, "correction_messages"):
+            try:
+                prompt = proposer.correction_messages(archive, parents[0], current, problem)
+            except PoiseError:
+                prompt = None
+        record = attempt_files(r, current, src, problem, result, prompt)
+        if node_made:
+            archive.commit_files(
+                name,
+                record,
+                subject=f"poise: attempt {r} of {name} failed",
+                trailers={"Poise-Event": "attempt", "Poise-Attempt": str(r)},
+            )
+        else:
+            pending.update(record)
         try:
             revised = (
                 proposer.revise(archive, parents[0], current, problem, cfg, node=name)
@@ -114,7 +137,11 @@ def implement(
     reason = failures[-1].split(": ", 1)[1] if failures else "no candidate"
     log = "\n".join(failures + notes) + "\n"
     if not node_made:
-        files = {"records/rejected_edit.py": current.edit or "", "records/failures.txt": log}
+        files = {
+            "records/rejected_edit.py": current.edit or "",
+            "records/failures.txt": log,
+            **pending,
+        }
         archive.spawn(
             parents,
             name,
@@ -128,6 +155,41 @@ def implement(
         archive.set_status(name, "rejected", reason, files={"records/failures.txt": log})
     _record_usage(archive, name, llm, proposal)
     return archive.node(name)
+
+
+def attempt_files(
+    r: int, proposal, source: str | None, problem: str, result=None, prompt=None
+) -> dict[str, str]:
+    """The record of failed attempt ``r``: ``attempts/<r>/edit.py`` (what the proposer wrote),
+    ``algorithm.py`` (when the edit applied), ``failure.txt`` (the reason and every failing test
+    with its message), ``verification.json`` and the generated ``tests/`` (when tests ran), and
+    ``correction_prompt.md`` (the messages sent back to the proposer, when it was asked)."""
+    from engine.operators.verify import generate_suite
+
+    base = f"attempts/{r}/"
+    files = {base + "edit.py": proposal.edit or ""}
+    if source is not None:
+        files[base + "algorithm.py"] = source
+    lines = [f"attempt {r} failed: {problem}"]
+    report = getattr(result, "report", None) or {}
+    failed = [t for t in report.get("tests", []) if t.get("outcome") == "failed"]
+    if failed:
+        lines += ["", "failing tests:"]
+        lines += [f"- {t['test']}: {' '.join((t.get('message') or '').split())}" for t in failed]
+    if report.get("output_tail"):
+        lines += ["", "output tail:", report["output_tail"]]
+    files[base + "failure.txt"] = "\n".join(lines) + "\n"
+    if report:
+        files[base + "verification.json"] = json.dumps(
+            {"ok": False, "reason": problem, **report}, indent=1, sort_keys=True, default=str
+        )
+        for path, text in generate_suite(tuple(proposal.intents)).items():
+            files[base + path] = text
+    if prompt:
+        files[base + "correction_prompt.md"] = (
+            "\n\n".join(f"## {m['role']}\n\n{m['content']}" for m in prompt) + "\n"
+        )
+    return files
 
 
 def _record_usage(archive, name: str, llm, proposal) -> None:

@@ -162,22 +162,31 @@ class LLMClient:
             )
         return self._client
 
+    @property
+    def endpoint(self) -> str:
+        """The chat-completions URL calls go to (for messages; never holds the key)."""
+        base = (self.base_url or "https://api.openai.com/v1").rstrip("/")
+        return f"{base}/chat/completions"
+
     def _call(self, request: dict[str, Any]) -> tuple[str, int, int]:
+        """One completion, retried with backoff on transient failures: timeouts, connection errors,
+        HTTP 429 and 5xx, and 200 replies that are not a completion (a non-JSON body from a
+        gateway, a JSON error object, no choices). Anything else fails at once. Every failure is
+        one LLMError naming the endpoint and the HTTP status."""
         import openai
 
         client = self._openai()
         attempts = max(1, int(self.cfg.max_retries) + 1)
         last = ""
         for attempt in range(attempts):
+            wait = None
             try:
-                resp = client.chat.completions.create(**request)
-                text = resp.choices[0].message.content or ""
-                u = resp.usage
-                return (
-                    text,
-                    int(getattr(u, "prompt_tokens", 0) or 0),
-                    int(getattr(u, "completion_tokens", 0) or 0),
-                )
+                raw = client.chat.completions.with_raw_response.create(**request)
+                return parse_completion(raw.http_response)
+            except BadReply as exc:
+                if not exc.transient:
+                    raise LLMError(f"the LLM endpoint {self.endpoint} {exc}") from None
+                last = str(exc)
             except (
                 openai.APITimeoutError,
                 openai.APIConnectionError,
@@ -186,13 +195,15 @@ class LLMClient:
             ) as exc:
                 last = _describe(exc)
                 wait = _retry_after(exc)
-                if wait is None:
-                    wait = self.backoff_s * (2**attempt) * (0.5 + random.random() / 2)
-                if attempt + 1 < attempts:
-                    time.sleep(min(wait, 60.0))
             except openai.APIStatusError as exc:  # 4xx other than 429: retrying will not help
-                raise LLMError(f"the LLM endpoint refused the request: {_describe(exc)}") from None
-        raise LLMError(f"the LLM endpoint failed after {attempts} attempts: {last}")
+                raise LLMError(
+                    f"the LLM endpoint {self.endpoint} refused the request: {_describe(exc)}"
+                ) from None
+            if wait is None:
+                wait = self.backoff_s * (2**attempt) * (0.5 + random.random() / 2)
+            if attempt + 1 < attempts:
+                time.sleep(min(wait, 60.0))
+        raise LLMError(f"the LLM endpoint {self.endpoint} failed after {attempts} attempts: {last}")
 
     # -- records -------------------------------------------------------------------------------
     def _load(self, key: str) -> dict | None:
@@ -311,6 +322,83 @@ class LLMClient:
             d = self.usage_by_node.setdefault(dst, Usage())
             for k in ("calls", "prompt_tokens", "completion_tokens", "cost_usd", "replayed"):
                 setattr(d, k, getattr(d, k) + getattr(u, k))
+
+
+class BadReply(Exception):
+    """A 2xx HTTP reply that is not a chat completion; ``transient`` when a retry may help."""
+
+    def __init__(self, message: str, transient: bool):
+        super().__init__(message)
+        self.transient = transient
+
+
+_TRANSIENT_ERRORS = (
+    "overload",
+    "rate_limit",
+    "rate limit",
+    "timeout",
+    "timed out",
+    "unavailable",
+    "server_error",
+    "server error",
+    "capacity",
+    "try again",
+)
+
+
+def parse_completion(http) -> tuple[str, int, int]:
+    """``(text, prompt_tokens, completion_tokens)`` of an httpx response holding a completion.
+
+    Raises :class:`BadReply` for a non-JSON body, a JSON error object (transient when its code is
+    429 / 5xx or its type says overloaded, rate limit, timeout...) or a reply without choices."""
+    status = http.status_code
+    ctype = http.headers.get("content-type", "?").split(";")[0]
+    try:
+        data = json.loads(http.text)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        snippet = " ".join(http.text.split())[:120]
+        raise BadReply(
+            f"returned a body that is not JSON (HTTP {status}, {ctype}): {snippet!r}",
+            transient=True,
+        ) from None
+    if not isinstance(data, dict):
+        raise BadReply(f"returned JSON that is not an object (HTTP {status})", transient=True)
+    err = data.get("error")
+    if err and not data.get("choices"):
+        err = err if isinstance(err, dict) else {"message": str(err)}
+        code = err.get("code") or err.get("status")
+        kind = str(err.get("type") or "")
+        msg = " ".join(str(err.get("message") or "no message").split())[:200]
+        try:
+            numeric = int(code)
+        except (TypeError, ValueError):
+            numeric = None
+        transient = (numeric is not None and (numeric == 429 or numeric >= 500)) or any(
+            w in (kind + " " + msg).lower() for w in _TRANSIENT_ERRORS
+        )
+        detail = ", ".join(x for x in (f"code {code}" if code else "", kind) if x)
+        raise BadReply(
+            f"answered HTTP {status} with an error object ({detail or 'no code'}): {msg}",
+            transient=transient,
+        )
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise BadReply(f"answered HTTP {status} without choices", transient=True)
+    message = choices[0].get("message") or {}
+    text = message.get("content") if isinstance(message, dict) else None
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+
+    def count(key: str) -> int:
+        try:
+            return int(usage.get(key) or 0)
+        except (TypeError, ValueError):
+            return 0
+
+    return (
+        (text if isinstance(text, str) else ""),
+        count("prompt_tokens"),
+        count("completion_tokens"),
+    )
 
 
 def recorded_calls(archive) -> int:

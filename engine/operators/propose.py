@@ -26,6 +26,7 @@ INTENTS = (
     "all_fail_negative",
     "shorter_correct_preferred",
     "longer_wrong_penalized_more",
+    "longer_wrong_penalized_less",
     "bounded",
 )
 

@@ -238,15 +238,21 @@ def verify_node(
 
 
 def is_template(source: str) -> bool:
-    """True for code shipped with poise-git (the root's algorithm.py or a published mechanism)."""
-    from trainer_template import ALGORITHM_FILE, TEMPLATE_DIR
+    """True for code shipped with poise-git: the root's algorithm.py, or a published mechanism (its
+    edit applied to the root, as ``poise-git spawn --prior`` makes it)."""
+    from engine.archive.edit import prior_source
+    from trainer_template import ALGORITHM_FILE
+    from trainer_template.priors import list_priors
 
     if source == ALGORITHM_FILE.read_text(encoding="utf-8"):
         return True
-    return any(
-        source == p.read_text(encoding="utf-8")
-        for p in sorted((TEMPLATE_DIR / "priors").glob("*.py"))
-    )
+    for name in list_priors():
+        try:
+            if source == prior_source(name):
+                return True
+        except PoiseError:
+            continue
+    return False
 
 
 def evaluation_gate(archive, name: str) -> str:

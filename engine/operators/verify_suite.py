@@ -43,7 +43,8 @@ def cfg(mod):
     return probe.config(mod)
 
 
-def make_batch(correct, valid=None, lengths=None, group=None, size=8, rewards=None, entropy=False, progress=0.0):
+def make_batch(correct, valid=None, lengths=None, group=None, size=8, rewards=None, entropy=True, progress=0.0):
+    # both harnesses fill token_entropy (each response's mean token entropy), as these batches do
     c = torch.tensor(correct, dtype=torch.bool)
     n = c.numel()
     v = torch.ones(n, dtype=torch.bool) if valid is None else torch.tensor(valid, dtype=torch.bool)
@@ -245,6 +246,13 @@ def test_intent_longer_wrong_penalized_more(mod, cfg):
     b = make_batch([1, 1, 0, 0, 0, 0, 0, 0], lengths=[200, 200, 50, 800, 200, 200, 200, 200])
     adv = call(mod.compute_advantages, b, cfg)
     assert float(adv[3]) < float(adv[2]), f"long wrong {float(adv[3]):.4g} is not below short wrong {float(adv[2]):.4g}"
+''',
+    "longer_wrong_penalized_less": '''
+def test_intent_longer_wrong_penalized_less(mod, cfg):
+    """Among valid wrong samples of a group, the longer one gets the less negative advantage (length-normalised)."""
+    b = make_batch([1, 1, 0, 0, 0, 0, 0, 0], lengths=[200, 200, 50, 800, 200, 200, 200, 200])
+    adv = call(mod.compute_advantages, b, cfg)
+    assert float(adv[2]) < float(adv[3]) < 0, f"short wrong {float(adv[2]):.4g} is not below long wrong {float(adv[3]):.4g} < 0"
 ''',
     "bounded": '''
 def test_intent_bounded(mod, cfg):

@@ -1,10 +1,12 @@
 """The report's figures (matplotlib, Agg): each function draws one figure from archived nodes and
-writes ``<stem>.svg`` and ``<stem>.png``; it returns the stem's file names, or None when there is no data."""
+returns it as inline SVG text (text kept as text, so node names stay searchable and copyable), or
+None when there is no data. Nothing is written to disk: the page embeds them (one self-contained file).
+"""
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from engine.select import objective as obj
@@ -14,6 +16,8 @@ DYNAMICS = (
     ("train/entropy", "entropy"),
     ("train/response_length", "response length"),
 )
+NAMED_LINEAGE = 12
+"""a lineage of at most this many nodes is labelled with names; larger ones with ids and a legend"""
 
 
 def _plt():
@@ -25,14 +29,17 @@ def _plt():
     return plt
 
 
-def _save(fig, out: Path, stem: str) -> dict[str, str]:
-    files = {}
-    for ext in ("svg", "png"):
-        path = out / f"{stem}.{ext}"
-        fig.savefig(path, dpi=110, bbox_inches="tight")
-        files[ext] = path.name
+def _save(fig, stem: str) -> str:
+    """The figure as an ``<svg>`` element; ids are salted with ``stem`` so that several figures can
+    share one page without clashing clip paths."""
+    import matplotlib
+
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": f"poise-{stem}"}):
+        fig.savefig(buf, format="svg", bbox_inches="tight")
     _plt().close(fig)
-    return files
+    text = buf.getvalue()
+    return text[text.index("<svg") :]
 
 
 def _layout(nodes: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
@@ -63,12 +70,24 @@ def _layout(nodes: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
     return pos
 
 
-def lineage(nodes: Mapping[str, Any], exp, out: Path) -> dict[str, str] | None:
+def lineage_ids(nodes: Mapping[str, Any]) -> dict[str, int]:
+    """Figure ids of a large lineage: 1, 2, ... in creation order (the page's legend lists them)."""
+    order = sorted(nodes.values(), key=lambda n: (n.created, n.name))
+    return {n.name: i for i, n in enumerate(order, 1)}
+
+
+def lineage(nodes: Mapping[str, Any], exp) -> str | None:
+    """Every node at its depth, coloured by utility. Up to NAMED_LINEAGE nodes carry their names;
+    beyond, each carries its id (``lineage_ids``) so labels stay short enough not to overlap."""
     if not nodes:
         return None
     plt = _plt()
     pos = _layout(nodes)
-    width = min(18.0, max(6.0, 0.55 * (max(x for x, _ in pos.values()) + 1)))
+    leaves = max(x for x, _ in pos.values()) + 1
+    named = len(nodes) <= NAMED_LINEAGE
+    longest = max(len(k) for k in nodes) if named else len(str(len(nodes)))
+    per_leaf = max(0.45, 0.075 * longest + 0.15)  # inches: a label's width at 7 pt
+    width = max(6.0, per_leaf * leaves + 1.5)
     depth = max(n.depth for n in nodes.values())
     fig, ax = plt.subplots(figsize=(width, 1.6 + 1.1 * (depth + 1)))
     for n in nodes.values():
@@ -112,20 +131,27 @@ def lineage(nodes: Mapping[str, Any], exp, out: Path) -> dict[str, str] | None:
             label="failed / rejected / not evaluated",
         )
         ax.legend(loc="lower right", fontsize=8)
-    if len(nodes) <= 80:
-        for k, (x, y) in pos.items():
-            ax.annotate(
-                k, (x, y), xytext=(0, 9), textcoords="offset points", ha="center", fontsize=7
-            )
+    ids = None if named else lineage_ids(nodes)
+    for k, (x, y) in pos.items():
+        ax.annotate(
+            k if ids is None else str(ids[k]),
+            (x, y),
+            xytext=(0, 9),
+            textcoords="offset points",
+            ha="center",
+            fontsize=7,
+        )
     ax.set_yticks([-d for d in range(depth + 1)], [str(d) for d in range(depth + 1)])
     ax.set_ylabel("depth")
     ax.set_xticks([])
-    ax.set_title("Lineage (colour: utility)")
-    ax.margins(x=0.08, y=0.2)
-    return _save(fig, out, "lineage")
+    ax.set_title(
+        "Lineage (colour: utility)" + ("" if named else "; labels are ids, see the legend")
+    )
+    ax.margins(x=0.5 / max(leaves, 1) + 0.02, y=0.2)
+    return _save(fig, "lineage")
 
 
-def frontier(nodes: Mapping[str, Any], exp, out: Path) -> dict[str, str] | None:
+def frontier(nodes: Mapping[str, Any], exp) -> str | None:
     by_depth: dict[int, list[float]] = {}
     for n in nodes.values():
         u = obj.node_utility(n, exp)
@@ -152,10 +178,10 @@ def frontier(nodes: Mapping[str, Any], exp, out: Path) -> dict[str, str] | None:
     ax.set_title("Frontier vs depth")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    return _save(fig, out, "frontier")
+    return _save(fig, "frontier")
 
 
-def dynamics(nodes: Mapping[str, Any], names: list[str], out: Path) -> dict[str, str] | None:
+def dynamics(nodes: Mapping[str, Any], names: list[str]) -> str | None:
     series = {
         k: dict(nodes[k].result.trajectory) if nodes[k].result is not None else {}
         for k in names
@@ -185,7 +211,7 @@ def dynamics(nodes: Mapping[str, Any], names: list[str], out: Path) -> dict[str,
     fig.suptitle(
         "Training dynamics: the root and the best nodes (faint: per step; solid: moving mean)"
     )
-    return _save(fig, out, "dynamics")
+    return _save(fig, "dynamics")
 
 
 def _smooth(ys: list[float]) -> list[float]:
@@ -200,7 +226,7 @@ def _smooth(ys: list[float]) -> list[float]:
     return out
 
 
-def accuracy_length(nodes: Mapping[str, Any], exp, out: Path) -> dict[str, str] | None:
+def accuracy_length(nodes: Mapping[str, Any], exp) -> str | None:
     pts = {
         k: (float(n.metrics[exp.objective]), float(n.metrics["mean_length"]))
         for k, n in nodes.items()
@@ -241,4 +267,4 @@ def accuracy_length(nodes: Mapping[str, Any], exp, out: Path) -> dict[str, str] 
     ax.set_title("Accuracy vs length")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, out, "accuracy_length")
+    return _save(fig, "accuracy_length")

@@ -1,4 +1,4 @@
-"""``poise-git report``: one HTML page with figures (SVG + PNG) and a table of every node.
+"""``poise-git report``: one self-contained HTML page (figures inline as SVG) and a table of every node.
 
 Written to ``<archive>/.poise/report/`` by default (git-ignored: it is derived from the archive, which
 stays the single source). Figures: the lineage coloured by utility; frontier vs depth (cumulative best,
@@ -116,7 +116,8 @@ def node_rows(nodes, exp: ExperimentConfig) -> list[dict[str, Any]]:
 
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1400px}
-h1{margin-bottom:0}.sub{color:#666;margin-top:4px}figure{margin:18px 0}img{max-width:100%;border:1px solid #eee}
+h1{margin-bottom:0}.sub{color:#666;margin-top:4px}figure{margin:18px 0}.fig{overflow-x:auto;border:1px solid #eee}
+.fig svg{height:auto;max-width:none}.legend{font-size:12px}
 table{border-collapse:collapse;font-size:13px}td,th{border-bottom:1px solid #ddd;padding:4px 8px;text-align:left}
 th{background:#f4f6f8}.pos{color:#08753a}.neg{color:#b00020}.better{font-weight:bold;color:#08753a}
 .worse{color:#b00020}pre{background:#f7f7f7;padding:10px;overflow-x:auto;font-size:12px}
@@ -129,34 +130,33 @@ def render(
     experiment: ExperimentConfig | None = None,
     top: int = 3,
 ) -> Path:
-    """Write ``index.html`` and its figures; returns the page's path."""
+    """Write ``index.html`` (one file, figures inline, nothing fetched); returns the page's path."""
     from engine.loop.state import load_run
 
     out = Path(out_dir) if out_dir else archive.path / REPORT_DIR
     out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob("*.svg"):
-        old.unlink()
-    for old in out.glob("*.png"):
-        old.unlink()
+    for stem in ("lineage", "frontier", "dynamics", "accuracy_length"):  # figures of older versions
+        for ext in ("svg", "png"):
+            (out / f"{stem}.{ext}").unlink(missing_ok=True)
     exp = experiment or report_experiment(archive)
     nodes = archive.nodes(report_protocol(archive))
     root = _root(nodes)
     ranked = obj.ranked(nodes, exp)
     best = ranked[0][0] if ranked else None
-    figs: list[tuple[str, dict[str, str] | None, str]] = [
+    figs: list[tuple[str, str | None, str]] = [
         (
             "Lineage",
-            figures.lineage(nodes, exp, out),
+            figures.lineage(nodes, exp),
             "Every node at its depth, coloured by utility; dashed edges are crossover parents.",
         ),
         (
             "Frontier vs depth",
-            figures.frontier(nodes, exp, out),
+            figures.frontier(nodes, exp),
             "Cumulative best utility up to each depth and the mean of the top 3 at that depth.",
         ),
         (
             "Training dynamics",
-            figures.dynamics(nodes, [k for k in [root] + [k for k, _ in ranked[:top]] if k], out),
+            figures.dynamics(nodes, [k for k in [root] + [k for k, _ in ranked[:top]] if k]),
             "Reward, entropy and response length along RL training (results.json trajectories).",
         ),
     ]
@@ -164,7 +164,7 @@ def render(
         figs.append(
             (
                 "Accuracy vs length",
-                figures.accuracy_length(nodes, exp, out),
+                figures.accuracy_length(nodes, exp),
                 f"{exp.objective} against mean response length; the Pareto front in red.",
             )
         )
@@ -212,13 +212,14 @@ def render(
             )
         )
     parts.append("</table>")
-    for title, files, caption in figs:
-        if files:
+    for title, svg, caption in figs:
+        if svg:
             parts.append(
-                f"<figure><h2>{title}</h2><img src='{files['svg']}' alt='{title}'>"
-                f"<figcaption>{caption} (<a href='{files['png']}'>PNG</a>, "
-                f"<a href='{files['svg']}'>SVG</a>)</figcaption></figure>"
+                f"<figure><h2>{title}</h2><div class='fig'>{svg}</div>"
+                f"<figcaption>{caption}</figcaption></figure>"
             )
+            if title == "Lineage" and len(nodes) > figures.NAMED_LINEAGE:
+                parts.append(_legend(nodes, exp))
         else:
             parts.append(f"<h2>{title}</h2><p class='sub'>no data yet</p>")
     parts.append(_rounds(nodes, rows))
@@ -239,6 +240,23 @@ def render(
     page = out / "index.html"
     page.write_text("\n".join(parts), encoding="utf-8")
     return page
+
+
+def _legend(nodes, exp: ExperimentConfig) -> str:
+    """The lineage figure's ids: id, node, depth, status, U (the figure labels nodes by id)."""
+    ids = figures.lineage_ids(nodes)
+    out = [
+        "<details open><summary>Lineage legend (figure ids)</summary><table class='legend'>"
+        "<tr><th>id</th><th>node</th><th>depth</th><th>status</th><th>U</th></tr>"
+    ]
+    for name, i in sorted(ids.items(), key=lambda kv: kv[1]):
+        n = nodes[name]
+        out.append(
+            f"<tr><td>{i}</td><td>{html.escape(name)}</td><td>{n.depth}</td>"
+            f"<td>{html.escape(n.status)}</td><td>{_f(obj.node_utility(n, exp))}</td></tr>"
+        )
+    out.append("</table></details>")
+    return "\n".join(out)
 
 
 def _kv(k: str, v: str) -> str:

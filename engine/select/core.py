@@ -214,9 +214,11 @@ def select_parents(
 
     pop = [n for n in names if util[n] is not None and allowed(n)]
     objectives = (
-        pareto.parse_objectives(exp.pareto_objectives)
+        pareto.parse_objectives(exp.pareto_objectives, exp)
         if exp.pareto_objectives
-        else pareto.default_objectives([mets[n] for n in pop], exp.objective, exp.length_penalty)
+        else pareto.default_objectives(
+            [mets[n] for n in pop], exp.objective, exp.length_penalty, exp
+        )
     )
     params: dict[str, Any] = {
         "k": k,
@@ -228,6 +230,7 @@ def select_parents(
         "seed": seed,
         "allow_failed": sc.allow_failed,
         "objectives": [("-" if s < 0 else "") + m for m, s in objectives],
+        "directions": _directions(objectives, exp),
         "utility": exp.objective
         + (f" - {exp.length_penalty:g}*mean_length" if exp.length_penalty else ""),
         "protocol": ref.key,
@@ -365,6 +368,19 @@ def select_parents(
         ),
     )
     return Selection(chosen, out, params)
+
+
+def _directions(objectives, exp) -> list[dict[str, str]]:
+    """Each objective's direction and where it comes from (poise.toml, length directive, default)."""
+    from engine.config import metric_direction
+
+    out = []
+    for m, s in objectives:
+        d, why = metric_direction(m, exp)
+        if (s < 0) != (d == "min"):  # a sign written into pareto_objectives
+            d, why = ("min" if s < 0 else "max"), "pareto_objectives sign"
+        out.append({"metric": m, "direction": d, "why": why})
+    return out
 
 
 def _fallback(

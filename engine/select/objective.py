@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from engine.config import ExperimentConfig, utility
+from engine.config import ExperimentConfig, metric_direction, utility
 from engine.errors import ConfigError
 
 _METRIC = r"[A-Za-z_][A-Za-z0-9_@/.:-]*"
@@ -74,7 +74,8 @@ def with_objective(
 
 def describe(exp: ExperimentConfig) -> str:
     """A one-line statement of the objective, e.g. ``maximize overall - 0.002*mean_length``."""
-    s = f"maximize {exp.objective}" + (
+    verb = "minimize" if metric_direction(exp.objective, exp)[0] == "min" else "maximize"
+    s = f"{verb} {exp.objective}" + (
         f" - {exp.length_penalty:g}*mean_length" if exp.length_penalty else ""
     )
     if exp.pareto_objectives:
@@ -150,12 +151,13 @@ def pareto_front(points: Mapping[str, Iterable[float]]) -> set[str]:
 
 def objective_vector(node: Any, exp: ExperimentConfig) -> tuple[float, ...] | None:
     """The node's metric vector under ``pareto_objectives`` (signs flipped so that larger is better)."""
+    from engine.select.pareto import parse_objectives
+
     names = exp.pareto_objectives or (exp.objective,)
     m = node.metrics if node is not None and node.evaluated else {}
     out = []
-    for p in names:
-        key = p.lstrip("-")
+    for key, sign in parse_objectives(names, exp):
         if key not in m:
             return None
-        out.append(-float(m[key]) if p.startswith("-") else float(m[key]))
+        out.append(sign * float(m[key]))
     return tuple(out)

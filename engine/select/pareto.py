@@ -18,33 +18,63 @@ MAX_DEFAULT_OBJECTIVES = 8
 """at most this many per-benchmark metrics enter the default objective vector"""
 
 
-def parse_objectives(spec: Sequence[str]) -> list[tuple[str, float]]:
-    """``["overall", "-mean_length"]`` -> ``[("overall", 1.0), ("mean_length", -1.0)]``."""
+def parse_objectives(spec: Sequence[str], exp=None) -> list[tuple[str, float]]:
+    """``["overall", "-mean_length"]`` -> ``[("overall", 1.0), ("mean_length", -1.0)]``.
+
+    ``-`` minimizes and ``+`` maximizes; a bare name takes its direction from ``exp``
+    (``engine.config.metric_direction``: poise.toml, else min for lengths under a length directive)."""
+    from engine.config import metric_direction
+
     out = []
     for item in spec:
         if not isinstance(item, str) or not item.strip("-+ "):
             raise ConfigError(f"poise.toml: [experiment].pareto_objectives: bad entry {item!r}")
         item = item.strip()
-        sign = -1.0 if item.startswith("-") else 1.0
-        out.append((item.lstrip("-+").strip(), sign))
+        name = item.lstrip("-+").strip()
+        if item.startswith("-"):
+            sign = -1.0
+        elif item.startswith("+") or exp is None:
+            sign = 1.0
+        else:
+            sign = -1.0 if metric_direction(name, exp)[0] == "min" else 1.0
+        out.append((name, sign))
     return out
 
 
 def default_objectives(
-    metric_dicts: Sequence[Mapping[str, float]], objective: str, length_penalty: float
+    metric_dicts: Sequence[Mapping[str, float]],
+    objective: str,
+    length_penalty: float,
+    exp=None,
 ) -> list[tuple[str, float]]:
     """The objective, plus the per-benchmark scores (metrics named ``bench/score``, not ``train/…``)
-    shared by every node, plus ``-mean_length`` under a length directive (length_penalty > 0)."""
-    objs = [(objective, 1.0)]
+    shared by every node, plus ``-mean_length`` under a length directive (length_penalty > 0).
+
+    Length-like per-benchmark metrics (``hard/mean_length``) enter only under a length directive,
+    minimized; every other metric takes its direction from ``exp`` (default: maximized)."""
+    from engine.config import has_length_directive, is_length_like, metric_direction
+
+    def sign(name: str) -> float:
+        if exp is None:
+            return 1.0
+        return -1.0 if metric_direction(name, exp)[0] == "min" else 1.0
+
+    objs = [(objective, sign(objective))]
     if not metric_dicts:
         return objs
     shared = set(metric_dicts[0])
     for m in metric_dicts[1:]:
         shared &= set(m)
+    lengths = exp is not None and has_length_directive(exp)
     bench = sorted(
-        k for k in shared if "/" in k and not k.startswith(("train/", "-")) and k != objective
+        k
+        for k in shared
+        if "/" in k
+        and not k.startswith(("train/", "-"))
+        and k != objective
+        and (lengths or not is_length_like(k))
     )
-    objs += [(k, 1.0) for k in bench[:MAX_DEFAULT_OBJECTIVES]]
+    objs += [(k, sign(k)) for k in bench[:MAX_DEFAULT_OBJECTIVES]]
     if length_penalty > 0 and "mean_length" in shared and objective != "mean_length":
         objs.append(("mean_length", -1.0))
     return objs

@@ -1,44 +1,15 @@
-"""CAG-GRPO — correctness-gated length penalty (a length-compression variant).
-
-The length term only switches on in groups the policy already solves reliably (success rate
-p_g >= gate), so compression never competes with learning to be correct:
-    A_i = z_i - length_coef * (rho_i - 1)   for correct i in groups with p_g >= gate;   A_i = z_i else,
-rho_i = l_i / mean length of the correct members of g, clipped to [0.5, 2]. The gate form and values
-are assumptions (the mechanism is described as a correctness-anchored gated compression).
-
-Only the region between the ALGO LOGIC markers is meant to be edited by a candidate; the two
-function signatures are the fixed interface (trainer_template/interface.py).
-"""
-
-from __future__ import annotations
-
-from dataclasses import dataclass
-
-import torch
-
-from trainer_template.interface import (
-    RolloutBatch,
-    TrainingState,
-    agg_loss,
-    group_stats,
-    kl_penalty,
-    ppo_clip_loss,
-)
+"""CAG-GRPO (cost-form efficiency term, POISE appendix: a length-compression success), an edit over the
+root algorithm.py: card in cag_grpo.md."""
 
 
-# ALGO LOGIC: everything below is the mechanism; candidates edit it.
 @dataclass
 class Hyperparameters:
     eps: float = 1e-6
     """numerical floor added to the group std"""
-    length_coef: float = 0.2
-    """weight of the length term"""
-    len_ratio_min: float = 0.5
-    """lower clip of the relative length"""
-    len_ratio_max: float = 2.0
-    """upper clip of the relative length"""
-    gate: float = 0.5
-    """group success rate from which the length term applies"""
+    norm_adv_by_std: bool = True
+    """divide by the group std (False gives Dr.GRPO's centred advantage)"""
+    beta_base: float = 0.5
+    """base weight beta_base of the efficiency cost (the paper gives no value)"""
     clip_ratio_low: float = 0.2
     """PPO clip epsilon below 1"""
     clip_ratio_high: float = 0.2
@@ -47,71 +18,25 @@ class Hyperparameters:
     """dual-clip bound for negative advantages (verl's default; must exceed 1)"""
     loss_agg_mode: str = "token-mean"
     """token-mean | seq-mean-token-mean | seq-mean-token-sum-norm"""
-    kl_coef: float = 0.0
-    """weight of the KL-to-reference loss term (0 disables it)"""
+    kl_coef: float = 0.001
+    """weight of the KL-to-reference loss term (verl's GRPO recipe: 0.001; 0 disables it)"""
     kl_type: str = "low_var_kl"
     """k1 | k2 | k3 | low_var_kl"""
     entropy_coef: float = 0.0
     """weight of the entropy bonus (subtracted from the loss)"""
 
 
-def _relative_length(batch: RolloutBatch, lo: float, hi: float) -> torch.Tensor:
-    """l_i / mean of the lengths of the correct members of its group (all members when none), clipped [B]."""
-    lengths = batch.lengths.to(torch.float32)
-    correct = batch.correct.to(torch.bool)
-    sc = group_stats(lengths, batch.group, mask=correct)
-    sa = group_stats(lengths, batch.group)
-    ref = torch.where(sc.count > 0, sc.mean, sa.mean).clamp(min=1.0)
-    return (lengths / ref).clamp(lo, hi)
-
-
 def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:
-    """GRPO plus a relative-length penalty on correct samples of well-solved groups [B]."""
-    scores = batch.rewards.to(torch.float32)
-    stats = group_stats(scores, batch.group)
-    singleton = stats.count < 2
-    mean = torch.where(singleton, torch.zeros_like(scores), stats.mean)
-    std = torch.where(singleton, torch.ones_like(scores), stats.unbiased_std())
-    adv = (scores - mean) / (std + cfg.eps)
-    p = group_stats(batch.correct.to(torch.float32), batch.group).mean
-    rho = _relative_length(batch, cfg.len_ratio_min, cfg.len_ratio_max)
-    gated = batch.correct.to(torch.bool) & (p >= cfg.gate)
-    return torch.where(gated, adv - cfg.length_coef * (rho - 1.0), adv)
-
-
-def policy_loss(
-    log_prob: torch.Tensor,
-    old_log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    cfg: Hyperparameters,
-    ref_log_prob: torch.Tensor | None = None,
-    entropy: torch.Tensor | None = None,
-    state: TrainingState | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO-clip loss. log_prob, old_log_prob, advantages, response_mask, entropy: [B, T]; returns a scalar."""
-    pg_losses, clipped = ppo_clip_loss(
-        log_prob,
-        old_log_prob,
-        advantages,
-        cfg.clip_ratio_low,
-        cfg.clip_ratio_high,
-        cfg.clip_ratio_c,
-    )
-    loss = agg_loss(pg_losses, response_mask, cfg.loss_agg_mode)
-    mask = response_mask.to(log_prob.dtype)
-    metrics = {
-        "pg_loss": float(loss.detach()),
-        "pg_clipfrac": float((clipped.to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1.0)),
-    }
-    if cfg.kl_coef > 0 and ref_log_prob is not None:
-        kl = agg_loss(
-            kl_penalty(log_prob, ref_log_prob, cfg.kl_type), response_mask, cfg.loss_agg_mode
-        )
-        loss = loss + cfg.kl_coef * kl
-        metrics["kl_loss"] = float(kl.detach())
-    if cfg.entropy_coef != 0 and entropy is not None:
-        ent = agg_loss(entropy, response_mask, cfg.loss_agg_mode)
-        loss = loss - cfg.entropy_coef * ent
-        metrics["entropy"] = float(ent.detach())
-    return loss, metrics
+    """CAG-GRPO advantages [B], per prompt group g:
+    A_acc = the root's GRPO advantage (grpo_advantages); mu_L = mean length of the group's correct
+    subset (floored at one token); A_eff_i = min((mu_L - L_i) / mu_L, 0);
+    beta_g = beta_base * SR_g^2, SR_g the group's success rate (mean of 1[correct]);
+    A_i = A_acc_i + beta_g A_eff_i 1[correct_i]."""
+    a_acc = grpo_advantages(batch, cfg)
+    correct = batch.correct.to(torch.bool)
+    success_rate = group_stats(correct.to(torch.float32), batch.group).mean
+    lengths = batch.lengths.to(torch.float32)
+    mu_l = group_stats(lengths, batch.group, mask=correct).mean.clamp(min=1.0)
+    a_eff = ((mu_l - lengths) / mu_l).clamp(max=0.0)
+    a_eff = torch.where(correct, a_eff, torch.zeros_like(a_eff))
+    return a_acc + cfg.beta_base * success_rate.square() * a_eff

@@ -1,42 +1,17 @@
-"""DACE-GRPO — difficulty-aware compression of correct answers (a length-compression variant).
-
-GRPO advantage plus a length bonus for correct answers that grows with the group's success rate p_g
-(easy prompts are compressed hardest, hard ones barely):
-    A_i = z_i + length_coef * p_g * (1 - rho_i)   for correct i;   A_i = z_i otherwise,
-rho_i = l_i / mean length of the correct members of g, clipped to [0.5, 2]. The exact form is assumed
-from the mechanism family's description (difficulty-adaptive length compression).
-
-Only the region between the ALGO LOGIC markers is meant to be edited by a candidate; the two
-function signatures are the fixed interface (trainer_template/interface.py).
-"""
-
-from __future__ import annotations
-
-from dataclasses import dataclass
-
-import torch
-
-from trainer_template.interface import (
-    RolloutBatch,
-    TrainingState,
-    agg_loss,
-    group_stats,
-    kl_penalty,
-    ppo_clip_loss,
-)
+"""DACE-GRPO (difficulty-aware compression, POISE appendix: a length-compression success), an edit over
+the root algorithm.py: card in dace_grpo.md."""
 
 
-# ALGO LOGIC: everything below is the mechanism; candidates edit it.
 @dataclass
 class Hyperparameters:
     eps: float = 1e-6
     """numerical floor added to the group std"""
-    length_coef: float = 0.2
-    """weight of the length term"""
-    len_ratio_min: float = 0.5
-    """lower clip of the relative length"""
-    len_ratio_max: float = 2.0
-    """upper clip of the relative length"""
+    norm_adv_by_std: bool = True
+    """divide by the group std (False gives Dr.GRPO's centred advantage)"""
+    alpha: float = 0.5
+    """difficulty weight alpha of the accuracy advantage (the paper gives no value)"""
+    beta: float = 0.5
+    """weight beta of the efficiency advantage (the paper gives no value)"""
     clip_ratio_low: float = 0.2
     """PPO clip epsilon below 1"""
     clip_ratio_high: float = 0.2
@@ -45,71 +20,46 @@ class Hyperparameters:
     """dual-clip bound for negative advantages (verl's default; must exceed 1)"""
     loss_agg_mode: str = "token-mean"
     """token-mean | seq-mean-token-mean | seq-mean-token-sum-norm"""
-    kl_coef: float = 0.0
-    """weight of the KL-to-reference loss term (0 disables it)"""
+    kl_coef: float = 0.001
+    """weight of the KL-to-reference loss term (verl's GRPO recipe: 0.001; 0 disables it)"""
     kl_type: str = "low_var_kl"
     """k1 | k2 | k3 | low_var_kl"""
     entropy_coef: float = 0.0
     """weight of the entropy bonus (subtracted from the loss)"""
-
-
-def _relative_length(batch: RolloutBatch, lo: float, hi: float) -> torch.Tensor:
-    """l_i / mean of the lengths of the correct members of its group (all members when none), clipped [B]."""
-    lengths = batch.lengths.to(torch.float32)
-    correct = batch.correct.to(torch.bool)
-    sc = group_stats(lengths, batch.group, mask=correct)
-    sa = group_stats(lengths, batch.group)
-    ref = torch.where(sc.count > 0, sc.mean, sa.mean).clamp(min=1.0)
-    return (lengths / ref).clamp(lo, hi)
+    entropy_target_start: float = 0.3
+    """annealed entropy target H_target at progress 0 (nats per token)"""
+    entropy_target_end: float = 0.1
+    """annealed entropy target at progress 1 (> 0)"""
+    entropy_coef_max: float = 0.01
+    """entropy weight added at zero measured entropy; it falls linearly to 0 at H_target(t)"""
 
 
 def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:
-    """GRPO plus a success-rate-weighted shortness bonus for correct samples [B]."""
+    """DACE-GRPO advantages [B], per prompt group g:
+    A_acc = the root's GRPO advantage (grpo_advantages); PassRate_g = mean_g 1[R_j > 0.5];
+    A_eff_i = (mean_C L - L_i) / (std_C L + eps): the negative length z-scored over the group's correct
+    subset C (population std), 0 where |C| < 2;
+    A_i = A_acc_i (1 + alpha (1 - PassRate_g)) + beta A_eff_i PassRate_g 1[correct_i]."""
+    a_acc = grpo_advantages(batch, cfg)
     scores = batch.rewards.to(torch.float32)
-    stats = group_stats(scores, batch.group)
-    singleton = stats.count < 2
-    mean = torch.where(singleton, torch.zeros_like(scores), stats.mean)
-    std = torch.where(singleton, torch.ones_like(scores), stats.unbiased_std())
-    adv = (scores - mean) / (std + cfg.eps)
-    p = group_stats(batch.correct.to(torch.float32), batch.group).mean
-    rho = _relative_length(batch, cfg.len_ratio_min, cfg.len_ratio_max)
-    bonus = cfg.length_coef * p * (1.0 - rho)
-    return torch.where(batch.correct.to(torch.bool), adv + bonus, adv)
-
-
-def policy_loss(
-    log_prob: torch.Tensor,
-    old_log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    cfg: Hyperparameters,
-    ref_log_prob: torch.Tensor | None = None,
-    entropy: torch.Tensor | None = None,
-    state: TrainingState | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO-clip loss. log_prob, old_log_prob, advantages, response_mask, entropy: [B, T]; returns a scalar."""
-    pg_losses, clipped = ppo_clip_loss(
-        log_prob,
-        old_log_prob,
-        advantages,
-        cfg.clip_ratio_low,
-        cfg.clip_ratio_high,
-        cfg.clip_ratio_c,
+    pass_rate = group_stats((scores > 0.5).to(torch.float32), batch.group).mean
+    correct = batch.correct.to(torch.bool)
+    lengths = batch.lengths.to(torch.float32)
+    ls = group_stats(lengths, batch.group, mask=correct)
+    a_eff = torch.where(
+        ls.count >= 2, (ls.mean - lengths) / (ls.std + cfg.eps), torch.zeros_like(lengths)
     )
-    loss = agg_loss(pg_losses, response_mask, cfg.loss_agg_mode)
-    mask = response_mask.to(log_prob.dtype)
-    metrics = {
-        "pg_loss": float(loss.detach()),
-        "pg_clipfrac": float((clipped.to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1.0)),
-    }
-    if cfg.kl_coef > 0 and ref_log_prob is not None:
-        kl = agg_loss(
-            kl_penalty(log_prob, ref_log_prob, cfg.kl_type), response_mask, cfg.loss_agg_mode
-        )
-        loss = loss + cfg.kl_coef * kl
-        metrics["kl_loss"] = float(kl.detach())
-    if cfg.entropy_coef != 0 and entropy is not None:
-        ent = agg_loss(entropy, response_mask, cfg.loss_agg_mode)
-        loss = loss - cfg.entropy_coef * ent
-        metrics["entropy"] = float(ent.detach())
-    return loss, metrics
+    a_eff = torch.where(correct, a_eff, torch.zeros_like(a_eff))
+    return a_acc * (1.0 + cfg.alpha * (1.0 - pass_rate)) + cfg.beta * a_eff * pass_rate
+
+
+def entropy_coefficient(
+    cfg: Hyperparameters, state: TrainingState | None, measured_entropy: float
+) -> float:
+    """Annealed entropy target: H_target(t) = start + (end - start) t, t the training progress (0 without
+    a state); entropy_coef + entropy_coef_max * clip((H_target(t) - H) / H_target(t), 0, 1) with H the
+    measured mean token entropy: exploration early (high target), consolidation late (low target)."""
+    t = state.progress if state is not None else 0.0
+    target = cfg.entropy_target_start + (cfg.entropy_target_end - cfg.entropy_target_start) * t
+    shortfall = (target - measured_entropy) / target
+    return cfg.entropy_coef + cfg.entropy_coef_max * min(max(shortfall, 0.0), 1.0)

@@ -1,44 +1,15 @@
-"""MSA-GRPO — multi-regime scaled-anchor GRPO.
-
-Regime-aware anchor and scaling per group, with p_g the group success rate (mean reward):
-  mixed (0 < p_g < 1):  z_i = (r_i - p_g) / max(sqrt(p_g (1 - p_g)), sigma_min)
-  saturated (p_g in {0, 1}): anchor = the common reward, z_i = 0 (no signal to amplify).
-Length shaping with the relative length rho_i = l_i / mean_g(l), clipped to [0.5, 2]:
-  A_i = z_i * rho_i^(-lambda) if z_i > 0 (shorter correct answers get more credit),
-  A_i = z_i * rho_i^(+lambda) if z_i < 0 (longer wrong answers are pushed down harder).
-Assumed from the mechanism's description (regime-aware anchor and scaling, length ratio^lambda).
-
-Only the region between the ALGO LOGIC markers is meant to be edited by a candidate; the two
-function signatures are the fixed interface (trainer_template/interface.py).
-"""
-
-from __future__ import annotations
-
-from dataclasses import dataclass
-
-import torch
-
-from trainer_template.interface import (
-    RolloutBatch,
-    TrainingState,
-    agg_loss,
-    group_stats,
-    kl_penalty,
-    ppo_clip_loss,
-)
+"""MSA-GRPO (regime-aware anchor and scaling, POISE appendix), an edit over the root algorithm.py: card
+in msa_grpo.md."""
 
 
-# ALGO LOGIC: everything below is the mechanism; candidates edit it.
 @dataclass
 class Hyperparameters:
-    sigma_min: float = 0.1
-    """floor of the group scale"""
+    eps: float = 1e-6
+    """sigma_outcome anchors the scale where it exceeds eps, else sigma_total does"""
+    alpha_uniform: float = 0.5
+    """scale alpha_uniform of uniform groups' advantages (the paper gives no value)"""
     length_lambda: float = 0.5
-    """exponent of the relative-length factor (0 disables length shaping)"""
-    len_ratio_min: float = 0.5
-    """lower clip of the relative length"""
-    len_ratio_max: float = 2.0
-    """upper clip of the relative length"""
+    """exponent lambda of the length ratio (the paper gives no value)"""
     clip_ratio_low: float = 0.2
     """PPO clip epsilon below 1"""
     clip_ratio_high: float = 0.2
@@ -47,8 +18,8 @@ class Hyperparameters:
     """dual-clip bound for negative advantages (verl's default; must exceed 1)"""
     loss_agg_mode: str = "token-mean"
     """token-mean | seq-mean-token-mean | seq-mean-token-sum-norm"""
-    kl_coef: float = 0.0
-    """weight of the KL-to-reference loss term (0 disables it)"""
+    kl_coef: float = 0.001
+    """weight of the KL-to-reference loss term (verl's GRPO recipe: 0.001; 0 disables it)"""
     kl_type: str = "low_var_kl"
     """k1 | k2 | k3 | low_var_kl"""
     entropy_coef: float = 0.0
@@ -56,53 +27,28 @@ class Hyperparameters:
 
 
 def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:
-    """Regime-aware scaled advantages with a relative-length exponent [B]."""
+    """MSA-GRPO advantages [B]. Per prompt group g, with c_i = 1[correct_i]:
+    sigma_outcome = population std_g(c), sigma_total = population std_g(R),
+    sigma_anchor = sigma_outcome if it exceeds eps, else sigma_total (0 when that is at most eps too);
+    A_raw = (R_i - mean_g R) / sigma_anchor (0 where sigma_anchor = 0);
+    A_scaled = A_raw in mixed groups (correct and incorrect members), alpha_uniform * A_raw in uniform ones;
+    ratio_i = L_i / mean_g(L); A_i = A_scaled * ratio_i^lambda if A_scaled > 0, * ratio_i^-lambda if < 0.
+    Lengths are floored at one token."""
     scores = batch.rewards.to(torch.float32)
-    stats = group_stats(scores, batch.group)
-    p = stats.mean.clamp(0.0, 1.0)
-    mixed = stats.max > stats.min
-    scale = torch.sqrt(p * (1.0 - p)).clamp(min=cfg.sigma_min)
-    z = torch.where(mixed, (scores - stats.mean) / scale, torch.zeros_like(scores))
-    lengths = batch.lengths.to(torch.float32)
-    rho = (lengths / group_stats(lengths, batch.group).mean.clamp(min=1.0)).clamp(
-        cfg.len_ratio_min, cfg.len_ratio_max
+    correct = batch.correct.to(torch.float32)
+    rstats = group_stats(scores, batch.group)
+    cstats = group_stats(correct, batch.group)
+    sigma_outcome, sigma_total = cstats.std, rstats.std
+    anchor = torch.where(sigma_outcome > cfg.eps, sigma_outcome, sigma_total)
+    anchor = torch.where(anchor > cfg.eps, anchor, torch.zeros_like(anchor))
+    centred = scores - rstats.mean
+    a_raw = torch.where(anchor > 0, centred / anchor.clamp(min=cfg.eps), torch.zeros_like(scores))
+    mixed = (cstats.max > 0) & (cstats.min < 1)
+    a_scaled = torch.where(mixed, a_raw, cfg.alpha_uniform * a_raw)
+    lengths = batch.lengths.to(torch.float32).clamp(min=1.0)
+    ratio = lengths / group_stats(lengths, batch.group).mean
+    return torch.where(
+        a_scaled > 0,
+        a_scaled * ratio.pow(cfg.length_lambda),
+        a_scaled * ratio.pow(-cfg.length_lambda),
     )
-    return torch.where(z > 0, z * rho.pow(-cfg.length_lambda), z * rho.pow(cfg.length_lambda))
-
-
-def policy_loss(
-    log_prob: torch.Tensor,
-    old_log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    cfg: Hyperparameters,
-    ref_log_prob: torch.Tensor | None = None,
-    entropy: torch.Tensor | None = None,
-    state: TrainingState | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO-clip loss. log_prob, old_log_prob, advantages, response_mask, entropy: [B, T]; returns a scalar."""
-    pg_losses, clipped = ppo_clip_loss(
-        log_prob,
-        old_log_prob,
-        advantages,
-        cfg.clip_ratio_low,
-        cfg.clip_ratio_high,
-        cfg.clip_ratio_c,
-    )
-    loss = agg_loss(pg_losses, response_mask, cfg.loss_agg_mode)
-    mask = response_mask.to(log_prob.dtype)
-    metrics = {
-        "pg_loss": float(loss.detach()),
-        "pg_clipfrac": float((clipped.to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1.0)),
-    }
-    if cfg.kl_coef > 0 and ref_log_prob is not None:
-        kl = agg_loss(
-            kl_penalty(log_prob, ref_log_prob, cfg.kl_type), response_mask, cfg.loss_agg_mode
-        )
-        loss = loss + cfg.kl_coef * kl
-        metrics["kl_loss"] = float(kl.detach())
-    if cfg.entropy_coef != 0 and entropy is not None:
-        ent = agg_loss(entropy, response_mask, cfg.loss_agg_mode)
-        loss = loss - cfg.entropy_coef * ent
-        metrics["entropy"] = float(ent.detach())
-    return loss, metrics

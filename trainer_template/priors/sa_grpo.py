@@ -1,38 +1,13 @@
-"""SA-GRPO — dual-anchor baseline with a fixed scale (a known regression, kept as a control).
-
-    b_i = anchor_weight * mean_g(r) + (1 - anchor_weight) * mean_batch(r)
-    A_i = (r_i - b_i) / fixed_scale
-Mixing the batch mean into the baseline leaks signal into groups whose rewards are all equal (an
-all-correct group on an easy prompt is pushed up, an all-wrong one down) and the fixed scale removes
-GRPO's per-group re-weighting; the seed paper reports it regressing. Weight and scale are assumed.
-
-Only the region between the ALGO LOGIC markers is meant to be edited by a candidate; the two
-function signatures are the fixed interface (trainer_template/interface.py).
-"""
-
-from __future__ import annotations
-
-from dataclasses import dataclass
-
-import torch
-
-from trainer_template.interface import (
-    RolloutBatch,
-    TrainingState,
-    agg_loss,
-    group_stats,
-    kl_penalty,
-    ppo_clip_loss,
-)
+"""SA-GRPO (dual anchor, fixed scale, POISE appendix: a regression case), an edit over the root
+algorithm.py: card in sa_grpo.md."""
 
 
-# ALGO LOGIC: everything below is the mechanism; candidates edit it.
 @dataclass
 class Hyperparameters:
     anchor_weight: float = 0.5
-    """weight of the group mean in the baseline (1 - weight goes to the batch mean)"""
+    """weight alpha of the group mean in the anchor (the paper gives no value)"""
     fixed_scale: float = 0.5
-    """constant divisor of the centred reward"""
+    """the fixed scale sigma_fixed (the paper gives no value)"""
     clip_ratio_low: float = 0.2
     """PPO clip epsilon below 1"""
     clip_ratio_high: float = 0.2
@@ -41,57 +16,20 @@ class Hyperparameters:
     """dual-clip bound for negative advantages (verl's default; must exceed 1)"""
     loss_agg_mode: str = "token-mean"
     """token-mean | seq-mean-token-mean | seq-mean-token-sum-norm"""
-    kl_coef: float = 0.0
-    """weight of the KL-to-reference loss term (0 disables it)"""
+    kl_coef: float = 0.001
+    """weight of the KL-to-reference loss term (verl's GRPO recipe: 0.001; 0 disables it)"""
     kl_type: str = "low_var_kl"
     """k1 | k2 | k3 | low_var_kl"""
-    entropy_coef: float = 0.0
+    entropy_coef: float = 0.001
     """weight of the entropy bonus (subtracted from the loss)"""
 
 
 def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:
-    """(r - (w * group mean + (1 - w) * batch mean)) / fixed_scale, [B]."""
+    """SA-GRPO advantages [B]: mu_anchor = alpha mu_group + (1 - alpha) mu_batch (alpha = anchor_weight),
+    A_i = (R_i - mu_anchor) / sigma_fixed (sigma_fixed = fixed_scale)."""
     scores = batch.rewards.to(torch.float32)
-    baseline = (
+    anchor = (
         cfg.anchor_weight * group_stats(scores, batch.group).mean
         + (1.0 - cfg.anchor_weight) * scores.mean()
     )
-    return (scores - baseline) / cfg.fixed_scale
-
-
-def policy_loss(
-    log_prob: torch.Tensor,
-    old_log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    cfg: Hyperparameters,
-    ref_log_prob: torch.Tensor | None = None,
-    entropy: torch.Tensor | None = None,
-    state: TrainingState | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO-clip loss. log_prob, old_log_prob, advantages, response_mask, entropy: [B, T]; returns a scalar."""
-    pg_losses, clipped = ppo_clip_loss(
-        log_prob,
-        old_log_prob,
-        advantages,
-        cfg.clip_ratio_low,
-        cfg.clip_ratio_high,
-        cfg.clip_ratio_c,
-    )
-    loss = agg_loss(pg_losses, response_mask, cfg.loss_agg_mode)
-    mask = response_mask.to(log_prob.dtype)
-    metrics = {
-        "pg_loss": float(loss.detach()),
-        "pg_clipfrac": float((clipped.to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1.0)),
-    }
-    if cfg.kl_coef > 0 and ref_log_prob is not None:
-        kl = agg_loss(
-            kl_penalty(log_prob, ref_log_prob, cfg.kl_type), response_mask, cfg.loss_agg_mode
-        )
-        loss = loss + cfg.kl_coef * kl
-        metrics["kl_loss"] = float(kl.detach())
-    if cfg.entropy_coef != 0 and entropy is not None:
-        ent = agg_loss(entropy, response_mask, cfg.loss_agg_mode)
-        loss = loss - cfg.entropy_coef * ent
-        metrics["entropy"] = float(ent.detach())
-    return loss, metrics
+    return (scores - anchor) / cfg.fixed_scale

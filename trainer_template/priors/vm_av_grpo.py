@@ -1,48 +1,21 @@
-"""VM-AV-GRPO — validity-masked analytic-variance GRPO.
-
-Statistics run over the format-valid members V_g of each group, Bayesian-smoothed with a Beta(alpha, beta)
-prior:   mu_g = (sum_{j in V_g} r_j + alpha) / (|V_g| + alpha + beta)
-         s_g  = max(sqrt(mu_g (1 - mu_g)), sigma_floor)
-valid i:   A_i = (r_i - mu_g) / s_g;   invalid i:  A_i = invalid_advantage (a floor penalty).
-Validity-gated length normalisation: a valid sample with A_i < 0 is scaled by its relative length
-l_i / mean_{j in V_g}(l_j), clipped to [len_ratio_min, len_ratio_max] = [0.5, 2] (longer wrong answers
-are pushed down harder, short ones less); invalid samples are never length-scaled.
-
-Only the region between the ALGO LOGIC markers is meant to be edited by a candidate; the two
-function signatures are the fixed interface (trainer_template/interface.py).
-"""
-
-from __future__ import annotations
-
-from dataclasses import dataclass
-
-import torch
-
-from trainer_template.interface import (
-    RolloutBatch,
-    TrainingState,
-    agg_loss,
-    group_stats,
-    kl_penalty,
-    ppo_clip_loss,
-)
+"""VM-AV-GRPO (validity-masked analytic-variance GRPO, POISE appendix and case study), an edit over
+the root algorithm.py: card in vm_av_grpo.md."""
 
 
-# ALGO LOGIC: everything below is the mechanism; candidates edit it.
 @dataclass
 class Hyperparameters:
     alpha: float = 1.0
-    """Beta-prior pseudo-successes added to the valid-subset mean"""
+    """Beta-prior pseudo-successes alpha added to the valid subset's reward sum (the paper gives no value)"""
     beta: float = 1.0
-    """Beta-prior pseudo-failures added to the valid-subset mean"""
+    """Beta-prior pseudo-failures beta (the paper gives no value)"""
     sigma_floor: float = 0.1
-    """floor of the scale sqrt(mu (1 - mu))"""
+    """floor sigma_floor of sigma_valid = sqrt(mu_valid (1 - mu_valid)) (> 0; the paper gives no value)"""
     invalid_advantage: float = -1.0
-    """advantage assigned to every format-invalid sample"""
+    """A_floor, the advantage of every format-invalid sample (the paper gives no value)"""
     len_ratio_min: float = 0.5
-    """lower clip of the relative length of negative valid samples"""
+    """lower clip of L_rel = L_i / mean valid length (the paper: 0.5)"""
     len_ratio_max: float = 2.0
-    """upper clip of the relative length of negative valid samples"""
+    """upper clip of L_rel (the paper: 2.0)"""
     clip_ratio_low: float = 0.2
     """PPO clip epsilon below 1"""
     clip_ratio_high: float = 0.2
@@ -51,63 +24,43 @@ class Hyperparameters:
     """dual-clip bound for negative advantages (verl's default; must exceed 1)"""
     loss_agg_mode: str = "token-mean"
     """token-mean | seq-mean-token-mean | seq-mean-token-sum-norm"""
-    kl_coef: float = 0.0
-    """weight of the KL-to-reference loss term (0 disables it)"""
+    kl_coef: float = 0.001
+    """weight of the KL-to-reference loss term (verl's GRPO recipe: 0.001; 0 disables it)"""
     kl_type: str = "low_var_kl"
     """k1 | k2 | k3 | low_var_kl"""
     entropy_coef: float = 0.0
     """weight of the entropy bonus (subtracted from the loss)"""
+    entropy_target: float = 0.2
+    """mean token entropy (nats) below which the adaptive entropy bonus acts (> 0)"""
+    entropy_coef_max: float = 0.01
+    """entropy weight added at zero measured entropy; it falls linearly to 0 at entropy_target"""
 
 
 def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:
-    """Smoothed valid-subset advantages [B]; invalid samples get ``invalid_advantage``."""
+    """VM-AV-GRPO advantages [B]. Over the format-valid members V of each prompt group:
+    mu_valid = (sum_{j in V} R_j + alpha) / (|V| + alpha + beta), sigma_valid = sqrt(mu_valid (1 - mu_valid));
+    valid i: A_i = (R_i - mu_valid) / max(sigma_valid, sigma_floor), and where A_i < 0 it is divided by
+    L_rel = clip(L_i / mean_{j in V} L_j, len_ratio_min, len_ratio_max); invalid i: A_i = invalid_advantage.
+    mu_valid (1 - mu_valid) below 0 (rewards outside [0, 1]) counts as 0; the mean valid length is
+    floored at one token."""
     scores = batch.rewards.to(torch.float32)
     valid = batch.valid.to(torch.bool)
-    stats = group_stats(scores, batch.group, mask=valid)
-    mu = (stats.sum + cfg.alpha) / (stats.count + cfg.alpha + cfg.beta)
-    p = mu.clamp(0.0, 1.0)
-    scale = torch.sqrt(p * (1.0 - p)).clamp(min=cfg.sigma_floor)
-    adv = (scores - mu) / scale
+    vstats = group_stats(scores, batch.group, mask=valid)
+    mu = (vstats.sum + cfg.alpha) / (vstats.count + cfg.alpha + cfg.beta)
+    sigma = (mu * (1.0 - mu)).clamp(min=0.0).sqrt()
+    adv = (scores - mu) / sigma.clamp(min=cfg.sigma_floor)
     lengths = batch.lengths.to(torch.float32)
     mean_len = group_stats(lengths, batch.group, mask=valid).mean.clamp(min=1.0)
-    ratio = (lengths / mean_len).clamp(cfg.len_ratio_min, cfg.len_ratio_max)
-    adv = torch.where(adv < 0, adv * ratio, adv)
+    l_rel = (lengths / mean_len).clamp(cfg.len_ratio_min, cfg.len_ratio_max)
+    adv = torch.where(adv < 0, adv / l_rel, adv)
     return torch.where(valid, adv, torch.full_like(adv, cfg.invalid_advantage))
 
 
-def policy_loss(
-    log_prob: torch.Tensor,
-    old_log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    cfg: Hyperparameters,
-    ref_log_prob: torch.Tensor | None = None,
-    entropy: torch.Tensor | None = None,
-    state: TrainingState | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO-clip loss. log_prob, old_log_prob, advantages, response_mask, entropy: [B, T]; returns a scalar."""
-    pg_losses, clipped = ppo_clip_loss(
-        log_prob,
-        old_log_prob,
-        advantages,
-        cfg.clip_ratio_low,
-        cfg.clip_ratio_high,
-        cfg.clip_ratio_c,
-    )
-    loss = agg_loss(pg_losses, response_mask, cfg.loss_agg_mode)
-    mask = response_mask.to(log_prob.dtype)
-    metrics = {
-        "pg_loss": float(loss.detach()),
-        "pg_clipfrac": float((clipped.to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1.0)),
-    }
-    if cfg.kl_coef > 0 and ref_log_prob is not None:
-        kl = agg_loss(
-            kl_penalty(log_prob, ref_log_prob, cfg.kl_type), response_mask, cfg.loss_agg_mode
-        )
-        loss = loss + cfg.kl_coef * kl
-        metrics["kl_loss"] = float(kl.detach())
-    if cfg.entropy_coef != 0 and entropy is not None:
-        ent = agg_loss(entropy, response_mask, cfg.loss_agg_mode)
-        loss = loss - cfg.entropy_coef * ent
-        metrics["entropy"] = float(ent.detach())
-    return loss, metrics
+def entropy_coefficient(
+    cfg: Hyperparameters, state: TrainingState | None, measured_entropy: float
+) -> float:
+    """Adaptive entropy control: entropy_coef + entropy_coef_max * clip((H* - H) / H*, 0, 1), with H the
+    measured mean token entropy and H* = entropy_target: an entropy bonus only while H is below H*,
+    growing as H falls."""
+    shortfall = (cfg.entropy_target - measured_entropy) / cfg.entropy_target
+    return cfg.entropy_coef + cfg.entropy_coef_max * min(max(shortfall, 0.0), 1.0)

@@ -3,7 +3,8 @@
 Protocol: Qwen2.5-Math-1.5B, 5,000 MATH L3-5 problems, lr 1e-6, global batch 256 prompts, n = 8
 samples, 8 epochs, prompt 1024 / response 3000 tokens, KL loss (low_var_kl), vLLM rollout, MLflow
 logging into the node's run. Assumed where the paper is silent: 4 PPO mini-batches per step
-(``ppo_mini_batch_size`` 64), KL coefficient 0.001 (verl's default) unless the node sets ``kl_coef``.
+(``ppo_mini_batch_size`` 64). KL coefficient: the node's ``kl_coef`` (the root's 0.001, verl's GRPO
+recipe; 0 turns verl's KL loss off, as DAPO does), the protocol's 0.001 for a node without the field.
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def build_overrides(
     s = node_settings(cfg)
     name = registered_name(node)
     p = protocol
-    kl = s.get("kl_coef") or p.kl_coef
+    kl = s["kl_coef"] if s.get("kl_coef") is not None else p.kl_coef
     ov = [
         f"algorithm.adv_estimator={name}",
         "algorithm.use_kl_in_reward=false",
@@ -122,7 +123,7 @@ def build_overrides(
         "actor_rollout_ref.actor.use_dynamic_bsz=true",
         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu="
         f"{max(16384, 2 * (p.max_prompt_length + p.max_response_length))}",
-        "actor_rollout_ref.actor.use_kl_loss=true",
+        f"actor_rollout_ref.actor.use_kl_loss={_fmt(kl > 0)}",
         f"actor_rollout_ref.actor.kl_loss_coef={kl}",
         f"actor_rollout_ref.actor.kl_loss_type={s.get('kl_type', 'low_var_kl')}",
         f"actor_rollout_ref.actor.entropy_coeff={s.get('entropy_coef', 0.0)}",

@@ -1,44 +1,92 @@
 """Code generation for the offline proposer: a component spec -> readable mechanism code.
 
-A spec picks one option per component (baseline, scale, invalid, all_fail, length, adv_clip) plus the
-loss-side and continuous hyperparameters (``spec["hp"]``). :func:`render` writes the edit — the
-``Hyperparameters`` dataclass, ``compute_advantages`` and ``policy_loss`` — as plain code applied
-through the archive's LibCST spawn. :func:`set_defaults` rewrites dataclass defaults with LibCST.
+A spec picks one option per component (baseline, scale, invalid, all_fail, length, adv_clip,
+entropy_control) plus the loss-side and continuous hyperparameters (``spec["hp"]``). :func:`render`
+writes the edit — the ``Hyperparameters`` dataclass, ``compute_advantages``, ``entropy_coefficient``
+and the root's ``policy_loss`` — as plain code applied through the archive's LibCST spawn.
+
+Components that mirror a published mechanism compute its equation (trainer_template/priors):
+``valid_bayes`` baseline = VM-AV-GRPO's mu_valid (alpha = prior_strength * prior_mean, beta =
+prior_strength * (1 - prior_mean)); ``analytic`` scale = AV-GRPO's sqrt(mu2 - mu^2) floored, or
+VM-AV-GRPO's sqrt(mu_valid (1 - mu_valid)) on the valid_bayes baseline; ``batch`` scale = BN-GRPO's
+RMS of the centred rewards over the batch (+ eps); ``floor`` invalid = VM-AV-GRPO's A_floor;
+``negative_scale`` length = VM-AV-GRPO's division of negative valid advantages by
+clip(L_i / mean valid length, 0.5, 2) (to the power length_lambda, 1 = the paper); ``clip`` = the +-3
+clip of FA / BN-GRPO; the ``adaptive`` / ``annealed`` / ``dynamic`` entropy controls are VM-AV-,
+DACE- and DCBE-GRPO's. The ``group_mean`` baseline with ``group_std`` scale is the root GRPO.
 """
 
 from __future__ import annotations
 
 import json
-import keyword
 from collections.abc import Mapping
 from typing import Any
-
-import libcst as cst
 
 from engine.errors import EditError
 
 OPTIONS = {
     "baseline": ("group_mean", "loo", "valid_bayes", "batch"),
     "scale": ("group_std", "analytic", "batch", "none"),
-    "invalid": ("none", "penalty", "mask"),
+    "invalid": ("none", "penalty", "mask", "floor"),
     "all_fail": ("none", "penalty"),
     "length": ("none", "negative_scale", "penalty"),
     "adv_clip": ("none", "clip"),
+    "entropy_control": ("none", "adaptive", "annealed", "dynamic"),
 }
-# continuous hyperparameters: name -> (low, high, log, default, owning component option or None)
+_CONTROLLED = ("adaptive", "annealed", "dynamic")
+# continuous hyperparameters: name -> (low, high, log, default, owner): the owner is None or
+# (component, option) or (component, (options...)), the options whose code reads the value
 CONTINUOUS = {
     "prior_strength": (0.5, 4.0, True, 1.0, ("baseline", "valid_bayes")),
     "prior_mean": (0.0, 0.5, False, 0.25, ("baseline", "valid_bayes")),
     "std_floor": (0.05, 0.5, False, 0.2, ("scale", "analytic")),
     "invalid_penalty": (0.1, 2.0, False, 1.0, ("invalid", "penalty")),
+    "invalid_floor": (0.1, 3.0, False, 1.0, ("invalid", "floor")),
     "all_fail_penalty": (0.01, 0.5, True, 0.1, ("all_fail", "penalty")),
-    "length_lambda": (0.1, 1.0, False, 0.5, ("length", "negative_scale")),
+    "length_lambda": (0.25, 2.0, False, 1.0, ("length", "negative_scale")),
     "length_coef": (0.01, 0.5, True, 0.1, ("length", "penalty")),
     "adv_clip": (1.0, 5.0, False, 3.0, ("adv_clip", "clip")),
+    "entropy_target": (0.05, 1.0, True, 0.2, ("entropy_control", ("adaptive", "dynamic"))),
+    "entropy_target_start": (0.1, 1.0, True, 0.3, ("entropy_control", "annealed")),
+    "entropy_target_end": (0.02, 0.3, True, 0.1, ("entropy_control", "annealed")),
+    "entropy_coef_max": (1e-3, 0.05, True, 0.01, ("entropy_control", _CONTROLLED)),
     "clip_ratio_low": (0.1, 0.3, False, 0.2, None),
     "clip_ratio_high": (0.15, 0.4, False, 0.2, None),
-    "kl_coef": (1e-4, 0.1, True, 0.0, None),
+    "kl_coef": (1e-4, 0.1, True, 0.001, None),
     "entropy_coef": (1e-4, 0.01, True, 0.0, None),
+}
+
+
+def owns(owner: tuple | None, spec: Mapping[str, Any]) -> bool:
+    """Whether the spec's option of the owner's component is one of the owner's options."""
+    if owner is None:
+        return False
+    options = owner[1] if isinstance(owner[1], tuple) else (owner[1],)
+    return spec.get(owner[0]) in options
+
+
+# the priors the catalog expresses exactly (tests/test_catalog.py): their component specs
+PRIOR_SPECS: dict[str, dict[str, Any]] = {
+    "grpo": {},
+    "dr_grpo": {"scale": "none", "hp": {"loss_agg_mode": "seq-mean-token-sum-norm"}},
+    "rloo": {"baseline": "loo", "scale": "none"},
+    "dapo": {"hp": {"clip_ratio_high": 0.28, "kl_coef": 0.0}},
+    "vm_av_grpo": {
+        "baseline": "valid_bayes",
+        "scale": "analytic",
+        "invalid": "floor",
+        "length": "negative_scale",
+        "entropy_control": "adaptive",
+        "hp": {
+            "prior_strength": 2.0,
+            "prior_mean": 0.5,
+            "std_floor": 0.1,
+            "invalid_floor": 1.0,
+            "length_lambda": 1.0,
+            "entropy_target": 0.2,
+            "entropy_coef_max": 0.01,
+        },
+    },
 }
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 LOSS_KNOBS = ("clip", "loss_agg", "kl", "entropy")
@@ -49,13 +97,14 @@ DEFAULT_SPEC: dict[str, Any] = {
     "all_fail": "none",
     "length": "none",
     "adv_clip": "none",
+    "entropy_control": "none",
     "hp": {
         "eps": 1e-6,
         "clip_ratio_low": 0.2,
         "clip_ratio_high": 0.2,
         "clip_ratio_c": 3.0,
         "loss_agg_mode": "token-mean",
-        "kl_coef": 0.0,
+        "kl_coef": 0.001,
         "kl_type": "low_var_kl",
         "entropy_coef": 0.0,
     },
@@ -66,15 +115,20 @@ _DOCS = {
     "prior_mean": "prior mean success rate of the valid subset",
     "std_floor": "floor of the analytic scale sqrt(mu(1-mu))",
     "invalid_penalty": "margin of invalid samples below the lowest valid advantage of their group",
+    "invalid_floor": "invalid samples get the advantage -invalid_floor (VM-AV-GRPO's A_floor)",
     "all_fail_penalty": "advantage subtracted in groups with no correct sample",
-    "length_lambda": "exponent of the length ratio scaling negative advantages",
+    "length_lambda": "exponent of the clipped relative length dividing negative valid advantages",
     "length_coef": "weight of the centred length penalty",
     "adv_clip": "advantages are clipped to [-adv_clip, adv_clip]",
+    "entropy_target": "mean token entropy (nats) the entropy controller steers towards",
+    "entropy_target_start": "annealed entropy target at progress 0 (nats)",
+    "entropy_target_end": "annealed entropy target at progress 1 (nats)",
+    "entropy_coef_max": "largest entropy weight the controller adds",
     "clip_ratio_low": "PPO clip epsilon below 1",
     "clip_ratio_high": "PPO clip epsilon above 1",
     "clip_ratio_c": "dual-clip bound for negative advantages (verl's clip_ratio_c)",
     "loss_agg_mode": "token-mean | seq-mean-token-mean | seq-mean-token-sum-norm",
-    "kl_coef": "weight of the KL-to-reference loss term (0 disables it)",
+    "kl_coef": "weight of the KL-to-reference loss term (verl's GRPO recipe: 0.001; 0 disables it)",
     "kl_type": "k1 | k2 | k3 | low_var_kl",
     "entropy_coef": "weight of the entropy bonus (subtracted from the loss)",
 }
@@ -99,21 +153,25 @@ _BASELINE = {
 _SCALE = {
     "group_std": (
         "group std",
-        ["scale = torch.where(singleton, torch.ones_like(scores), stats.unbiased_std())"],
+        ["scale = torch.where(singleton, torch.ones_like(scores), stats.unbiased_std()) + cfg.eps"],
     ),
     "analytic": (
-        "analytic sqrt(mu(1-mu)) with a floor",
+        "analytic std with a floor (AV-GRPO; VM-AV-GRPO's on the valid_bayes baseline)",
         [
-            "mu = stats.mean.clamp(0.0, 1.0)",
-            "scale = torch.sqrt(mu * (1.0 - mu)).clamp(min=cfg.std_floor)",
+            "mu2 = group_stats(scores * scores, batch.group).mean",
+            "scale = (mu2 - stats.mean.square()).clamp(min=0.0).sqrt().clamp(min=cfg.std_floor)",
         ],
     ),
     "batch": (
-        "batch std",
-        ["scale = (scores - scores.mean()).square().mean().sqrt().expand_as(scores)"],
+        "RMS of the centred rewards over the batch (BN-GRPO)",
+        ["scale = (scores - baseline).square().mean().sqrt() + cfg.eps"],
     ),
-    "none": ("no scaling", ["scale = torch.ones_like(scores) - cfg.eps"]),
+    "none": ("no scaling", ["scale = torch.ones_like(scores)"]),
 }
+# on the valid-subset baseline the analytic scale is VM-AV-GRPO's sqrt(mu_valid (1 - mu_valid))
+_ANALYTIC_VALID = [
+    "scale = (baseline * (1.0 - baseline)).clamp(min=0.0).sqrt().clamp(min=cfg.std_floor)"
+]
 _INVALID = {
     "none": ("", []),
     "penalty": (
@@ -124,6 +182,10 @@ _INVALID = {
         ],
     ),
     "mask": ("invalid samples get 0", ["adv = torch.where(valid, adv, torch.zeros_like(adv))"]),
+    "floor": (
+        "invalid samples get -invalid_floor (VM-AV-GRPO's floor penalty)",
+        ["adv = torch.where(valid, adv, torch.full_like(adv, -cfg.invalid_floor))"],
+    ),
 }
 _ALL_FAIL = {
     "none": ("", []),
@@ -138,11 +200,12 @@ _ALL_FAIL = {
 _LENGTH = {
     "none": ("", []),
     "negative_scale": (
-        "validity-gated length scaling of negative advantages",
+        "validity-gated length normalisation of negative advantages (VM-AV-GRPO)",
         [
             "lengths = batch.lengths.to(torch.float32)",
-            "ratio = lengths / group_stats(lengths, batch.group).mean.clamp(min=1.0)",
-            "adv = torch.where((adv < 0) & valid, adv * ratio.clamp(min=1e-3).pow(cfg.length_lambda), adv)",
+            "mean_valid = group_stats(lengths, batch.group, valid).mean.clamp(min=1.0)",
+            "l_rel = (lengths / mean_valid).clamp(0.5, 2.0)",
+            "adv = torch.where((adv < 0) & valid, adv / l_rel.pow(cfg.length_lambda), adv)",
         ],
     ),
     "penalty": (
@@ -155,10 +218,32 @@ _LENGTH = {
     ),
 }
 _CLIP = {"none": ("", []), "clip": ("clipped", ["adv = adv.clamp(-cfg.adv_clip, cfg.adv_clip)"])}
+_CLIP_SHORTFALL = "cfg.entropy_coef_max * min(max(error, 0.0), 1.0)"
+_ENTROPY = {
+    "adaptive": (
+        "adaptive entropy bonus below entropy_target (VM-AV-GRPO)",
+        ["error = (cfg.entropy_target - measured_entropy) / cfg.entropy_target"],
+        _CLIP_SHORTFALL,
+    ),
+    "annealed": (
+        "entropy bonus below a target annealed over training (DACE-GRPO)",
+        [
+            "t = state.progress if state is not None else 0.0",
+            "target = cfg.entropy_target_start + (cfg.entropy_target_end - cfg.entropy_target_start) * t",
+            "error = (target - measured_entropy) / target",
+        ],
+        _CLIP_SHORTFALL,
+    ),
+    "dynamic": (
+        "entropy bonus below entropy_target, penalty above it (DCBE-GRPO)",
+        ["error = (cfg.entropy_target - measured_entropy) / cfg.entropy_target"],
+        "cfg.entropy_coef_max * min(max(error, -1.0), 1.0)",
+    ),
+}
 
 
-def _root_policy_loss() -> str:
-    """The root's ``policy_loss`` (trainer_template/algorithm.py), verbatim: loss-side mechanisms are
+def _root_function(name: str) -> str:
+    """A function of the root (trainer_template/algorithm.py), verbatim: loss-side mechanisms are
     expressed through the Hyperparameters it reads (clip ratios, aggregation, KL, entropy)."""
     import ast
 
@@ -166,9 +251,24 @@ def _root_policy_loss() -> str:
 
     src = ALGORITHM_FILE.read_text(encoding="utf-8")
     for node in ast.parse(src).body:
-        if isinstance(node, ast.FunctionDef) and node.name == "policy_loss":
+        if isinstance(node, ast.FunctionDef) and node.name == name:
             return "\n".join(src.splitlines()[node.lineno - 1 : node.end_lineno]) + "\n"
-    raise RuntimeError("trainer_template/algorithm.py has no policy_loss")
+    raise RuntimeError(f"trainer_template/algorithm.py has no {name}")
+
+
+def _entropy_coefficient(option: str) -> str:
+    """The root's ``entropy_coefficient``, or an entropy controller of the paper."""
+    if option == "none":
+        return _root_function("entropy_coefficient")
+    doc, lines, coef = _ENTROPY[option]
+    body = "".join(f"    {ln}\n" for ln in lines)
+    return (
+        "def entropy_coefficient(\n"
+        "    cfg: Hyperparameters, state: TrainingState | None, measured_entropy: float\n"
+        ") -> float:\n"
+        f'    """Entropy weight this step: the {doc}."""\n'
+        f"{body}    return cfg.entropy_coef + {coef}\n"
+    )
 
 
 def normalize(spec: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -184,7 +284,7 @@ def normalize(spec: Mapping[str, Any] | None) -> dict[str, Any]:
             out[k] = v
     for name, (_lo, _hi, _log, default, owner) in CONTINUOUS.items():
         if owner is not None:
-            if out[owner[0]] == owner[1]:
+            if owns(owner, out):
                 hp.setdefault(name, default)
             else:
                 hp.pop(name, None)
@@ -207,12 +307,14 @@ def describe(spec: Mapping[str, Any]) -> str:
     parts.append(
         f"loss: clip [{hp['clip_ratio_low']:.3g}, {hp['clip_ratio_high']:.3g}], {hp['loss_agg_mode']}, "
         f"kl {hp['kl_coef']:.3g}, entropy {hp['entropy_coef']:.3g}"
+        + (f" + {_ENTROPY[s['entropy_control']][0]}" if s["entropy_control"] != "none" else "")
     )
     return "; ".join(parts)
 
 
 def render(spec: Mapping[str, Any]) -> str:
-    """The edit (Hyperparameters, compute_advantages, policy_loss) implementing ``spec``."""
+    """The edit (Hyperparameters, compute_advantages, entropy_coefficient, policy_loss) implementing
+    ``spec``."""
     s = normalize(spec)
     lines = ["@dataclass", "class Hyperparameters:"]
     base = list(
@@ -228,8 +330,12 @@ def render(spec: Mapping[str, Any]) -> str:
         "stats = group_stats(scores, batch.group)",
         "singleton = stats.count < 2",
     ]
-    body += _BASELINE[s["baseline"]][1] + _SCALE[s["scale"]][1]
-    body += ["adv = (scores - baseline) / (scale + cfg.eps)"]
+    body += _BASELINE[s["baseline"]][1]
+    if s["scale"] == "analytic" and s["baseline"] == "valid_bayes":
+        body += _ANALYTIC_VALID
+    else:
+        body += _SCALE[s["scale"]][1]
+    body += ["adv = (scores - baseline) / scale"]
     for key, table in (
         ("invalid", _INVALID),
         ("all_fail", _ALL_FAIL),
@@ -246,56 +352,5 @@ def render(spec: Mapping[str, Any]) -> str:
         f'    """Sequence-level advantages [B]. {doc}."""',
     ]
     lines += [f"    {ln}" for ln in body]
-    return "\n".join(lines) + "\n\n\n" + _root_policy_loss()
-
-
-def _literal(value: Any) -> cst.BaseExpression:
-    if isinstance(value, bool) or isinstance(value, (int, float, str)):
-        return cst.parse_expression(json.dumps(value) if isinstance(value, str) else repr(value))
-    raise EditError(f"hyperparameter value {value!r} must be a number, bool or string")
-
-
-class _Defaults(cst.CSTTransformer):
-    def __init__(self, values: Mapping[str, Any]):
-        self.values = dict(values)
-        self.done: set[str] = set()
-        self.found = False
-
-    def leave_ClassDef(self, original, updated):
-        if updated.name.value != "Hyperparameters":
-            return updated
-        self.found = True
-        body = list(updated.body.body)
-        for i, stmt in enumerate(body):
-            if isinstance(stmt, cst.SimpleStatementLine) and isinstance(
-                stmt.body[0], cst.AnnAssign
-            ):
-                ann = stmt.body[0]
-                if isinstance(ann.target, cst.Name) and ann.target.value in self.values:
-                    body[i] = stmt.with_changes(
-                        body=[ann.with_changes(value=_literal(self.values[ann.target.value]))]
-                    )
-                    self.done.add(ann.target.value)
-        for k, v in self.values.items():
-            if k not in self.done:
-                body.append(cst.parse_statement(f"{k}: {type(v).__name__} = {v!r}\n"))
-                self.done.add(k)
-        return updated.with_changes(body=updated.body.with_changes(body=body))
-
-
-def set_defaults(source: str, values: Mapping[str, Any]) -> str:
-    """``source`` with the ``Hyperparameters`` dataclass defaults set (missing fields appended)."""
-    for k, v in values.items():
-        if (
-            not isinstance(k, str)
-            or not k.isidentifier()
-            or keyword.iskeyword(k)
-            or k.startswith("_")
-        ):
-            raise EditError(f"bad hyperparameter name {k!r}")
-        _literal(v)
-    t = _Defaults(values)
-    out = cst.parse_module(source).visit(t)
-    if not t.found:
-        raise EditError("algorithm.py has no Hyperparameters dataclass to set hyperparameters on")
-    return out.code
+    code = "\n".join(lines) + "\n\n\n" + _entropy_coefficient(s["entropy_control"])
+    return code + "\n\n" + _root_function("policy_loss")

@@ -17,8 +17,11 @@ models on verifiable math problems (GRPO family). A mechanism is a Python file `
 `TrainingState` (progress in [0, 1], step, total_steps, entropy: the mean token entropy measured on the \
 batch, or None).
 The two signatures are fixed. `batch` has 1-D tensors of length B: rewards (float), group (prompt-group ids), \
-valid (bool, format-valid), correct (bool), lengths (long), token_entropy (float or None); and progress
-(float in [0, 1]).
+valid (bool, format-valid), correct (bool), lengths (long), token_entropy (float, each response's mean \
+token entropy); and progress (float in [0, 1]).
+The root also defines `grpo_advantages(batch, cfg)` (GRPO as verl computes it) and \
+`entropy_coefficient(cfg, state, measured_entropy) -> float`, the entropy weight its policy_loss uses \
+(replace it for an entropy controller).
 Helpers in `trainer_template.interface` (already imported): group_stats(values, group, mask=None) -> fields \
 count, sum, mean, var, std, min, max, loo_mean (each [B], gathered per sample) and unbiased_std(); \
 masked_mean; agg_loss(loss_mat, mask, mode) with modes token-mean | seq-mean-token-mean | seq-mean-token-sum-norm; \
@@ -31,8 +34,8 @@ algorithm.py (others stay); include the Hyperparameters class whenever you add f
 
 INTENT_HELP = (
     "Intent tests you may claim (they are run against your code): correct_above_wrong, rare_success_larger, "
-    "invalid_below_wrong, all_fail_negative, shorter_correct_preferred, longer_wrong_penalized_more, bounded "
-    "(|advantage| <= cfg.adv_clip)."
+    "invalid_below_wrong, all_fail_negative, shorter_correct_preferred, longer_wrong_penalized_more, "
+    "longer_wrong_penalized_less, bounded (|advantage| <= cfg.adv_clip)."
 )
 
 _HP = {"type": "object", "additionalProperties": {"type": ["number", "boolean", "string"]}}
@@ -73,6 +76,22 @@ REVISE_SCHEMA = {
 }
 
 
+def proposal_messages(context, parent: str, n: int, seed: int | None = None) -> list[dict]:
+    """The chat messages asking for ``n`` proposals: the system prompt, then the rendered context
+    (``engine.operators.context.Context.render``, within its token budget) and the task."""
+    user = (
+        f"{context.render()}\n\n## Task\nPropose {n} distinct candidate mechanisms that improve on the parent "
+        f"node `{parent}` under the directive (if any). For each give: name (short, kebab-case), motivation, "
+        "mechanism (one paragraph, the equations), expected_effect (on accuracy, length, validity, stability), "
+        "hyperparameters (new defaults of Hyperparameters fields your code uses), code, intents, expected_gain "
+        f"(your probability, 0..1, that it beats the parent).\n{INTENT_HELP}\n"
+        'Reply as {"proposals": [{"name": ..., "motivation": ..., "mechanism": ..., "expected_effect": ..., '
+        '"hyperparameters": {...}, "code": "...", "intents": [...], "expected_gain": 0.5}]}'
+        + (f"\n(seed {seed})" if seed is not None else "")
+    )
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+
+
 @register("llm")
 class LLMProposer:
     """Proposals and corrections from a chat model (``engine.llm.LLMClient``)."""
@@ -85,19 +104,9 @@ class LLMProposer:
     def propose(self, archive, parent: str, context, cfg, n: int, seed: int | None) -> list:
         from engine.operators.propose import Proposal, slug
 
-        user = (
-            f"{context.render()}\n\n## Task\nPropose {n} distinct candidate mechanisms that improve on the parent "
-            f"node `{parent}` under the directive (if any). For each give: name (short, kebab-case), motivation, "
-            "mechanism (one paragraph, the equations), expected_effect (on accuracy, length, validity, stability), "
-            "hyperparameters (new defaults of Hyperparameters fields your code uses), code, intents, expected_gain "
-            f"(your probability, 0..1, that it beats the parent).\n{INTENT_HELP}\n"
-            'Reply as {"proposals": [{"name": ..., "motivation": ..., "mechanism": ..., "expected_effect": ..., '
-            '"hyperparameters": {...}, "code": "...", "intents": [...], "expected_gain": 0.5}]}'
-            + (f"\n(seed {seed})" if seed is not None else "")
-        )
         before = self.llm.usage.as_dict()
         reply = self.llm.chat_json(
-            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
+            proposal_messages(context, parent, n, seed),
             proposals_schema(),
             node=f"propose:{parent}",
             purpose="propose",
@@ -123,9 +132,9 @@ class LLMProposer:
             )
         return out
 
-    def revise(self, archive, parent: str, proposal, failure: str, cfg, node: str | None = None):
-        from dataclasses import replace
-
+    def correction_messages(self, archive, parent: str, proposal, failure: str) -> list[dict]:
+        """The chat messages that ask for a corrected edit after ``failure`` (recorded by the
+        implementer as the attempt's correction prompt)."""
         user = (
             f"Your candidate `{proposal.name}` for parent `{parent}` failed.\n\nFailure: {failure}\n\n"
             f"Proposal:\n{proposal.markdown()}\n\nYour code (the edit):\n```python\n{proposal.edit}\n```\n\n"
@@ -133,8 +142,13 @@ class LLMProposer:
             "Fix the edit so it keeps the proposal's mechanism and passes. "
             'Reply as {"code": "...", "hyperparameters": {...}, "explanation": "..."}'
         )
+        return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+
+    def revise(self, archive, parent: str, proposal, failure: str, cfg, node: str | None = None):
+        from dataclasses import replace
+
         reply = self.llm.chat_json(
-            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
+            self.correction_messages(archive, parent, proposal, failure),
             REVISE_SCHEMA,
             node=node,
             purpose="revise",

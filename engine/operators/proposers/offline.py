@@ -22,8 +22,10 @@ from engine.operators.proposers.codegen import (
     LOSS_AGG_MODES,
     LOSS_KNOBS,
     OPTIONS,
+    PRIOR_SPECS,
     describe,
     normalize,
+    owns,
     render,
 )
 
@@ -42,10 +44,24 @@ def intents_for(spec: dict[str, Any]) -> tuple[str, ...]:
     if spec["length"] == "penalty" and spec["adv_clip"] == "none":
         out.append("shorter_correct_preferred")
     if spec["length"] == "negative_scale" and spec["adv_clip"] == "none":
-        out.append("longer_wrong_penalized_more")
+        out.append("longer_wrong_penalized_less")
     if spec["adv_clip"] == "clip":
         out.append("bounded")
     return tuple(out)
+
+
+def prior_record(name: str) -> dict[str, Any] | None:
+    """records/proposal.json of a seeded prior the catalog expresses exactly (its components and the
+    intents they satisfy), so that the offline search mutates the prior itself; None for the others."""
+    if name not in PRIOR_SPECS:
+        return None
+    spec = normalize(PRIOR_SPECS[name])
+    return {
+        "proposer": "prior",
+        "prior": name,
+        "components": spec,
+        "intents": list(intents_for(spec)),
+    }
 
 
 def _study(archive, cfg, seed: int):
@@ -173,7 +189,7 @@ class OfflineProposer:
             choices = [o for o in OPTIONS[knob] if o != base[knob]]
             spec[knob] = rng.choice(choices)
             for name, (_lo, _hi, _log, _d, owner) in CONTINUOUS.items():
-                if owner == (knob, spec[knob]):
+                if owner is not None and owner[0] == knob and owns(owner, spec):
                     hp[name] = sample(name)
         elif knob == "clip":
             hp["clip_ratio_low"], hp["clip_ratio_high"] = (
@@ -225,7 +241,17 @@ class OfflineProposer:
             ("invalid", "penalty"): "fewer format-invalid outputs (valid rate up)",
             ("all_fail", "penalty"): "a learning signal on unsolved prompts",
             ("length", "penalty"): "shorter responses at similar accuracy",
-            ("length", "negative_scale"): "long wrong answers discouraged more: shorter failures",
+            (
+                "length",
+                "negative_scale",
+            ): "long wrong answers no longer pushed harder per sequence than short ones",
+            (
+                "invalid",
+                "floor",
+            ): "a fixed floor penalty below valid answers (fewer invalid outputs)",
+            ("entropy_control", "adaptive"): "entropy held near its target: later collapse",
+            ("entropy_control", "annealed"): "exploration early, consolidation late",
+            ("entropy_control", "dynamic"): "entropy steered both ways towards its target",
             ("adv_clip", "clip"): "bounded updates: fewer spikes in KL and grad norm",
         }
         out = [notes[(k, spec[k])] for k in OPTIONS if spec[k] != base[k] and (k, spec[k]) in notes]

@@ -1,0 +1,276 @@
+"""Removing nodes without losing them, and collecting stale scratch data.
+
+``drop`` moves a node's branch ``refs/heads/poise/<name>`` to the hidden ref
+``refs/poise-dropped/<name>/<batch>`` in one ``git update-ref --stdin`` transaction (all or nothing):
+the node leaves the lineage (``log``, ``select``, the loop) while every object stays reachable, so
+``git fsck`` stays clean and ``restore`` brings the node back. A batch is one drop (a node and the
+descendants dropped with it); its id is the UTC time of the drop, which ``gc --prune`` reads.
+
+``gc`` removes what no command needs any more: temporary directories that killed verification or
+evaluation runs left behind, verl data of nodes no longer in the archive; it drops failed and
+rejected leaf nodes (restorable); with ``prune`` it deletes dropped batches for good. Everything is
+limited to what is older than ``older_than_days``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.archive.store import REF_PREFIX, ROOT_NAME, Archive, parse_trailers
+from engine.errors import ArchiveError
+
+DROPPED_PREFIX = "refs/poise-dropped/"
+SCRATCH_PREFIXES = ("poise-verify-", "poise-eval-", "poise-blobs-")
+"""temporary directories of verification, evaluation and blob writing (``tempfile`` names)"""
+_BATCH_FMT = "%Y%m%dT%H%M%S"
+
+
+@dataclass(frozen=True)
+class DroppedNode:
+    name: str
+    batch: str
+    commit: str
+    status: str
+    parents: tuple[str, ...]
+
+    @property
+    def dropped_at(self) -> float:
+        """Unix time of the drop (from the batch id ``YYYYmmddTHHMMSS-mmm``)."""
+        import calendar
+
+        stamp, _, ms = self.batch.partition("-")
+        try:
+            t = calendar.timegm(time.strptime(stamp, _BATCH_FMT))
+        except ValueError:
+            return 0.0
+        return t + (int(ms) / 1000 if ms.isdigit() else 0.0)
+
+    @property
+    def ref(self) -> str:
+        return f"{DROPPED_PREFIX}{self.name}/{self.batch}"
+
+
+def _batch_id(now: float | None = None) -> str:
+    t = time.time() if now is None else now
+    return f"{time.strftime(_BATCH_FMT, time.gmtime(t))}-{int(t * 1000) % 1000:03d}"
+
+
+def _apply(archive: Archive, lines: list[str], what: str) -> None:
+    err = archive.git.ref_transaction(lines)
+    if err is not None:
+        raise ArchiveError(f"could not {what}: {err} (nothing changed)")
+
+
+def drop(
+    archive: Archive,
+    names: list[str],
+    *,
+    with_descendants: bool = False,
+    dry_run: bool = False,
+    now: float | None = None,
+) -> list[str]:
+    """Drop ``names`` (and, with ``with_descendants``, every node below them) in one batch; returns
+    the dropped names. Refuses the root, unknown names, and nodes with descendants otherwise."""
+    nodes = archive.nodes()
+    if not names:
+        raise ArchiveError("name at least one node to drop")
+    for n in names:
+        if n not in nodes:
+            archive.node(n)  # the 'unknown node' error with a suggestion
+        if n == ROOT_NAME or not nodes[n].parents:
+            raise ArchiveError(f"{n!r} is a root node; a root cannot be dropped")
+    below: dict[str, None] = {}
+    for n in names:
+        for d in sorted(archive.descendants(n, nodes), key=lambda d: (nodes[d].created, d)):
+            if d not in names:
+                below[d] = None
+    if below and not with_descendants:
+        shown = ", ".join(list(below)[:5]) + (
+            f" and {len(below) - 5} more" if len(below) > 5 else ""
+        )
+        raise ArchiveError(
+            f"{', '.join(names)} has descendants ({shown}); "
+            "drop them too with --with-descendants, or drop those first"
+        )
+    targets = list(dict.fromkeys(names)) + list(below)
+    if dry_run:
+        return targets
+    batch = _batch_id(now)
+    lines = []
+    for n in targets:
+        tip = nodes[n].commit
+        lines.append(f"create {DROPPED_PREFIX}{n}/{batch} {tip}")
+        lines.append(f"delete {REF_PREFIX}{n} {tip}")
+    _apply(archive, lines, f"drop {', '.join(names)}")
+    return targets
+
+
+def dropped(archive: Archive) -> list[DroppedNode]:
+    """Every dropped node (newest batch first), read in one ``for-each-ref``."""
+    fmt = "%(refname)%1f%(objectname)%1f%(contents)%1e"
+    out = archive.git.text("for-each-ref", f"--format={fmt}", DROPPED_PREFIX)
+    found = []
+    for rec in out.split("\x1e"):
+        rec = rec.lstrip("\n")
+        if not rec:
+            continue
+        ref, oid, msg = rec.split("\x1f", 2)
+        name, _, batch = ref[len(DROPPED_PREFIX) :].rpartition("/")
+        tr = parse_trailers(msg)
+        found.append(
+            DroppedNode(
+                name=name,
+                batch=batch,
+                commit=oid,
+                status=(tr.get("Poise-Status") or ["spawned"])[-1],
+                parents=tuple(tr.get("Poise-Parent", [])),
+            )
+        )
+    return sorted(found, key=lambda d: (d.batch, d.name), reverse=True)
+
+
+def restore(archive: Archive, name: str, batch: str | None = None) -> list[str]:
+    """Bring back the latest drop of ``name`` (or the given ``batch``) with every node dropped
+    together with it; returns the restored names. Refuses when a name is taken again or a parent
+    is missing."""
+    gone = dropped(archive)
+    mine = [d for d in gone if d.name == name and (batch is None or d.batch == batch)]
+    if not mine:
+        known = sorted({d.name for d in gone})
+        hint = f" (dropped nodes: {', '.join(known[:10])})" if known else " (nothing is dropped)"
+        raise ArchiveError(
+            f"no dropped node {name!r}" + (f" in batch {batch}" if batch else "") + hint
+        )
+    chosen = mine[0].batch
+    group = [d for d in gone if d.batch == chosen]
+    live = archive.nodes()
+    taken = [d.name for d in group if d.name in live]
+    if taken:
+        raise ArchiveError(
+            f"cannot restore: {', '.join(taken)} exist(s) again; drop or rename those first"
+        )
+    names = {d.name for d in group}
+    for d in group:
+        missing = [p for p in d.parents if p not in live and p not in names]
+        if missing:
+            raise ArchiveError(
+                f"cannot restore {d.name}: its parent {missing[0]} is not in the archive "
+                f"(restore {missing[0]} first)"
+            )
+    lines = []
+    for d in group:
+        lines.append(f"create {REF_PREFIX}{d.name} {d.commit}")
+        lines.append(f"delete {d.ref} {d.commit}")
+    _apply(archive, lines, f"restore {name}")
+    return sorted(names, key=lambda n: (n != name, n))
+
+
+@dataclass
+class GcReport:
+    scratch: list[str] = field(default_factory=list)
+    """removed (or, dry run, removable) directories"""
+    scratch_bytes: int = 0
+    failed: list[str] = field(default_factory=list)
+    """failed / rejected leaf nodes dropped (restorable)"""
+    pruned: list[str] = field(default_factory=list)
+    """dropped nodes deleted for good (``name@batch``)"""
+    dry_run: bool = False
+
+
+def _size(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _mtime(path: Path) -> float:
+    """The newest modification time under ``path`` (a directory still written to is not stale)."""
+    newest = path.lstat().st_mtime
+    for root, dirs, files in os.walk(path):
+        for f in dirs + files:
+            try:
+                newest = max(newest, os.lstat(os.path.join(root, f)).st_mtime)
+            except OSError:
+                pass
+    return newest
+
+
+def scratch_candidates(
+    archive: Archive, cutoff: float, tmpdir: str | Path | None = None
+) -> list[Path]:
+    """Stale scratch directories: poise temporary directories of this user, and verl data of nodes
+    no longer in the archive, untouched since ``cutoff`` (Unix time)."""
+    out = []
+    tmp = Path(tmpdir or tempfile.gettempdir())
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    if tmp.is_dir():
+        for p in sorted(tmp.iterdir()):
+            if not p.name.startswith(SCRATCH_PREFIXES) or p.is_symlink() or not p.is_dir():
+                continue
+            st = p.lstat()
+            if uid is not None and st.st_uid != uid:
+                continue
+            if _mtime(p) < cutoff:
+                out.append(p)
+    verl = archive.path / ".poise" / "verl"
+    if verl.is_dir():
+        live = set(archive.nodes())
+        for p in sorted(verl.iterdir()):
+            if p.is_dir() and not p.is_symlink() and p.name not in live and _mtime(p) < cutoff:
+                out.append(p)
+    return out
+
+
+def gc(
+    archive: Archive,
+    older_than_days: float = 14.0,
+    *,
+    dry_run: bool = False,
+    drop_failed: bool = True,
+    prune: bool = False,
+    tmpdir: str | Path | None = None,
+    now: float | None = None,
+) -> GcReport:
+    """Collect what is older than ``older_than_days``: stale scratch directories, failed / rejected
+    leaf nodes (dropped, restorable) and, with ``prune``, dropped nodes (deleted for good)."""
+    if older_than_days < 0:
+        raise ArchiveError("--older-than must be >= 0 days")
+    now = time.time() if now is None else now
+    cutoff = now - older_than_days * 86400.0
+    rep = GcReport(dry_run=dry_run)
+    for p in scratch_candidates(archive, cutoff, tmpdir):
+        rep.scratch.append(str(p))
+        rep.scratch_bytes += _size(p)
+        if not dry_run:
+            shutil.rmtree(p, ignore_errors=True)
+    if drop_failed:
+        nodes = archive.nodes()
+        has_kids = {p for n in nodes.values() for p in n.parents}
+        stale = [
+            n.name
+            for n in sorted(nodes.values(), key=lambda n: (n.created, n.name))
+            if n.status in ("failed", "rejected")
+            and n.name not in has_kids
+            and n.parents
+            and n.created < cutoff
+        ]
+        if stale:
+            rep.failed = drop(archive, stale, dry_run=dry_run, now=now)
+    if prune:
+        old = [d for d in dropped(archive) if d.dropped_at < cutoff]
+        rep.pruned = [f"{d.name}@{d.batch}" for d in old]
+        if old and not dry_run:
+            _apply(archive, [f"delete {d.ref} {d.commit}" for d in old], "prune dropped nodes")
+            archive.git.run("reflog", "expire", "--expire-unreachable=now", "--all", check=False)
+            archive.git.run("gc", "--prune=now", "--quiet", check=False)
+    return rep

@@ -1,0 +1,162 @@
+"""`poise-git drop / restore / gc` on real archives: nothing lost, git fsck clean throughout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.archive import cleanup
+from engine.errors import ArchiveError
+
+
+def _refs(path: Path, prefix: str) -> dict[str, str]:
+    out = subprocess.run(
+        ["git", "-C", str(path), "for-each-ref", "--format=%(refname) %(objectname)", prefix],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return dict(line.split() for line in out.splitlines())
+
+
+def _fsck_strict_clean(path: Path) -> None:
+    p = subprocess.run(
+        ["git", "-C", str(path), "fsck", "--strict", "--no-progress", "--unreachable"],
+        capture_output=True,
+        text=True,
+    )
+    assert p.returncode == 0 and "unreachable" not in p.stdout, p.stdout + p.stderr
+
+
+def _tree(archive):
+    archive.spawn("grpo", "a")
+    archive.spawn("a", "a1")
+    archive.spawn(["a1", "grpo"], "cross")  # a crossover below a
+    archive.spawn("grpo", "b")
+
+
+def test_drop_refuses_descendants_then_drops_and_restores_them(archive, cli):
+    _tree(archive)
+    a = str(archive.path)
+    tips = {n: archive.tip(n) for n in ("a", "a1", "cross")}
+    r = cli("drop", "a", "-C", a)
+    assert r.returncode == 1 and "has descendants (a1, cross)" in r.stderr
+    assert "--with-descendants" in r.stderr and archive.exists("a")
+    r = cli("drop", "a", "--with-descendants", "-C", a)
+    assert r.returncode == 0 and "dropped 3 node(s): a, a1, cross" in r.stdout, r.stderr
+    assert set(archive.nodes()) == {"grpo", "b"}
+    assert "a1" not in cli("log", "-C", a).stdout
+    hidden = _refs(archive.path, cleanup.DROPPED_PREFIX)
+    assert sorted(v for v in hidden.values()) == sorted(tips.values())
+    assert {k.split("/")[2] for k in hidden} == {"a", "a1", "cross"}
+    _fsck_strict_clean(archive.path)
+    # the objects survive git's own garbage collection: they are reachable
+    subprocess.run(["git", "-C", a, "gc", "--prune=now", "--quiet"], check=True)
+    _fsck_strict_clean(archive.path)
+    listed = json.loads(cli("restore", "--list", "--json", "-C", a).stdout)
+    assert {d["node"] for d in listed} == {"a", "a1", "cross"} and len(
+        {d["batch"] for d in listed}
+    ) == 1
+    r = cli("drop", "a", "--undo", "-C", a)
+    assert r.returncode == 0 and "restored a, a1, cross" in r.stdout, r.stderr
+    assert {n: archive.tip(n) for n in tips} == tips
+    assert archive.node("cross").parents == ("a1", "grpo")
+    assert _refs(archive.path, cleanup.DROPPED_PREFIX) == {}
+    _fsck_strict_clean(archive.path)
+
+
+def test_drop_leaf_restore_and_refusals(archive, cli):
+    _tree(archive)
+    a = str(archive.path)
+    assert cli("drop", "b", "-C", a).returncode == 0 and not archive.exists("b")
+    r = cli("drop", "grpo", "-C", a)
+    assert r.returncode == 1 and "a root cannot be dropped" in r.stderr
+    r = cli("drop", "nope", "-C", a)
+    assert r.returncode == 1 and "unknown node 'nope'" in r.stderr
+    r = cli("restore", "nope", "-C", a)
+    assert r.returncode == 1 and "no dropped node 'nope' (dropped nodes: b)" in r.stderr
+    archive.spawn("grpo", "b")  # the name is taken again
+    r = cli("restore", "b", "-C", a)
+    assert r.returncode == 1 and "b exist(s) again" in r.stderr
+    assert cli("drop", "b", "-C", a).returncode == 0  # a second drop of the name: its own batch
+    assert len(cleanup.dropped(archive)) == 2
+    r = cli("restore", "b", "-C", a)
+    assert r.returncode == 0 and archive.exists("b")
+    _fsck_strict_clean(archive.path)
+
+
+def test_dry_run_changes_nothing(archive, cli):
+    _tree(archive)
+    before = _refs(archive.path, "refs/")
+    r = cli("drop", "a", "--with-descendants", "--dry-run", "-C", str(archive.path))
+    assert r.returncode == 0 and "would drop 3 node(s)" in r.stdout
+    assert _refs(archive.path, "refs/") == before
+
+
+def _age(path: Path, days: float) -> None:
+    t = time.time() - days * 86400
+    for root, dirs, files in os.walk(path):
+        for f in dirs + files:
+            os.utime(os.path.join(root, f), (t, t))
+    os.utime(path, (t, t))
+
+
+def test_gc_collects_old_scratch_and_failed_leaves(archive, tmp_path, cli):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    stale = tmp / "poise-verify-abc123"
+    (stale / "tests").mkdir(parents=True)
+    (stale / "algorithm.py").write_text("x" * 5000)
+    _age(stale, 20)
+    fresh = tmp / "poise-eval-def456"
+    fresh.mkdir()
+    (fresh / "out.json").write_text("{}")
+    other = tmp / "not-ours"
+    other.mkdir()
+    _age(other, 20)
+    archive.spawn("grpo", "ok")
+    archive.spawn("grpo", "bad")
+    archive.set_status("bad", "failed", "NaN loss")
+    archive.spawn("grpo", "parent-failed")
+    archive.set_status("parent-failed", "rejected", "imports os")
+    archive.spawn("parent-failed", "child")  # a failed node with a child is evidence in use: kept
+    verl = archive.path / ".poise" / "verl"
+    (verl / "gone-node").mkdir(parents=True)
+    (verl / "ok").mkdir()
+    _age(verl / "gone-node", 30)
+    _age(verl / "ok", 30)
+    env = {"TMPDIR": str(tmp)}
+    a = str(archive.path)
+    r = cli("gc", "--older-than", "7", "--dry-run", "--json", "-C", a, env=env)
+    rep = json.loads(r.stdout)
+    assert rep["scratch"] == [str(stale), str(verl / "gone-node")] and rep["scratch_bytes"] >= 5000
+    assert rep["failed"] == []  # the nodes are minutes old
+    assert stale.exists()
+    r = cli("gc", "--older-than", "7", "-C", a, env=env)
+    assert r.returncode == 0 and "removed 2 scratch" in r.stdout
+    assert not stale.exists() and fresh.exists() and other.exists() and (verl / "ok").exists()
+    r = cli("gc", "--older-than", "0", "-C", a, env=env)
+    assert "dropped 1 failed / rejected node(s): bad" in r.stdout
+    assert set(archive.nodes()) == {"grpo", "ok", "parent-failed", "child"}
+    assert cli("restore", "bad", "-C", a).returncode == 0 and archive.exists("bad")
+    _fsck_strict_clean(archive.path)
+
+
+def test_gc_prune_deletes_old_drops_for_good(archive):
+    archive.spawn("grpo", "old")
+    archive.spawn("grpo", "recent")
+    t0 = time.time()
+    cleanup.drop(archive, ["old"], now=t0 - 30 * 86400)
+    cleanup.drop(archive, ["recent"], now=t0)
+    rep = cleanup.gc(archive, 14, prune=True, drop_failed=False, tmpdir=archive.path / "none")
+    assert [p.split("@")[0] for p in rep.pruned] == ["old"]
+    assert [d.name for d in cleanup.dropped(archive)] == ["recent"]
+    _fsck_strict_clean(archive.path)  # the old node's objects are gone, not dangling
+    with pytest.raises(ArchiveError, match="no dropped node 'old'"):
+        cleanup.restore(archive, "old")
+    assert cleanup.restore(archive, "recent") == ["recent"]

@@ -1,0 +1,296 @@
+"""The command line as a user meets it: version, help, exit codes, piped output, error messages,
+duplicate mechanisms, objective directions, retrospect labels. Real archives in tmp_path; the real
+entry point through a subprocess (real pipes) or typer's CliRunner."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import openai_server  # tests/openai_server.py
+import pytest
+from conftest import REPO
+from results_util import record
+from typer.testing import CliRunner
+
+from engine.archive.store import Archive
+
+LONG = (
+    "a-node-name-well-beyond-forty-characters-that-a-user-will-copy-and-paste-somewhere-" + "x" * 8
+)
+WIDE_LINE = "    return " + " + ".join(f"{i}.0" for i in range(40))  # ~250 columns
+NOPIPE = {"COLUMNS": ""}  # the default of a real pipe: no COLUMNS hint
+
+
+def _app():
+    from engine.cli import _register, app
+
+    _register()
+    return app
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(_app(), list(args))
+
+
+def _edit(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+# -- version, help, exit codes ------------------------------------------------------------------
+
+
+def test_version():
+    from engine import __version__
+
+    for flag in ("--version", "-V"):
+        r = invoke(flag)
+        assert r.exit_code == 0 and r.output.strip() == f"poise-git {__version__}"
+
+
+def test_every_verb_has_examples_and_no_bool_type():
+    app = _app()
+    names = [i.name or i.callback.__name__.replace("_", "-") for i in app.registered_commands]
+    for verb in ("compare", "drop", "restore", "gc", "spawn", "verify", "select"):
+        assert verb in names
+    for name in names:
+        r = invoke(name, "--help")
+        assert r.exit_code == 0, (name, r.output)
+        assert "<bool>" not in r.output, name
+        assert "Examples" in r.output and f"poise-git {name}" in r.output, name
+    r = invoke("spawn", "--help")
+    flags = [ln for ln in r.output.splitlines() if "--auto" in ln or "--no-verify" in ln]
+    assert flags and all("<" not in ln.split("  ")[1] for ln in flags if "  " in ln)
+
+
+def test_exit_codes_are_stated_once_and_documented():
+    import engine.cli as c
+    from engine.cli.help import EXIT_CODES
+
+    codes = dict(EXIT_CODES)
+    assert codes.keys() == {
+        c.EXIT_OK,
+        c.EXIT_ERROR,
+        c.EXIT_USAGE,
+        c.EXIT_REJECTED,
+        c.EXIT_FAILED,
+        c.EXIT_INTERRUPTED,
+    }
+    assert (c.EXIT_REJECTED, c.EXIT_FAILED, c.EXIT_INTERRUPTED) == (3, 4, 130)
+    root = invoke("--help").output
+    for code in codes:
+        assert re.search(rf"^\s+{code}\s", root, re.M), code
+    for doc in (REPO / "README.md", REPO / "docs" / "cli.md"):
+        text = doc.read_text()
+        for code in codes:
+            assert re.search(rf"^\| `{code}` \|", text, re.M), (doc.name, code)
+
+
+def test_exit_codes_end_to_end(archive, tmp_path, cli):
+    a = str(archive.path)
+    assert cli("log", "--no-such-option", "-C", a).returncode == 2
+    assert cli("show", "-C", a).returncode == 2  # missing argument
+    r = cli("show", "nope", "-C", a)
+    assert r.returncode == 1 and r.stderr.strip() == "error: unknown node 'nope'"
+    hostile = _edit(tmp_path, "h.py", "import os\n\ndef helper():\n    return os.getcwd()\n")
+    r = cli("spawn", "grpo", "--name", "h", "--edit", str(hostile), "--no-verify", "-C", a)
+    assert r.returncode == 0, r.stderr
+    r = cli("verify", "h", "-C", a)  # the static check rejects it before anything runs
+    assert r.returncode == 3 and "rejected" in r.stdout and "import of 'os'" in r.stdout
+    assert archive.node("h").status == "rejected"
+
+
+def test_ctrl_c_exits_130_with_one_line(tmp_path):
+    """SIGINT while waiting on the LLM endpoint: 'interrupted', exit 130, no traceback."""
+    toml = tmp_path / "poise.toml"
+    toml.write_text('[propose]\nproposer = "llm"\n[llm]\napi_key_env = "POISE_TEST_KEY"\n')
+    Archive.init(tmp_path / "exp", config_toml=toml.read_text())
+    release = threading.Event()
+
+    def slow(_request):
+        release.wait(30)
+        return "{}"
+
+    with openai_server.ScriptedOpenAI(default=slow) as srv:
+        env = dict(os.environ, PYTHONPATH=str(REPO), OPENAI_BASE_URL=srv.base_url)
+        env["POISE_TEST_KEY"] = "sk-test"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "engine", "propose", "grpo", "-C", str(tmp_path / "exp")],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            deadline = time.time() + 60
+            while not srv.requests and time.time() < deadline:
+                time.sleep(0.1)
+            assert srv.requests, "the request never reached the server"
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=30)
+        finally:
+            release.set()
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+
+
+# -- error messages -------------------------------------------------------------------------------
+
+
+def test_syntax_error_in_edit_names_file_line_and_column(archive, tmp_path, cli):
+    bad = _edit(
+        tmp_path, "broken_edit.py", "def helper(x):\n    return (x +\n\ndef g():\n    pass\n"
+    )
+    r = cli("spawn", "grpo", "--name", "x", "--edit", str(bad), "-C", str(archive.path))
+    assert r.returncode == 1
+    (line,) = r.stderr.strip().splitlines()
+    assert f'File "{bad}", line 2, column 12' in line
+    assert "'(' was never closed" in line and "return (x +" in line
+    assert not archive.exists("x")
+
+
+# -- piped output is never cut --------------------------------------------------------------------
+
+
+def test_piped_output_is_not_cut(archive, tmp_path, cli):
+    a = str(archive.path)
+    edit = _edit(tmp_path, "wide.py", f"def wide_helper():\n{WIDE_LINE}\n")
+    r = cli(
+        "spawn", "grpo", "--name", LONG, "--edit", str(edit), "--no-verify", "-C", a, env=NOPIPE
+    )
+    assert r.returncode == 0, r.stderr
+    assert any(LONG in ln for ln in r.stdout.splitlines())
+    res = _edit(tmp_path, "r.json", json.dumps({"overall": 0.5, "hard/pass@8": 0.25}))
+    r = cli("record", LONG, "--results", str(res), "-C", a, env=NOPIPE)
+    assert r.returncode == 0 and LONG in r.stdout
+    reason = "a reason long enough to be cut at sixty characters in a terminal, " * 3
+    archive.spawn("grpo", "sick")
+    archive.set_status("sick", "failed", reason)
+    commit = archive.node(LONG).commit
+    outputs = {
+        "log": cli("log", "-C", a, env=NOPIPE).stdout,
+        "show": cli("show", LONG, "-C", a, env=NOPIPE).stdout,
+        "select": cli("select", "--explain", "-C", a, env=NOPIPE).stdout,
+        "diff": cli("diff", "grpo", LONG, "-C", a, env=NOPIPE).stdout,
+    }
+    for verb, out in outputs.items():
+        assert any(LONG in ln for ln in out.splitlines()) or verb == "diff", (verb, out)
+    assert " ".join(reason.split()) in outputs["log"]
+    assert commit in outputs["show"]  # the full id, as git prints it
+    for verb in ("show", "diff"):
+        assert any(ln[1:] == WIDE_LINE for ln in outputs[verb].splitlines()), verb
+    assert "│" not in outputs["show"].split("== results")[0]  # no frames around copyable text
+
+
+def test_duplicate_mechanism_is_refused_unless_forced(archive, tmp_path, cli):
+    a = str(archive.path)
+    one = _edit(tmp_path, "one.py", "def helper(x):\n    return x * 2  # double\n")
+    # the same mechanism: other layout, comments and a docstring
+    two = _edit(tmp_path, "two.py", 'def helper(x):\n    """Twice x."""\n    return (x*2)\n')
+    other = _edit(tmp_path, "three.py", "def helper(x):\n    return x * 3\n")
+    assert (
+        cli(
+            "spawn", "grpo", "--name", "first", "--edit", str(one), "--no-verify", "-C", a
+        ).returncode
+        == 0
+    )
+    r = cli("spawn", "grpo", "--name", "again", "--edit", str(two), "--no-verify", "-C", a)
+    assert r.returncode == 1 and "same mechanism as the existing node first" in r.stderr
+    assert "--force" in r.stderr and not archive.exists("again")
+    r = cli(
+        "spawn", "grpo", "--name", "again", "--edit", str(two), "--no-verify", "--force", "-C", a
+    )
+    assert r.returncode == 0 and archive.exists("again")
+    r = cli("spawn", "grpo", "--name", "third", "--edit", str(other), "--no-verify", "-C", a)
+    assert r.returncode == 0
+    from engine.archive.mechanism import TRAILER, same_mechanism
+
+    nodes = archive.nodes()
+    assert nodes["first"].trailer(TRAILER) == nodes["again"].trailer(TRAILER)
+    assert nodes["third"].trailer(TRAILER) != nodes["first"].trailer(TRAILER)
+    assert same_mechanism(archive, archive.algorithm("first")) == ["first", "again"]
+
+
+# -- retrospect and objective directions ---------------------------------------------------------
+
+
+def test_retrospect_does_not_call_a_single_parent_round_not_top(archive, cli):
+    record(archive, "grpo", {"overall": 0.5})
+    for name, u in (("c1", 0.55), ("c2", 0.6)):
+        archive.spawn("grpo", name, trailers={"Poise-Round": "1", "Poise-Selection-Rank": "1"})
+        record(archive, name, {"overall": u})
+    r = cli("retrospect", "-C", str(archive.path))
+    assert r.returncode == 0, r.stderr
+    assert "not top" not in r.stdout and re.search(r"grpo .*best\s*│", r.stdout), r.stdout
+    data = json.loads(cli("retrospect", "--json", "-C", str(archive.path)).stdout)
+    assert data["rounds"][0]["hit"] is None and data["summary"]["rounds_judged"] == 0
+
+
+def _metrics(overall: float, length: float) -> dict:
+    return {
+        "overall": overall,
+        "mean_length": length,
+        "hard/pass@8": overall / 2,
+        "hard/mean_length": length,
+        "easy/acc@1": 0.9,
+    }
+
+
+def test_select_explains_the_direction_of_every_objective(tmp_path, cli):
+    toml = '[experiment]\ndirective = "make answers shorter"\n[experiment.directions]\n"easy/acc@1" = "max"\n'
+    arch = Archive.init(tmp_path / "exp", config_toml=toml)
+    record(arch, "grpo", _metrics(0.5, 30.0))
+    arch.spawn("grpo", "short")
+    record(arch, "short", _metrics(0.5, 10.0))
+    r = cli("select", "--json", "-C", str(arch.path))
+    dirs = {d["metric"]: d for d in json.loads(r.stdout)["params"]["directions"]}
+    assert dirs["hard/mean_length"]["direction"] == "min"
+    assert dirs["hard/mean_length"]["why"] == "length directive"
+    assert dirs["easy/acc@1"]["why"] == "poise.toml [experiment.directions]"
+    assert dirs["overall"]["direction"] == "max" and dirs["hard/pass@8"]["direction"] == "max"
+    r = cli("select", "--explain", "-C", str(arch.path))
+    assert "hard/mean_length: min (lower is better; from length directive)" in r.stdout
+    assert "overall: max (higher is better; from default)" in r.stdout
+
+
+def test_lengths_are_never_maximized_by_default():
+    from engine.config import ExperimentConfig, metric_direction, parse_config, utility
+    from engine.select.pareto import default_objectives, parse_objectives
+
+    plain = ExperimentConfig()
+    ms = [_metrics(0.5, 30.0), _metrics(0.4, 10.0)]
+    objs = dict(default_objectives(ms, "overall", 0.0, plain))
+    assert "hard/mean_length" not in objs and objs["hard/pass@8"] == 1.0  # no length directive
+    short = ExperimentConfig(length_penalty=0.001)
+    assert dict(default_objectives(ms, "overall", 0.001, short))["hard/mean_length"] == -1.0
+    assert parse_objectives(["overall", "mean_length"], short) == [
+        ("overall", 1.0),
+        ("mean_length", -1.0),
+    ]
+    assert (
+        metric_direction("mean_length", ExperimentConfig(directive="Compress the reasoning"))[0]
+        == "min"
+    )
+    # the default poise.toml states the direction of mean_length explicitly
+    from engine.config import DEFAULT_TOML
+
+    cfg = parse_config(DEFAULT_TOML).experiment
+    assert metric_direction("mean_length", cfg) == ("min", "poise.toml [experiment.directions]")
+    # a length objective is minimized: U is always higher-is-better
+    exp = ExperimentConfig(objective="mean_length")
+    assert utility({"mean_length": 10.0}, exp) > utility({"mean_length": 30.0}, exp)
+    from engine.errors import ConfigError
+
+    with pytest.raises(ConfigError, match='must be "max" or "min"'):
+        parse_config('[experiment.directions]\noverall = "up"\n')
