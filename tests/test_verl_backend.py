@@ -217,8 +217,82 @@ def test_trainer_mixin_routes_reward_extra_info():
     expect_valid[2] = False
     assert seen["valid"].tolist() == expect_valid.tolist()
     assert seen["correct"].tolist() == [bool(s) for s in SCORES]
-    assert seen["progress"] == pytest.approx(0.25)
+    assert seen["progress"] == pytest.approx(2 / 11)  # 0-based step 2 of 12: step / (total - 1)
     assert metrics["poise/valid_rate"] == pytest.approx(expect_valid.mean())
+
+
+ENTROPY_EDIT = '''
+def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:
+    """Centred per-response entropy (needs the harness's token_entropy)."""
+    if batch.token_entropy is None:
+        raise ValueError("no token_entropy")
+    return batch.token_entropy - batch.token_entropy.mean()
+
+
+def policy_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    cfg: Hyperparameters,
+    ref_log_prob: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+    state: TrainingState | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Mean surrogate; reports the state it was given."""
+    loss = -(advantages * torch.exp(log_prob - old_log_prob) * response_mask).sum() / response_mask.sum()
+    seen = {"seen_state": 0.0 if state is None else 1.0}
+    if state is not None:
+        seen.update(seen_progress=state.progress, seen_step=float(state.step))
+        seen["seen_entropy"] = -1.0 if state.entropy is None else state.entropy
+    return loss, seen
+'''
+
+
+def test_token_entropy_and_training_state_reach_the_mechanism():
+    """The trainer mixin routes per-response entropy as RolloutBatch.token_entropy, logs the node's
+    sequence advantages under the proxy's names, and the TrainingState it builds (installed in the
+    actor worker before the update) is what the node's policy_loss receives."""
+    from engine.archive.edit import apply_edit
+    from trainer_template.verl_backend.adapter import install_training_state
+
+    name = register_node("vb_ent", apply_edit(prior_source("grpo"), ENTROPY_EDIT))
+    ent = torch.tensor([0.5, 1.5, 1.0, 2.0, 3.0, 0.0])
+
+    class Base:
+        global_steps, total_training_steps = 2, 5
+
+        def _compute_advantage(self, batch, metrics):
+            return compute_advantage(batch, adv_estimator=name, config=None)
+
+    class Trainer(ExtrasRoutingMixin, Base):
+        def _poise_reward_extras(self, batch):
+            return {}
+
+        def _poise_signals(self, batch, n):
+            return {"token_entropy": ent, "train/entropy": float(ent.mean())}
+
+    trainer, metrics = Trainer(), {}
+    out = trainer._compute_advantage(_data([0.0] * 6, [0, 0, 0, 1, 1, 1]), metrics)
+    centred = ent - ent.mean()
+    assert torch.allclose(out.batch["advantages"][:, 0], centred)
+    assert metrics["train/adv_std"] == pytest.approx(float(centred.std()))
+    assert metrics["train/adv_max"] == pytest.approx(float(centred.max()))
+    assert metrics["train/entropy"] == pytest.approx(float(ent.mean()))
+    state = trainer._poise_state
+    assert state == {"progress": 0.25, "step": 1, "total_steps": 5, "entropy": float(ent.mean())}
+    loss_fn = core_algos.get_policy_loss_fn(name)
+    args = (torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3), torch.ones(2, 3))
+    try:
+        _, m = loss_fn(*args, loss_agg_mode="token-mean", config=None)
+        assert m["actor/seen_state"] == 0.0 and "actor/poise_state_progress" not in m
+        install_training_state(state)  # what the trainer runs in each actor worker
+        _, m = loss_fn(*args, loss_agg_mode="token-mean", config=None)
+    finally:
+        install_training_state(None)
+    assert m["actor/seen_progress"] == 0.25 and m["actor/seen_step"] == 1.0
+    assert m["actor/seen_entropy"] == pytest.approx(float(ent.mean()))
+    assert m["actor/poise_state_progress"] == 0.25 and m["actor/poise_state_step"] == 1.0
 
 
 def test_registration_rejects_clashes():
@@ -460,3 +534,18 @@ def test_cli_train_dry_run(cli, archive):
     assert not (Path(archive.path) / ".poise" / "verl").exists()  # a dry run writes nothing
     bad = cli("train", "grpo", "--backend", "proxy", "--archive", str(archive.path))
     assert bad.returncode == 1 and "unknown training backend" in bad.stderr
+
+
+def test_cli_smoke_refuses_bad_input_before_starting_verl(cli, archive):
+    """One clear line and no verl run, no MLflow run, no result for input that cannot work."""
+    a = str(archive.path)
+    bad_hparam = cli(
+        "train", "grpo", "--backend", "verl", "--smoke", "--hparam", "nosuch=1", "-C", a
+    )
+    assert bad_hparam.returncode == 1 and "unknown hyperparameters" in bad_hparam.stderr
+    dry = cli("train", "grpo", "--backend", "verl", "--smoke", "--dry-run", "-C", a)
+    assert dry.returncode == 1 and "drop --smoke" in dry.stderr
+    proxy = cli("evaluate", "grpo", "--smoke", "-C", a)
+    assert proxy.returncode == 2 and "--backend verl" in proxy.stderr
+    assert not archive.nodes()["grpo"].results
+    assert not (Path(a) / ".poise" / "verl" / "smoke" / "nodes").exists()

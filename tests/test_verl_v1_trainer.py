@@ -206,6 +206,47 @@ def test_poise_sync_routes_reward_extra_info_through_the_queue(composed, queue):
     assert metrics["poise/valid_rate"] == pytest.approx(np.mean(valid))
     assert metrics["poise/correct_rate"] == pytest.approx(3 / 8)
 
+    # the proxy's signal names, from the node's own sequence advantages
+    direct = _direct(valid)[:, 0]
+    assert metrics["train/adv_std"] == pytest.approx(float(direct.std()), abs=1e-5)
+    assert metrics["train/adv_min"] == pytest.approx(float(direct.min()), abs=1e-5)
+    assert "train/entropy" not in metrics  # no entropy in the queue yet (verl's old-log-prob pass)
+
+    # with verl's per-token entropy in the queue, each response's mean reaches the estimator
+    from tensordict import TensorDict
+    from verl.workers.utils.padding import response_to_nested
+
+    lengths = torch.tensor([s[2] for s in SAMPLES])
+    ent = torch.arange(8 * 9, dtype=torch.float32).reshape(8, 9) / 10
+    mask = torch.nested.as_nested_tensor([torch.ones(int(n)) for n in lengths], layout=torch.jagged)
+    tq.kv_batch_put(
+        keys=keys,
+        partition_id="train",
+        fields=TensorDict({"entropy": response_to_nested(ent, mask)}, batch_size=8),
+    )
+    from engine.archive.edit import apply_edit
+    from trainer_template.verl_backend.adapter import register_node
+
+    # a mechanism whose advantages are the routed entropies themselves
+    edit = (
+        "def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:\n"
+        "    return batch.token_entropy\n"
+    )
+    name = register_node("v1ent", apply_edit(prior_source("grpo"), edit))
+    per_response = torch.stack([ent[i, : int(n)].mean() for i, n in enumerate(lengths)])
+    metrics = {}
+    before = cfg.algorithm.adv_estimator
+    cfg.algorithm.adv_estimator = name
+    try:
+        trainer._compute_advantage(meta, metrics)
+    finally:
+        cfg.algorithm.adv_estimator = before
+    got = _advantages(meta)
+    assert torch.allclose(got[:, 0], per_response, atol=1e-6)
+    assert metrics["train/entropy"] == pytest.approx(float(per_response.mean()))
+    assert trainer._poise_state["entropy"] == pytest.approx(float(per_response.mean()))
+    assert trainer._poise_state["step"] == 2 and trainer._poise_state["total_steps"] == 12
+
     PPOTrainerSync._compute_advantage(
         trainer, meta, {}
     )  # verl's step alone: no extras reach the estimator

@@ -16,7 +16,8 @@ def evaluate(
     backend: str = typer.Option(
         "proxy",
         "--backend",
-        help="proxy (embedded CPU RL proxy); with --suite: vllm | openai | transformers.",
+        help="proxy (embedded CPU RL proxy); verl (GPU; --smoke on the CPU); with --suite: vllm | "
+        "openai | transformers.",
     ),
     seeds: int | None = typer.Option(
         None, "--seeds", help="Paired seeds, run as parallel processes (default: poise.toml)."
@@ -39,7 +40,14 @@ def evaluate(
     limit: int | None = typer.Option(
         None,
         "--limit",
-        help="With --suite: at most this many problems per benchmark (a smoke run).",
+        help="With --suite: at most this many problems per benchmark (a smoke run); with "
+        "--backend verl --smoke: problems per benchmark scored after training (default 2).",
+    ),
+    smoke: bool = typer.Option(
+        False,
+        "--smoke",
+        help="With --backend verl: train a few real verl steps of a tiny model on the CPU, then score "
+        "the checkpoint on the six benchmarks (transformers); records a verl-smoke result.",
     ),
     archive: Path = ArchiveOpt,
 ) -> None:
@@ -48,6 +56,16 @@ def evaluate(
     Exit code 4 when the candidate fails (raises, NaN/inf, collapse); the reason is recorded."""
     from engine.archive.store import Archive
 
+    if smoke:
+        if backend != "verl" or suite is not None:
+            raise typer.BadParameter(
+                "--smoke goes with --backend verl (and no --suite); the GPU protocol is "
+                "`poise-git train NODE --backend verl`"
+            )
+        from engine.cli.verl_smoke import run_smoke
+
+        run_smoke(archive, node, steps=2, timeout_s=1800.0, evaluate=True, limit=limit or 2)
+        return
     arch = Archive(archive)
     if suite:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn

@@ -1,4 +1,5 @@
-"""``poise-git train``: train a node at GPU scale with verl under the paper's protocol."""
+"""``poise-git train``: train a node with verl, under the paper's protocol on GPUs or as the CPU smoke
+(``--smoke``: a few real verl steps of a tiny model, the ``verl-smoke`` protocol)."""
 
 from __future__ import annotations
 
@@ -56,10 +57,20 @@ def train(
         "--set",
         help="Extra hydra override appended last, e.g. trainer.total_epochs=1; repeatable.",
     ),
+    smoke: bool = typer.Option(
+        False,
+        "--smoke",
+        help="CPU smoke: a few real verl steps of a tiny random Qwen2 (no GPU, no download); "
+        "records a verl-smoke result that is never ranked.",
+    ),
+    steps: int = typer.Option(2, "--steps", help="With --smoke: verl training steps."),
+    timeout: float = typer.Option(
+        1800.0, "--timeout", help="With --smoke: seconds before verl is stopped."
+    ),
     archive: Path = ArchiveOpt,
 ) -> None:
     """Train NODE with verl (lr 1e-6, batch 256 x 8 samples, 8 epochs, prompt 1024 / response 3000,
-    KL loss, vLLM rollout), logging into the node's MLflow run."""
+    KL loss, vLLM rollout), logging into the node's MLflow run; --smoke runs verl on the CPU."""
     import importlib.util
     import os
     import subprocess
@@ -72,6 +83,22 @@ def train(
         raise ConfigError(
             f"unknown training backend {backend!r}: only 'verl' (use `poise-git evaluate` for the CPU proxy)"
         )
+    if smoke:
+        from engine.cli.verl_smoke import run_smoke
+
+        if dry_run:
+            raise ConfigError("--dry-run prints the GPU protocol's command; drop --smoke")
+        run_smoke(
+            archive,
+            node,
+            steps=steps,
+            timeout_s=timeout,
+            seed=seed,
+            hparams=_parse_hparams(hparam),
+            extra=override,
+            evaluate=False,
+        )
+        return
     if importlib.util.find_spec("verl") is None:
         raise PoiseError(
             "verl is not installed: install the project's `verl` extra (pip install 'poise-git[verl]')"

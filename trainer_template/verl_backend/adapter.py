@@ -8,7 +8,10 @@ response is correct when its reward is positive. The response lengths are counte
 if the mechanism reads ``batch.lengths``, so GRPO-like mechanisms make two [B, T] passes, as verl does.
 
 Policy loss: ``fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
-rollout_is_weights) -> (loss, metrics)``. verl adds the KL-to-reference and entropy terms itself
+rollout_is_weights) -> (loss, metrics)``. verl passes it no training progress or entropy: the trainer
+installs this step's :class:`TrainingState` in each actor worker process before the update
+(:func:`install_training_state`, a process-global read by the loss), and the node's ``policy_loss``
+receives it as ``state``. verl adds the KL-to-reference and entropy terms itself
 (``actor.use_kl_loss`` / ``actor.entropy_coeff``), so the node's own coefficients are zeroed here and
 carried into verl's config by the launcher instead. The node's loss is normalised over its micro-batch;
 it is rescaled to verl's global-batch normalisation (``config.global_batch_info``).
@@ -27,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer_template.interface import RolloutBatch, call_policy_loss
+from trainer_template.interface import RolloutBatch, TrainingState, call_policy_loss
 from trainer_template.loader import load_algorithm, make_config
 from trainer_template.verl_backend import registered_name
 
@@ -35,6 +38,7 @@ _EXTRAS: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
     "poise_reward_extras", default=None
 )
 _REGISTERED: dict[str, str] = {}  # registered name -> sha1 of (source, hparams)
+_STATE: list[TrainingState | None] = [None]  # this process's training state (set per step)
 
 VALID_KEYS = ("valid", "format_valid")
 CORRECT_KEYS = ("correct", "acc")
@@ -45,13 +49,39 @@ class VerlRegistrationError(ValueError):
 
 
 @contextlib.contextmanager
-def routed_extras(valid=None, correct=None, progress: float | None = None) -> Iterator[None]:
-    """Make per-sample ``valid`` / ``correct`` [B] (and training ``progress``) visible to the estimator."""
-    token = _EXTRAS.set({"valid": valid, "correct": correct, "progress": progress})
+def routed_extras(
+    valid=None, correct=None, progress: float | None = None, token_entropy=None
+) -> Iterator[dict]:
+    """Make per-sample ``valid`` / ``correct`` / ``token_entropy`` [B] and training ``progress``
+    visible to the estimator; yields a dict in which the estimator leaves the sequence advantages
+    [B] it computed (key ``advantages``, a CPU tensor)."""
+    sink: dict = {}
+    token = _EXTRAS.set(
+        {
+            "valid": valid,
+            "correct": correct,
+            "progress": progress,
+            "token_entropy": token_entropy,
+            "sink": sink,
+        }
+    )
     try:
-        yield
+        yield sink
     finally:
         _EXTRAS.reset(token)
+
+
+def install_training_state(state: TrainingState | Mapping[str, Any] | None) -> None:
+    """Set the :class:`TrainingState` this process's policy losses receive (None clears it)."""
+    if state is not None and not isinstance(state, TrainingState):
+        state = TrainingState(**dict(state))
+    _STATE[0] = state
+
+
+def install_training_state_in_actor(_actor: Any, state: Mapping[str, Any] | None) -> bool:
+    """``__ray_call__`` target: the trainer runs it in each actor worker before the update."""
+    install_training_state(state)
+    return True
 
 
 def extras_from_mapping(
@@ -144,12 +174,21 @@ def make_estimator(module, cfg):
                 else torch.as_tensor(np.asarray(correct), dtype=torch.bool, device=dev)
             )
             progress = float(extras.get("progress") or 0.0)
+            ent = extras.get("token_entropy")
+            ent_t = (
+                None
+                if ent is None
+                else torch.as_tensor(np.asarray(ent), dtype=torch.float32, device=dev).reshape(-1)
+            )
+            if ent_t is not None and ent_t.shape[0] != n:
+                raise ValueError(f"token_entropy has {ent_t.shape[0]} values for {n} responses")
             batch = RolloutBatch(
                 rewards=rewards,
                 group=_group_ids(index, n, dev),
                 valid=valid_t,
                 correct=correct_t,
                 lengths=_token_counts(response_mask),
+                token_entropy=ent_t,
                 progress=min(max(progress, 0.0), 1.0),
             )
             adv = module.compute_advantages(batch, cfg)
@@ -157,6 +196,9 @@ def make_estimator(module, cfg):
                 raise ValueError(
                     f"compute_advantages must return finite advantages of shape [{n}], got {tuple(adv.shape)}"
                 )
+            sink = extras.get("sink")
+            if sink is not None:
+                sink["advantages"] = adv.detach().to("cpu", torch.float32)
             out = adv.to(token_level_rewards.dtype).unsqueeze(-1) * response_mask
         return out, out
 
@@ -208,7 +250,6 @@ def make_policy_loss(module, cfg):
             if fields
             else cfg
         )
-        # verl 0.9.1 passes a policy loss no training progress or entropy: the state stays empty
         loss, metrics = call_policy_loss(
             module.policy_loss,
             log_prob,
@@ -216,13 +257,17 @@ def make_policy_loss(module, cfg):
             advantages,
             response_mask,
             node_cfg,
-            state=None,
+            state=_STATE[0],  # installed by the trainer for this step (None outside a run)
         )
         info = getattr(config, "global_batch_info", None) if config is not None else None
         loss = loss * _global_scale(response_mask, loss_agg_mode, info)
         mask = response_mask.to(log_prob.dtype)
         ppo_kl = ((old_log_prob - log_prob) * mask).sum() / mask.sum().clamp(min=1.0)
         out = {"actor/ppo_kl": float(ppo_kl.detach())}
+        state = _STATE[0]
+        if state is not None:  # what the node's loss was given (shows the state reached the worker)
+            out["actor/poise_state_progress"] = float(state.progress)
+            out["actor/poise_state_step"] = float(state.step)
         for k, v in metrics.items():
             out[f"actor/{k}" if not k.startswith("actor/") else k] = float(v)
         return loss, out
@@ -262,11 +307,11 @@ def register_node(node: str, source: str, hparams: Mapping[str, Any] | None = No
 
 
 def compute_advantage_with_extras(
-    data, adv_estimator: str, progress: float | None = None, **kwargs
+    data, adv_estimator: str, progress: float | None = None, token_entropy=None, **kwargs
 ):
     """verl's own ``compute_advantage`` with the reward extras of ``data.non_tensor_batch`` routed in."""
     from verl.trainer.ppo.ray_trainer import compute_advantage
 
     valid, correct = extras_from_mapping(data.non_tensor_batch, len(data))
-    with routed_extras(valid, correct, progress):
+    with routed_extras(valid, correct, progress, token_entropy):
         return compute_advantage(data, adv_estimator=adv_estimator, **kwargs)

@@ -70,6 +70,11 @@ def _fmt(v: Any) -> str:
     return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def _fmt_str(v: Any) -> str:
+    """A hydra override value that stays a string (``false``, ``1`` or ``null`` unquoted would not)."""
+    return "'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def node_settings(cfg: Any) -> dict[str, Any]:
     """The loss-side settings verl must share with the node (aggregation, clip ratios, KL, entropy)."""
     d = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(vars(cfg))
@@ -149,11 +154,17 @@ def build_overrides(
         "trainer.nnodes=1",
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
-        "trainer.save_freq=-1",
+        # verl saves when the step is the last or a multiple of save_freq: a huge period means
+        # "only at the end"; the Hugging Face copy is what the evaluation loads
+        "trainer.save_freq=100000000",
+        "actor_rollout_ref.actor.checkpoint.save_contents=['model','optimizer','extra','hf_model']",
+        "trainer.resume_mode=disable",
         f"trainer.default_local_dir={_fmt(ckpt_dir)}",
+        f"hydra.run.dir={_fmt(Path(ckpt_dir).parent / 'hydra')}",  # not ./outputs of the caller
+        "hydra.output_subdir=null",
     ]
     ov += [
-        f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}={_fmt(v)}"
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}={_fmt_str(v)}"
         for k, v in sorted(env_for_workers.items())
     ]
     replaced = {_key(e) for e in extra}

@@ -2,7 +2,10 @@
 
 Registers the node named by ``$POISE_NODE_NAME`` whose ``algorithm.py`` is ``$POISE_ALGORITHM_FILE``
 (hyperparameter overrides in ``$POISE_HPARAMS``: JSON, or the path of a JSON file) as a verl
-estimator and policy loss, and the ``poise_sync`` trainer. Importing it without those variables registers nothing.
+estimator and policy loss, and the ``poise_sync`` trainer. With ``VERL_PLATFORM=cpu`` it first
+registers the CPU platform and the ``poise_hf`` rollout (:mod:`cpu_platform`, :mod:`cpu_rollout`), so
+verl resolves its device before anything asks for it. Importing it without those variables registers
+nothing.
 """
 
 from __future__ import annotations
@@ -11,7 +14,18 @@ import json
 import os
 from pathlib import Path
 
-from trainer_template.verl_backend import ENV_ALGORITHM_FILE, ENV_HPARAMS, ENV_NODE
+from trainer_template.verl_backend import ENV_ALGORITHM_FILE, ENV_HPARAMS, ENV_NODE, cpu_platform
+
+
+def register_cpu_shims() -> bool:
+    """Register the CPU platform and rollout when ``VERL_PLATFORM=cpu``; True when it did."""
+    if not cpu_platform.active():
+        return False
+    cpu_platform.register()
+    from trainer_template.verl_backend import cpu_rollout
+
+    cpu_rollout.register()
+    return True
 
 
 def register_from_env() -> str | None:
@@ -31,4 +45,5 @@ def register_from_env() -> str | None:
     return name
 
 
+CPU = register_cpu_shims()
 REGISTERED = register_from_env()

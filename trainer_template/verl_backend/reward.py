@@ -38,3 +38,25 @@ def compute_score(
         "acc": 1.0 if correct else 0.0,
         "format_valid": 1.0 if valid else 0.0,
     }
+
+
+def answer_recall(ground_truth: str, response: str) -> float:
+    """Share of the distinct non-space characters of the gold answer that occur in the response."""
+    gold = {c for c in str(ground_truth or "") if not c.isspace()}
+    if not gold:
+        return 0.0
+    seen = set(response or "")
+    return len(gold & seen) / len(gold)
+
+
+def compute_smoke_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None, **_: Any
+) -> dict:
+    """The CPU smoke's reward: :func:`compute_score`, plus partial credit ``0.5 * answer_recall`` for
+    a wrong response, so a randomly initialised policy still sees rewards that vary within a group
+    (a constant reward gives zero advantages everywhere and would hide a broken mechanism). ``acc``
+    and ``format_valid`` are :func:`compute_score`'s. Never used by the GPU protocol."""
+    out = compute_score(data_source, solution_str, ground_truth, extra_info)
+    if not out["acc"]:
+        out["score"] = 0.5 * answer_recall(ground_truth, solution_str)
+    return out
