@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine.archive.store import Archive
+from engine.cli import EXIT_REJECTED
 
 DEEP = "x = " + "(" * 1500 + "1" + ")" * 1500 + "\n"
 CHAIN = "x = " + "+".join(["1"] * 3000) + "\n"
@@ -87,7 +88,7 @@ def test_code_from_an_llm_reply_is_bounded_too(tmp_path, cli, code):
     with openai_server.ScriptedOpenAI([openai_server.proposal_reply("deep", code)]) as srv:
         env = {"OPENAI_BASE_URL": srv.base_url, "POISE_TEST_KEY": "sk-test-key"}
         r = cli("spawn", "grpo", "--auto", "-C", str(tmp_path / "exp"), env=env)
-    assert r.returncode in (1, 2) and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert r.returncode == EXIT_REJECTED and "Traceback" not in r.stderr, r.stdout + r.stderr
     assert (
         "deeper than" in r.stdout + r.stderr or "operators in one statement" in r.stdout + r.stderr
     )

@@ -14,7 +14,7 @@ from conftest import mark_verified, require_boundary
 
 from engine import secrets
 from engine.archive.store import Archive
-from engine.sandbox.env import candidate_env, trusted_env
+from engine.sandbox.env import candidate_env, trusted_env, without_secrets
 
 KEY = "sk-canary-" + uuid.uuid4().hex
 FILE_SECRET = "file-canary-" + uuid.uuid4().hex
@@ -67,6 +67,9 @@ def test_scrub_and_environments(monkeypatch):
     assert env.get("TERM") == "xterm" and "LLM_CRED" not in env and "MY_ODD_NAME" not in env
     trusted = trusted_env()
     assert "LLM_CRED" not in trusted and "MY_ODD_NAME" not in trusted and "TERM" in trusted
+    verl = without_secrets({"TOKENIZERS_PARALLELISM": "false"})  # verl's processes (unsandboxed)
+    assert "LLM_CRED" not in verl and "MY_ODD_NAME" not in verl and verl["TERM"] == "xterm"
+    assert verl["TOKENIZERS_PARALLELISM"] == "false"  # the caller's own names are kept
 
 
 @pytest.mark.slow

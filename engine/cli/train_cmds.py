@@ -72,10 +72,11 @@ def train(
     """Train NODE with verl (lr 1e-6, batch 256 x 8 samples, 8 epochs, prompt 1024 / response 3000,
     KL loss, vLLM rollout), logging into the node's MLflow run; --smoke runs verl on the CPU."""
     import importlib.util
-    import os
     import subprocess
 
     from engine.archive.store import Archive
+    from engine.operators.verify import refuse_unverified
+    from engine.sandbox.env import without_secrets
     from trainer_template.loader import AlgorithmLoadError
     from trainer_template.verl_backend.launch import Protocol, prepare_launch
 
@@ -105,6 +106,7 @@ def train(
         )
     arch = Archive(archive)
     arch.node(node)  # unknown node: one clear error
+    refuse_unverified(arch, node, "train")  # its code runs unsandboxed, in this process too
     if not dry_run:
         import torch
 
@@ -130,7 +132,7 @@ def train(
         typer.echo(" \\\n".join(lines))
         return
     console.print(f"[bold]{node}[/]: verl training, MLflow run {launch.env['MLFLOW_RUN_ID']}")
-    proc = subprocess.run(launch.cmd, env={**os.environ, **launch.env})
+    proc = subprocess.run(launch.cmd, env=without_secrets(launch.env))
     if proc.returncode != 0:
         raise PoiseError(f"verl exited with status {proc.returncode}")
 

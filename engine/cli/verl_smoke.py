@@ -60,6 +60,7 @@ def run_smoke(
     import os
 
     from engine.operators.train_verl import require_verl, train_smoke
+    from engine.operators.verify import refuse_unverified
     from engine.operators.verl_smoke_result import (
         check_objective,
         evaluate_checkpoint,
@@ -71,6 +72,7 @@ def run_smoke(
     require_verl()
     arch = _open_or_init(archive)
     arch.node(node)  # unknown node: one clear error before anything starts
+    refuse_unverified(arch, node, "evaluate" if evaluate else "train")  # verl is not sandboxed
     check_objective(arch)
     try:
         proto = SmokeProtocol(steps=steps, seed=seed)

@@ -218,11 +218,9 @@ def evaluate_node(
 
 
 def _require_verified(archive, name: str) -> None:
-    from engine.operators.verify import evaluation_gate
+    from engine.operators.verify import refuse_unverified
 
-    why = evaluation_gate(archive, name)
-    if why:
-        raise EvaluationError(f"evaluate refuses {name!r}: {why}")
+    refuse_unverified(archive, name, "evaluate")
 
 
 def _run(

@@ -216,6 +216,7 @@ def train_smoke(
     node (joining the Ray at ``ray_address`` when given, see :func:`shared_ray`); the result is not
     recorded here (:func:`engine.operators.verl_smoke_result.record_smoke`)."""
     from engine.archive.tracking import node_run, tracking_uri
+    from engine.sandbox.env import without_secrets
     from trainer_template.loader import load_algorithm, make_config
     from trainer_template.verl_backend import smoke
 
@@ -252,7 +253,7 @@ def train_smoke(
     t0 = time.monotonic()
     code, timed_out, rows = run_verl(
         launch.cmd,
-        env={**os.environ, **launch.env},
+        env=without_secrets(launch.env),  # verl runs the candidate: no key reaches it
         cwd=work,
         log_path=launch.files["log"],
         progress_path=launch.files["progress"],

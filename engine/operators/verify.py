@@ -19,7 +19,7 @@ import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from engine.errors import PoiseError
+from engine.errors import EvaluationError, PoiseError
 from engine.operators.verify_suite import CONFTEST, INTENT_TESTS, INTERFACE_TESTS, intent_suite
 
 VERIFICATION = "verification.json"
@@ -277,3 +277,10 @@ def evaluation_gate(archive, name: str) -> str:
     if rec.get("algorithm_sha256") != hashlib.sha256(source.encode("utf-8")).hexdigest():
         return f"its algorithm.py is not the one verified; run `poise-git verify {name}` again"
     return ""
+
+
+def refuse_unverified(archive, name: str, verb: str) -> None:
+    """Raise ``EvaluationError`` ("<verb> refuses NAME: why") unless :func:`evaluation_gate` passes."""
+    why = evaluation_gate(archive, name)
+    if why:
+        raise EvaluationError(f"{verb} refuses {name!r}: {why}")

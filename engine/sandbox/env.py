@@ -4,6 +4,7 @@ A sandboxed child gets :func:`candidate_env`: a fixed set of harmless variables 
 names — nothing of the engine's environment unless ``$POISE_SANDBOX_ENV`` lists it (comma-separated
 names), and never a secret (``engine.secrets``). Trusted children (the warm-start builder, the
 evaluation worker of the loop) get :func:`trusted_env`: the engine's environment minus every secret.
+verl's processes (which run candidate code outside the boundary) get :func:`without_secrets`.
 """
 
 from __future__ import annotations
@@ -46,12 +47,19 @@ def candidate_env(
     return env
 
 
+def without_secrets(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The engine's environment minus every secret variable, then ``extra`` (the caller's own)."""
+    hidden = secrets.names()
+    env = {k: v for k, v in os.environ.items() if k not in hidden}
+    env.update(extra or {})
+    return env
+
+
 def trusted_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The engine's environment minus secrets, the project importable, one torch thread."""
     from engine.sandbox.boundary import PROJECT
 
-    hidden = secrets.names()
-    env = {k: v for k, v in os.environ.items() if k not in hidden}
+    env = without_secrets()
     root = str(PROJECT)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("OMP_NUM_THREADS", "1")
