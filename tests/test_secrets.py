@@ -14,6 +14,7 @@ from conftest import mark_verified, require_boundary
 
 from engine import secrets
 from engine.archive.store import Archive
+from engine.cli import EXIT_FAILED, EXIT_REJECTED
 from engine.sandbox.env import candidate_env, trusted_env, without_secrets
 
 KEY = "sk-canary-" + uuid.uuid4().hex
@@ -121,10 +122,10 @@ def test_canary_secret_is_nowhere_after_a_full_flow(tmp_path, cli):
         )
         assert r.returncode == 0, r.stderr
         r = run("verify", "spy", env=env)  # the filter refuses it; the boundary is tested below
-        assert r.returncode == 2 and "import of 'os'" in r.stdout, r.stdout + r.stderr
+        assert r.returncode == EXIT_REJECTED and "import of 'os'" in r.stdout, r.stdout + r.stderr
         mark_verified(Archive(exp), "spy")
         r = run("evaluate", "spy", "--preset", "smoke", "--seeds", "1", env=env)
-        assert r.returncode == 2 and "ValueError" in r.stdout, r.stdout + r.stderr
+        assert r.returncode == EXIT_FAILED and "ValueError" in r.stdout, r.stdout + r.stderr
         r = run("log", env=env)
         r = run("show", "spy", env=env)
     nodes = Archive(exp).nodes()
