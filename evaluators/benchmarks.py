@@ -24,7 +24,7 @@ SHA256 = {
 
 
 @dataclass(frozen=True)
-class Problem:
+class BenchmarkProblem:
     benchmark: str
     index: int
     problem: str
@@ -74,7 +74,7 @@ def file_sha256(dataset: str) -> str:
     return hashlib.sha256(data_file(dataset).read_bytes()).hexdigest()
 
 
-def load_problems(bench: Benchmark, limit: int | None = None) -> list[Problem]:
+def load_problems(bench: Benchmark, limit: int | None = None) -> list[BenchmarkProblem]:
     path = data_file(bench.dataset)
     if not path.is_file():
         raise SuiteError(f"benchmark file missing: {path}")
@@ -87,7 +87,7 @@ def load_problems(bench: Benchmark, limit: int | None = None) -> list[Problem]:
                 continue
             row = json.loads(line)
             out.append(
-                Problem(
+                BenchmarkProblem(
                     bench.key, i, str(row[bench.problem_field]), gold_answer(bench.dataset, row)
                 )
             )
@@ -107,7 +107,7 @@ SUITES: dict[str, tuple[Benchmark, ...]] = {
     ),
 }
 # Presets: "paper" is the protocol; "smoke" shrinks samples and tokens for CPU smoke runs (not comparable).
-PRESETS = {
+SUITE_PRESETS = {
     "paper": {"max_samples": None, "max_tokens": MAX_TOKENS},
     "smoke": {"max_samples": 2, "max_tokens": 24},
 }
@@ -117,13 +117,13 @@ def suite(name: str, preset: str = "paper") -> tuple[tuple[Benchmark, ...], int]
     """The benchmarks of a suite under a preset, and the generation budget in tokens."""
     if name not in SUITES:
         raise SuiteError(f"unknown suite {name!r}; known: {', '.join(SUITES)}")
-    if preset not in PRESETS:
-        raise SuiteError(f"unknown suite preset {preset!r}; known: {', '.join(PRESETS)}")
-    cap = PRESETS[preset]["max_samples"]
+    if preset not in SUITE_PRESETS:
+        raise SuiteError(f"unknown suite preset {preset!r}; known: {', '.join(SUITE_PRESETS)}")
+    cap = SUITE_PRESETS[preset]["max_samples"]
     benches = tuple(
         Benchmark(b.key, b.dataset, b.problem_field, min(b.n, cap), min(b.k, cap), b.temperature)
         if cap
         else b
         for b in SUITES[name]
     )
-    return benches, int(PRESETS[preset]["max_tokens"])
+    return benches, int(SUITE_PRESETS[preset]["max_tokens"])

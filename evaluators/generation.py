@@ -333,5 +333,5 @@ def make_backend(name: str, model: str, base_url: str | None = None, **kwargs) -
     if name == "transformers":
         return TransformersBackend(model, **kwargs)
     raise SuiteError(
-        f"unknown generation backend {name!r}; with --suite use one of {', '.join(BACKENDS)}"
+        f"unknown generation backend {name!r}; with --suite use --generator {' | '.join(BACKENDS)}"
     )

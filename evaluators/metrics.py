@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 # Overall = 0.2*AIME24 + 0.2*AIME25 + 0.15*(AMC + MATH-500 + Minerva + OlympiadBench), percentage points.
-OVERALL_WEIGHTS: dict[str, float] = {
+MATH6_WEIGHTS: dict[str, float] = {
     "aime24": 0.2,
     "aime25": 0.2,
     "amc": 0.15,
@@ -31,13 +31,13 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - prod
 
 
-def overall(scores: Mapping[str, float]) -> float:
+def math6_overall(scores: Mapping[str, float]) -> float:
     """0.2*aime24 + 0.2*aime25 + 0.15*(amc + math500 + minerva + olympiadbench); the keys of
-    :data:`OVERALL_WEIGHTS`, in percentage points (returns the same unit)."""
-    missing = [k for k in OVERALL_WEIGHTS if k not in scores]
+    :data:`MATH6_WEIGHTS`, in percentage points (returns the same unit)."""
+    missing = [k for k in MATH6_WEIGHTS if k not in scores]
     if missing:
         raise ValueError(f"overall needs scores for {', '.join(missing)}")
-    return float(sum(w * float(scores[k]) for k, w in OVERALL_WEIGHTS.items()))
+    return float(sum(w * float(scores[k]) for k, w in MATH6_WEIGHTS.items()))
 
 
 def word_count(text: str) -> int:
@@ -82,13 +82,13 @@ def bootstrap_intervals(
     boots = bootstrap_scores(per_problem, n_boot=n_boot, seed=seed)
     q = [(1 - level) / 2 * 100, (1 + level) / 2 * 100]
     out = {k: [float(v) for v in np.percentile(b, q)] for k, b in boots.items()}
-    if with_overall and all(k in boots for k in OVERALL_WEIGHTS):
-        ov = sum(w * boots[k] for k, w in OVERALL_WEIGHTS.items())
+    if with_overall and all(k in boots for k in MATH6_WEIGHTS):
+        ov = sum(w * boots[k] for k, w in MATH6_WEIGHTS.items())
         out["overall"] = [float(v) for v in np.percentile(ov, q)]
     return out
 
 
-def metric_unit(key: str) -> str:
+def suite_metric_unit(key: str) -> str:
     """The unit of a suite metric: benchmark scores and Overall in percentage points, lengths in words,
     valid rates a fraction, grader failures a count."""
     if key.endswith("mean_length"):

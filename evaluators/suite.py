@@ -1,4 +1,4 @@
-"""``run_suite``: generate on a suite's benchmarks, grade in a process pool, score.
+"""``run_benchmark_suite``: generate on a suite's benchmarks, grade in a process pool, score.
 
 Per benchmark: pass@k (unbiased, averaged over problems) or acc@1, in percentage points, with a 95%
 bootstrap interval over problems; Overall (weighted, see :mod:`evaluators.metrics`) with its interval
@@ -8,6 +8,7 @@ from the same replicates; mean length in words. The engine records it on a node
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -16,13 +17,15 @@ from evaluators.errors import SuiteError
 from evaluators.generation import SYSTEM_PROMPT, Sampling
 from evaluators.grading import GRADER_VERSION
 from evaluators.metrics import (
-    OVERALL_WEIGHTS,
+    MATH6_WEIGHTS,
     bootstrap_intervals,
+    math6_overall,
     mean_length,
-    overall,
     pass_at_k,
     word_count,
 )
+
+log = logging.getLogger(__name__)
 
 
 def score_benchmark(
@@ -84,11 +87,11 @@ def protocol(
             for b in benches
         },
         "grader": {"version": GRADER_VERSION, "timeout_s": grade_timeout_s},
-        "overall_weights": OVERALL_WEIGHTS,
+        "overall_weights": MATH6_WEIGHTS,
     }
 
 
-def run_suite(
+def run_benchmark_suite(
     backend,
     benches: tuple[Benchmark, ...],
     max_tokens: int,
@@ -133,6 +136,13 @@ def run_suite(
                 grades.append(flat[i : i + len(texts)])
                 i += len(texts)
             results[b.key] = score_benchmark(b, completions, grades)
+            log.info(
+                "%s: %.2f over %d problem(s) x %d sample(s)",
+                b.key,
+                results[b.key]["score"],
+                len(probs),
+                b.n,
+            )
             for p, texts, gs in zip(probs, completions, grades):
                 for text, gr in zip(texts, gs):
                     samples.append(
@@ -165,8 +175,8 @@ def build_metrics(run: dict[str, Any]) -> dict[str, float]:
         metrics[f"{key}/mean_length"] = r["mean_length"]
         metrics[f"{key}/valid_rate"] = r["valid_rate"]
         metrics[f"{key}/mean_accuracy"] = r["mean_accuracy"]
-    if all(k in res for k in OVERALL_WEIGHTS):
-        metrics["overall"] = overall({k: res[k]["score"] for k in OVERALL_WEIGHTS})
+    if all(k in res for k in MATH6_WEIGHTS):
+        metrics["overall"] = math6_overall({k: res[k]["score"] for k in MATH6_WEIGHTS})
     metrics["mean_length"] = mean_length({k: r["mean_length"] for k, r in res.items()})
     n = sum(r["samples"] for r in res.values())
     metrics["valid_rate"] = sum(r["valid_rate"] * r["samples"] for r in res.values()) / max(1, n)

@@ -12,6 +12,44 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+# Paths a test run may leave in the checkout: Python's and the tools' own caches.
+_RUN_CACHES = ("__pycache__/", ".pytest_cache/", ".ruff_cache/")
+
+
+def _checkout_state() -> set[str] | None:
+    """``git status --porcelain --ignored`` of the checkout as a set of lines (None outside git)."""
+    p = subprocess.run(
+        ["git", "-C", str(REPO), "status", "--porcelain", "--ignored", "--untracked-files=all"],
+        capture_output=True,
+        text=True,
+    )
+    if p.returncode != 0:
+        return None
+    return {ln for ln in p.stdout.splitlines() if not any(c in ln for c in _RUN_CACHES)}
+
+
+def pytest_sessionstart(session):
+    session.config._checkout_before = _checkout_state()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Tests leave nothing in the checkout: every file they write goes under tmp_path (archives,
+    MLflow stores and artifacts, caches). A file the run added fails the session."""
+    before = getattr(session.config, "_checkout_before", None)
+    after = _checkout_state()
+    if before is None or after is None:
+        return
+    added = sorted(after - before)
+    if added:
+        tr = session.config.pluginmanager.get_plugin("terminalreporter")
+        msg = "the test run left files in the checkout:\n  " + "\n  ".join(added)
+        if tr is not None:
+            tr.write_line(msg, red=True, bold=True)
+        else:
+            print(msg, file=sys.stderr)
+        session.exitstatus = 1
+
+
 def pytest_collection_modifyitems(config, items):
     try:
         import torch

@@ -272,6 +272,7 @@ def test_clone_and_read_back(archive, tmp_path):
     assert copy.algorithm("b") == archive.algorithm("b")
 
 
+@pytest.mark.slow  # a dozen CLI processes
 def test_cli_tour(archive, cli, tmp_path):
     edit = tmp_path / "edit.py"
     edit.write_text(EDIT)

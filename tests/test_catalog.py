@@ -97,6 +97,7 @@ def test_prior_record_for_the_catalogued_priors():
     assert prior_record("fa_grpo") is None  # not expressible by the catalog
 
 
+@pytest.mark.slow  # verifies every catalog prior
 def test_seeded_prior_carries_its_components_and_passes_its_intents(cli, tmp_path):
     arch = tmp_path / "exp"
     cli("init", str(arch))

@@ -41,6 +41,7 @@ def exp(tmp_path_factory):
     mp.undo()
 
 
+@pytest.mark.slow  # two seeds of the smoke preset, logged to MLflow
 def test_evaluate_records_results_on_the_branch_and_mlflow(exp):
     from engine.archive.tracking import find_runs, tracking_uri
     from engine.operators.evaluate import evaluate_node
@@ -103,6 +104,7 @@ def test_evaluate_records_results_on_the_branch_and_mlflow(exp):
     assert len(hist) == proto["settings"]["rl"]["steps"]
 
 
+@pytest.mark.slow  # warm start + seed workers + a new MLflow store
 def test_broken_candidate_is_recorded_as_failed(exp):
     from engine.archive.tracking import find_runs
     from engine.operators.evaluate import evaluate_node
@@ -155,6 +157,7 @@ def test_evaluate_refuses_a_node_that_is_not_verified(exp, cli):
     assert exp.node("unverified").status != "evaluating" and exp.fsck()
 
 
+@pytest.mark.slow  # the CLI evaluates on the smoke preset
 def test_cli_evaluate_smoke(exp, cli):
     import os
 

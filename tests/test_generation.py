@@ -23,7 +23,7 @@ from evaluators.generation import (
     render_prompt,
     vllm_sampling_kwargs,
 )
-from evaluators.metrics import OVERALL_WEIGHTS
+from evaluators.metrics import MATH6_WEIGHTS
 from evaluators.tiny import make_tiny_model
 
 
@@ -232,7 +232,7 @@ def test_openai_backend_suite_recorded_on_node_and_mlflow(archive):
         result = evaluate_node_on_suite(
             archive,
             "grpo",
-            backend="openai",
+            generator="openai",
             model="served-model",
             base_url=srv.url,
             limit=2,
@@ -240,9 +240,7 @@ def test_openai_backend_suite_recorded_on_node_and_mlflow(archive):
         )
     assert result.status == "evaluated", result.reason
     m = result.metrics
-    for (
-        k
-    ) in OVERALL_WEIGHTS:  # pass@32 with 1/32 correct on one problem of two -> 50; acc@1 likewise
+    for k in MATH6_WEIGHTS:  # pass@32 with 1/32 correct on one problem of two -> 50; acc@1 likewise
         assert m[k] == pytest.approx(50.0)
     assert m["overall"] == pytest.approx(50.0)
     assert m["aime24/mean_accuracy"] == pytest.approx(100 / 64) and m[
@@ -251,7 +249,7 @@ def test_openai_backend_suite_recorded_on_node_and_mlflow(archive):
     assert m["valid_rate"] == pytest.approx(1.0) and m["mean_length"] > 3
     assert result.details["counts"]["aime24"] == {"problems": 2, "samples": 64}
     assert result.details["counts"]["minerva"] == {"problems": 2, "samples": 2}
-    assert set(result.intervals) == set(OVERALL_WEIGHTS) | {"overall"}
+    assert set(result.intervals) == set(MATH6_WEIGHTS) | {"overall"}
     assert result.protocol.id == "math6/paper" and result.protocol.hash.startswith("sha256:")
     assert result.unit("overall") == "percent" and result.unit("mean_length") == "words"
     assert (
@@ -310,11 +308,11 @@ def test_unreachable_server_marks_node_failed(archive):
     result = evaluate_node_on_suite(
         archive,
         "grpo",
-        backend="openai",
+        generator="openai",
         model="m",
         base_url=f"http://127.0.0.1:{port}/v1",
         limit=1,
-        backend_kwargs={"max_retries": 0},
+        generator_kwargs={"max_retries": 0},
     )
     assert result.status == "failed" and "cannot reach" in result.reason
     node = archive.node("grpo")
@@ -327,11 +325,11 @@ def test_bad_input_is_rejected_before_the_archive_changes(archive):
 
     tip = archive.tip("grpo")
     for kwargs, msg in [
-        ({"backend": "proxy", "model": "m"}, "--backend must be"),
+        ({"generator": "proxy", "model": "m"}, "--generator must be"),
         ({"suite": "math7", "model": "m"}, "unknown suite"),
         ({"model": None}, "--model"),
         ({"model": "m", "preset": "huge"}, "preset"),
-        ({"backend": "openai", "model": "m"}, "--base-url"),
+        ({"generator": "openai", "model": "m"}, "--base-url"),
     ]:
         with pytest.raises(EvaluationError, match=msg):
             evaluate_node_on_suite(archive, "grpo", **kwargs)
@@ -339,13 +337,14 @@ def test_bad_input_is_rejected_before_the_archive_changes(archive):
 
 
 # -------------------------------------------------------------------------------------------- CLI
+@pytest.mark.slow  # the CLI scores a tiny model on the six benchmarks
 def test_cli_evaluate_suite_on_tiny_model(archive, tiny, cli):
     r = cli(
         "evaluate",
         "grpo",
         "--suite",
         "math6",
-        "--backend",
+        "--generator",
         "transformers",
         "--model",
         str(tiny),
@@ -366,8 +365,8 @@ def test_cli_evaluate_suite_on_tiny_model(archive, tiny, cli):
         res.details["counts"]["aime24"] == {"problems": 1, "samples": 2}
         and res.details["counts"]["math500"]["samples"] == 1
     )
-    assert set(OVERALL_WEIGHTS) <= set(res.metrics) and 0 < res.metrics["mean_length"] <= 24
-    assert 0.0 <= res.metrics["overall"] <= 100.0 and set(res.intervals) == set(OVERALL_WEIGHTS) | {
+    assert set(MATH6_WEIGHTS) <= set(res.metrics) and 0 < res.metrics["mean_length"] <= 24
+    assert 0.0 <= res.metrics["overall"] <= 100.0 and set(res.intervals) == set(MATH6_WEIGHTS) | {
         "overall"
     }
     assert res.details["generation"] == {
@@ -375,12 +374,23 @@ def test_cli_evaluate_suite_on_tiny_model(archive, tiny, cli):
         "model": str(tiny),
         "device": "cpu",
     }
-    bad = cli("evaluate", "grpo", "--suite", "math6", "--model", str(tiny), "-C", str(archive.path))
-    assert (
-        bad.returncode == 1
-        and "--backend must be" in bad.stderr
-        and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_cli_names_the_generator_and_the_trainer_apart(archive, cli):
+    """--generator picks what samples a suite's answers; --backend always names the trainer."""
+    where = ("-C", str(archive.path))
+    bad = cli("evaluate", "grpo", "--suite", "math6", "--model", "m", *where)
+    assert bad.returncode != 0 and "--suite needs --generator" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+    # the old spelling is refused with the new name
+    old = cli(
+        "evaluate", "grpo", "--suite", "math6", "--backend", "transformers", "--model", "m", *where
     )
+    assert old.returncode != 0 and "--generator transformers" in old.stderr
+    assert len(old.stderr.strip().splitlines()) == 1
+    stray = cli("evaluate", "grpo", "--generator", "openai", *where)
+    assert stray.returncode != 0 and "--generator applies with --suite only" in stray.stderr
+    assert archive.node("grpo").results == {}  # nothing ran, nothing was recorded
 
 
 def test_scores_are_recorded_when_mlflow_is_unreachable(archive, monkeypatch, tmp_path):
@@ -392,7 +402,7 @@ def test_scores_are_recorded_when_mlflow_is_unreachable(archive, monkeypatch, tm
         result = evaluate_node_on_suite(
             archive,
             "grpo",
-            backend="openai",
+            generator="openai",
             model="m",
             base_url=srv.url,
             limit=1,

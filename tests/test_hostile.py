@@ -95,6 +95,7 @@ def _check(reason: str, why: str) -> None:
     )
 
 
+@pytest.mark.slow  # every runtime case in its own sandbox, ~25 s of CPU
 @pytest.mark.parametrize("case,why", [(c[0], c[2]) for c in RUNTIME], ids=[c[0] for c in RUNTIME])
 def test_runtime_rejection(runtime_reasons, case, why):
     _check(runtime_reasons[case], why)

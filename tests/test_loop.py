@@ -33,6 +33,10 @@ for _mod in (
             raise
         pytest.skip(f"the loop's operator {_mod} is not in this tree yet", allow_module_level=True)
 
+pytestmark = (
+    pytest.mark.slow
+)  # every test here runs `poise-git run` end to end (minutes on 2 cores)
+
 SMALL = ["--preset", "smoke", "--seeds", "1", "--proposer", "offline", "--eval-timeout", "240"]
 
 

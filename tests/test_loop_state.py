@@ -9,7 +9,7 @@ import pytest
 from results_util import record
 
 from engine.errors import ConfigError
-from engine.loop.budget import Budget, Usage, exhausted
+from engine.loop.budget import Budget, RunUsage, exhausted
 
 
 def test_budget_parse_and_first_exhausted():
@@ -21,12 +21,12 @@ def test_budget_parse_and_first_exhausted():
         3.0,
         0.5,
     )
-    assert exhausted(b, Usage(candidates=7, wall_s=10)) is None
-    assert exhausted(b, Usage(candidates=8, wall_s=6000)).startswith(
+    assert exhausted(b, RunUsage(candidates=7, wall_s=10)) is None
+    assert exhausted(b, RunUsage(candidates=8, wall_s=6000)).startswith(
         "candidate budget exhausted: used 8 of 8"
     )
-    assert "wall-time budget exhausted" in exhausted(b, Usage(candidates=1, wall_s=5400))
-    assert "accelerator-hour" in exhausted(b, Usage(device_hours=0.6))
+    assert "wall-time budget exhausted" in exhausted(b, RunUsage(candidates=1, wall_s=5400))
+    assert "accelerator-hour" in exhausted(b, RunUsage(device_hours=0.6))
     assert Budget.parse(["wall=90s"]).wall_s == 90 and Budget.parse(["wall=30m"]).wall_s == 1800
     merged = Budget(candidates=4, wall_s=60).merged(Budget(candidates=10))
     assert (merged.candidates, merged.wall_s) == (10, 60)
@@ -38,7 +38,7 @@ def test_budget_parse_and_first_exhausted():
 def test_objective_syntax_covers_the_length_compression_experiment():
     from engine.config import ExperimentConfig
     from engine.select.objective import (
-        describe,
+        describe_objective,
         has_length_objective,
         parse_objective,
         with_objective,
@@ -63,7 +63,7 @@ def test_objective_syntax_covers_the_length_compression_experiment():
         and exp.directive.startswith("cut mean length")
         and has_length_objective(exp)
     )
-    assert describe(exp) == "maximize overall - 0.002*mean_length"
+    assert describe_objective(exp) == "maximize overall - 0.002*mean_length"
     for bad in ("", "pareto(overall)", "overall + length", "overall - x*mean_length"):
         with pytest.raises(ConfigError):
             parse_objective(bad)
@@ -177,55 +177,6 @@ def test_kill_tree_reaches_descendants_in_their_own_sessions(tmp_path):
         pytest.fail("the grandchild in its own session survived kill_tree")
 
 
-def test_ui_serves_the_archive_store_on_localhost(archive, tmp_path):
-    import os
-    import signal
-    import socket
-    import subprocess
-    import sys
-    import urllib.request
-    from pathlib import Path
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    repo = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, PYTHONPATH=str(repo))
-    env.pop("MLFLOW_TRACKING_URI", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "engine", "ui", "-C", str(archive.path), "--port", str(port)],
-        cwd=repo,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        deadline, ok = time.time() + 120, False
-        while time.time() < deadline and proc.poll() is None:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    ok = r.status == 200
-                    break
-            except OSError:
-                time.sleep(0.5)
-        assert ok, f"the MLflow UI did not come up: {proc.poll()}"
-        with urllib.request.urlopen(
-            f"http://127.0.0.1:{port}/ajax-api/2.0/mlflow/experiments/search?max_results=10",
-            timeout=10,
-        ) as r:
-            assert r.status == 200
-        assert (archive.path / "mlflow.db").is_file()  # the archive's own store
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 def test_run_rejects_bad_input_before_touching_anything(tmp_path, cli):
     exp = tmp_path / "exp"
     p = cli("run", "-C", str(exp), "--rounds", "0")
@@ -247,3 +198,18 @@ def test_resume_without_a_run_says_so(archive, cli):
     p = cli("run", "-C", str(archive.path), "--resume")
     assert p.returncode == 1 and "nothing to resume: no `poise-git run` has started" in p.stderr
     assert archive.fsck()
+
+
+def test_pending_work_evaluates_nodes_that_lack_a_result_under_the_runs_protocol(archive):
+    """A root and a child evaluated at the smoke preset are evaluated again by a run at the default
+    preset (their smoke results are never read as default ones); under smoke nothing is left."""
+    from engine.archive.results import configured_protocol
+    from engine.loop.state import pending_work
+
+    record(archive, "grpo", {"overall": 0.5}, preset="smoke")
+    archive.spawn("grpo", "a", trailers={"Poise-Round": "1"}, status="verified")
+    record(archive, "a", {"overall": 0.6}, preset="smoke")
+    archive.record_reflection("a", "# fine\n")
+    default = pending_work(archive, archive.nodes(configured_protocol(archive.config())))
+    assert sorted(default.evaluate) == ["a", "grpo"]
+    assert not pending_work(archive, archive.nodes("proxy/smoke"))

@@ -11,10 +11,10 @@ import pytest
 from evaluators.benchmarks import SUITES
 from evaluators.grading import Grade
 from evaluators.metrics import (
-    OVERALL_WEIGHTS,
+    MATH6_WEIGHTS,
     bootstrap_intervals,
+    math6_overall,
     mean_length,
-    overall,
     pass_at_k,
     word_count,
 )
@@ -54,15 +54,15 @@ def test_pass_at_k_special_cases_and_stability():
 )
 def test_overall_reproduces_paper_rows(row, expected):
     scores = dict(zip(["aime24", "aime25", "amc", "math500", "minerva", "olympiadbench"], row))
-    assert round(overall(scores), 1) == expected
+    assert round(math6_overall(scores), 1) == expected
 
 
 def test_overall_weights_and_missing_keys():
-    assert sum(OVERALL_WEIGHTS.values()) == pytest.approx(1.0)
-    assert overall({k: 10.0 for k in OVERALL_WEIGHTS}) == pytest.approx(10.0)
+    assert sum(MATH6_WEIGHTS.values()) == pytest.approx(1.0)
+    assert math6_overall({k: 10.0 for k in MATH6_WEIGHTS}) == pytest.approx(10.0)
     with pytest.raises(ValueError, match="minerva"):
-        overall({k: 1.0 for k in OVERALL_WEIGHTS if k != "minerva"})
-    assert [b.key for b in SUITES["math6"]] == list(OVERALL_WEIGHTS)
+        math6_overall({k: 1.0 for k in MATH6_WEIGHTS if k != "minerva"})
+    assert [b.key for b in SUITES["math6"]] == list(MATH6_WEIGHTS)
 
 
 def test_lengths():
@@ -73,12 +73,14 @@ def test_lengths():
 
 def test_bootstrap_intervals():
     rng = np.random.default_rng(1)
-    per = {k: list(100.0 * (rng.random(200) < 0.4)) for k in OVERALL_WEIGHTS}
+    per = {k: list(100.0 * (rng.random(200) < 0.4)) for k in MATH6_WEIGHTS}
     ci = bootstrap_intervals(per, n_boot=2000, seed=3)
-    assert set(ci) == set(OVERALL_WEIGHTS) | {"overall"}
+    assert set(ci) == set(MATH6_WEIGHTS) | {"overall"}
     for k, (lo, hi) in ci.items():
         mean = (
-            overall({j: np.mean(v) for j, v in per.items()}) if k == "overall" else np.mean(per[k])
+            math6_overall({j: np.mean(v) for j, v in per.items()})
+            if k == "overall"
+            else np.mean(per[k])
         )
         assert lo < mean < hi
     # the Overall interval is narrower than a benchmark's (it averages six independent ones)
@@ -110,7 +112,7 @@ def test_score_benchmark_pass_at_k_and_acc():
     math500 = next(b for b in SUITES["math6"] if b.key == "math500")
     r2 = score_benchmark(math500, [["x"], ["y"], ["z"], ["w"]], [[ok], [bad], [bad], [ok]])
     assert r2["score"] == 50.0
-    run = {"benchmarks": {k: (r if k.startswith(("aime", "amc")) else r2) for k in OVERALL_WEIGHTS}}
+    run = {"benchmarks": {k: (r if k.startswith(("aime", "amc")) else r2) for k in MATH6_WEIGHTS}}
     m = build_metrics(run)
     assert (
         m["overall"] == pytest.approx(50.0) and m["aime24"] == 50.0 and m["grader_failures"] == 3.0

@@ -150,6 +150,7 @@ def test_spawn_prior_diff_shows_only_the_mechanism(cli, tmp_path):
     assert "Poise-Prior: vm_av_grpo" in log
 
 
+@pytest.mark.slow  # a dozen CLI processes
 def test_spawn_prior_bad_input(cli, tmp_path):
     arch = tmp_path / "exp"
     cli("init", str(arch))

@@ -13,7 +13,7 @@ from results_util import record
 
 from engine.archive.store import Archive
 from engine.errors import PoiseError
-from engine.operators.context import build_context, pareto_front
+from engine.operators.context import build_context, pareto_nodes
 from engine.operators.propose import Proposal, screen
 from engine.operators.proposers import available, get_proposer, register
 from engine.operators.proposers.codegen import normalize, render
@@ -144,11 +144,12 @@ def test_context_tiers(archive):
     assert [s.name for s in ctx.rejected] == ["bad"] and "import of 'os'" in ctx.rejected[0].reason
     text = ctx.render()
     assert "Pareto-frontier" in text and "avoid repeating" in text and "```python" in text
-    assert pareto_front(
+    assert pareto_nodes(
         {"x": {"o": 1, "l": 5}, "y": {"o": 2, "l": 9}, "z": {"o": 0.5, "l": 6}}, ("o", "-l")
     ) == ["x", "y"]
 
 
+@pytest.mark.slow  # CLI proposal with fingerprinting and verification
 def test_offline_proposer_needs_no_network(tmp_path, cli):
     exp = tmp_path / "exp"
     assert cli("init", str(exp)).returncode == 0
@@ -178,6 +179,7 @@ def test_offline_proposer_needs_no_network(tmp_path, cli):
     assert arch.fsck()
 
 
+@pytest.mark.slow  # LLM proposal, correction and replay through the CLI
 def test_llm_proposal_to_verified_node_and_replay(tmp_path, cli):
     S = openai_server
     toml = tmp_path / "poise.toml"

@@ -122,6 +122,7 @@ def _grpo():
     return module, make_config(module)
 
 
+@pytest.mark.slow  # 30 RL steps of the smoke preset
 def test_short_rl_run_learns(smoke_warmstart):
     proto, path = smoke_warmstart
     model = load_warmstart(path, proto.warmstart)
@@ -158,14 +159,16 @@ def test_broken_candidates_raise_candidate_failure(smoke_warmstart):
     def boom(batch, c):
         raise ZeroDivisionError("division by zero")
 
+    steps = get_protocol("tiny").rl  # each fails at its first step: a small batch is enough
     for fn, msg in ((nan_adv, "NaN/inf"), (bad_shape, "shape"), (boom, "ZeroDivisionError")):
         module.compute_advantages = fn
         with pytest.raises(rl.CandidateFailure, match=msg):
             rl.train(
-                load_warmstart(path, proto.warmstart), module, cfg, proto.rl, seed=0, trajectory={}
+                load_warmstart(path, proto.warmstart), module, cfg, steps, seed=0, trajectory={}
             )
 
 
+@pytest.mark.slow  # three short RL runs at the smoke preset's batch size
 def test_seeds_are_paired_and_reproducible(smoke_warmstart):
     proto, path = smoke_warmstart
     short = dataclasses.replace(proto.rl, steps=3)

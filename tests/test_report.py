@@ -208,10 +208,10 @@ def test_report_command_writes_figures_and_renders(tmp_path, cli):
 
 def test_report_on_fresh_archive_says_no_data(tmp_path):
     from engine.archive.store import Archive
-    from engine.report.html import render
+    from engine.report.html import render_report
 
     arch = Archive.init(tmp_path / "exp")
-    page = render(arch)
+    page = render_report(arch)
     assert page == arch.path / ".poise" / "report" / "index.html"
     text = page.read_text()
     assert "no data yet" in text and "<td>grpo</td>" in text

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import openai_server  # tests/openai_server.py (tests/ is on pythonpath)
+import pytest
 
 from engine.archive.store import Archive
 
@@ -46,6 +47,7 @@ def test_verify_command_commits_the_suite(archive, cli):
     )
 
 
+@pytest.mark.slow  # two CLI verifications
 def test_hand_written_edit_is_verified_like_a_generated_one(archive, cli, tmp_path):
     good, bad, hostile = tmp_path / "good.py", tmp_path / "nan.py", tmp_path / "os.py"
     good.write_text(GOOD_EDIT)
@@ -94,6 +96,7 @@ def test_hand_written_edit_is_verified_like_a_generated_one(archive, cli, tmp_pa
     assert archive.fsck()
 
 
+@pytest.mark.slow  # correction rounds, each a sandboxed verification
 def test_correction_loop_rejects_hostile_code_and_the_engine_keeps_running(tmp_path, cli):
     S = openai_server
     toml = tmp_path / "poise.toml"

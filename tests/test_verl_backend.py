@@ -415,7 +415,7 @@ def test_data_subset_is_seeded_and_shipped_with_provenance(tmp_path):
     assert {r["extra_info"]["level"] for r in train} == {"Level 3", "Level 4", "Level 5"}
     row = train[0]
     assert row["prompt"][0] == {"role": "system", "content": data_prep.SYSTEM_PROMPT}
-    assert data_prep.gold_answer(r"a \boxed{1} b \boxed{\frac{2}{3}}") == r"\frac{2}{3}"
+    assert data_prep.boxed_gold(r"a \boxed{1} b \boxed{\frac{2}{3}}") == r"\frac{2}{3}"
     import pandas as pd
 
     tp, vp = data_prep.write_parquet(tmp_path, n=50, seed=0)
@@ -438,13 +438,13 @@ def test_overrides_compose_against_verls_config(archive):
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
+    from engine.operators.verl_launch import node_launch
     from trainer_template.loader import AlgorithmLoadError
-    from trainer_template.verl_backend.launch import prepare_launch
 
     archive.spawn("grpo", "dr", algorithm=prior_source("dr_grpo"))
     with pytest.raises(AlgorithmLoadError, match="unknown hyperparameters"):
-        prepare_launch(archive, "dr", hparams={"no_such_field": 1}, dry_run=True)
-    launch = prepare_launch(archive, "dr", dry_run=True)
+        node_launch(archive, "dr", hparams={"no_such_field": 1}, dry_run=True)
+    launch = node_launch(archive, "dr", dry_run=True)
     assert launch.cmd[1:3] == ["-m", "verl.trainer.main_ppo"]
     with initialize_config_dir(
         config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None
@@ -478,13 +478,13 @@ def test_overrides_compose_against_verls_config(archive):
 
 def test_the_nodes_kl_coefficient_reaches_verl(archive):
     """The root's KL (0.001, low_var_kl) is verl's KL loss; DAPO's kl_coef = 0 turns it off."""
-    from trainer_template.verl_backend.launch import prepare_launch
+    from engine.operators.verl_launch import node_launch
 
-    root = prepare_launch(archive, "grpo", dry_run=True).overrides
+    root = node_launch(archive, "grpo", dry_run=True).overrides
     assert "actor_rollout_ref.actor.use_kl_loss=true" in root
     assert "actor_rollout_ref.actor.kl_loss_coef=0.001" in root
     archive.spawn("grpo", "dapo", algorithm=prior_source("dapo"))
-    dapo = prepare_launch(archive, "dapo", dry_run=True).overrides
+    dapo = node_launch(archive, "dapo", dry_run=True).overrides
     assert "actor_rollout_ref.actor.use_kl_loss=false" in dapo
     assert "actor_rollout_ref.actor.kl_loss_coef=0.0" in dapo
 
@@ -493,9 +493,9 @@ def test_launch_opens_the_nodes_mlflow_run(archive):
     import mlflow
 
     from engine.archive.tracking import find_runs, set_uri
-    from trainer_template.verl_backend.launch import prepare_launch
+    from engine.operators.verl_launch import node_launch
 
-    launch = prepare_launch(archive, "grpo", dry_run=False)
+    launch = node_launch(archive, "grpo", dry_run=False)
     assert Path(launch.files["algorithm"]).read_text() == archive.algorithm("grpo")
     assert Path(launch.files["train"]).is_file() and Path(launch.files["val"]).is_file()
     runs = find_runs(archive, "grpo")

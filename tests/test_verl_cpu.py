@@ -32,8 +32,8 @@ def model_dir(tmp_path_factory):
 def test_cpu_platform_in_verls_registry(monkeypatch):
     from verl.plugin.platform import PlatformRegistry
 
-    cls = cpu_platform.register()
-    assert PlatformRegistry.get("cpu") is cls and cpu_platform.register() is cls
+    cls = cpu_platform.register_cpu_platform()
+    assert PlatformRegistry.get("cpu") is cls and cpu_platform.register_cpu_platform() is cls
     p = cls()
     assert p.device_name == "cpu" and p.communication_backend_name() == "gloo"
     assert p.current_device() == torch.device("cpu") and p.ray_resource_name() == "GPU"
@@ -185,7 +185,7 @@ def _compose(overrides):
 def test_smoke_settings_compose_against_verls_config():
     from engine.archive.edit import prior_source
     from trainer_template.loader import load_algorithm, make_config
-    from trainer_template.verl_backend.launch import Protocol, build_overrides
+    from trainer_template.verl_backend.launch import VerlProtocol, build_overrides
 
     proto = smoke.SmokeProtocol()
     cfg = make_config(load_algorithm(prior_source("dr_grpo"), "dr"))
@@ -203,7 +203,7 @@ def test_smoke_settings_compose_against_verls_config():
             ckpt_dir="/x/ckpt",
             project="p",
             env_for_workers=env,
-            protocol=Protocol(model="/x/model", n=proto.n, train_batch_size=proto.prompts),
+            protocol=VerlProtocol(model="/x/model", n=proto.n, train_batch_size=proto.prompts),
             extra=smoke.cpu_overrides(proto, "/x/model", "/x/work", address),
         )
 

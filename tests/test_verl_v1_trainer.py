@@ -55,7 +55,7 @@ def composed(tmp_path_factory):
     from verl.utils.import_utils import import_external_libs
 
     from engine.archive.store import Archive
-    from trainer_template.verl_backend.launch import prepare_launch
+    from engine.operators.verl_launch import node_launch
 
     root = tmp_path_factory.mktemp("v1")
     archive = Archive.init(root / "exp")
@@ -66,7 +66,7 @@ def composed(tmp_path_factory):
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
         "transfer_queue.backend.SimpleStorage.total_storage_size=1000",
     ]
-    launch = prepare_launch(archive, NODE, dry_run=True, extra=small_queue)
+    launch = node_launch(archive, NODE, dry_run=True, extra=small_queue)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("POISE_NODE_NAME", NODE)
         mp.setenv("POISE_ALGORITHM_FILE", str(algo))

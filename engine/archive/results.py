@@ -31,7 +31,7 @@ SCHEMA = "poise.result/2"
 RESULTS_DIR = "results"
 LEGACY_FILE = "results.json"
 """schema 1: one untyped results.json per node (archives made before results were typed)"""
-STATUSES = ("evaluated", "failed")
+RESULT_STATUSES = ("evaluated", "failed")
 UNITS = {
     "fraction": (0.0, 1.0),
     "percent": (0.0, 100.0),
@@ -121,7 +121,10 @@ class EvaluationResult:
 
     def __post_init__(self) -> None:
         check = _Checker(self.protocol.id)
-        check(self.status in STATUSES, f"status must be one of {STATUSES}, got {self.status!r}")
+        check(
+            self.status in RESULT_STATUSES,
+            f"status must be one of {RESULT_STATUSES}, got {self.status!r}",
+        )
         for k, v in self.metrics.items():
             check(isinstance(k, str) and k != "", f"bad metric name {k!r}")
             check(

@@ -51,14 +51,17 @@ _EXPERIMENT_README = """\
 # A poise-git experiment
 
 This repository is a poise-git archive: every candidate RL algorithm is a branch `poise/<node>` whose
-commits carry its edited `algorithm.py`, `PROPOSAL.md`, generated `tests/`, `results.json` and
+commits carry its edited `algorithm.py`, `PROPOSAL.md`, generated `tests/`, `results/` and
 `REFLECTION.md`. Lineage lives in the commit trailers (`Poise-Node`, `Poise-Parent`).
 
-    poise-git log                 # the lineage tree
-    poise-git show NODE           # proposal, mechanism diff vs parent, results, reflection
-    git diff poise/grpo poise/X   # plain git works just as well
+    poise-git log                       # the lineage tree
+    poise-git show NODE                 # proposal, mechanism diff vs parent, results, reflection
+    git log --all --graph               # plain git works just as well
+    git show poise/NODE:algorithm.py    # any file of any node, as it is now
 
-`poise.toml` holds the experiment's protocol settings.
+The files in this directory are the root node as it was created (a detached checkout, for reading):
+the archive itself lives in the branches, which poise-git writes without touching this directory, so
+`git status` stays clean. `poise.toml` holds the experiment's protocol settings.
 """
 
 
@@ -161,6 +164,14 @@ class Archive:
             raise ArchiveError(
                 f"{self.path} is a git repository but not a poise-git archive (no poise/* branches)"
             )
+        head = self.path / ".git" / "HEAD"
+        if head.is_file() and head.read_text().startswith("ref: " + REF_PREFIX):
+            # made before the detached checkout: HEAD follows the root's branch, which records move,
+            # so `git status` showed them as staged deletions. Detach HEAD at the commit that was
+            # checked out (the root's first); the index and the files stay as they are.
+            first = self.git.text("rev-list", "--max-parents=0", "HEAD").split()
+            if first:
+                self.git.run("update-ref", "--no-deref", "HEAD", first[-1], check=False)
 
     def _any_node(self) -> bool:
         return bool(
@@ -214,7 +225,7 @@ class Archive:
         commit = git.commit_tree(tree, [], msg)
         if not git.update_ref(REF_PREFIX + root_name, commit, None, "poise init"):
             raise ArchiveError("could not create the root branch")
-        git.run("read-tree", "-u", "--reset", commit)  # a working copy of the root, for reading
+        _detach_checkout(git, commit)
         return cls(path)
 
     # -- reading -------------------------------------------------------------------------------
@@ -427,6 +438,7 @@ class Archive:
         commit = self.git.commit_tree(tree, parent_commits, msg)
         if not self.git.update_ref(REF_PREFIX + name, commit, None, f"poise spawn {name}"):
             raise ArchiveError(f"a node named {name!r} already exists (created concurrently)")
+        log.info("spawned %s from %s (%s)", name, " + ".join(parents), commit[:12])
         # Built locally: a full lineage read here would cost ~0.3 s at 10k nodes.
         return Node(
             name=name,
@@ -497,6 +509,7 @@ class Archive:
             )
             commit = self.git.commit_tree(tree, [tip], msg)
             if self.git.update_ref(ref, commit, tip, f"poise record {name}"):
+                log.debug("%s: %s (%s)", name, subject, commit[:12])
                 return commit
             time.sleep(min(0.005 * (attempt + 1), 0.1))
         raise ArchiveError(
@@ -582,6 +595,13 @@ class Archive:
         names = list(new_files)
         for n, oid in zip(names, self.git.write_blobs([new_files[n] for n in names])):
             tree_files[n] = ("100644", oid)
+
+
+def _detach_checkout(git: Git, commit: str) -> None:
+    """Check ``commit`` out detached (HEAD, index and work tree): records move the node branches with
+    plumbing and never this checkout, so the work tree stays clean."""
+    git.run("update-ref", "--no-deref", "HEAD", commit)
+    git.run("read-tree", "-u", "--reset", commit)
 
 
 def _set_mechanism(extra: dict[str, list[str]], source: str) -> dict[str, list[str]]:

@@ -1,4 +1,5 @@
-"""MLflow for an archive: one experiment per archive, a SQLite store inside it by default.
+"""MLflow for an archive: one experiment per archive, its SQLite store (``mlflow.db``) and its
+artifacts (``mlruns/``) inside the archive by default; nothing is written to the working directory.
 
 ``import mlflow`` costs 2-3 s, so it happens inside these functions only.
 """
@@ -6,11 +7,14 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+log = logging.getLogger(__name__)
 MLFLOW_DB = "mlflow.db"
+ARTIFACTS = "mlruns"
 
 
 def tracking_uri(archive_path: str | Path) -> str:
@@ -19,6 +23,18 @@ def tracking_uri(archive_path: str | Path) -> str:
     if env:
         return env
     return f"sqlite:///{Path(archive_path).resolve() / MLFLOW_DB}"
+
+
+def artifact_root(archive_path: str | Path) -> str:
+    """``file://<archive>/mlruns``: where the archive's runs keep their artifacts."""
+    return (Path(archive_path).resolve() / ARTIFACTS).as_uri()
+
+
+def mlflow_client(archive_path: str | Path):
+    """An ``MlflowClient`` on the archive's store (a bare ``MlflowClient()`` would open ./mlflow.db)."""
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri(archive_path))
 
 
 def experiment_name(archive) -> str:
@@ -45,11 +61,29 @@ def set_uri(uri: str) -> None:
 
 
 def _client_setup(archive):
+    """Point MLflow at the archive's store and return (mlflow, the archive's experiment id); a new
+    experiment keeps its artifacts in the archive (on a tracking server: the server's default)."""
     import mlflow
+    from mlflow.exceptions import MlflowException
 
-    set_uri(tracking_uri(archive.path))
-    exp = mlflow.set_experiment(experiment_name(archive))
-    return mlflow, exp.experiment_id
+    uri = tracking_uri(archive.path)
+    set_uri(uri)
+    name = experiment_name(archive)
+    c = mlflow.MlflowClient(uri)
+    exp = c.get_experiment_by_name(name)
+    if exp is None:
+        local = not uri.startswith(("http://", "https://", "databricks"))
+        try:
+            exp_id = c.create_experiment(
+                name, artifact_location=artifact_root(archive.path) if local else None
+            )
+        except MlflowException:  # created concurrently by another evaluation
+            exp_id = c.get_experiment_by_name(name).experiment_id
+        log.debug("MLflow experiment %r (%s) on %s", name, exp_id, uri)
+    else:
+        exp_id = exp.experiment_id
+    mlflow.set_experiment(experiment_id=exp_id)
+    return mlflow, exp_id
 
 
 @contextlib.contextmanager

@@ -19,6 +19,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from engine.archive.gitio import GitError
 from engine.cli.help import ROOT_EPILOG
+from engine.cli.logs import setup_logging
 from engine.errors import PoiseError
 
 EXIT_OK = 0
@@ -124,10 +125,18 @@ def _root(
         callback=_version_callback,
         is_eager=True,
     ),
+    verbose: int = typer.Option(
+        0,
+        "--verbose",
+        "-v",
+        count=True,
+        help="Show the engine's log on stderr: -v what each step does, -vv every detail.",
+    ),
 ) -> None:
     """poise-git: a git-native evolution engine for discovering RL (policy-optimization) algorithms
     for LLMs. Every candidate algorithm is a branch poise/NODE of an experiment repository."""
     setup_output()
+    setup_logging(verbose, err_console)
 
 
 def _register() -> None:

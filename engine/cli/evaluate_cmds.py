@@ -7,17 +7,23 @@ from pathlib import Path
 import typer
 
 from engine.cli import EXIT_FAILED, ArchiveOpt, console
+from engine.errors import PoiseError
 
 
 def evaluate(
     node: str = typer.Argument(
         ..., help="The node to evaluate (its algorithm.py is read from its commit)."
     ),
-    backend: str = typer.Option(
-        "proxy",
+    backend: str | None = typer.Option(
+        None,
         "--backend",
-        help="proxy (embedded CPU RL proxy); verl (GPU; --smoke on the CPU); with --suite: vllm | "
-        "openai | transformers.",
+        help="The trainer: proxy (embedded CPU RL proxy, the default) | verl (GPU scale; --smoke on "
+        "the CPU).",
+    ),
+    generator: str | None = typer.Option(
+        None,
+        "--generator",
+        help="With --suite: what samples the answers, vllm | openai | transformers.",
     ),
     seeds: int | None = typer.Option(
         None, "--seeds", help="Paired seeds, run as parallel processes (default: poise.toml)."
@@ -25,7 +31,7 @@ def evaluate(
     preset: str | None = typer.Option(
         None,
         "--preset",
-        help="Protocol preset: default | smoke (default: poise.toml); with --suite: paper (default) | "
+        help="Protocol preset: default | smoke | tiny (default: poise.toml); with --suite: paper (default) | "
         "smoke (2 samples, 24 tokens: a CPU smoke run, not comparable).",
     ),
     suite: str | None = typer.Option(
@@ -35,7 +41,7 @@ def evaluate(
         None, "--model", help="With --suite: the model path / served model name."
     ),
     base_url: str | None = typer.Option(
-        None, "--base-url", help="With --suite --backend openai: the server's URL."
+        None, "--base-url", help="With --suite --generator openai: the server's URL."
     ),
     limit: int | None = typer.Option(
         None,
@@ -71,7 +77,17 @@ def evaluate(
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
         from engine.operators.evaluate_suite import evaluate_node_on_suite
+        from evaluators.generation import BACKENDS as GENERATORS
 
+        if backend in GENERATORS:
+            raise PoiseError(
+                f"--backend names the trainer (proxy | verl); the suite's generator is "
+                f"--generator {backend}"
+            )
+        if backend is not None:
+            raise PoiseError("--suite scores a trained --model; --backend does not apply to it")
+        if generator is None:
+            raise PoiseError("--suite needs --generator vllm | openai | transformers")
         if not model:
             raise typer.BadParameter("--suite needs --model")
         cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
@@ -87,7 +103,7 @@ def evaluate(
                 arch,
                 node,
                 suite=suite,
-                backend=backend,
+                generator=generator,
                 model=model,
                 base_url=base_url,
                 limit=limit,
@@ -96,6 +112,10 @@ def evaluate(
             )
     else:
         from engine.operators.evaluate import evaluate_node
+
+        if generator is not None:
+            raise PoiseError("--generator applies with --suite only")
+        backend = backend or "proxy"
 
         with console.status(f"evaluating [bold]{node}[/] on the {backend} backend ...") as status:
 

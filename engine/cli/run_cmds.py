@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -161,7 +162,9 @@ def run(
         None, "--backend", help="proxy (embedded CPU RL proxy) | verl (GPU scale)."
     ),
     preset: str | None = typer.Option(
-        None, "--preset", help="Proxy protocol preset: default | smoke (default: \\[proxy].preset)."
+        None,
+        "--preset",
+        help="Proxy protocol preset: default | smoke | tiny (default: \\[proxy].preset).",
     ),
     workers: int | None = typer.Option(
         None, "--workers", "-w", min=1, help="Evaluations at once (default: CPU cores / seeds)."
@@ -218,20 +221,22 @@ def run(
     from engine.loop.core import Loop, RunOptions
 
     opts = RunOptions(
-        rounds=rounds,
-        parents=parents,
-        population=population,
-        seeds=seeds,
-        proposer=proposer,
-        backend=backend,
-        preset=preset,
+        plan={
+            "rounds": rounds,
+            "parents": parents,
+            "population": population,
+            "seeds": seeds,
+            "proposer": proposer,
+            "backend": backend,
+            "preset": preset,
+            "eval_timeout_s": eval_timeout,
+            "seed": seed,
+        },
         workers=workers,
         ray=ray,
         directive=directive,
         objective=objective,
         budget=Budget.parse(budget),
-        eval_timeout_s=eval_timeout,
-        seed=seed,
         resume=resume,
         replay=replay,
     )
@@ -254,11 +259,6 @@ def run(
         console.print(f"initialized archive [bold]{arch.path}[/] with root node [bold]grpo[/]")
     else:
         arch = Archive(path)
-    import logging
-
-    logging.getLogger("mlflow").setLevel(
-        logging.WARNING
-    )  # schema/experiment notices would break the live display
     with _Display(arch.path / ".poise" / "run.log") as display:
         summary = Loop(arch, opts, on_event=display).run()
     _print_summary(arch, summary, report=not no_report)
@@ -301,9 +301,9 @@ def _print_summary(arch, s, report: bool) -> None:
         diff = arch.diff(root, shown, [ALGORITHM])
         section(f"mechanism diff: {root} -> {shown}", diff or "(no change)", "diff")
     if report:
-        from engine.report.html import render
+        from engine.report.html import render_report
 
-        page = render(arch)
+        page = render_report(arch)
         console.print(f"report: [bold]{page}[/]")
     console.print(f"MLflow: `poise-git ui -C {arch.path}`")
 
@@ -322,12 +322,12 @@ def report(
 ) -> None:
     """Write an HTML report: lineage, frontier vs depth, training dynamics, accuracy vs length, node table."""
     from engine.archive.store import Archive
-    from engine.report.html import render, report_experiment
+    from engine.report.html import render_report, report_experiment
     from engine.select.objective import with_objective
 
     arch = Archive(archive)
     exp = with_objective(report_experiment(arch), objective) if objective else None
-    page = render(arch, out, exp, top=top)
+    page = render_report(arch, out, exp, top=top)
     console.print(f"report: [bold]{page}[/]")
 
 
@@ -340,10 +340,11 @@ def ui(
         help="Address to bind (keep 127.0.0.1 unless the network is trusted).",
     ),
 ) -> None:
-    """Start the MLflow UI on the archive's store (one worker, job execution off). With
-    MLFLOW_TRACKING_URI pointing at a server, print that server instead."""
+    """Start the MLflow UI on the archive's store (one worker, job execution off); Ctrl-C stops the
+    server and every process it started. With MLFLOW_TRACKING_URI pointing at a server, print that
+    server instead."""
     from engine.archive.store import Archive
-    from engine.archive.tracking import tracking_uri
+    from engine.archive.tracking import artifact_root, tracking_uri
 
     arch = Archive(archive)
     uri = tracking_uri(arch.path)
@@ -356,7 +357,9 @@ def ui(
         "--backend-store-uri",
         uri,
         "--default-artifact-root",
-        (arch.path / "mlruns").as_uri(),
+        artifact_root(arch.path),
+        "--artifacts-destination",
+        artifact_root(arch.path),
         "--host",
         host,
         "--port",
@@ -366,12 +369,46 @@ def ui(
     ]
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     console.print(f"MLflow UI for {arch.path}: http://{host}:{port}  (Ctrl-C stops it)")
-    proc = subprocess.Popen(cmd, env=env)
+    # its own session: the server and its workers are stopped here, as one tree, however we exit
+    # (Ctrl-C, `kill`, a closed terminal), not left to the terminal's signal
+    proc = subprocess.Popen(cmd, env=env, cwd=arch.path, start_new_session=True)
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        raise typer.Exit(proc.wait())
+        code = proc.wait()
     except KeyboardInterrupt:
-        proc.terminate()
-        proc.wait(timeout=10)
+        code = 0
+    finally:
+        stop_tree(proc.pid)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    raise typer.Exit(code)
+
+
+def _interrupt(signum, _frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def stop_tree(pid: int, grace_s: float = 10.0) -> None:
+    """SIGTERM ``pid`` and every descendant, SIGKILL what is left after ``grace_s``; reap ``pid``."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5)
 
 
 def register(app: typer.Typer) -> None:

@@ -76,9 +76,10 @@ def train(
 
     from engine.archive.store import Archive
     from engine.operators.verify import refuse_unverified
+    from engine.operators.verl_launch import node_launch
     from engine.sandbox.env import without_secrets
     from trainer_template.loader import AlgorithmLoadError
-    from trainer_template.verl_backend.launch import Protocol, prepare_launch
+    from trainer_template.verl_backend.launch import VerlProtocol
 
     if backend != "verl":
         raise ConfigError(
@@ -115,10 +116,10 @@ def train(
                 "verl training needs CUDA GPUs and vLLM; none is visible here (use --dry-run to inspect the command)"
             )
     try:
-        launch = prepare_launch(
+        launch = node_launch(
             arch,
             node,
-            protocol=Protocol(model=model, n_gpus=gpus, seed=seed),
+            protocol=VerlProtocol(model=model, n_gpus=gpus, seed=seed),
             hparams=_parse_hparams(hparam),
             extra=override,
             dry_run=dry_run,

@@ -109,7 +109,7 @@ class Budget:
 
 
 @dataclass
-class Usage:
+class RunUsage:
     """What a run has spent so far (across --resume: the archive and the run record hold it)."""
 
     candidates: int = 0
@@ -139,7 +139,7 @@ def fmt(kind: str, v: float) -> str:
     return f"{int(v)}"
 
 
-def exhausted(budget: Budget, usage: Usage) -> str | None:
+def exhausted(budget: Budget, usage: RunUsage) -> str | None:
     """The reason the first exhausted limit gives, or None while every limit has room left."""
     for kind in ("candidates", "wall_s", "tokens", "cost_usd", "device_hours"):
         limit = getattr(budget, kind)

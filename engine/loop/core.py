@@ -9,19 +9,20 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
+import logging
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.archive.results import configured_protocol
 from engine.archive.store import ROOT_NAME, Archive
-from engine.config import validate
 from engine.errors import PoiseError
-from engine.loop.budget import Budget, Usage, exhausted
+from engine.loop.budget import Budget, RunUsage, exhausted
 from engine.loop.executor import STOPPED, EvalJob, EvalOutcome, make_executor
+from engine.loop.plan import resolve_plan
 from engine.loop.state import (
     RunRecord,
     last_round,
@@ -35,41 +36,23 @@ from engine.loop.state import (
 from engine.select import objective as obj
 
 Event = Callable[[dict], None]
+log = logging.getLogger(__name__)
 PROPOSE_ATTEMPTS = 3
 """proposal calls per parent and round while screening leaves fewer than N candidates"""
-_PLAN_KEYS = (
-    "rounds",
-    "parents",
-    "population",
-    "seeds",
-    "proposer",
-    "backend",
-    "preset",
-    "eval_timeout_s",
-    "seed",
-    "gpus_per_eval",
-)
 
 
 @dataclass
 class RunOptions:
-    """What ``poise-git run`` asks for; None = from the resumed run, else poise.toml / defaults."""
+    """What one ``poise-git run`` invocation asks for. ``plan``: the command line's settings of the
+    :class:`RunPlan` (field -> value; None or absent = from the resumed run, else poise.toml); the
+    other fields belong to this invocation and are not recorded with the plan."""
 
-    rounds: int | None = None
-    parents: int | None = None
-    population: int | None = None
-    seeds: int | None = None
-    proposer: str | None = None
-    backend: str | None = None
-    preset: str | None = None
+    plan: Mapping[str, Any] = field(default_factory=dict)
     workers: int | None = None
     ray: str | None = None
-    gpus_per_eval: float | None = None
     directive: str | None = None
     objective: str | None = None
     budget: Budget = field(default_factory=Budget)
-    eval_timeout_s: float | None = None
-    seed: int | None = None
     resume: bool = False
     replay: bool = False
     """answer LLM calls from the archive's recorded calls (no endpoint)"""
@@ -99,19 +82,35 @@ def _slug(text: str) -> str:
 
 
 class Loop:
-    def __init__(self, archive: Archive, opts: RunOptions, on_event: Event | None = None):
+    """One ``poise-git run``. ``executor``: where evaluations run (default: worker processes, or Ray
+    with ``opts.ray``; ``engine.loop.inline.InlineExecutor`` evaluates in this process)."""
+
+    def __init__(
+        self,
+        archive: Archive,
+        opts: RunOptions,
+        on_event: Event | None = None,
+        *,
+        executor=None,
+    ):
         self.archive = archive
         self.opts = opts
-        self.emit = on_event or (lambda e: None)
+        self._on_event = on_event or (lambda e: None)
         self.t0 = time.monotonic()
         self.futures: dict[cf.Future, tuple[str, int]] = {}
         self.stop_reason: str | None = None
-        self.executor = None
+        self.executor = executor
         self._killed = False  # in-flight evaluations were stopped (wall-time budget): no new ones
+
+    def emit(self, event: dict) -> None:
+        """Hand ``event`` to the caller's callback; the same event goes to this module's logger
+        (messages and outcomes at INFO, the rest at DEBUG)."""
+        _log_event(event)
+        self._on_event(event)
 
     # -- plan ----------------------------------------------------------------------------------
     def _plan(self) -> RunRecord:
-        o, nodes = self.opts, self.archive.nodes()
+        o = self.opts
         rec = load_run(self.archive)
         base = self.archive.config()
         if o.resume:
@@ -119,59 +118,26 @@ class Loop:
                 raise PoiseError(
                     "nothing to resume: no `poise-git run` has started in this archive"
                 )
-            plan = dict(rec.data["plan"])
-            for k in _PLAN_KEYS:
-                if getattr(o, k) is not None:
-                    plan[k] = getattr(o, k)
+            plan = resolve_plan(base, o.plan, recorded=rec.data.get("plan") or {})
             exp = dataclasses.replace(base.experiment, **rec.data.get("experiment", {}))
             budget = Budget.from_dict(rec.data.get("budget")).merged(o.budget)
         else:
-            rid = new_run_id()
-            plan = {k: getattr(o, k) for k in _PLAN_KEYS}
-            plan.update(start_round=last_round(nodes) + 1)
+            plan = resolve_plan(base, o.plan, start_round=last_round(self.archive.nodes()) + 1)
             exp, budget = base.experiment, o.budget
             rec = RunRecord(
-                {"id": rid, "selections": {}, "done": {}, "usage": {}, "started": time.time()},
+                {
+                    "id": new_run_id(),
+                    "selections": {},
+                    "done": {},
+                    "usage": {},
+                    "started": time.time(),
+                },
                 rec.commit if rec else None,
             )
         exp = obj.with_objective(exp, o.objective, o.directive)
-        defaults = {
-            "rounds": 1,
-            "parents": base.select.k,
-            "population": base.propose.population,
-            "seeds": base.evaluation.seeds,
-            "proposer": base.propose.proposer,
-            "backend": base.evaluation.backend,
-            "preset": base.proxy.preset,
-            "eval_timeout_s": base.evaluation.timeout_s,
-            "seed": base.select.seed,
-            "gpus_per_eval": 1.0,
-        }
-        plan = {
-            k: (plan.get(k) if plan.get(k) is not None else defaults.get(k))
-            for k in (*_PLAN_KEYS, "start_round")
-        }
-        for k in ("rounds", "parents", "population", "seeds"):
-            if int(plan[k]) < 1:
-                raise PoiseError(f"--{k} must be >= 1, got {plan[k]}")
-        self.cfg = dataclasses.replace(
-            base,
-            experiment=exp,
-            evaluation=dataclasses.replace(
-                base.evaluation,
-                backend=plan["backend"],
-                seeds=int(plan["seeds"]),
-                timeout_s=float(plan["eval_timeout_s"]),
-            ),
-            proxy=dataclasses.replace(base.proxy, preset=plan["preset"]),
-            select=dataclasses.replace(base.select, k=int(plan["parents"]), seed=int(plan["seed"])),
-            propose=dataclasses.replace(
-                base.propose, proposer=plan["proposer"], population=int(plan["population"])
-            ),
-        )
-        validate(self.cfg)
+        self.cfg = dataclasses.replace(plan.apply(base), experiment=exp)
         rec.data.update(
-            plan=plan,
+            plan=plan.to_dict(),
             experiment=dataclasses.asdict(exp),
             budget=budget.to_dict(),
             status="running",
@@ -184,7 +150,7 @@ class Loop:
             float(rec.data.get("usage", {}).get("cost_usd", 0.0)),
         )
         self.llm = None
-        if plan["proposer"] == "llm" or o.replay:
+        if plan.proposer == "llm" or o.replay:
             from engine.operators.llm import make_client
 
             self.llm = make_client(self.cfg, self.archive, replay=o.replay)
@@ -192,18 +158,22 @@ class Loop:
             self.archive, rec, f"poise: run {rec.id} {'resumed' if o.resume else 'started'}"
         )
 
+    def _nodes(self) -> dict:
+        """The archive's nodes with each ``result`` read under this run's protocol (its preset)."""
+        return self.archive.nodes(configured_protocol(self.cfg))
+
     # -- budgets -------------------------------------------------------------------------------
-    def usage(self, nodes=None) -> Usage:
-        nodes = nodes if nodes is not None else self.archive.nodes()
+    def usage(self, nodes=None) -> RunUsage:
+        nodes = nodes if nodes is not None else self._nodes()
         mine = run_nodes(nodes, self.rec.id)
         tok, cost = _llm_usage(self.llm)
-        u = Usage(
+        u = RunUsage(
             candidates=len(mine),
             wall_s=self.prior_wall + time.monotonic() - self.t0,
             tokens=self.prior_llm[0] + tok,
             cost_usd=self.prior_llm[1] + cost,
         )
-        gpus = float(self.plan["gpus_per_eval"])
+        gpus = self.plan.gpus_per_eval
         for n in mine.values():
             for r in n.results.values():
                 devices = gpus if r.protocol.backend == "verl" else len(r.seeds or (1,))
@@ -223,42 +193,43 @@ class Loop:
     def run(self) -> RunSummary:
         self._plan()
         p = self.plan
-        first, last = int(p["start_round"]), int(p["start_round"]) + int(p["rounds"]) - 1
-        workers = self.opts.workers or max(1, (os.cpu_count() or 1) // int(p["seeds"]))
+        first, last = p.start_round, p.last_round
+        workers = self.opts.workers or max(1, (os.cpu_count() or 1) // p.seeds)
         self.emit(
             {
                 "kind": "plan",
                 "run": self.rec.id,
                 "first": first,
                 "last": last,
-                "parents": p["parents"],
-                "population": p["population"],
-                "seeds": p["seeds"],
+                "parents": p.parents,
+                "population": p.population,
+                "seeds": p.seeds,
                 "budget": self.budget.describe(),
-                "objective": obj.describe(self.cfg.experiment),
+                "objective": obj.describe_objective(self.cfg.experiment),
                 "workers": workers,
                 "ray": self.opts.ray or "",
                 "resume": self.opts.resume,
                 "done": sum(
                     1
-                    for n in run_nodes(self.archive.nodes(), self.rec.id).values()
+                    for n in run_nodes(self._nodes(), self.rec.id).values()
                     if n.status in ("evaluated", "failed", "rejected")
                 ),
             }
         )
-        self.executor = make_executor(
-            workers,
-            self.opts.ray,
-            float(p["gpus_per_eval"]) if p["backend"] == "verl" else 0.0,
-            int(p["seeds"]),
-        )
+        if self.executor is None:
+            self.executor = make_executor(
+                workers,
+                self.opts.ray,
+                p.gpus_per_eval if p.backend == "verl" else 0.0,
+                p.seeds,
+            )
         try:
             self._finish_pending(resuming=True)
             # the round in progress: from the children's Poise-Round trailers and the recorded selection
             r = max(
                 first,
                 int(self.rec.data.get("round") or first),
-                last_round(run_nodes(self.archive.nodes(), self.rec.id)),
+                last_round(run_nodes(self._nodes(), self.rec.id)),
             )
             while r <= last and self._check_budget():
                 self._round(r)
@@ -294,9 +265,7 @@ class Loop:
             self.emit({"kind": "stage", "round": r, "stage": "select", "node": ""})
             from engine.select import select_parents
 
-            s = select_parents(
-                self.archive, self.cfg, k=int(self.plan["parents"]), seed=int(self.plan["seed"]) + r
-            )
+            s = select_parents(self.archive, self.cfg, k=self.plan.parents, seed=self.plan.seed + r)
             if not s.chosen:
                 self.stop_reason = "no node can be a parent (nothing evaluated successfully)"
                 return
@@ -312,7 +281,7 @@ class Loop:
                     "kind": "round",
                     "round": r,
                     "parents": len(sel),
-                    "planned": int(self.plan["parents"]),
+                    "planned": self.plan.parents,
                 }
             )
             self.emit(
@@ -340,17 +309,17 @@ class Loop:
         asked, so the proposer is asked again (new seed) up to PROPOSE_ATTEMPTS times."""
         parent = entry["node"]
         for attempt in range(PROPOSE_ATTEMPTS):
-            nodes = self.archive.nodes()
+            nodes = self._nodes()
             have = [
                 n
                 for n in run_nodes(nodes, self.rec.id).values()
                 if node_round(n) == r and parent in n.parents
             ]
-            need = int(self.plan["population"]) - len(have)
+            need = self.plan.population - len(have)
             if need <= 0 or not self._check_budget():
                 return
             self.emit({"kind": "stage", "round": r, "stage": "propose", "node": parent})
-            seed = int(self.plan["seed"]) * 100_000 + r * 1000 + len(have) * 10 + attempt
+            seed = self.plan.seed * 100_000 + r * 1000 + len(have) * 10 + attempt
             self._implement_all(r, entry, self._propose(parent, need, seed)[:need])
             if self.stop_reason:
                 return
@@ -364,7 +333,7 @@ class Loop:
                 parent,
                 self.cfg,
                 n=n,
-                proposer=self.plan["proposer"],
+                proposer=self.plan.proposer,
                 seed=seed,
                 **self._llm_kw(),
             )
@@ -387,7 +356,7 @@ class Loop:
                 "Poise-Round": str(r),
                 "Poise-Selection-Rank": str(entry["rank"]),
                 "Poise-Selection-Score": _f(entry["score"]),
-                "Poise-Proposer": str(prop.proposer or self.plan["proposer"]),
+                "Poise-Proposer": str(prop.proposer or self.plan.proposer),
                 "Poise-Run": self.rec.id,
             }
             try:
@@ -436,10 +405,10 @@ class Loop:
         job = EvalJob(
             str(self.archive.path),
             name,
-            p["backend"],
-            int(p["seeds"]),
-            p["preset"],
-            float(p["eval_timeout_s"]),
+            p.backend,
+            p.seeds,
+            p.preset,
+            p.eval_timeout_s,
             tags={"poise.round": str(r), "poise.run": self.rec.id},
         )
         self.emit({"kind": "stage", "round": r, "stage": "evaluate", "node": name})
@@ -486,7 +455,7 @@ class Loop:
                 return
 
     def _after_eval(self, out: EvalOutcome, r: int | None) -> None:
-        nodes = self.archive.nodes()
+        nodes = self._nodes()  # the run's protocol (its preset)
         node = nodes.get(out.node)
         parent = nodes.get(node.parent) if node is not None and node.parent else None
         verdict = obj.promotion(node, parent, self.cfg.experiment) if parent is not None else ""
@@ -526,7 +495,7 @@ class Loop:
             self.emit({"kind": "log", "msg": f"{name}: reflection failed: {exc}"})
 
     def _finish_pending(self, resuming: bool) -> None:
-        nodes = self.archive.nodes()
+        nodes = self._nodes()
         todo = pending_work(self.archive, nodes)
         if not todo:
             return
@@ -566,7 +535,7 @@ class Loop:
             self._reflect(name, node_round(nodes[name]))
 
     def _summary(self, first: int, last: int) -> RunSummary:
-        nodes = self.archive.nodes(configured_protocol(self.cfg))
+        nodes = self._nodes()
         exp = self.cfg.experiment
         best = obj.best_node(nodes, exp)
         root = nodes.get(ROOT_NAME) or next((n for n in nodes.values() if not n.parents), None)
@@ -587,9 +556,22 @@ class Loop:
             obj.node_utility(root, exp),
             counts,
             self.usage(nodes).to_dict(),
-            obj.describe(exp),
+            obj.describe_objective(exp),
             configured_protocol(self.cfg).key,
         )
+
+
+def _log_event(e: dict) -> None:
+    kind = e.get("kind")
+    if kind == "log":
+        log.info("%s", e.get("msg", ""))
+    elif kind == "node" and e.get("status") in ("evaluated", "failed", "rejected"):
+        reason = f": {e['reason']}" if e.get("reason") else ""
+        log.info("%s %s%s", e.get("node"), e.get("status"), reason)
+    elif kind == "stop":
+        log.info("stopped: %s", e.get("reason"))
+    elif kind != "tick":
+        log.debug("%s", e)
 
 
 def _f(v: Any) -> str:
@@ -611,14 +593,12 @@ def _close_dangling_runs(archive: Archive, names: list[str]) -> None:
     if not os.environ.get("MLFLOW_TRACKING_URI") and not (archive.path / MLFLOW_DB).exists():
         return
     try:
-        import mlflow
+        from engine.archive.tracking import find_runs, mlflow_client
 
-        from engine.archive.tracking import find_runs
-
-        client = mlflow.MlflowClient()
+        client = mlflow_client(archive.path)
         for name in names:
             for run in find_runs(archive, name):
                 if run.info.status == "RUNNING":
                     client.set_terminated(run.info.run_id, "KILLED")
-    except Exception:  # tracking is best effort here; the node's own state is in git
-        pass
+    except Exception as exc:  # tracking is best effort here; the node's own state is in git
+        log.warning("could not close the MLflow runs a stopped evaluation left: %s", exc)

@@ -108,7 +108,9 @@ class Pending:
 
 
 def pending_work(archive: Archive, nodes: dict[str, Node]) -> Pending:
-    """Unfinished loop nodes (those with a ``Poise-Round``) and the root when it has no results."""
+    """Unfinished loop nodes (those with a ``Poise-Round``) and the root: a node needs evaluation when
+    ``nodes`` (read under the run's protocol) holds no result for it, even if it was evaluated under
+    another protocol or preset."""
     out = Pending()
     ours = [
         n
@@ -123,8 +125,8 @@ def pending_work(archive: Archive, nodes: dict[str, Node]) -> Pending:
                 out.verify.append(n.name)
             else:
                 out.evaluate.append(n.name)  # the root is the template: nothing to verify
-        elif n.status in ("verified", "evaluating") and not n.results:
-            out.evaluate.append(n.name)
+        elif n.status in ("verified", "evaluating", "evaluated") and n.result is None:
+            out.evaluate.append(n.name)  # no result under the run's protocol (e.g. another preset)
         elif n.status == "evaluated" and n.parents:
             evaluated.append(n)
     if evaluated:

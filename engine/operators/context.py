@@ -200,7 +200,7 @@ def jaccard_distance(a: set[str], b: set[str]) -> float:
     return 1.0 - len(a & b) / max(1, len(a | b))
 
 
-def pareto_front(
+def pareto_nodes(
     rows: dict[str, dict[str, float]], objectives: tuple[str, ...], exp=None
 ) -> list[str]:
     """Nodes no other node dominates; '-' minimizes, '+' maximizes, a bare name takes its
@@ -321,7 +321,7 @@ def build_context(archive, parent: str, cfg, *, seed: int | None = None, nodes=N
     objectives = tuple(cfg.experiment.pareto_objectives) or (cfg.experiment.objective,)
     front = [
         n
-        for n in pareto_front({n: nodes[n].metrics for n in evaluated}, objectives, cfg.experiment)
+        for n in pareto_nodes({n: nodes[n].metrics for n in evaluated}, objectives, cfg.experiment)
         if n != parent
     ]
     front.sort(key=lambda n: -(utility(nodes[n].metrics, cfg.experiment) or -1e9))

@@ -10,6 +10,7 @@ are imported only in the children / inside functions, so importing this module i
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
@@ -22,6 +23,7 @@ from pathlib import Path
 from engine.archive.results import EvaluationResult, Protocol, now
 from engine.errors import EvaluationError
 
+log = logging.getLogger(__name__)
 TRAJECTORY_POINTS = 100
 # two-sided 95% Student-t quantiles by degrees of freedom (1..30); 1.96 beyond
 _T95 = [
@@ -136,7 +138,7 @@ def evaluate_node(
     """
     from trainer_template.proxy.protocol import PRESETS, get_protocol
 
-    say = on_event or (lambda _msg: None)
+    say = _reporter(name, on_event)
     if backend not in ("proxy", "verl"):
         raise EvaluationError(
             f"evaluate: unknown backend {backend!r}; use 'proxy' (CPU) or 'verl' (GPU), "
@@ -321,6 +323,17 @@ def _run(
     )
     archive.record_result(name, result)
     return result
+
+
+def _reporter(name: str, on_event: Callable[[str], None] | None) -> Callable[[str], None]:
+    """A progress line goes to ``on_event`` (the CLI's display) and to this module's logger."""
+
+    def say(msg: str) -> None:
+        log.info("%s: %s", name, msg)
+        if on_event is not None:
+            on_event(msg)
+
+    return say
 
 
 def proxy_protocol(preset: str, protocol) -> Protocol:

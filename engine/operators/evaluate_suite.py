@@ -1,6 +1,6 @@
 """Score a model trained with a node's algorithm on a benchmark suite (math6) and record the result.
 
-The evaluators compute (``evaluators.suite.run_suite``: generation, grading, pass@k / acc@1, bootstrap
+The evaluators compute (``evaluators.suite.run_benchmark_suite``: generation, grading, pass@k / acc@1, bootstrap
 intervals); this module turns that into the node's typed result under ``<suite>/<preset>`` and one
 MLflow run with the samples.
 """
@@ -20,7 +20,7 @@ def evaluate_node_on_suite(
     archive,
     name: str,
     suite: str = "math6",
-    backend: str = "transformers",
+    generator: str = "transformers",
     model: str | None = None,
     base_url: str | None = None,
     limit: int | None = None,
@@ -30,20 +30,21 @@ def evaluate_node_on_suite(
     grade_workers: int | None = None,
     grade_timeout_s: float = 10.0,
     n_boot: int = 1000,
-    backend_kwargs: dict | None = None,
+    generator_kwargs: dict | None = None,
     on_progress: Callable[[str, int, int], None] | None = None,
 ) -> EvaluationResult:
-    """Score ``model`` (trained with node ``name``'s algorithm) on ``suite``; record the result on the
-    node (status evaluated | failed) and in an MLflow run."""
+    """Score ``model`` (trained with node ``name``'s algorithm) on ``suite``, sampling with the
+    ``generator`` (vllm | openai | transformers); record the result on the node (status evaluated |
+    failed) and in an MLflow run."""
     from evaluators.benchmarks import suite as suite_spec
     from evaluators.errors import SuiteError
     from evaluators.generation import BACKENDS, make_backend
-    from evaluators.suite import protocol, protocol_hash, run_suite
+    from evaluators.suite import protocol, protocol_hash, run_benchmark_suite
 
     preset = {None: "paper", "default": "paper"}.get(preset, preset)
-    if backend not in BACKENDS:
+    if generator not in BACKENDS:
         raise EvaluationError(
-            f"with --suite, --backend must be one of {', '.join(BACKENDS)} (got {backend!r})"
+            f"with --suite, --generator must be one of {', '.join(BACKENDS)} (got {generator!r})"
         )
     if not model:
         raise EvaluationError("a suite evaluation needs --model (a path, or the served model name)")
@@ -59,11 +60,11 @@ def evaluate_node_on_suite(
     proto = Protocol(f"{suite}/{preset}", protocol_hash(settings), "suite", preset, settings)
     t0 = time.time()
     try:
-        gen = make_backend(backend, model, base_url=base_url, **(backend_kwargs or {}))
+        gen = make_backend(generator, model, base_url=base_url, **(generator_kwargs or {}))
     except SuiteError as exc:
         raise EvaluationError(str(exc)) from None
     details: dict[str, Any] = {
-        "generator": backend,
+        "generator": generator,
         "model": model,
         "generation": gen.describe(),
         "versions": _versions(),
@@ -71,7 +72,7 @@ def evaluate_node_on_suite(
     base = dict(protocol=proto, node_commit=node.commit, utility=cfg.experiment.objective)
     archive.set_status(name, "evaluating")
     try:
-        run = run_suite(
+        run = run_benchmark_suite(
             gen,
             benches,
             max_tokens,
@@ -111,7 +112,7 @@ def evaluate_node_on_suite(
 
 def _result(base: dict, run: dict, details: dict, t0: float) -> EvaluationResult:
     from evaluators.grading import GRADER_VERSION
-    from evaluators.metrics import metric_unit
+    from evaluators.metrics import suite_metric_unit
     from evaluators.suite import build_metrics
 
     metrics = build_metrics(run)
@@ -132,7 +133,7 @@ def _result(base: dict, run: dict, details: dict, t0: float) -> EvaluationResult
         **base,
         status="evaluated",
         metrics=metrics,
-        units={k: metric_unit(k) for k in metrics},
+        units={k: suite_metric_unit(k) for k in metrics},
         intervals={k: (float(lo), float(hi)) for k, (lo, hi) in run["intervals"].items()},
         interval_kind="95% bootstrap over problems",
         wall_time_s=round(time.time() - t0, 3),

@@ -55,16 +55,15 @@ def evaluate_node_verl(
         raise EvaluationError(
             "the verl backend needs a CUDA GPU and none is visible here; use --backend proxy on the CPU"
         )
-    try:
-        from trainer_template.verl_backend.launch import Protocol, prepare_launch
-    except ImportError as exc:  # pragma: no cover
-        raise EvaluationError(f"the verl backend needs the [verl] extra: {exc}") from None
+    from engine.operators.verl_launch import node_launch
+    from trainer_template.verl_backend.launch import VerlProtocol
+
     say = on_event or (lambda _m: None)
-    proto = Protocol(
+    proto = VerlProtocol(
         **{k: v for k, v in {"model": model, "n_gpus": gpus or n_visible}.items() if v}
     )
     prior = archive.node(name).status
-    launch = prepare_launch(archive, name, protocol=proto, extra=_SAVE_OVERRIDES)
+    launch = node_launch(archive, name, protocol=proto, extra=_SAVE_OVERRIDES)
     archive.set_status(name, "evaluating")
     t0 = time.monotonic()
     say(
@@ -97,7 +96,9 @@ def evaluate_node_verl(
     try:
         from engine.operators.evaluate_suite import evaluate_node_on_suite
 
-        return evaluate_node_on_suite(archive, name, suite="math6", backend="vllm", model=str(ckpt))
+        return evaluate_node_on_suite(
+            archive, name, suite="math6", generator="vllm", model=str(ckpt)
+        )
     except PoiseError:
         archive.set_status(name, prior)
         raise

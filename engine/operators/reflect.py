@@ -7,6 +7,7 @@ mechanism-level narrative is added. Committed as ``REFLECTION.md``; logged to th
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 from collections.abc import Sequence
@@ -14,6 +15,8 @@ from typing import Any
 
 from engine.archive.results import EvaluationResult, comparable, configured_protocol
 from engine.errors import PoiseError
+
+log = logging.getLogger(__name__)
 
 
 def _series(traj: dict[str, Any], key: str) -> list[float]:
@@ -131,7 +134,7 @@ def _fmt(v) -> str:
     return "—" if v is None else f"{v:.4g}"
 
 
-def render(
+def render_reflection(
     name: str,
     parent: str | None,
     findings: Sequence[str],
@@ -212,7 +215,7 @@ def reflect_node(archive, name: str, cfg, llm=None) -> str:
             node=name,
             purpose="reflect",
         ).text
-    text = render(name, parent, findings, traj, rows, narrative)
+    text = render_reflection(name, parent, findings, traj, rows, narrative)
     archive.record_reflection(name, text)
     _log_mlflow(archive, result, text)
     return text
@@ -222,14 +225,12 @@ def _log_mlflow(archive, result: EvaluationResult, text: str) -> None:
     run_ids = list(result.mlflow_run_ids)
     if not run_ids:
         return
-    from mlflow.tracking import MlflowClient
+    from engine.archive.tracking import mlflow_client
 
-    from engine.archive.tracking import tracking_uri
-
-    client = MlflowClient(tracking_uri(archive.path))
+    client = mlflow_client(archive.path)
     for rid in run_ids:
         try:
             client.log_text(rid, text, "REFLECTION.md")
             client.set_tag(rid, "poise.reflected", "yes")
-        except Exception:  # noqa: BLE001 - a missing/deleted run must not lose the committed reflection
-            continue
+        except Exception as exc:  # noqa: BLE001 - a missing run must not lose the committed reflection
+            log.warning("could not attach the reflection to MLflow run %s: %s", rid, exc)

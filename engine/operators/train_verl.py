@@ -161,7 +161,9 @@ def shared_ray(num_cpus: int = 32, start_timeout_s: float = 180.0) -> Iterator[s
     """One local Ray (``num_cpus`` logical CPUs, one logical GPU) for several smokes in a row: yields
     its address for ``train_smoke(ray_address=...)`` (or ``RAY_ADDRESS`` for the CLI), so only the
     first run pays Ray's start. Stopped on exit, its process group killed if it does not stop."""
-    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    from engine.sandbox.env import without_secrets
+
+    env = without_secrets({"RAY_AUTH_MODE": "token"})  # Ray's workers run candidate code
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.Popen(
         [sys.executable, "-c", _HOLDER, str(num_cpus)],

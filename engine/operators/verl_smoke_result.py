@@ -57,7 +57,7 @@ def smoke_protocol(run, evaluation: dict[str, Any] | None = None) -> Protocol:
         verl_version = "unknown"
     settings = {
         **{k: v for k, v in run.protocol.items() if k != "id"},
-        "model": {"spec": tiny_model.SPEC, "vocab": tiny_model.VOCAB, "init": "seeded random"},
+        "model": {"spec": tiny_model.SPEC, "vocab": tiny_model.TINY_VOCAB, "init": "seeded random"},
         "reward": "trainer_template.verl_backend.reward.compute_smoke_score",
         "verl": verl_version,
         "evaluation": None if evaluation is None else evaluation["settings"],

@@ -124,7 +124,7 @@ th{background:#f4f6f8}.pos{color:#08753a}.neg{color:#b00020}.better{font-weight:
 .kv td{border:none;padding:2px 10px 2px 0}"""
 
 
-def render(
+def render_report(
     archive: Archive,
     out_dir: str | Path | None = None,
     experiment: ExperimentConfig | None = None,
@@ -176,7 +176,7 @@ def render(
         f"<h1>poise-git report — {html.escape(exp.name)}</h1>",
         f"<p class='sub'>{html.escape(str(archive.path))} · generated {time.strftime('%Y-%m-%d %H:%M:%S')}</p>",
         "<table class='kv'>",
-        _kv("objective", obj.describe(exp)),
+        _kv("objective", obj.describe_objective(exp)),
     ]
     if exp.directive:
         parts.append(_kv("directive", exp.directive))

@@ -72,7 +72,7 @@ def with_objective(
     return dataclasses.replace(exp, **changes) if changes else exp
 
 
-def describe(exp: ExperimentConfig) -> str:
+def describe_objective(exp: ExperimentConfig) -> str:
     """A one-line statement of the objective, e.g. ``maximize overall - 0.002*mean_length``."""
     verb = "minimize" if metric_direction(exp.objective, exp)[0] == "min" else "maximize"
     s = f"{verb} {exp.objective}" + (

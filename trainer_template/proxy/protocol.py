@@ -75,7 +75,7 @@ class Eval:
 
 
 @dataclass(frozen=True)
-class Protocol:
+class ProxyProtocol:
     preset: str = "default"
     warmstart: WarmStart = field(default_factory=WarmStart)
     rl: RL = field(default_factory=RL)
@@ -96,18 +96,25 @@ class Protocol:
 
 
 PRESETS = {
-    "default": Protocol(),
-    "smoke": Protocol(  # the default warm start (shared checkpoint), a seconds-long RL run and evaluation
+    "default": ProxyProtocol(),
+    "smoke": ProxyProtocol(  # the default warm start (shared checkpoint), a seconds-long RL run and evaluation
         preset="smoke",
         rl=RL(
             steps=30, prompts=16, group=8, minibatches=2, lr=3e-4, k_power=1.0, collapse_window=8
         ),
         eval=Eval(prompts_per_split=12, samples=16),
     ),
+    # for tests only: the real code path (warm start, RL steps, held-out scoring) in a second or two;
+    # its numbers measure nothing and its protocol id keeps them apart from every other preset's
+    "tiny": ProxyProtocol(
+        preset="tiny",
+        rl=RL(steps=4, prompts=4, group=4, minibatches=1, warmup_steps=1, collapse_window=2),
+        eval=Eval(prompts_per_split=4, samples=8),
+    ),
 }
 
 
-def get_protocol(preset: str | None = None) -> Protocol:
+def get_protocol(preset: str | None = None) -> ProxyProtocol:
     name = preset or "default"
     if name not in PRESETS:
         raise ValueError(f"unknown proxy preset {name!r} (known: {', '.join(PRESETS)})")

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from trainer_template.proxy import task
 from trainer_template.proxy.model import TinyGPT
-from trainer_template.proxy.protocol import Protocol, WarmStart
+from trainer_template.proxy.protocol import ProxyProtocol, WarmStart
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "checkpoints"
 
@@ -83,7 +83,9 @@ def train_warmstart(ws: WarmStart, log=None) -> TinyGPT:
     return model
 
 
-def ensure_warmstart(protocol: Protocol, directory: str | Path | None = None, log=None) -> Path:
+def ensure_warmstart(
+    protocol: ProxyProtocol, directory: str | Path | None = None, log=None
+) -> Path:
     """The cached checkpoint for ``protocol.warmstart``, trained now if absent. Returns its path."""
     fname = f"warmstart-{protocol.warmstart_hash()}.pt"
     if (SHIPPED_DIR / fname).is_file() and directory is None:

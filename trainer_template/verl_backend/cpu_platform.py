@@ -154,7 +154,7 @@ def _platform_class():
 _REGISTERED: list[type] = []
 
 
-def register() -> type:
+def register_cpu_platform() -> type:
     """Register the CPU platform with verl's ``PlatformRegistry`` as ``cpu`` (idempotent)."""
     if _REGISTERED:
         return _REGISTERED[0]

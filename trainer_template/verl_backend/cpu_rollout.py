@@ -13,9 +13,9 @@ provides the three pieces under the rollout name ``poise_hf``:
 - :class:`HFReplica`: launches one server next to the workers (``RolloutReplicaRegistry``);
 - :class:`HFServerAdapter`: the worker-side adapter; ``update_weights`` gathers the full tensors and
   loads them into the server (``verl.workers.rollout.base._ROLLOUT_REGISTRY``, which has no
-  registration function, so :func:`register` adds the entry itself).
+  registration function, so :func:`register_hf_rollout` adds the entry itself).
 
-:func:`register` is called by the plugin in every verl process when ``VERL_PLATFORM=cpu``.
+:func:`register_hf_rollout` is called by the plugin in every verl process when ``VERL_PLATFORM=cpu``.
 """
 
 from __future__ import annotations
@@ -315,7 +315,7 @@ def adapter_class() -> type:
     return _CLASSES["adapter"]
 
 
-def register() -> None:
+def register_hf_rollout() -> None:
     """Make ``actor_rollout_ref.rollout.name=poise_hf`` resolvable by verl (idempotent; the classes
     are built on first use)."""
     from verl.workers.rollout import base

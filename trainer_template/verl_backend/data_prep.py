@@ -12,26 +12,26 @@ import json
 import random
 from pathlib import Path
 
+from evaluators.generation import SYSTEM_PROMPT  # the evaluation's prompt: one source
 from evaluators.grading import extract_boxed
 
 SOURCE = Path(__file__).resolve().parent / "data" / "math_train_l3to5.jsonl"
 SOURCE_SHA256 = "ecd6d3ea175c3a6a602ee74895aec0048af9089042d2b4f469166f4980d30651"
 DATA_SOURCE = "math_l3to5"
-SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
 
 
-def gold_answer(solution: str) -> str | None:
+def boxed_gold(solution: str) -> str | None:
     """The content of the last ``\\boxed{}`` of a MATH solution."""
     return extract_boxed(solution)
 
 
-def load_problems(path: Path = SOURCE) -> list[dict]:
+def load_math_problems(path: Path = SOURCE) -> list[dict]:
     """The shipped problems with a ``gold`` field (rows without a boxed answer are dropped)."""
     rows = []
     with open(path, encoding="utf-8") as fh:
         for i, line in enumerate(fh):
             obj = json.loads(line)
-            gold = gold_answer(obj["solution"])
+            gold = boxed_gold(obj["solution"])
             if gold:
                 rows.append({**obj, "gold": gold, "source_index": i})
     return rows
@@ -60,7 +60,7 @@ def sample_subset(
     n: int = 5000, seed: int = 0, path: Path = SOURCE
 ) -> tuple[list[dict], list[dict]]:
     """(train rows, validation rows): ``n`` problems drawn with ``random.Random(seed)``, the rest held out."""
-    problems = load_problems(path)
+    problems = load_math_problems(path)
     if not 0 < n <= len(problems):
         raise ValueError(f"cannot draw {n} problems from {len(problems)}")
     order = list(range(len(problems)))

@@ -28,7 +28,7 @@ DEFAULT_MODEL = "Qwen/Qwen2.5-Math-1.5B"
 
 
 @dataclass(frozen=True)
-class Protocol:
+class VerlProtocol:
     """The paper's standardized verl protocol (defaults) — every field a hydra setting."""
 
     model: str = DEFAULT_MODEL
@@ -102,7 +102,7 @@ def build_overrides(
     ckpt_dir: str,
     project: str,
     env_for_workers: Mapping[str, str],
-    protocol: Protocol = Protocol(),
+    protocol: VerlProtocol = VerlProtocol(),
     extra: Sequence[str] = (),
 ) -> list[str]:
     """Hydra overrides of verl's ``ppo_trainer`` config for ``node`` (its mechanism registered by name)."""
@@ -176,24 +176,25 @@ def _key(override: str) -> str:
 
 
 def prepare_launch(
-    archive,
     node: str,
+    source: str,
     *,
-    protocol: Protocol = Protocol(),
+    work_dir: str | Path,
+    tracking_uri: str,
+    run_id: str | None = None,
+    project: str = "poise",
+    protocol: VerlProtocol = VerlProtocol(),
     hparams: Mapping[str, Any] | None = None,
     extra: Sequence[str] = (),
     dry_run: bool = False,
-    run_id: str | None = None,
 ) -> Launch:
-    """Everything ``poise-git train NODE --backend verl`` needs. Unless ``dry_run``, writes the node's
-    algorithm.py, its hyperparameters and the parquet data under ``<archive>/.poise/verl`` and opens the
-    node's MLflow run (``MLFLOW_RUN_ID``)."""
-    from engine.archive.tracking import node_run, tracking_uri
+    """The verl launch of ``node`` whose algorithm.py is ``source``, from plain values (the engine
+    owns the archive and the MLflow run: ``tracking_uri`` and ``run_id`` are handed in). Unless
+    ``dry_run``, writes the algorithm, its hyperparameters and the parquet data under ``work_dir``."""
     from trainer_template.loader import load_algorithm, make_config
 
-    source = archive.algorithm(node)
     cfg = make_config(load_algorithm(source, node), hparams)
-    root = Path(archive.path).resolve() / ".poise" / "verl"
+    root = Path(work_dir).resolve()
     work, data = root / "nodes" / node, root / "data" / f"math_l3to5_n5000_seed{protocol.seed}"
     files = {
         "algorithm": str(work / "algorithm.py"),
@@ -212,11 +213,6 @@ def prepare_launch(
             from trainer_template.verl_backend.data_prep import write_parquet
 
             write_parquet(data, n=5000, seed=protocol.seed)
-        if run_id is None:
-            with node_run(
-                archive, node, run_name=f"{node}-verl", tags={"poise.backend": "verl"}
-            ) as run:
-                run_id = run.info.run_id
     env = {
         ENV_NODE: node,
         ENV_ALGORITHM_FILE: files["algorithm"],
@@ -225,10 +221,9 @@ def prepare_launch(
         "PYTHONPATH": os.pathsep.join(
             p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p
         ),
-        "MLFLOW_TRACKING_URI": tracking_uri(archive.path),
+        "MLFLOW_TRACKING_URI": tracking_uri,
         "MLFLOW_RUN_ID": run_id or "new-run-created-at-launch",
     }
-    project = getattr(getattr(archive.config(), "experiment", None), "name", None) or "poise"
     overrides = build_overrides(
         node,
         cfg,

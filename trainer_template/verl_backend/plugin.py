@@ -21,10 +21,10 @@ def register_cpu_shims() -> bool:
     """Register the CPU platform and rollout when ``VERL_PLATFORM=cpu``; True when it did."""
     if not cpu_platform.active():
         return False
-    cpu_platform.register()
+    cpu_platform.register_cpu_platform()
     from trainer_template.verl_backend import cpu_rollout
 
-    cpu_rollout.register()
+    cpu_rollout.register_hf_rollout()
     return True
 
 

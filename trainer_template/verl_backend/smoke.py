@@ -26,11 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from trainer_template.verl_backend import ENV_ALGORITHM_FILE, ENV_HPARAMS, ENV_NODE
-from trainer_template.verl_backend.launch import PLUGIN, PROJECT_ROOT, Launch, Protocol
+from trainer_template.verl_backend.launch import (
+    PLUGIN,
+    PROJECT_ROOT,
+    REWARD_FILE,
+    Launch,
+    VerlProtocol,
+)
 from trainer_template.verl_backend.launch import build_overrides as protocol_overrides
 
 PROTOCOL_ID = "verl-smoke"
-REWARD_FILE = Path(__file__).resolve().parent / "reward.py"
 
 
 @dataclass(frozen=True)
@@ -74,7 +79,7 @@ def write_data(out_dir: str | Path, model_dir: str | Path, proto: SmokeProtocol)
     import pandas as pd
     from transformers import AutoTokenizer
 
-    from trainer_template.verl_backend.data_prep import load_problems, sample_subset
+    from trainer_template.verl_backend.data_prep import load_math_problems, sample_subset
 
     out = Path(out_dir)
     paths = {"train": str(out / "train.parquet"), "val": str(out / "val.parquet")}
@@ -83,7 +88,9 @@ def write_data(out_dir: str | Path, model_dir: str | Path, proto: SmokeProtocol)
     if stamp.is_file() and json.loads(stamp.read_text(encoding="utf-8")) == want:
         return paths
     tok = AutoTokenizer.from_pretrained(str(model_dir))
-    rows, _ = sample_subset(len(load_problems()), seed=proto.seed)  # every problem, seeded order
+    rows, _ = sample_subset(
+        len(load_math_problems()), seed=proto.seed
+    )  # every problem, seeded order
     need = proto.steps * proto.prompts + proto.val_problems
     chosen = []
     for row in rows:
@@ -226,7 +233,7 @@ def prepare(
     env = worker_env(
         node, files, tracking_uri=tracking_uri, run_id=run_id, progress_file=files["progress"]
     )
-    protocol = Protocol(
+    protocol = VerlProtocol(
         model=str(model_dir),
         lr=proto.lr,
         train_batch_size=proto.prompts,

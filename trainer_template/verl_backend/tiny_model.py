@@ -1,7 +1,7 @@
 """A tiny randomly initialised Qwen2 policy and its tokenizer, built offline for the verl CPU smoke.
 
 Tokenizer: byte-level BPE (``tokenizers``) trained on the shipped MATH L3-5 problems and solutions,
-``VOCAB`` entries including the ChatML special tokens ``<|endoftext|>`` (padding), ``<|im_start|>``
+``TINY_VOCAB`` entries including the ChatML special tokens ``<|endoftext|>`` (padding), ``<|im_start|>``
 and ``<|im_end|>`` (end of a turn, the EOS), with a ChatML chat template, so verl's Qwen
 continuous-token builder (``model_type`` qwen2) applies unchanged. Model: ``Qwen2ForCausalLM`` from a
 ``Qwen2Config`` (``SPEC``), weights drawn with ``torch.manual_seed(seed)``; 656,512 parameters.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from trainer_template.verl_backend.data_prep import SOURCE, SOURCE_SHA256
 
-VOCAB = 2048
+TINY_VOCAB = 2048
 PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPEC = {
     "hidden_size": 128,
@@ -49,7 +49,7 @@ def _corpus(path: Path = SOURCE):
             yield row["solution"]
 
 
-def build_tokenizer(vocab: int = VOCAB):
+def build_tokenizer(vocab: int = TINY_VOCAB):
     """A ``PreTrainedTokenizerFast`` (byte-level BPE over the shipped MATH text; deterministic)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -74,7 +74,7 @@ def build_tokenizer(vocab: int = VOCAB):
 def build(out_dir: str | Path, seed: int = 0) -> Path:
     """Write the tokenizer and a seeded random ``Qwen2ForCausalLM`` into ``out_dir``; returns it."""
     out = Path(out_dir)
-    stamp = {"spec": SPEC, "vocab": VOCAB, "seed": seed, "data_sha256": SOURCE_SHA256}
+    stamp = {"spec": SPEC, "vocab": TINY_VOCAB, "seed": seed, "data_sha256": SOURCE_SHA256}
     marker = out / MARKER
     if marker.is_file() and json.loads(marker.read_text(encoding="utf-8")) == stamp:
         return out

@@ -46,6 +46,11 @@ def register(name: str):
     return deco
 
 
+def is_known(name: str) -> bool:
+    """``name`` is a built-in or a registered proposer (the built-ins are not imported for this)."""
+    return name in _REGISTRY or name in _BUILTINS
+
+
 def available() -> list[str]:
     for mod in _BUILTINS.values():
         importlib.import_module(mod)

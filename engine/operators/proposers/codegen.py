@@ -88,7 +88,6 @@ PRIOR_SPECS: dict[str, dict[str, Any]] = {
         },
     },
 }
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 LOSS_KNOBS = ("clip", "loss_agg", "kl", "entropy")
 DEFAULT_SPEC: dict[str, Any] = {
     "baseline": "group_mean",

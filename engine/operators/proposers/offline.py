@@ -19,7 +19,6 @@ from engine.archive.results import configured_protocol
 from engine.operators.proposers import register
 from engine.operators.proposers.codegen import (
     CONTINUOUS,
-    LOSS_AGG_MODES,
     LOSS_KNOBS,
     OPTIONS,
     PRIOR_SPECS,
@@ -28,6 +27,7 @@ from engine.operators.proposers.codegen import (
     owns,
     render,
 )
+from trainer_template.interface import LOSS_AGG_MODES
 
 MUTABLE = tuple(OPTIONS) + LOSS_KNOBS
 

@@ -1,0 +1,48 @@
+"""The library's ``logging`` records on stderr, rendered with rich: ``-v`` shows the engine's INFO
+records (what each operator does), ``-vv`` DEBUG (every git record, every loop event), ``-vvv`` also
+the libraries' own (MLflow, Optuna...). Without ``-v`` only warnings and errors show.
+
+The library only creates module loggers (``logging.getLogger(__name__)``); handlers are set here.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from rich.logging import RichHandler
+
+PACKAGES = ("engine", "trainer_template", "evaluators")
+"""the project's top-level packages: their loggers are the ones ``-v`` opens"""
+QUIET = ("mlflow", "alembic", "optuna", "urllib3", "httpx", "git")
+"""third-party loggers kept at WARNING below ``-vvv`` (MLflow announces every schema migration)"""
+
+
+def level_for(verbosity: int) -> int:
+    """WARNING with no ``-v``, INFO with one, DEBUG with two or more."""
+    return (logging.WARNING, logging.INFO)[verbosity] if verbosity < 2 else logging.DEBUG
+
+
+def setup_logging(verbosity: int, console) -> logging.Handler:
+    """Route the project's log records to the rich ``console`` (the CLI's stderr) at the level
+    ``verbosity`` asks for; returns the handler (it replaces one an earlier call installed)."""
+    level = level_for(verbosity)
+    handler = RichHandler(
+        console=console,
+        show_path=verbosity >= 2,
+        markup=False,
+        rich_tracebacks=False,
+        log_time_format="[%X]",
+    )
+    handler.setLevel(level)
+    handler.set_name(_NAME)
+    for name in PACKAGES:
+        logger = logging.getLogger(name)
+        logger.setLevel(level)
+        logger.handlers[:] = [h for h in logger.handlers if h.get_name() != _NAME] + [handler]
+        logger.propagate = False  # one line per record, whatever the root logger does
+    for name in QUIET:
+        logging.getLogger(name).setLevel(logging.DEBUG if verbosity >= 3 else logging.WARNING)
+    return handler
+
+
+_NAME = "poise-cli"

@@ -1,0 +1,55 @@
+"""Evaluations in threads of the loop's own process: the executor of in-process tests and debugging.
+
+The evaluation itself is the real one (``evaluate_node``: the proxy's seeds still run as limited,
+sandboxed processes and record their result), but there is no worker process around it: no
+whole-tree wall-clock limit beyond the seeds' own and nothing to kill on shutdown (a running
+evaluation is waited for). At scale the loop uses ``engine.loop.executor``'s worker processes.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+
+from engine.archive.store import Archive
+from engine.errors import PoiseError
+from engine.loop.executor import EvalJob, EvalOutcome, record_failure
+from engine.operators.evaluate import evaluate_node
+
+
+class InlineExecutor:
+    """At most ``workers`` evaluations at once, each ``evaluate_node`` in a thread of this process."""
+
+    kind = "inline"
+
+    def __init__(self, workers: int = 1):
+        self.workers = max(1, int(workers))
+        self._pool = cf.ThreadPoolExecutor(
+            max_workers=self.workers, thread_name_prefix="poise-inline"
+        )
+
+    def submit(self, job: EvalJob) -> cf.Future:
+        return self._pool.submit(evaluate_job, job)
+
+    def shutdown(self, kill: bool = False) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=kill)
+
+
+def evaluate_job(job: EvalJob) -> EvalOutcome:
+    """Run ``job`` here; an engine error (a failed warm start, a bad preset) fails the node with it."""
+    start = time.monotonic()
+    try:
+        result = evaluate_node(
+            Archive(job.archive),
+            job.node,
+            backend=job.backend,
+            seeds=job.seeds,
+            preset=job.preset,
+            timeout_s=job.timeout_s,
+            tags=job.tags,
+        )
+    except PoiseError as exc:
+        return record_failure(job, f"evaluation error: {exc}", time.monotonic() - start)
+    return EvalOutcome(
+        job.node, result.status, result.reason, result.value, time.monotonic() - start
+    )

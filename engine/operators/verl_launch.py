@@ -1,0 +1,49 @@
+"""The archive side of a verl launch: read the node's source, open its MLflow run, and hand plain values
+(paths, the tracking URI, the run id) to ``trainer_template.verl_backend.launch``, which never sees the
+archive."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from engine.archive.tracking import node_run, tracking_uri
+from trainer_template.loader import load_algorithm, make_config
+from trainer_template.verl_backend.launch import Launch, VerlProtocol, prepare_launch
+
+VERL_DIR = Path(".poise") / "verl"
+"""the node's algorithm, hyperparameters, checkpoints and the parquet data, under the archive"""
+
+
+def node_launch(
+    archive,
+    node: str,
+    *,
+    protocol: VerlProtocol = VerlProtocol(),
+    hparams: Mapping[str, Any] | None = None,
+    extra: Sequence[str] = (),
+    dry_run: bool = False,
+    run_id: str | None = None,
+) -> Launch:
+    """Everything ``poise-git train NODE --backend verl`` runs. Unless ``dry_run`` (or ``run_id`` is
+    given), opens the node's MLflow run, which verl's MLflow logger attaches to (``MLFLOW_RUN_ID``)."""
+    source = archive.algorithm(node)
+    make_config(load_algorithm(source, node), hparams)  # a bad source or --hparam opens no run
+    if not dry_run and run_id is None:
+        with node_run(
+            archive, node, run_name=f"{node}-verl", tags={"poise.backend": "verl"}
+        ) as run:
+            run_id = run.info.run_id
+    return prepare_launch(
+        node,
+        source,
+        work_dir=Path(archive.path).resolve() / VERL_DIR,
+        tracking_uri=tracking_uri(archive.path),
+        run_id=run_id,
+        project=archive.config().experiment.name or "poise",
+        protocol=protocol,
+        hparams=hparams,
+        extra=extra,
+        dry_run=dry_run,
+    )

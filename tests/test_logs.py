@@ -1,0 +1,79 @@
+"""The library logs through module loggers; ``poise-git -v`` shows those records on stderr (rich),
+``-vv`` the debug ones too; without ``-v`` only warnings show and stdout never carries the log."""
+
+from __future__ import annotations
+
+import io
+import logging
+
+import pytest
+from rich.console import Console
+
+from engine.cli.logs import PACKAGES, QUIET, setup_logging
+
+
+@pytest.fixture
+def restore_loggers():
+    names = (*PACKAGES, *QUIET)
+    saved = {
+        n: (
+            logging.getLogger(n).level,
+            list(logging.getLogger(n).handlers),
+            logging.getLogger(n).propagate,
+        )
+        for n in names
+    }
+    yield
+    for n, (level, handlers, propagate) in saved.items():
+        logger = logging.getLogger(n)
+        logger.setLevel(level)
+        logger.handlers[:] = handlers
+        logger.propagate = propagate
+
+
+@pytest.mark.parametrize(
+    ("verbosity", "shown", "hidden"),
+    [
+        (0, ["a warning"], ["an info", "a debug"]),
+        (1, ["a warning", "an info"], ["a debug"]),
+        (2, ["a warning", "an info", "a debug"], []),
+    ],
+)
+def test_verbosity_sets_what_the_engine_shows(restore_loggers, verbosity, shown, hidden):
+    out = io.StringIO()
+    setup_logging(verbosity, Console(file=out, width=200))
+    for pkg in PACKAGES:
+        log = logging.getLogger(f"{pkg}.somewhere")
+        log.warning("a warning from %s", pkg)
+        log.info("an info from %s", pkg)
+        log.debug("a debug from %s", pkg)
+    text = out.getvalue()
+    for pkg in PACKAGES:
+        for what in shown:
+            assert f"{what} from {pkg}" in text
+        for what in hidden:
+            assert f"{what} from {pkg}" not in text
+    # MLflow announces every schema migration at INFO: quiet below -vvv
+    assert logging.getLogger("mlflow").getEffectiveLevel() == logging.WARNING
+
+
+def test_the_cli_logs_on_stderr_only_with_v(archive, tmp_path, cli):
+    edit = tmp_path / "edit.py"
+    edit.write_text("def helper_scale() -> float:\n    return 1.0\n")
+    where = ("-C", str(archive.path))
+    quiet = cli("spawn", "grpo", "--name", "a", "--edit", str(edit), "--no-verify", *where)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "spawned a from grpo (" not in quiet.stderr + quiet.stdout
+    edit.write_text("def helper_scale() -> float:\n    return 2.0\n")  # another mechanism
+    loud = cli("-v", "spawn", "grpo", "--name", "b", "--edit", str(edit), "--no-verify", *where)
+    assert loud.returncode == 0, loud.stderr
+    assert "spawned b from grpo (" in loud.stderr and "spawned b from grpo (" not in loud.stdout
+    # a record commit is a DEBUG record: -vv shows it, -v does not
+    results = tmp_path / "r.json"
+    results.write_text('{"overall": 0.5}')
+    v = cli("-v", "record", "a", "--results", str(results), *where)
+    assert v.returncode == 0, v.stderr
+    assert "poise: results for a" not in v.stderr
+    vv = cli("-vv", "record", "b", "--results", str(results), *where)
+    assert vv.returncode == 0, vv.stderr
+    assert "poise: results for b" in vv.stderr and "poise: results for b" not in vv.stdout

@@ -1,0 +1,222 @@
+"""The loop in this process, no CLI: the offline proposer (or one scripted through the proposer
+registry), the proxy's ``tiny`` preset, evaluations in a thread (``engine.loop.inline``) that run the
+real proxy workers. A run interrupted mid-round resumes; a failed candidate does not stop its round
+and a budget stops the run cleanly; the archive's work tree stays clean and MLflow writes only inside
+the archive. (The CLI tests in test_loop.py, marked slow, run the same through worker processes.)"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from engine.archive.store import Archive
+from engine.loop.budget import Budget
+from engine.loop.core import Loop, RunOptions
+from engine.loop.inline import InlineExecutor
+from engine.loop.plan import RunPlan, resolve_plan
+from engine.loop.state import RUN_REF, load_run, pending_work
+from engine.operators.propose import Proposal
+from engine.operators.proposers import register
+
+PLAN = {"preset": "tiny", "seeds": 1, "parents": 1, "eval_timeout_s": 300}
+FINAL = ("evaluated", "failed", "rejected")
+
+
+def git_status(arch: Archive) -> str:
+    return subprocess.run(
+        ["git", "-C", str(arch.path), "status", "--porcelain"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
+def archive_with_root(tmp_path: Path) -> Archive:
+    """A new archive whose root carries a recorded proxy/tiny result (the candidates the loop makes
+    are evaluated for real; the root's figure only has to exist for the selection)."""
+    from results_util import record
+
+    arch = Archive.init(tmp_path / "exp")
+    record(arch, "grpo", {"overall": 0.5}, preset="tiny")
+    assert git_status(arch) == ""
+    return arch
+
+
+def run(arch: Archive, on_event=None, budget=(), resume=False, **plan):
+    opts = RunOptions(plan={**PLAN, **plan}, budget=Budget.parse(list(budget)), resume=resume)
+    return Loop(arch, opts, on_event, executor=InlineExecutor(1)).run()
+
+
+def children(arch: Archive) -> dict:
+    return {k: n for k, n in arch.nodes("proxy/tiny").items() if n.parents}
+
+
+def check_reflections_logged_inside(arch: Archive, kids: dict) -> None:
+    """Every reflected node's REFLECTION.md is an MLflow artifact under <archive>/mlruns."""
+    reflected = [n for n in kids.values() if n.status == "evaluated"]
+    artifacts = list((arch.path / "mlruns").rglob("REFLECTION.md"))
+    assert len(artifacts) >= len(reflected)
+    for n in reflected:
+        assert arch.read_file(n.name, "REFLECTION.md")
+
+
+def test_resume_after_an_interrupted_round(tmp_path):
+    arch = archive_with_root(tmp_path)
+
+    def interrupt_before_evaluating(event: dict) -> None:
+        if event["kind"] == "stage" and event["stage"] == "evaluate":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(arch, on_event=interrupt_before_evaluating, rounds=1, population=1)
+    rec = load_run(arch)
+    assert rec.data["status"] == "stopped" and "interrupted" in rec.data["stop_reason"]
+    (kid,) = children(arch).values()
+    assert kid.status == "verified" and pending_work(arch, arch.nodes("proxy/tiny")).evaluate == [
+        kid.name
+    ]
+    assert git_status(arch) == ""
+
+    events: list[dict] = []
+    summary = run(arch, on_event=events.append, resume=True)
+    assert summary.run_id == rec.id and summary.stop_reason == "finished 1 round(s)"
+    kids = children(arch)
+    assert list(kids) == [kid.name]  # finished, not proposed again
+    assert kids[kid.name].status in ("evaluated", "failed")
+    assert any(e["kind"] == "log" and "finishing 1 pending" in e["msg"] for e in events)
+    assert load_run(arch).data["status"] == "finished"
+    subjects = arch.git.text("log", "--format=%s", RUN_REF).splitlines()
+    assert any("resumed" in s for s in subjects) and any("stopped" in s for s in subjects)
+    assert not pending_work(arch, arch.nodes("proxy/tiny"))
+    check_reflections_logged_inside(arch, kids)
+    assert git_status(arch) == "" and arch.fsck()
+
+
+_LOSS_SIGNATURE = """def policy_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    cfg: Hyperparameters,
+    ref_log_prob: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+    state: TrainingState | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+"""
+_LOSS_BODY = """    pg_losses, _ = ppo_clip_loss(
+        log_prob, old_log_prob, advantages, cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.clip_ratio_c
+    )
+    loss = {scale} * agg_loss(pg_losses, response_mask, cfg.loss_agg_mode)
+"""
+DIVERGES_LATE = (
+    _LOSS_SIGNATURE
+    + '    """GRPO\'s loss x1.5 that turns NaN at the last step of a training run."""\n'
+    + _LOSS_BODY.format(scale="1.5")
+    + "    if state is not None and state.total_steps > 1 and state.step == state.total_steps - 1:\n"
+    + '        loss = loss * float("nan")\n'
+    + '    return loss, {"pg_loss": float(loss.detach())}\n'
+)
+HALF_STEP = (
+    _LOSS_SIGNATURE
+    + '    """GRPO\'s loss at half the step size."""\n'
+    + _LOSS_BODY.format(scale="0.5")
+    + '    return loss, {"pg_loss": float(loss.detach())}\n'
+)
+
+
+@register("scripted-for-tests")
+class ScriptedProposer:
+    """Two fixed proposals through the real registry: one diverges in training, one is sound."""
+
+    def __init__(self, llm=None):
+        pass
+
+    def propose(self, archive, parent, context, cfg, n, seed):
+        return [
+            Proposal(
+                name="late-divergence",
+                motivation="a loss that breaks only in real training",
+                mechanism="GRPO loss x1.5, NaN at the last step",
+                expected_effect="fails its evaluation",
+                edit=DIVERGES_LATE,
+                expected_gain=0.9,
+            ),
+            Proposal(
+                name="half-step",
+                motivation="a smaller step",
+                mechanism="GRPO loss x0.5",
+                expected_effect="slower, stable learning",
+                edit=HALF_STEP,
+                expected_gain=0.1,
+            ),
+        ][:n]
+
+    def revise(self, archive, parent, proposal, failure, cfg, node=None):
+        return None
+
+
+def test_a_failed_candidate_does_not_stop_the_round_and_a_budget_stops_the_run(tmp_path):
+    arch = archive_with_root(tmp_path)
+    summary = run(
+        arch, rounds=2, population=2, proposer="scripted-for-tests", budget=["candidates=2"]
+    )
+    # round 1 went on past the failure; the budget then stopped the run before round 2
+    kids = children(arch)
+    assert {n: k.status for n, k in kids.items()} == {
+        "late-divergence": "failed",
+        "half-step": "evaluated",
+    }
+    failed = kids["late-divergence"]
+    assert "NaN" in failed.trailer("Poise-Reason") and failed.results["proxy/tiny"].reason
+    assert summary.counts["failed"] == 1 and summary.counts["evaluated"] == 1
+    assert summary.stop_reason == "candidate budget exhausted: used 2 of 2"
+    rec = load_run(arch)
+    assert rec.data["status"] == "stopped" and rec.data["completed_round"] == 1
+    assert rec.data["stop_reason"] == summary.stop_reason
+    # the plan is recorded whole and reads back as the same RunPlan
+    assert resolve_plan(arch.config(), {}, recorded=rec.data["plan"]) == RunPlan(
+        rounds=2,
+        parents=1,
+        population=2,
+        seeds=1,
+        preset="tiny",
+        eval_timeout_s=300.0,
+        proposer="scripted-for-tests",
+    )
+    assert not pending_work(arch, arch.nodes("proxy/tiny"))  # nothing left half done
+    check_reflections_logged_inside(arch, kids)
+    assert git_status(arch) == "" and arch.fsck()
+
+
+def test_the_work_tree_stays_clean_through_spawn_and_record(tmp_path):
+    """init checks the root out detached; records move the branches only (evaluations: above)."""
+    from results_util import record
+
+    arch = Archive.init(tmp_path / "exp")
+    assert git_status(arch) == ""
+    arch.spawn("grpo", "kid", edit=HALF_STEP)
+    assert git_status(arch) == ""
+    record(arch, "grpo", {"overall": 0.5})
+    record(arch, "kid", {"overall": 0.6})
+    arch.set_status("kid", "evaluated")
+    assert git_status(arch) == "" and arch.fsck()
+    assert (arch.path / "algorithm.py").read_text() == arch.read_file(
+        "grpo", "algorithm.py", arch.spawn_commit("grpo")
+    )
+
+
+def test_an_old_archive_gets_a_clean_work_tree_when_opened(tmp_path):
+    """Archives made before the detached checkout had HEAD on poise/grpo: opening one detaches it at
+    the commit that was checked out, leaving the files as they are."""
+    from results_util import record
+
+    arch = Archive.init(tmp_path / "exp")
+    first = arch.tip("grpo")
+    arch.git.run("symbolic-ref", "HEAD", "refs/heads/poise/grpo")  # the old layout
+    record(arch, "grpo", {"overall": 0.5})
+    assert git_status(arch) != ""  # the old symptom: the record shows as a staged change
+    reopened = Archive(arch.path)
+    assert git_status(reopened) == ""
+    assert reopened.git.text("rev-parse", "HEAD").strip() == first
