@@ -53,10 +53,6 @@ class _State:
 _S = _State()
 
 
-def mode() -> str:
-    return _S.mode
-
-
 def set_scope(scope: str) -> None:
     _S.scope = scope
 
@@ -146,8 +142,8 @@ def _record(key: str, fn, args: tuple, kwargs: dict, name: str) -> Any:
 def _replay(key: str, args: tuple, kwargs: dict) -> Any:
     rec = _entry(key, codec.digest(args, kwargs))
     for path, value in (rec.get("mutated") or {}).items():
-        codec.set_slot(args, kwargs, str(path), codec.decode(value))
-    out = codec.decode(rec.get("out"))
+        codec.set_slot(args, kwargs, str(path), codec.decode_value(value))
+    out = codec.decode_value(rec.get("out"))
     grads = rec.get("grads") or {}
     if not isinstance(grads, dict):
         raise codec.RecordingError("recorded gradients are malformed")
@@ -162,7 +158,7 @@ def _replay(key: str, args: tuple, kwargs: dict) -> Any:
             if not isinstance(pair, list) or len(pair) != 2 or pair[0] not in ins:
                 raise codec.RecordingError("recorded gradients name no input")
             leaf = ins[pair[0]]
-            g = None if pair[1] is None else codec.decode(pair[1])
+            g = None if pair[1] is None else codec.decode_value(pair[1])
             if g is not None and tuple(g.shape) != tuple(leaf.shape):
                 raise codec.RecordingError("a recorded gradient has the wrong shape")
             leaves.append(leaf)
@@ -236,7 +232,7 @@ def load_candidate(path: str | Path, key: str = "session") -> Any:
         return _S.module
     rec = _entry(f"{key}#load")
     fields = rec.get("fields") if isinstance(rec.get("fields"), dict) else {}
-    takes = codec.decode(fields["takes_state"]) is True if "takes_state" in fields else False
+    takes = codec.decode_value(fields["takes_state"]) is True if "takes_state" in fields else False
     return types.SimpleNamespace(
         compute_advantages=CandidateFunction("compute_advantages"),
         policy_loss=CandidateFunction("policy_loss", None, takes),
@@ -288,5 +284,5 @@ def config(mod: Any, key: str = "session") -> Any:
     if not isinstance(fields, dict) or len(fields) > codec.MAX_ITEMS:
         raise codec.RecordingError("the recorded hyperparameters are malformed")
     return types.SimpleNamespace(
-        **{str(k): codec.decode(v) for k, v in fields.items() if str(k).isidentifier()}
+        **{str(k): codec.decode_value(v) for k, v in fields.items() if str(k).isidentifier()}
     )

@@ -1,7 +1,7 @@
 """Plain-data encoding of what a candidate's function received and returned.
 
 ``encode`` turns a value into JSON-ready data (tensors as dtype, shape and a flat list of numbers;
-NaN / inf kept), ``decode`` rebuilds it on the trusted side with strict checks, ``digest`` names the
+NaN / inf kept), ``decode_value`` rebuilds it on the trusted side with strict checks, ``digest`` names the
 content of a call's inputs, and ``slots`` lists the tensors a call could mutate. In the recording
 child the tensor accessors are the C methods captured at import (they cannot be replaced from Python);
 a candidate that subverts its own interpreter can still misreport its own outputs, which only
@@ -107,7 +107,7 @@ def _opaque(name: Any) -> Any:
     return type(name if name[0].isalpha() else "obj_" + name, (Opaque,), {})()
 
 
-def decode(d: Any, depth: int = 0) -> Any:
+def decode_value(d: Any, depth: int = 0) -> Any:
     """The value ``encode`` described (tensors without grad; see ``with_grads``)."""
     if not isinstance(d, dict) or depth > MAX_DEPTH + 1:
         raise RecordingError("a recorded value is not an encoded object")
@@ -142,7 +142,7 @@ def decode(d: Any, depth: int = 0) -> Any:
         items = d.get("items")
         if not isinstance(items, list) or len(items) > MAX_ITEMS:
             raise RecordingError("a recorded sequence is malformed")
-        vals = [decode(v, depth + 1) for v in items]
+        vals = [decode_value(v, depth + 1) for v in items]
         return tuple(vals) if t == "tuple" else vals
     if t == "dict":
         items = d.get("items")
@@ -152,10 +152,10 @@ def decode(d: Any, depth: int = 0) -> Any:
         for pair in items:
             if not isinstance(pair, list) or len(pair) != 2:
                 raise RecordingError("a recorded dict item is malformed")
-            k = decode(pair[0], depth + 1)
+            k = decode_value(pair[0], depth + 1)
             if not isinstance(k, (str, int, float, bool, type(None))):
                 raise RecordingError("a recorded dict key is not plain data")
-            out[k] = decode(pair[1], depth + 1)
+            out[k] = decode_value(pair[1], depth + 1)
         return out
     if t == "object":
         return _opaque(d.get("type", "object"))

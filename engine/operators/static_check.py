@@ -82,7 +82,6 @@ SAFE_CALLS = (
     "min", "max", "abs", "round", "field", "dataclasses.field",
 )  # fmt: skip
 FACTORIES = ("list", "dict", "set", "tuple", "frozenset")
-MAX_SOURCE_BYTES = 100_000
 _DUNDER_TEXT = re.compile(r"__\w+__")
 _BANNED_EXC = ("BaseException", "SystemExit", "KeyboardInterrupt", "GeneratorExit")
 

@@ -36,7 +36,7 @@ MODES = ("auto", "bwrap", "none")
 INPUT = "/input"
 SCRATCH = "/scratch"
 PROJECT = Path(__file__).resolve().parents[2]
-PACKAGES = ("engine", "trainer_template", "evaluators")
+MOUNTED_PACKAGES = ("engine", "trainer_template", "evaluators")
 ETC_FILES = (
     "/etc/ld.so.cache",
     "/etc/ld.so.conf",
@@ -138,7 +138,7 @@ def readonly_paths() -> list[str]:
         paths.add(str(exe.resolve().parent.parent))
     except OSError:
         pass
-    paths.update(str(PROJECT / p) for p in PACKAGES if (PROJECT / p).is_dir())
+    paths.update(str(PROJECT / p) for p in MOUNTED_PACKAGES if (PROJECT / p).is_dir())
     out = sorted({str(Path(p)) for p in paths if p and Path(p).exists() and p != "/"})
     # a path under another one is covered by the outer bind; "/usr" is bound separately
     kept: list[str] = []

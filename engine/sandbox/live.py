@@ -28,7 +28,7 @@ def stopping() -> bool:
     return _stopping.is_set()
 
 
-def kill_tree(pid: int) -> None:
+def kill_sandbox_tree(pid: int) -> None:
     """SIGKILL ``pid``'s process group and every descendant (under bwrap, the whole namespace dies
     with its first process)."""
     try:
@@ -53,4 +53,4 @@ def kill_all() -> None:
     with _lock:
         procs = list(_live)
     for proc in procs:
-        kill_tree(proc.pid)
+        kill_sandbox_tree(proc.pid)

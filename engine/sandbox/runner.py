@@ -332,4 +332,4 @@ def _kill(proc: subprocess.Popen, b) -> None:
         except (ProcessLookupError, PermissionError):
             pass
     else:
-        live.kill_tree(proc.pid)
+        live.kill_sandbox_tree(proc.pid)
