@@ -19,7 +19,10 @@ ENTRY_POINTS = {
     "trainer_template/proxy/worker.py": "the proxy's seed worker: the warm start's path on stdout, "
     "its build log and a candidate's traceback on stderr",
     "engine/loop/executor.py": "the loop's evaluation worker: one result line on stdout",
-    "engine/operators/fingerprint.py": "the fingerprint child: one JSON line on stdout",
+    "engine/operators/verify_child.py": "verification's and fingerprinting's children: frames on "
+    "the channel the engine owns (recordings, verdicts, fingerprints)",
+    "engine/sandbox/launch.py": "the first code of every sandboxed child: limits, then the target",
+    "engine/sandbox/exec_source.py": "raw code behind the boundary (its self-check, the corpus)",
 }
 RENDERERS = ("rich", "tqdm", "typer", "click")
 """drawing and CLI libraries: the CLI package alone imports them"""

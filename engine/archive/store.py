@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import math
 import re
 import subprocess
 import sys
@@ -35,6 +36,7 @@ from engine.errors import ArchiveError
 from trainer_template import ALGORITHM_FILE
 
 log = logging.getLogger(__name__)
+_WARNED: set[tuple[str, str, str]] = set()
 REF_PREFIX = "refs/heads/poise/"
 ROOT_NAME = "grpo"
 ALGORITHM = "algorithm.py"
@@ -109,6 +111,36 @@ class Node:
         return vals[-1] if vals else default
 
 
+def _node_from(name: str, oid: str, kind: str, msg: str) -> tuple[Node | None, str]:
+    """The node a ref under refs/heads/poise/ describes, or (None, what is wrong with it)."""
+    if kind != "commit":
+        return None, f"it points to a {kind}, not a commit"
+    if not _NAME_RE.match(name) or name.endswith(".lock"):
+        return None, "its name is not a poise-git node name"
+    tr = parse_trailers(msg)
+    status = (tr.get("Poise-Status") or ["spawned"])[-1]
+    if status not in STATUSES:
+        return None, f"its Poise-Status {status[:40]!r} is unknown"
+    try:
+        created = float((tr.get("Poise-Created") or ["0"])[-1])
+    except ValueError:
+        return None, "its Poise-Created trailer is not a number"
+    if not math.isfinite(created):
+        return None, "its Poise-Created trailer is not a number"
+    return (
+        Node(
+            name=name,
+            commit=oid,
+            parents=tuple(tr.get("Poise-Parent", [])),
+            status=status,
+            created=created,
+            trailers=tr,
+            subject=msg.splitlines()[0] if msg else "",
+        ),
+        "",
+    )
+
+
 def parse_trailers(message: str) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for key, value in _TRAILER_RE.findall(message):
@@ -126,6 +158,8 @@ class Archive:
                 f"{self.path} is not a poise-git archive (no git repository; run `poise-git init`)"
             )
         self.git = Git(self.path)
+        self.skipped: dict[str, str] = {}
+        """refs under refs/heads/poise/ the last ``nodes()`` ignored, with the reason"""
         if (
             not self.git.ok("rev-parse", "--verify", "-q", REF_PREFIX + ROOT_NAME)
             and not self._any_node()
@@ -201,25 +235,24 @@ class Archive:
 
         ``protocol`` (a :class:`ProtocolRef`, or ``id`` / ``id@hash``; default: the experiment's
         configured one) is the protocol whose result each node's ``result`` holds."""
-        fmt = "%(refname)%1f%(objectname)%1f%(contents)%1e"
+        fmt = "%(refname)%1f%(objectname)%1f%(objecttype)%1f%(contents)%1e"
         out = self.git.text("for-each-ref", f"--format={fmt}", REF_PREFIX)
         nodes: dict[str, Node] = {}
+        self.skipped: dict[str, str] = {}
         for rec in out.split("\x1e"):
             rec = rec.lstrip("\n")
             if not rec:
                 continue
-            ref, oid, msg = rec.split("\x1f", 2)
+            ref, oid, kind, msg = rec.split("\x1f", 3)
             name = ref[len(REF_PREFIX) :]
-            tr = parse_trailers(msg)
-            nodes[name] = Node(
-                name=name,
-                commit=oid,
-                parents=tuple(tr.get("Poise-Parent", [])),
-                status=(tr.get("Poise-Status") or ["spawned"])[-1],
-                created=float((tr.get("Poise-Created") or ["0"])[-1]),
-                trailers=tr,
-                subject=msg.splitlines()[0] if msg else "",
-            )
+            node, problem = _node_from(name, oid, kind, msg)
+            if node is None:  # a foreign or malformed ref: named, then ignored
+                self.skipped[ref] = problem
+                if (str(self.path), ref, oid) not in _WARNED:
+                    _WARNED.add((str(self.path), ref, oid))
+                    log.warning("poise-git: ignoring %s: %s", ref, problem)
+                continue
+            nodes[name] = node
         wanted = [(n, p) for n in nodes.values() for p in _result_paths(n)]
         blobs = self.git.cat_blobs([f"{n.commit}:{p}" for n, p in wanted])
         for (n, p), blob in zip(wanted, blobs):
@@ -227,7 +260,7 @@ class Archive:
                 continue
             try:
                 r = parse_result(blob, f"{n.name}:{p}")
-            except ArchiveError:
+            except (ArchiveError, KeyError, TypeError, ValueError, RecursionError):
                 continue  # unreadable: the node shows as not evaluated, `poise-git show` says why
             n.results[r.protocol.id] = r
         ref = self._protocol_ref(protocol)

@@ -102,6 +102,9 @@ def node_run(
     if n.trailer("Poise-Round"):
         all_tags["poise.round"] = n.trailer("Poise-Round")
     all_tags.update(tags or {})
+    from engine import secrets
+
+    all_tags = {k: secrets.scrub(str(v)) for k, v in all_tags.items()}
     with mlflow.start_run(experiment_id=exp_id, run_name=run_name or node, tags=all_tags) as run:
         yield run
 

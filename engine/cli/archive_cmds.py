@@ -23,7 +23,9 @@ from engine.errors import ArchiveError, EditError, PoiseError
 def _read_text(path: Path, what: str) -> str:
     if not path.is_file():
         raise PoiseError(f"{what} {path} does not exist")
-    return path.read_text(encoding="utf-8")
+    from engine.archive.edit import decode_source
+
+    return decode_source(path.read_bytes(), f"{what} {path}")
 
 
 def _fmt(v: float | None) -> str:
@@ -190,7 +192,11 @@ def _prior_edit(prior: str, name: str | None, edit: Path | None):
 
 def check_syntax(source: str, path: Path) -> None:
     """Refuse a Python file that does not parse, in one line naming its file, line and column as
-    Python does (``File "e.py", line 3, column 9``) and quoting the offending line."""
+    Python does (``File "e.py", line 3, column 9``) and quoting the offending line. The parser bounds
+    (size, NUL bytes, nesting, operator chains) come first: ``compile`` itself recurses on deep code."""
+    from engine.archive.edit import check_bounds
+
+    check_bounds(source, "the edit")
     try:
         compile(source, str(path), "exec", dont_inherit=True)
     except SyntaxError as exc:

@@ -143,6 +143,9 @@ class LLMClient:
         if self._client is None:
             import openai  # lazy: openai is heavy (only this path needs it)
 
+            from engine import secrets
+
+            secrets.register_env(self.cfg.api_key_env)
             key = os.environ.get(self.cfg.api_key_env, "")
             if not key:
                 if not self.base_url:
