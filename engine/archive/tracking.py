@@ -12,6 +12,8 @@ import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from engine import secrets
+
 log = logging.getLogger(__name__)
 MLFLOW_DB = "mlflow.db"
 ARTIFACTS = "mlruns"
@@ -102,7 +104,6 @@ def node_run(
     if n.trailer("Poise-Round"):
         all_tags["poise.round"] = n.trailer("Poise-Round")
     all_tags.update(tags or {})
-    from engine import secrets
 
     all_tags = {k: secrets.scrub(str(v)) for k, v in all_tags.items()}
     with mlflow.start_run(experiment_id=exp_id, run_name=run_name or node, tags=all_tags) as run:

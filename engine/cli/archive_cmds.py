@@ -11,7 +11,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.tree import Tree
 
-from engine.archive.edit import apply_edit
+from engine.archive.edit import apply_edit, check_bounds, decode_source
 from engine.archive.results import from_record
 from engine.archive.store import ALGORITHM, Archive, Node, check_name
 from engine.cli import EXIT_REJECTED, ArchiveOpt, console, fail
@@ -23,7 +23,6 @@ from engine.errors import ArchiveError, EditError, PoiseError
 def _read_text(path: Path, what: str) -> str:
     if not path.is_file():
         raise PoiseError(f"{what} {path} does not exist")
-    from engine.archive.edit import decode_source
 
     return decode_source(path.read_bytes(), f"{what} {path}")
 
@@ -194,8 +193,6 @@ def check_syntax(source: str, path: Path) -> None:
     """Refuse a Python file that does not parse, in one line naming its file, line and column as
     Python does (``File "e.py", line 3, column 9``) and quoting the offending line. The parser bounds
     (size, NUL bytes, nesting, operator chains) come first: ``compile`` itself recurses on deep code."""
-    from engine.archive.edit import check_bounds
-
     check_bounds(source, "the edit")
     try:
         compile(source, str(path), "exec", dont_inherit=True)

@@ -21,7 +21,15 @@ from importlib import metadata
 from pathlib import Path
 
 from engine.archive.results import EvaluationResult, Protocol, now
+from engine.archive.tracking import node_run
 from engine.errors import EvaluationError
+from engine.operators.evaluate_seed import run_seed
+from engine.operators.evaluate_verl import evaluate_node_verl
+from engine.operators.verify import refuse_unverified
+from engine.sandbox.limits import Limits
+from engine.sandbox.process import run_limited, trusted_env
+from engine.secrets import scrub
+from trainer_template.proxy.protocol import PRESETS, get_protocol, metric_unit
 
 log = logging.getLogger(__name__)
 TRAJECTORY_POINTS = 100
@@ -136,8 +144,6 @@ def evaluate_node(
     ``seeds``: a count N (seeds 0..N-1) or an explicit list; default ``[evaluation].seeds``.
     ``preset``: the proxy protocol preset (default ``[proxy].preset``). ``on_event``: progress lines.
     """
-    from trainer_template.proxy.protocol import PRESETS, get_protocol
-
     say = _reporter(name, on_event)
     if backend not in ("proxy", "verl"):
         raise EvaluationError(
@@ -146,8 +152,6 @@ def evaluate_node(
         )
     _require_verified(archive, name)
     if backend == "verl":
-        from engine.operators.evaluate_verl import evaluate_node_verl
-
         return evaluate_node_verl(
             archive,
             name,
@@ -220,8 +224,6 @@ def evaluate_node(
 
 
 def _require_verified(archive, name: str) -> None:
-    from engine.operators.verify import refuse_unverified
-
     refuse_unverified(archive, name, "evaluate")
 
 
@@ -241,11 +243,6 @@ def _run(
     prior_status,
     t_start,
 ) -> EvaluationResult:
-    from engine.operators.evaluate_seed import run_seed
-    from engine.sandbox.limits import Limits
-    from engine.sandbox.process import run_limited, trusted_env
-    from trainer_template.proxy.protocol import metric_unit
-
     cache_dir = cache_dir or cfg.proxy.cache_dir or None
     env = trusted_env({"POISE_CACHE_DIR": str(Path(cache_dir).expanduser())} if cache_dir else None)
     say(f"warm start ({preset}) ...")
@@ -362,11 +359,8 @@ def _log_mlflow(
 ) -> dict[int, str]:
     """One MLflow run per seed: protocol params, per-step train/* metrics (batched), eval/* metrics."""
     try:
-        from mlflow.entities import Metric, Param
-        from mlflow.tracking import MlflowClient
-
-        from engine.archive.tracking import node_run
-        from engine.secrets import scrub
+        from mlflow.entities import Metric, Param  # lazy: mlflow is heavy (only this path needs it)
+        from mlflow.tracking import MlflowClient  # lazy: mlflow is heavy (only this path needs it)
     except Exception as exc:  # pragma: no cover - mlflow is a dependency
         say(f"MLflow unavailable: {exc}")
         return {}

@@ -17,6 +17,13 @@ import math
 import threading
 from collections.abc import Sequence
 
+from engine.operators.recording import Recorder
+from engine.sandbox import boundary
+from engine.sandbox.channel import ChannelError
+from engine.sandbox.limits import Limits
+from engine.sandbox.runner import Feed, run_sandboxed
+from trainer_template.loader import make_config
+
 DUPLICATE_TOL = 1e-3
 BANK_NAMES = (
     "mixed",
@@ -31,8 +38,9 @@ BANK_NAMES = (
 
 def bank():
     """The fixed synthetic batches: ``{name: RolloutBatch}`` (groups of 8; deterministic)."""
-    import torch
+    import torch  # lazy: torch is heavy (only this path needs it)
 
+    # lazy: torch is heavy (only this path needs it)
     from trainer_template.interface import RolloutBatch
 
     def mk(correct, valid=None, lengths=None, group=None, g=8):
@@ -83,7 +91,7 @@ def bank():
 
 def loss_probes():
     """Fixed [B=4, T=6] probes: log-probs whose ratios cross both clip edges, advantages of both signs."""
-    import torch
+    import torch  # lazy: torch is heavy (only this path needs it)
 
     g = torch.Generator().manual_seed(1234)
     old = -torch.rand(4, 6, generator=g) * 3 - 0.1
@@ -99,10 +107,10 @@ def loss_probes():
 
 def compute(module, cfg=None) -> list[float]:
     """The fingerprint vector of a loaded algorithm module (NaN/inf kept as large sentinels)."""
-    import torch
+    import torch  # lazy: torch is heavy (only this path needs it)
 
+    # lazy: torch is heavy (only this path needs it)
     from trainer_template.interface import TrainingState, call_policy_loss
-    from trainer_template.loader import make_config
 
     # mid-training, entropy below a typical target: loss-side controllers show their effect
     probe_state = TrainingState(progress=0.5, step=50, total_steps=101, entropy=0.05)
@@ -197,11 +205,6 @@ def fingerprints(
     that replays the recording and loads no candidate code."""
     if not sources:
         return []
-    from engine.operators.recording import Recorder
-    from engine.sandbox import boundary
-    from engine.sandbox.channel import ChannelError
-    from engine.sandbox.limits import Limits
-    from engine.sandbox.runner import Feed, run_sandboxed
 
     b = boundary.resolve()
     limits = Limits(wall_s=timeout_s, cpu_s=timeout_s, memory_mb=memory_mb)

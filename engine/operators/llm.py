@@ -21,6 +21,7 @@ from typing import Any
 
 import jsonschema
 
+from engine import secrets
 from engine.errors import PoiseError
 
 LLM_REF_PREFIX = "refs/poise-llm/"
@@ -142,8 +143,6 @@ class LLMClient:
     def _openai(self):
         if self._client is None:
             import openai  # lazy: openai is heavy (only this path needs it)
-
-            from engine import secrets
 
             secrets.register_env(self.cfg.api_key_env)
             key = os.environ.get(self.cfg.api_key_env, "")

@@ -13,10 +13,15 @@ A call is named by the current scope (the test's node id, ``fingerprint``...) an
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import json
 import os
 import types
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from engine.operators import probe_codec as codec
 from trainer_template.channel import Channel
@@ -72,8 +77,6 @@ def _channel() -> Channel:
 
 def _recording() -> dict[str, Any]:
     if _S.recording is None:
-        import json
-
         data = json.loads(Path(os.environ[RECORDING_ENV]).read_text(encoding="utf-8"))
         _S.recording = data.get("calls", {})
         _S.ended = str(data.get("ended", ""))
@@ -104,8 +107,6 @@ def _describe(exc: BaseException) -> str:
 
 def _record(key: str, fn, args: tuple, kwargs: dict, name: str) -> Any:
     """Run ``fn`` in the recording child, bracketed by begin / end frames."""
-    import torch
-
     ch = _channel()
     ins = codec.slots(args, kwargs)
     before = {p: (id(t), codec.tensor_digest(t)) for p, t in ins.items()}
@@ -172,8 +173,6 @@ class CandidateFunction:
     whether the real function takes ``state`` (``call_policy_loss`` reads it), nothing more."""
 
     def __init__(self, name: str, fn=None, takes_state: bool = False):
-        import inspect
-
         self.__name__ = name
         self._fn = fn
         params = [inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL)]
@@ -242,8 +241,6 @@ def load_candidate(path: str | Path, key: str = "session") -> Any:
 
 def _takes_state(fn) -> bool:
     """Whether ``policy_loss`` has a ``state`` parameter (as ``call_policy_loss`` decides)."""
-    import inspect
-
     try:
         return "state" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -255,8 +252,6 @@ def config(mod: Any, key: str = "session") -> Any:
     if _S.mode == "direct":
         return make_config(mod)
     if _S.mode == "record":
-        import dataclasses
-
         ch = _channel()
         ch.send({"type": "begin", "key": f"{key}#config", "fn": "config", "digest": ""})
         try:

@@ -19,8 +19,17 @@ import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from engine.archive.edit import prior_source
 from engine.errors import EvaluationError, PoiseError
+from engine.operators.recording import Recorder
+from engine.operators.static_check import static_check
 from engine.operators.verify_suite import CONFTEST, INTENT_TESTS, INTERFACE_TESTS, intent_suite
+from engine.sandbox import boundary as _boundary
+from engine.sandbox.channel import ChannelError
+from engine.sandbox.limits import Limits
+from engine.sandbox.runner import Feed, run_sandboxed
+from trainer_template import ALGORITHM_FILE
+from trainer_template.priors import list_priors
 
 VERIFICATION = "verification.json"
 
@@ -36,8 +45,6 @@ class VerifyLimits:
 
     def sandbox(self):
         """The sandbox limits of one verification child."""
-        from engine.sandbox.limits import Limits
-
         return Limits(wall_s=self.timeout_s, cpu_s=self.cpu_s, memory_mb=self.memory_mb)
 
     @classmethod
@@ -89,11 +96,6 @@ def run_suite(
        (raw outputs; each call within ``limits.call_s``, the parent's deadline).
     2. A second sandboxed child that loads no candidate code runs the same suite against the
        recording; its result is the verdict. Nothing either child writes to a file is read back."""
-    from engine.operators.recording import Recorder
-    from engine.sandbox import boundary as _boundary
-    from engine.sandbox.channel import ChannelError
-    from engine.sandbox.runner import Feed, run_sandboxed
-
     b = boundary or _boundary.resolve()
     box = limits.sandbox()
     tests = {path: text.encode() for path, text in files.items()}
@@ -175,8 +177,6 @@ def verify_source(
     source: str, parent_source: str | None, intents=(), limits: VerifyLimits | None = None
 ) -> VerifyResult:
     """Static checks, then the generated suite in a sandbox (nothing recorded)."""
-    from engine.operators.static_check import static_check
-
     limits = limits or VerifyLimits.from_env()
     files = generate_suite(tuple(intents))
     try:
@@ -240,10 +240,6 @@ def verify_node(
 def is_template(source: str) -> bool:
     """True for code shipped with poise-git: the root's algorithm.py, or a published mechanism (its
     edit applied to the root, as ``poise-git spawn --prior`` makes it)."""
-    from engine.archive.edit import prior_source
-    from trainer_template import ALGORITHM_FILE
-    from trainer_template.priors import list_priors
-
     if source == ALGORITHM_FILE.read_text(encoding="utf-8"):
         return True
     for name in list_priors():

@@ -19,12 +19,16 @@ import os
 import sys
 from pathlib import Path
 
+import torch  # noqa: F401
+
+import engine.operators.fingerprint  # noqa: F401
 from engine.operators import probe
+from engine.operators.fingerprint import compute
 from trainer_template.channel import Channel
 
 
 def _pytest(root: Path, extra: list[str], plugins: list) -> int:
-    import pytest
+    import pytest  # lazy: pytest is heavy (only this path needs it)
 
     args = ["-q", "-p", "no:cacheprovider", "-c", str(root / "pytest.ini")]
     args += ["--rootdir", str(root), *extra, str(root / "tests")]
@@ -53,8 +57,6 @@ class _Collect:
 
 
 def _fingerprint(ns, key: str) -> list[float]:
-    from engine.operators.fingerprint import compute
-
     cfg = probe.config(ns, key=key)
     probe.set_scope(key)
     return compute(ns, cfg)
@@ -72,10 +74,8 @@ def record(root: Path) -> None:
 
 
 def _recording_from_stdin() -> bool:
+    # lazy: pytest is heavy (only this path needs it)
     import pytest  # noqa: F401 - imported while the recording child runs
-    import torch  # noqa: F401
-
-    import engine.operators.fingerprint  # noqa: F401
 
     data = sys.stdin.buffer.read()
     if not data:

@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping
 
 from engine import secrets
+from engine.sandbox.boundary import PROJECT
 
 PASS_ENV = "POISE_SANDBOX_ENV"
 BASE = {
@@ -57,8 +58,6 @@ def without_secrets(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 def trusted_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The engine's environment minus secrets, the project importable, one torch thread."""
-    from engine.sandbox.boundary import PROJECT
-
     env = without_secrets()
     root = str(PROJECT)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

@@ -10,6 +10,7 @@ module as ``__main__``. Only the standard library is imported here.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import resource
@@ -20,8 +21,6 @@ import sys
 
 def _die_with_parent(parent: int | None) -> None:
     try:
-        import ctypes
-
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass

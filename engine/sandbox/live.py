@@ -36,7 +36,7 @@ def kill_sandbox_tree(pid: int) -> None:
     except (ProcessLookupError, PermissionError):
         pass
     try:
-        import psutil
+        import psutil  # lazy: psutil is heavy (only this path needs it)
 
         for child in psutil.Process(pid).children(recursive=True):
             try:

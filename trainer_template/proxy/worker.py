@@ -29,6 +29,10 @@ import time
 import traceback
 from pathlib import Path
 
+from trainer_template.channel import Channel
+from trainer_template.loader import load_algorithm, make_config
+from trainer_template.proxy.protocol import get_protocol
+
 
 def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
@@ -41,7 +45,7 @@ def _clean(row: dict) -> dict:
 
 
 def cmd_warmstart(args: argparse.Namespace) -> int:
-    from trainer_template.proxy.protocol import get_protocol
+    # lazy: torch is heavy (only this path needs it)
     from trainer_template.proxy.warmstart import ensure_warmstart
 
     path = ensure_warmstart(
@@ -55,12 +59,12 @@ def cmd_warmstart(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace, on_row) -> tuple[object | None, str, dict]:
     """RL-train the warm start with the candidate: (model or None, failure reason or '', timings)."""
-    import torch
+    import torch  # lazy: torch is heavy (only this path needs it)
 
     torch.set_num_threads(1)
-    from trainer_template.loader import load_algorithm, make_config
-    from trainer_template.proxy import rl
-    from trainer_template.proxy.protocol import get_protocol
+    from trainer_template.proxy import rl  # lazy: torch is heavy (only this path needs it)
+
+    # lazy: torch is heavy (only this path needs it)
     from trainer_template.proxy.warmstart import ensure_warmstart, load_warmstart
 
     protocol = get_protocol(args.preset)
@@ -91,9 +95,7 @@ def _train(args: argparse.Namespace, on_row) -> tuple[object | None, str, dict]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    import torch
-
-    from trainer_template.channel import Channel
+    import torch  # lazy: torch is heavy (only this path needs it)
 
     channel = Channel.from_env()
     if channel is None:
@@ -127,9 +129,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def load_checkpoint(data: bytes, preset: str):
     """The protocol's model with ``data``'s weights; ValueError unless they fit it exactly."""
-    import torch
+    import torch  # lazy: torch is heavy (only this path needs it)
 
-    from trainer_template.proxy.protocol import get_protocol
+    # lazy: torch is heavy (only this path needs it)
     from trainer_template.proxy.warmstart import build_model
 
     try:
@@ -151,18 +153,19 @@ def load_checkpoint(data: bytes, preset: str):
 
 
 def _score(model, preset: str, seed: int) -> dict[str, float]:
-    from trainer_template.proxy import evalset
-    from trainer_template.proxy.protocol import get_protocol
+    from trainer_template.proxy import evalset  # lazy: torch is heavy (only this path needs it)
 
     return evalset.evaluate(model, get_protocol(preset).eval, seed)
 
 
 def cmd_score(args: argparse.Namespace) -> int:
-    import torch
+    import torch  # lazy: torch is heavy (only this path needs it)
 
     torch.set_num_threads(1)
-    from trainer_template.channel import Channel
+    # lazy: torch is heavy (only this path needs it)
     from trainer_template.proxy import evalset  # noqa: F401 - imported before the weights arrive
+
+    # lazy: torch is heavy (only this path needs it)
     from trainer_template.proxy.warmstart import build_model  # noqa: F401
 
     channel = Channel.from_env()
