@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
 from conftest import REPO
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -59,6 +60,7 @@ atexit.register(dump)
 """
 
 
+@pytest.mark.slow  # several CLI processes / a sandboxed verification: seconds of CPU each
 def test_verification_needs_nothing_from_the_dev_extra(archive, tmp_path):
     """Verify the root with every installed module that does not come with the runtime
     dependencies made unimportable (the dev extra's pytest-timeout and ruff, verl's extras...), as

@@ -74,6 +74,7 @@ def test_spawn_refuses_unparseable_edits_with_one_line(archive, cli, tmp_path, c
     assert archive.git.text("for-each-ref") == before and archive.fsck()
 
 
+@pytest.mark.slow  # several CLI processes / a sandboxed verification: seconds of CPU each
 @pytest.mark.parametrize("code", [DEEP, CHAIN], ids=["parentheses", "operator-chain"])
 def test_code_from_an_llm_reply_is_bounded_too(tmp_path, cli, code):
     """`spawn --auto` with an endpoint that replies with code no parser survives: a rejected node."""

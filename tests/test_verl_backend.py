@@ -551,6 +551,7 @@ def test_cli_smoke_refuses_bad_input_before_starting_verl(cli, archive):
     assert not (Path(a) / ".poise" / "verl" / "smoke" / "nodes").exists()
 
 
+@pytest.mark.slow  # several CLI processes / a sandboxed verification: seconds of CPU each
 def test_verl_refuses_unverified_code_before_running_it(cli, archive):
     """verl runs a candidate outside the sandbox (and the engine imports it to build the config), so
     train, its dry run and the smokes refuse a node whose exact algorithm.py is not verified."""
