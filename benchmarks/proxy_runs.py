@@ -44,7 +44,7 @@ def warm_start(preset: str) -> tuple[str, str, str]:
     )
     if not res.ok:
         sys.exit(f"warm start failed: {res.reason()}\n{res.stderr[-2000:]}")
-    path, sha, device = res.stdout.strip().splitlines()[-3:]
+    sha, device, path = res.stdout.strip().splitlines()[-3:]
     return path, sha, device
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine import secrets
 from engine.errors import ConfigError
 
 
@@ -192,6 +193,8 @@ def parse_config(text: str) -> Config:
         kwargs[name] = _build_section(type(hints[name]()), name, value)
     cfg = Config(**kwargs)
     validate(cfg)
+
+    secrets.register_env(cfg.llm.api_key_env)  # never passed to a child, scrubbed from every record
     return cfg
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from evaluators.errors import SuiteError
@@ -116,7 +117,7 @@ class VLLMBackend(Backend):
     def llm(self):
         if self._llm is None:
             try:
-                from vllm import LLM
+                from vllm import LLM  # lazy: optional dependency (vllm extra)
             except ImportError as exc:
                 raise SuiteError(
                     "the vllm backend needs vllm on a GPU machine: pip install 'poise-git[vllm]'"
@@ -131,7 +132,7 @@ class VLLMBackend(Backend):
         return [render_prompt(p, tokenizer) for p in problems], vllm_sampling_kwargs(sampling)
 
     def generate(self, problems, sampling, progress=None):
-        from vllm import SamplingParams
+        from vllm import SamplingParams  # lazy: optional dependency (vllm extra)
 
         llm = self.llm()
         prompts, kwargs = self.requests(problems, sampling, llm.get_tokenizer())
@@ -172,7 +173,7 @@ class OpenAIBackend(Backend):
             raise SuiteError(
                 "the openai backend needs --base-url (or $OPENAI_BASE_URL), e.g. http://127.0.0.1:8000/v1"
             )
-        from openai import OpenAI
+        from openai import OpenAI  # lazy: openai is heavy (only this path needs it)
 
         self.model, self.base_url, self.api, self.concurrency = (
             model,
@@ -204,7 +205,7 @@ class OpenAIBackend(Backend):
         }
 
     def _one(self, problem: str, sampling: Sampling) -> list[str]:
-        import openai
+        import openai  # lazy: openai is heavy (only this path needs it)
 
         params = self._params(sampling)
         if self.api in ("auto", "chat"):
@@ -223,9 +224,7 @@ class OpenAIBackend(Backend):
         return [c.text or "" for c in sorted(r.choices, key=lambda c: c.index)]
 
     def generate(self, problems, sampling, progress=None):
-        from concurrent.futures import ThreadPoolExecutor
-
-        import openai
+        import openai  # lazy: openai is heavy (only this path needs it)
 
         def job(p):
             try:
@@ -265,7 +264,9 @@ class TransformersBackend(Backend):
     ):
         self.model_path, self.batch_size = model, max(1, batch_size)
         try:
-            import torch
+            import torch  # lazy: optional dependency (its ImportError is handled here)
+
+            # lazy: optional dependency (its ImportError is handled here)
             from transformers import AutoModelForCausalLM, AutoTokenizer
         except ImportError as exc:  # pragma: no cover
             raise SuiteError(
@@ -284,7 +285,7 @@ class TransformersBackend(Backend):
             self.tokenizer.pad_token = self.tokenizer.eos_token or self.tokenizer.unk_token
 
     def generate(self, problems, sampling, progress=None):
-        import torch
+        import torch  # lazy: torch is heavy (only this path needs it)
 
         torch.manual_seed(sampling.seed)
         out: list[list[str]] = []

@@ -102,7 +102,7 @@ def _wrap(s: str) -> str:
 
 def _verify(gold: str, prediction: str) -> tuple[bool, bool]:
     """(correct, prediction parsable), math-verify with its own alarms off."""
-    from math_verify import parse, verify
+    from math_verify import parse, verify  # lazy: math_verify is heavy (only this path needs it)
 
     p = parse(_wrap(prediction), parsing_timeout=None)
     if not p:

@@ -55,7 +55,7 @@ def mean_length(lengths: Mapping[str, float]) -> float:
 def bootstrap_scores(per_problem: Mapping[str, Sequence[float]], n_boot: int = 1000, seed: int = 0):
     """Resample problems with replacement, independently per benchmark: ``{key: array[n_boot]}`` of
     bootstrap means (same unit as ``per_problem``)."""
-    import numpy as np
+    import numpy as np  # lazy: numpy is heavy (only this path needs it)
 
     rng = np.random.default_rng(seed)
     out = {}
@@ -77,7 +77,7 @@ def bootstrap_intervals(
 ) -> dict[str, list[float]]:
     """Percentile intervals ``{key: [lo, hi]}`` for each benchmark mean, and for Overall (over the
     same replicates) when every Overall key is present."""
-    import numpy as np
+    import numpy as np  # lazy: numpy is heavy (only this path needs it)
 
     boots = bootstrap_scores(per_problem, n_boot=n_boot, seed=seed)
     q = [(1 - level) / 2 * 100, (1 + level) / 2 * 100]

@@ -7,8 +7,10 @@ the alarm could not break) or that dies (a crash); the pair it was on is graded 
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing as mp
 import os
+import resource
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -21,15 +23,11 @@ Pair = tuple[str, str]  # (gold answer, completion)
 
 
 def _resolve(grader: str):
-    import importlib
-
     mod, _, fn = grader.partition(":")
     return getattr(importlib.import_module(mod), fn)
 
 
 def _worker(conn, timeout_s: float, memory_mb: int | None, grader: str) -> None:
-    import resource
-
     if memory_mb:
         try:
             resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))

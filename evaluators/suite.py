@@ -8,6 +8,8 @@ from the same replicates; mean length in words. The engine records it on a node
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +26,7 @@ from evaluators.metrics import (
     pass_at_k,
     word_count,
 )
+from evaluators.pool import GraderPool
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +109,6 @@ def run_benchmark_suite(
 
     ``on_progress(stage, advance, total)`` is called as work completes (stage: ``generate KEY`` or
     ``grade KEY``); the caller renders it."""
-    from evaluators.pool import GraderPool
-
     report = on_progress or (lambda _stage, _k, _total: None)
     problems = {b.key: load_problems(b, limit) for b in benches}
     results: dict[str, dict] = {}
@@ -188,7 +189,4 @@ def build_metrics(run: dict[str, Any]) -> dict[str, float]:
 
 def protocol_hash(proto: dict[str, Any]) -> str:
     """sha256 of every setting of a suite protocol (datasets by content hash, grader, prompt...)."""
-    import hashlib
-    import json
-
     return "sha256:" + hashlib.sha256(json.dumps(proto, sort_keys=True).encode()).hexdigest()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
 SPECIALS = ["<unk>", "<pad>", "<|im_start|>", "<|im_end|>"]
 # A ChatML template (the Qwen format) in Jinja, so the chat-template path is exercised.
 CHATML = (
@@ -18,8 +20,9 @@ def make_tiny_model(
     path: str | Path, chat_template: bool = True, hidden: int = 32, layers: int = 2, seed: int = 0
 ) -> Path:
     """Write a tiny Llama (``hidden`` wide, ``layers`` deep, random weights) and a char-level tokenizer to ``path``."""
-    import torch
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    import torch  # lazy: torch is heavy (only this path needs it)
+
+    # lazy: transformers is heavy (only this path needs it)
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     path = Path(path)

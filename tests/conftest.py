@@ -99,3 +99,33 @@ def archive(tmp_path):
     from engine.archive.store import Archive
 
     return Archive.init(tmp_path / "exp")
+
+
+def mark_verified(archive, name: str) -> None:
+    """Record a passing verification.json for ``name``'s current algorithm.py without running it:
+    what a candidate that behaves during verification (or a static-check miss) would get."""
+    import hashlib
+    import json
+
+    src = archive.algorithm(name)
+    rec = {"ok": True, "reason": "", "algorithm_sha256": hashlib.sha256(src.encode()).hexdigest()}
+    archive.commit_files(
+        name,
+        {"verification.json": json.dumps(rec) + "\n"},
+        subject=f"poise: {name} verified (test)",
+        status="verified",
+    )
+
+
+def require_boundary():
+    """The OS boundary (bubblewrap), or skip — except under CI (``$CI`` set), where its absence fails.
+
+    Tests that run hostile code need it: in the weak mode such code can reach this very process."""
+    from engine.sandbox import boundary
+
+    b = boundary.resolve(os.environ.get("POISE_TEST_FORCE_MODE", "auto"))
+    if not b.isolated and not os.environ.get("POISE_TEST_FORCE_MODE"):
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the boundary's tests under bubblewrap: {b.note}")
+        pytest.skip(f"needs bubblewrap (ci/setup.sh installs it): {b.note}")
+    return b

@@ -90,6 +90,7 @@ def test_every_metric_with_interval_protocol_parent_and_gain(arch, cli):
     assert s["protocol"] == "proxy/smoke" and s["parent_same_protocol"] is False and s["gain"] == {}
 
 
+@pytest.mark.slow  # several CLI processes / a sandboxed verification: seconds of CPU each
 def test_sort_and_filters(arch, cli):
     order = [r["node"] for r in _json(cli, arch, "--sort", "hard/pass@8")["rows"]]
     assert order == ["better", LONG, "close", "grpo"]

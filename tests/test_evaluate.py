@@ -7,6 +7,7 @@ import os
 import subprocess
 
 import pytest
+from conftest import mark_verified
 
 from engine.archive.store import Archive
 
@@ -33,6 +34,9 @@ def exp(tmp_path_factory):
     arch = Archive.init(tmp_path_factory.mktemp("arch") / "exp")
     arch.spawn("grpo", "broken", edit=BROKEN)
     arch.spawn("grpo", "drgrpo", edit=DR_GRPO)
+    arch.spawn("grpo", "unverified", edit=DR_GRPO)
+    mark_verified(arch, "broken")  # it raises only when trained: as if it passed verification
+    mark_verified(arch, "drgrpo")
     yield arch
     mp.undo()
 
@@ -125,7 +129,32 @@ def test_unknown_preset_and_backend_are_clear_errors(exp):
         evaluate_node(exp, "drgrpo", preset="giant")
     with pytest.raises(EvaluationError, match="backend"):
         evaluate_node(exp, "drgrpo", backend="tpu")
-    assert Archive(exp.path).node("drgrpo").status == "spawned"
+    assert Archive(exp.path).node("drgrpo").status == "verified"
+
+
+def test_evaluate_refuses_a_node_that_is_not_verified(exp, cli):
+    from engine.errors import EvaluationError
+    from engine.operators.evaluate import evaluate_node
+
+    with pytest.raises(EvaluationError, match="never verified; run `poise-git verify unverified`"):
+        evaluate_node(exp, "unverified", preset="smoke")
+    r = cli("evaluate", "unverified", "--preset", "smoke", "-C", str(exp.path))
+    assert r.returncode == 1 and "refuses 'unverified'" in r.stderr and "Traceback" not in r.stderr
+    exp.set_status("unverified", "rejected", "test_x failed: non-finite", files={})
+    exp.commit_files(
+        "unverified",
+        {"verification.json": json.dumps({"ok": False, "reason": "test_x failed"})},
+        subject="rejected",
+    )
+    with pytest.raises(EvaluationError, match="verification rejected it"):
+        evaluate_node(exp, "unverified", preset="smoke")
+    mark_verified(exp, "unverified")
+    exp.commit_files(
+        "unverified", {"algorithm.py": exp.algorithm("grpo") + "\n# changed\n"}, subject="x"
+    )
+    with pytest.raises(EvaluationError, match="not the one verified"):
+        evaluate_node(exp, "unverified", preset="smoke")
+    assert exp.node("unverified").status != "evaluating" and exp.fsck()
 
 
 @pytest.mark.slow  # the CLI evaluates on the smoke preset
@@ -161,6 +190,7 @@ def test_cli_evaluate_smoke(exp, cli):
     assert nope.returncode == 1 and "unknown node" in nope.stderr
 
 
+@pytest.mark.slow  # a Ray start / real evaluations: tens of CPU-seconds
 def test_tracking_never_leaks_the_store_into_the_environment(tmp_path, monkeypatch):
     """mlflow.set_tracking_uri exports $MLFLOW_TRACKING_URI; two archives in one process stay apart."""
     from engine.archive.store import Archive

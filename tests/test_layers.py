@@ -1,7 +1,8 @@
 """The structure the project promises (docs/architecture.md), checked on the source:
 
 - layers point one way: engine -> trainer_template -> evaluators; never back up;
-- no import circle between the project's modules;
+- no import circle between the project's modules, nor at import time through the packages'
+  ``__init__`` modules;
 - the library never prints or draws: output goes through callbacks or ``logging``; only the CLI
   (engine/cli) renders, and only process entry points write to stdout/stderr.
 """
@@ -18,7 +19,10 @@ ENTRY_POINTS = {
     "trainer_template/proxy/worker.py": "the proxy's seed worker: the warm start's path on stdout, "
     "its build log and a candidate's traceback on stderr",
     "engine/loop/executor.py": "the loop's evaluation worker: one result line on stdout",
-    "engine/operators/fingerprint.py": "the fingerprint child: one JSON line on stdout",
+    "engine/operators/verify_child.py": "verification's and fingerprinting's children: frames on "
+    "the channel the engine owns (recordings, verdicts, fingerprints)",
+    "engine/sandbox/launch.py": "the first code of every sandboxed child: limits, then the target",
+    "engine/sandbox/exec_source.py": "raw code behind the boundary (its self-check, the corpus)",
 }
 RENDERERS = ("rich", "tqdm", "typer", "click")
 """drawing and CLI libraries: the CLI package alone imports them"""
@@ -114,6 +118,29 @@ def test_no_import_circles():
     assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
+def _import_time_graph() -> dict[str, set[str]]:
+    """Module -> the project modules importing it runs: its top-level imports and the packages
+    above each (its own packages only when named: Python initialises those before the module)."""
+    names = {m.name for m in modules()}
+    graph: dict[str, set[str]] = {n: set() for n in names}
+    for m in modules():
+        own = {".".join(m.name.split(".")[:i]) for i in range(1, m.name.count(".") + 1)}
+        for imp in imports(m):
+            if not imp.top_level or imp.type_checking:
+                continue
+            parts = imp.target.split(".")
+            above = {".".join(parts[:i]) for i in range(1, len(parts))} - own
+            graph[m.name] |= ({imp.target} | above) & names - {m.name}
+    return graph
+
+
+def test_no_import_circles_at_import_time():
+    """Importing any module never comes back to a module still initialising, counting the package
+    ``__init__`` each import runs (tools/hoist_imports.py refuses a hoist that would)."""
+    found = circles(_import_time_graph())
+    assert not found, "import-time circles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
 def _main_block_lines(mod: Module) -> set[int]:
     lines: set[int] = set()
     for node in mod.tree.body:
@@ -170,3 +197,12 @@ def test_only_the_cli_draws():
         if imp.target.split(".")[0] in RENDERERS
     ]
     assert not found, "rendering libraries outside engine/cli:\n" + "\n".join(found)
+
+
+def test_the_import_time_graph_sees_packages():
+    """The graph is not vacuous: an import runs its target and the packages above it, and a
+    module's own package counts when it is named."""
+    g = _import_time_graph()
+    assert {"engine.archive.gitio", "engine.archive"} <= g["engine.cli"]
+    assert "engine.cli" in g["engine.cli.run_cmds"]  # from engine.cli import ArchiveOpt, console
+    assert not g["engine.cli.logs"] & {"engine", "engine.cli"}  # imports only logging and rich

@@ -158,6 +158,7 @@ def _render_in_chromium(page: Path, labels: list[str] = ()) -> dict:
     return json.loads(m.group(1).replace("&quot;", '"'))
 
 
+@pytest.mark.slow  # several CLI processes / a sandboxed verification: seconds of CPU each
 def test_report_command_writes_figures_and_renders(tmp_path, cli):
     arch = _build(tmp_path)
     # one node recorded through the real `poise-git record` entry point

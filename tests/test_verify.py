@@ -180,6 +180,7 @@ def _git_log(arch, ref):
     return out.splitlines()[::-1]
 
 
+@pytest.mark.slow  # a Ray start / real evaluations: tens of CPU-seconds
 def test_every_attempt_is_kept_on_the_branch(archive):
     """Attempt 1 imports os (static check, before the node exists), attempt 2 is NaN (verification),
     attempt 3 passes: both failures are on the branch with code, failing tests and prompts."""

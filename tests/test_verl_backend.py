@@ -549,3 +549,29 @@ def test_cli_smoke_refuses_bad_input_before_starting_verl(cli, archive):
     assert proxy.returncode == 2 and "--backend verl" in proxy.stderr
     assert not archive.nodes()["grpo"].results
     assert not (Path(a) / ".poise" / "verl" / "smoke" / "nodes").exists()
+
+
+@pytest.mark.slow  # several CLI processes / a sandboxed verification: seconds of CPU each
+def test_verl_refuses_unverified_code_before_running_it(cli, archive):
+    """verl runs a candidate outside the sandbox (and the engine imports it to build the config), so
+    train, its dry run and the smokes refuse a node whose exact algorithm.py is not verified."""
+    from conftest import mark_verified
+
+    edit = (
+        "def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:\n"
+        "    return batch.rewards.to(torch.float32) - 0.5\n"
+    )
+    archive.spawn("grpo", "fresh", edit)
+    a = str(archive.path)
+    for args in (
+        ("train", "fresh", "--backend", "verl", "--dry-run"),
+        ("train", "fresh", "--backend", "verl", "--smoke"),
+        ("evaluate", "fresh", "--backend", "verl", "--smoke"),
+    ):
+        r = cli(*args, "-C", a)
+        assert r.returncode == 1 and "refuses 'fresh'" in r.stderr, (args, r.stderr)
+        assert "never verified" in r.stderr and "Traceback" not in r.stderr
+    assert not (Path(a) / ".poise" / "verl").exists() and not archive.nodes()["fresh"].results
+    mark_verified(archive, "fresh")
+    ok = cli("train", "fresh", "--backend", "verl", "--dry-run", "-C", a)
+    assert ok.returncode == 0 and "-m verl.trainer.main_ppo" in ok.stdout, ok.stderr

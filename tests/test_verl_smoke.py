@@ -60,13 +60,14 @@ def policy_loss(
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     """Both smokes, run once: (archive, {node: CompletedProcess}, seconds spent)."""
-    from conftest import run_cli
+    from conftest import mark_verified, run_cli
 
     from engine.archive.store import Archive
     from engine.operators.train_verl import shared_ray
 
     archive = Archive.init(tmp_path_factory.mktemp("verl_smoke") / "exp")
     archive.spawn("grpo", "centred", CENTRED)
+    mark_verified(archive, "centred")  # verl runs only verified (or template) code
     t0 = time.monotonic()
     done = {}
     with shared_ray() as address:

@@ -177,6 +177,7 @@ def _direct(valid: list[bool]) -> torch.Tensor:
     return adv.unsqueeze(-1) * mask
 
 
+@pytest.mark.slow  # a Ray start / real evaluations: tens of CPU-seconds
 def test_poise_sync_routes_reward_extra_info_through_the_queue(composed, queue):
     """verl's own ``_compute_advantage`` under the mixin: the estimator receives ``format_valid`` / ``acc``
     from each sample's ``extra_fields.reward_extra_info`` in the queue. The same step without the mixin

@@ -14,6 +14,7 @@ limited to what is older than ``older_than_days``.
 
 from __future__ import annotations
 
+import calendar
 import os
 import shutil
 import tempfile
@@ -41,8 +42,6 @@ class DroppedNode:
     @property
     def dropped_at(self) -> float:
         """Unix time of the drop (from the batch id ``YYYYmmddTHHMMSS-mmm``)."""
-        import calendar
-
         stamp, _, ms = self.batch.partition("-")
         try:
             t = calendar.timegm(time.strptime(stamp, _BATCH_FMT))

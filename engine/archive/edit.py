@@ -8,21 +8,86 @@ from __future__ import annotations
 
 import ast
 import functools
+import io
+import tokenize
 
 from engine.errors import EditError
-from trainer_template import INTERFACE_FUNCTIONS
+from trainer_template import ALGORITHM_FILE, INTERFACE_FUNCTIONS
 
 
 class _LazyLibCST:
     """``import libcst`` costs ~0.4 s: load it on first use so read-only commands start instantly."""
 
     def __getattr__(self, name: str):
-        import libcst
+        import libcst  # lazy: libcst is heavy (only this path needs it)
 
         return getattr(libcst, name)
 
 
 cst = _LazyLibCST()
+
+MAX_SOURCE_BYTES = 100_000
+MAX_NESTING = 50
+"""brackets and indented blocks inside one another (LibCST's native parser crashes on ~1,500)"""
+MAX_OPERATORS = 200
+"""operators (and attribute, call and subscript links) in one statement: each one nests the tree a
+level deeper (a 350-term ``1+1+...`` exhausts LibCST's and ast's recursion)"""
+_OPENERS, _CLOSERS = {"(", "[", "{"}, {")", "]", "}"}
+_FLAT = {",", ":", "=", ";", "->"}
+_WORD_OPS = {"and", "or", "not", "if", "else", "in", "is", "lambda", "await"}
+
+
+def decode_source(data: bytes, what: str) -> str:
+    """``data`` as UTF-8 text, or an EditError naming the first bad byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise EditError(f"{what} is not valid UTF-8 (byte {exc.start})") from None
+
+
+def check_bounds(src: str, what: str) -> None:
+    """Refuse code a parser would crash or recurse on, before any parser sees it: size, NUL bytes,
+    invalid text, nesting depth, operator chains."""
+    if not isinstance(src, str):
+        raise EditError(f"{what} is not text")
+    try:
+        size = len(src.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise EditError(f"{what} is not valid UTF-8 (it holds unpaired surrogates)") from None
+    if size > MAX_SOURCE_BYTES:
+        raise EditError(f"{what} is larger than {MAX_SOURCE_BYTES // 1000} kB")
+    if "\x00" in src:
+        raise EditError(f"{what} contains a NUL byte")
+    depth = indent = ops = 0
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(src).readline):
+            if tok.type == tokenize.OP:
+                if tok.string in _OPENERS:
+                    depth += 1
+                    ops += 1
+                elif tok.string in _CLOSERS:
+                    depth = max(0, depth - 1)
+                elif tok.string not in _FLAT:
+                    ops += 1
+            elif tok.type == tokenize.NAME and tok.string in _WORD_OPS:
+                ops += 1
+            elif tok.type == tokenize.INDENT:
+                indent += 1
+            elif tok.type == tokenize.DEDENT:
+                indent = max(0, indent - 1)
+            elif tok.type == tokenize.NEWLINE:
+                ops = 0
+            if depth + indent > MAX_NESTING:
+                raise EditError(
+                    f"{what} nests brackets / blocks deeper than {MAX_NESTING} (line {tok.start[0]})"
+                )
+            if ops > MAX_OPERATORS:
+                raise EditError(
+                    f"{what} has more than {MAX_OPERATORS} operators in one statement "
+                    f"(line {tok.start[0]}); split the expression"
+                )
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        return  # a syntax error: the parser reports it with its position
 
 
 @functools.lru_cache(maxsize=64)
@@ -32,12 +97,15 @@ def _parse_cached(src: str) -> cst.Module:
 
 
 def _parse(src: str, what: str) -> cst.Module:
+    check_bounds(src, what)
     try:
         return _parse_cached(src)
     except cst.ParserSyntaxError as exc:
         raise EditError(
             f"{what} has a syntax error at line {exc.raw_line}, column {exc.raw_column}: {exc.message}"
         ) from None
+    except (RecursionError, MemoryError) as exc:
+        raise EditError(f"{what} is too deeply nested to parse ({type(exc).__name__})") from None
 
 
 def _defined_names(stmt: cst.CSTNode) -> list[str]:
@@ -160,10 +228,13 @@ def interface_signatures(src: str, what: str = "algorithm.py") -> dict[str, tupl
 @functools.lru_cache(maxsize=64)
 def _interface_signatures(src: str, what: str) -> tuple:
     """The signatures (parameter names, kinds, which have defaults) of the interface functions."""
+    check_bounds(src, what)
     try:
         tree = ast.parse(src)
     except SyntaxError as exc:
         raise EditError(f"{what} has a syntax error at line {exc.lineno}: {exc.msg}") from None
+    except (RecursionError, MemoryError) as exc:
+        raise EditError(f"{what} is too deeply nested to parse ({type(exc).__name__})") from None
     found: dict[str, tuple] = {}
     for stmt in tree.body:
         if (
@@ -191,6 +262,10 @@ def check_interface(parent_src: str, new_src: str) -> None:
         raise EditError(
             f"the edited algorithm.py does not compile: line {exc.lineno}: {exc.msg}"
         ) from None
+    except (RecursionError, MemoryError) as exc:
+        raise EditError(
+            f"the edited algorithm.py is too deeply nested ({type(exc).__name__})"
+        ) from None
 
 
 @functools.lru_cache(maxsize=32)
@@ -207,8 +282,7 @@ def prior_source(name: str, root_src: str | None = None) -> str:
     """The complete algorithm.py of the published mechanism ``name``: its edit
     (``trainer_template.priors.prior_edit``) applied to the root (``trainer_template/algorithm.py``,
     or ``root_src``) by :func:`apply_edit`, the edit ``poise-git spawn --edit`` makes."""
-    from trainer_template import ALGORITHM_FILE
-    from trainer_template.priors import prior_edit
+    from trainer_template.priors import prior_edit  # lazy: keeps `poise-git --help` fast
 
     edit_src = prior_edit(name)
     root = root_src if root_src is not None else ALGORITHM_FILE.read_text(encoding="utf-8")

@@ -12,6 +12,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine import secrets
+
 ZERO_OID = "0" * 40
 
 _IDENTITY = {
@@ -33,7 +35,8 @@ class GitError(RuntimeError):
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ)
+    hidden = secrets.names()
+    env = {k: v for k, v in os.environ.items() if k not in hidden}
     for k, v in _IDENTITY.items():
         env.setdefault(k, v)
     env.setdefault("GIT_TERMINAL_PROMPT", "0")
@@ -73,6 +76,7 @@ class Git:
         """Write blobs in one ``hash-object -w --stdin-paths`` process; returns their ids in order."""
         if not contents:
             return []
+        contents = [secrets.scrub_bytes(c) for c in contents]  # no secret value reaches git
         with tempfile.TemporaryDirectory(prefix="poise-blobs-") as tmp:
             paths = []
             for i, data in enumerate(contents):
@@ -118,7 +122,7 @@ class Git:
         args = ["commit-tree", tree]
         for p in parents:
             args += ["-p", p]
-        return self.text(*args, input=message.encode("utf-8")).strip()
+        return self.text(*args, input=secrets.scrub(message).encode("utf-8")).strip()
 
     def ls_tree(self, rev: str) -> dict[str, tuple[str, str]]:
         """``{path: (mode, blob_id)}`` of every file under ``rev`` (recursive)."""

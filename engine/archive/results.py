@@ -385,6 +385,7 @@ def configured_protocol(cfg) -> ProtocolRef:
     if explicit:
         return ProtocolRef.parse(explicit)
     if cfg.evaluation.backend == "proxy":
+        # lazy: keeps `poise-git --help` fast
         from trainer_template.proxy.protocol import PRESETS, get_protocol
 
         preset = cfg.proxy.preset

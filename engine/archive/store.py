@@ -9,9 +9,12 @@ whole lineage is one ``for-each-ref`` plus one ``cat-file --batch``.
 
 from __future__ import annotations
 
+import difflib
 import logging
+import math
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -28,10 +31,12 @@ from engine.archive.results import (
     configured_protocol,
     parse_result,
 )
-from engine.config import DEFAULT_TOML
+from engine.config import DEFAULT_TOML, parse_config
 from engine.errors import ArchiveError
+from trainer_template import ALGORITHM_FILE
 
 log = logging.getLogger(__name__)
+_WARNED: set[tuple[str, str, str]] = set()
 REF_PREFIX = "refs/heads/poise/"
 ROOT_NAME = "grpo"
 ALGORITHM = "algorithm.py"
@@ -106,6 +111,36 @@ class Node:
         return vals[-1] if vals else default
 
 
+def _node_from(name: str, oid: str, kind: str, msg: str) -> tuple[Node | None, str]:
+    """The node a ref under refs/heads/poise/ describes, or (None, what is wrong with it)."""
+    if kind != "commit":
+        return None, f"it points to a {kind}, not a commit"
+    if not _NAME_RE.match(name) or name.endswith(".lock"):
+        return None, "its name is not a poise-git node name"
+    tr = parse_trailers(msg)
+    status = (tr.get("Poise-Status") or ["spawned"])[-1]
+    if status not in STATUSES:
+        return None, f"its Poise-Status {status[:40]!r} is unknown"
+    try:
+        created = float((tr.get("Poise-Created") or ["0"])[-1])
+    except ValueError:
+        return None, "its Poise-Created trailer is not a number"
+    if not math.isfinite(created):
+        return None, "its Poise-Created trailer is not a number"
+    return (
+        Node(
+            name=name,
+            commit=oid,
+            parents=tuple(tr.get("Poise-Parent", [])),
+            status=status,
+            created=created,
+            trailers=tr,
+            subject=msg.splitlines()[0] if msg else "",
+        ),
+        "",
+    )
+
+
 def parse_trailers(message: str) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for key, value in _TRAILER_RE.findall(message):
@@ -123,6 +158,8 @@ class Archive:
                 f"{self.path} is not a poise-git archive (no git repository; run `poise-git init`)"
             )
         self.git = Git(self.path)
+        self.skipped: dict[str, str] = {}
+        """refs under refs/heads/poise/ the last ``nodes()`` ignored, with the reason"""
         if (
             not self.git.ok("rev-parse", "--verify", "-q", REF_PREFIX + ROOT_NAME)
             and not self._any_node()
@@ -156,8 +193,6 @@ class Archive:
         proposal: str | None = None,
     ) -> Archive:
         """Create an archive whose root node ``poise/<root_name>`` holds the trainer template."""
-        from trainer_template import ALGORITHM_FILE
-
         path = Path(path).resolve()
         if path.exists() and any(path.iterdir()):
             raise ArchiveError(f"{path} exists and is not empty; choose a new directory")
@@ -200,25 +235,24 @@ class Archive:
 
         ``protocol`` (a :class:`ProtocolRef`, or ``id`` / ``id@hash``; default: the experiment's
         configured one) is the protocol whose result each node's ``result`` holds."""
-        fmt = "%(refname)%1f%(objectname)%1f%(contents)%1e"
+        fmt = "%(refname)%1f%(objectname)%1f%(objecttype)%1f%(contents)%1e"
         out = self.git.text("for-each-ref", f"--format={fmt}", REF_PREFIX)
         nodes: dict[str, Node] = {}
+        self.skipped: dict[str, str] = {}
         for rec in out.split("\x1e"):
             rec = rec.lstrip("\n")
             if not rec:
                 continue
-            ref, oid, msg = rec.split("\x1f", 2)
+            ref, oid, kind, msg = rec.split("\x1f", 3)
             name = ref[len(REF_PREFIX) :]
-            tr = parse_trailers(msg)
-            nodes[name] = Node(
-                name=name,
-                commit=oid,
-                parents=tuple(tr.get("Poise-Parent", [])),
-                status=(tr.get("Poise-Status") or ["spawned"])[-1],
-                created=float((tr.get("Poise-Created") or ["0"])[-1]),
-                trailers=tr,
-                subject=msg.splitlines()[0] if msg else "",
-            )
+            node, problem = _node_from(name, oid, kind, msg)
+            if node is None:  # a foreign or malformed ref: named, then ignored
+                self.skipped[ref] = problem
+                if (str(self.path), ref, oid) not in _WARNED:
+                    _WARNED.add((str(self.path), ref, oid))
+                    log.warning("poise-git: ignoring %s: %s", ref, problem)
+                continue
+            nodes[name] = node
         wanted = [(n, p) for n in nodes.values() for p in _result_paths(n)]
         blobs = self.git.cat_blobs([f"{n.commit}:{p}" for n, p in wanted])
         for (n, p), blob in zip(wanted, blobs):
@@ -226,7 +260,7 @@ class Archive:
                 continue
             try:
                 r = parse_result(blob, f"{n.name}:{p}")
-            except ArchiveError:
+            except (ArchiveError, KeyError, TypeError, ValueError, RecursionError):
                 continue  # unreadable: the node shows as not evaluated, `poise-git show` says why
             n.results[r.protocol.id] = r
         ref = self._protocol_ref(protocol)
@@ -311,8 +345,6 @@ class Archive:
         return self.read_file(name, "poise.toml") or ""
 
     def config(self, name: str | None = None):
-        from engine.config import parse_config
-
         target = name or (ROOT_NAME if self.exists(ROOT_NAME) else next(iter(self.nodes())))
         return parse_config(self.config_text(target))
 
@@ -573,6 +605,7 @@ def _detach_checkout(git: Git, commit: str) -> None:
 
 def _set_mechanism(extra: dict[str, list[str]], source: str) -> dict[str, list[str]]:
     """Record the mechanism hash of ``source`` (the trailer ``Poise-Mechanism``) in ``extra``."""
+    # lazy: keeps `poise-git --help` fast
     from engine.archive.mechanism import TRAILER, mechanism_hash
 
     h = mechanism_hash(source)
@@ -657,15 +690,11 @@ def _assign_depths(nodes: dict[str, Node]) -> None:
         memo[name] = d
         return d
 
-    import sys
-
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
     for name in nodes:
         nodes[name].depth = depth(name)
 
 
 def _did_you_mean(name: str, nodes: Mapping[str, Any]) -> str:
-    import difflib
-
     close = difflib.get_close_matches(name, list(nodes), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""

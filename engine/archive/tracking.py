@@ -12,6 +12,8 @@ import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from engine import secrets
+
 log = logging.getLogger(__name__)
 MLFLOW_DB = "mlflow.db"
 ARTIFACTS = "mlruns"
@@ -32,7 +34,7 @@ def artifact_root(archive_path: str | Path) -> str:
 
 def mlflow_client(archive_path: str | Path):
     """An ``MlflowClient`` on the archive's store (a bare ``MlflowClient()`` would open ./mlflow.db)."""
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient  # lazy: mlflow is heavy (only this path needs it)
 
     return MlflowClient(tracking_uri(archive_path))
 
@@ -50,7 +52,7 @@ def set_uri(uri: str) -> None:
 
     ``mlflow.set_tracking_uri`` also exports the variable, which would make the next archive opened in
     the same process (and every child process) log into this archive's store."""
-    import mlflow
+    import mlflow  # lazy: mlflow is heavy (only this path needs it)
 
     before = os.environ.get("MLFLOW_TRACKING_URI")
     mlflow.set_tracking_uri(uri)
@@ -63,8 +65,8 @@ def set_uri(uri: str) -> None:
 def _client_setup(archive):
     """Point MLflow at the archive's store and return (mlflow, the archive's experiment id); a new
     experiment keeps its artifacts in the archive (on a tracking server: the server's default)."""
-    import mlflow
-    from mlflow.exceptions import MlflowException
+    import mlflow  # lazy: mlflow is heavy (only this path needs it)
+    from mlflow.exceptions import MlflowException  # lazy: mlflow is heavy (only this path needs it)
 
     uri = tracking_uri(archive.path)
     set_uri(uri)
@@ -102,6 +104,8 @@ def node_run(
     if n.trailer("Poise-Round"):
         all_tags["poise.round"] = n.trailer("Poise-Round")
     all_tags.update(tags or {})
+
+    all_tags = {k: secrets.scrub(str(v)) for k, v in all_tags.items()}
     with mlflow.start_run(experiment_id=exp_id, run_name=run_name or node, tags=all_tags) as run:
         yield run
 

@@ -10,16 +10,22 @@ endpoint...), 2 usage error (unknown option, missing argument), 3 the candidate 
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import pkgutil
+import signal
 import sys
 
 import typer
 from rich.console import Console
 from typer.core import TyperCommand, TyperGroup
 
+from engine import __version__
 from engine.archive.gitio import GitError
-from engine.cli.help import ROOT_EPILOG
+from engine.cli.help import EXAMPLES, ROOT_EPILOG
 from engine.cli.logs import setup_logging
 from engine.errors import PoiseError
+from engine.secrets import ScrubbedStream
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -99,12 +105,11 @@ def setup_output() -> None:
 
 def _version() -> str:
     try:
+        # lazy: keeps `poise-git --help` fast
         from importlib.metadata import PackageNotFoundError, version
 
         return version("poise-git")
     except PackageNotFoundError:  # running from a source tree that is not installed
-        from engine import __version__
-
         return __version__
 
 
@@ -139,11 +144,7 @@ def _root(
 
 
 def _register() -> None:
-    import importlib
-    import pkgutil
-
-    import engine.cli as pkg
-    from engine.cli.help import EXAMPLES
+    import engine.cli as pkg  # lazy: imports engine.cli itself, still loading at module level
 
     if app.registered_commands:
         return
@@ -163,14 +164,24 @@ def _register() -> None:
 
 def _help_text(fn) -> str:
     """The docstring with each paragraph on one line (rich mode would keep the source's breaks)."""
-    import inspect
-
     doc = inspect.getdoc(fn) or ""
     return "\n\n".join(" ".join(p.split()) for p in doc.split("\n\n") if p.strip())
 
 
+def _interrupt(signum, _frame) -> None:
+    """SIGINT / SIGTERM / SIGHUP: kill every sandboxed child first (they run in sessions of their own
+    and never see the terminal's signal), then unwind so that nodes are left resumable."""
+    from engine.sandbox.live import kill_all  # lazy: keeps `poise-git --help` fast
+
+    kill_all()
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: list[str] | None = None) -> None:
+    sys.stdout, sys.stderr = ScrubbedStream(sys.stdout), ScrubbedStream(sys.stderr)
     _register()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
     try:
         app(args=argv, prog_name="poise-git", standalone_mode=True)
     except PoiseError as exc:  # raised outside a command (e.g. while parsing)

@@ -11,15 +11,20 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.tree import Tree
 
+from engine.archive.edit import apply_edit, check_bounds, decode_source
+from engine.archive.results import from_record
 from engine.archive.store import ALGORITHM, Archive, Node, check_name
 from engine.cli import EXIT_REJECTED, ArchiveOpt, console, fail
+from engine.cli.operator_cmds import make_llm, print_usage, report_verification
+from engine.config import parse_config
 from engine.errors import ArchiveError, EditError, PoiseError
 
 
 def _read_text(path: Path, what: str) -> str:
     if not path.is_file():
         raise PoiseError(f"{what} {path} does not exist")
-    return path.read_text(encoding="utf-8")
+
+    return decode_source(path.read_bytes(), f"{what} {path}")
 
 
 def _fmt(v: float | None) -> str:
@@ -75,8 +80,6 @@ def init(
     """Create an experiment repository whose root node [bold]poise/grpo[/] holds the GRPO baseline."""
     toml = _read_text(config, "config file") if config else None
     if toml is not None:
-        from engine.config import parse_config
-
         parse_config(toml)
     arch = Archive.init(directory, config_toml=toml)
     console.print(
@@ -158,8 +161,7 @@ def spawn(
     console.print(f"spawned [bold]{node.name}[/] from [bold]{parent}[/] at {node.commit[:10]}")
     console.print(arch.diff(parent, name, stat=True).rstrip(), highlight=False, markup=False)
     if edit_src is not None and not no_verify:
-        from engine.cli.operator_cmds import report_verification
-        from engine.operators.verify import verify_node
+        from engine.operators.verify import verify_node  # lazy: keeps `poise-git --help` fast
 
         with console.status(f"verifying {name}…"):
             res = verify_node(arch, name, arch.config())
@@ -169,7 +171,10 @@ def spawn(
 def _prior_edit(prior: str, name: str | None, edit: Path | None):
     """(name, edit, proposal, trailers, files) that seed the published mechanism ``prior``; the
     catalog's component record comes along where the offline catalog expresses the prior exactly."""
+    # lazy: torch is heavy (only this path needs it)
     from engine.operators.proposers.offline import prior_record
+
+    # lazy: keeps `poise-git --help` fast
     from trainer_template.priors import list_priors, prior_card, prior_edit
 
     if edit is not None:
@@ -186,7 +191,9 @@ def _prior_edit(prior: str, name: str | None, edit: Path | None):
 
 def check_syntax(source: str, path: Path) -> None:
     """Refuse a Python file that does not parse, in one line naming its file, line and column as
-    Python does (``File "e.py", line 3, column 9``) and quoting the offending line."""
+    Python does (``File "e.py", line 3, column 9``) and quoting the offending line. The parser bounds
+    (size, NUL bytes, nesting, operator chains) come first: ``compile`` itself recurses on deep code."""
+    check_bounds(source, "the edit")
     try:
         compile(source, str(path), "exec", dont_inherit=True)
     except SyntaxError as exc:
@@ -203,8 +210,7 @@ def check_syntax(source: str, path: Path) -> None:
 
 def _refuse_duplicate(arch: Archive, parent: str, name: str, edit_src: str) -> None:
     """An edit that recreates an existing node's mechanism is an error unless --force."""
-    from engine.archive.edit import apply_edit
-    from engine.archive.mechanism import same_mechanism
+    from engine.archive.mechanism import same_mechanism  # lazy: keeps `poise-git --help` fast
 
     new_src = apply_edit(arch.algorithm(parent), edit_src)
     same = same_mechanism(arch, new_src)
@@ -225,9 +231,8 @@ def _spawn_auto(
     seed: int | None,
     archive: Path,
 ) -> None:
-    from engine.cli.operator_cmds import make_llm, print_usage
-    from engine.operators.implement import implement
-    from engine.operators.propose import propose_all
+    from engine.operators.implement import implement  # lazy: keeps `poise-git --help` fast
+    from engine.operators.propose import propose_all  # lazy: keeps `poise-git --help` fast
 
     arch = Archive(archive)
     cfg = arch.config()
@@ -312,7 +317,7 @@ def show(
     """Show a node: proposal, mechanism diff vs its parent, results and reflection.
 
     Piped or redirected, the sections are written as plain text, never cut or wrapped."""
-    from engine.cli.render import piped, raw, section
+    from engine.cli.render import piped, raw, section  # lazy: keeps `poise-git --help` fast
 
     arch = Archive(archive)
     n = arch.node(node)
@@ -392,8 +397,6 @@ def record(
     archive: Path = ArchiveOpt,
 ) -> None:
     """Record externally obtained metrics on a node, under their own protocol id."""
-    from engine.archive.results import from_record
-
     text = _read_text(results, "results file")
     try:
         payload = json.loads(text)

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from engine.archive.store import Archive
 from engine.cli import ArchiveOpt, console
 
 
@@ -29,9 +30,8 @@ def drop(
     The branch poise/NODE moves to the hidden ref refs/poise-dropped/NODE/BATCH: every object stays
     reachable (git fsck stays clean) and `poise-git restore NODE` brings it back. A node with
     descendants is refused unless --with-descendants; the root cannot be dropped."""
-    from engine.archive.cleanup import drop as run_drop
-    from engine.archive.cleanup import restore
-    from engine.archive.store import Archive
+    from engine.archive.cleanup import drop as run_drop  # lazy: keeps `poise-git --help` fast
+    from engine.archive.cleanup import restore  # lazy: keeps `poise-git --help` fast
 
     arch = Archive(archive)
     if undo:
@@ -57,9 +57,8 @@ def restore(
     archive: Path = ArchiveOpt,
 ) -> None:
     """Bring a dropped node back, with every node dropped together with it."""
-    from engine.archive.cleanup import dropped
-    from engine.archive.cleanup import restore as run_restore
-    from engine.archive.store import Archive
+    from engine.archive.cleanup import dropped  # lazy: keeps `poise-git --help` fast
+    from engine.archive.cleanup import restore as run_restore  # lazy: keeps `poise-git --help` fast
 
     arch = Archive(archive)
     if list_ or node is None:
@@ -110,8 +109,7 @@ def gc(
     evaluation runs left behind, verl data of nodes no longer in the archive, and failed or
     rejected leaf nodes (dropped, so `poise-git restore` can bring them back); --prune deletes
     dropped nodes for good."""
-    from engine.archive.cleanup import gc as run_gc
-    from engine.archive.store import Archive
+    from engine.archive.cleanup import gc as run_gc  # lazy: keeps `poise-git --help` fast
 
     arch = Archive(archive)
     rep = run_gc(arch, older_than, dry_run=dry_run, drop_failed=not keep_failed, prune=prune)

@@ -11,6 +11,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from engine.archive.results import configured_protocol
+from engine.archive.store import Archive
 from engine.cli import ArchiveOpt, console
 
 
@@ -108,14 +110,14 @@ def compare(
 
     On a terminal the table pages like git when it is taller or wider than the screen ($POISE_PAGER,
     $PAGER, less); piped, it is written whole, one line per node."""
-    from engine.archive.store import Archive
-    from engine.report.compare import compare as build
-    from engine.report.compare import to_csv_rows
+    from engine.report.compare import compare as build  # lazy: keeps `poise-git --help` fast
+    from engine.report.compare import to_csv_rows  # lazy: keeps `poise-git --help` fast
+
+    # lazy: numpy is heavy (only this path needs it)
     from engine.report.html import report_experiment
 
     if as_json and as_csv:
         raise typer.BadParameter("choose one of --json and --csv")
-    from engine.archive.results import configured_protocol
 
     arch = Archive(archive)
     cmp = build(
@@ -140,7 +142,7 @@ def compare(
     if not cmp.rows:
         console.print("no nodes to compare (see --status, --protocol)")
         return
-    from engine.cli.pager import show
+    from engine.cli.pager import show  # lazy: keeps `poise-git --help` fast
 
     show(render_table(cmp, compact=console.is_terminal), no_pager=no_pager)
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from engine.archive.store import Archive
 from engine.cli import EXIT_FAILED, ArchiveOpt, console
 from engine.errors import PoiseError
 
@@ -60,23 +61,25 @@ def evaluate(
     """Evaluate a node under one standardized protocol and record its result on its branch.
 
     Exit code 4 when the candidate fails (raises, NaN/inf, collapse); the reason is recorded."""
-    from engine.archive.store import Archive
-
     if smoke:
         if backend != "verl" or suite is not None:
             raise typer.BadParameter(
                 "--smoke goes with --backend verl (and no --suite); the GPU protocol is "
                 "`poise-git train NODE --backend verl`"
             )
-        from engine.cli.verl_smoke import run_smoke
+        from engine.cli.verl_smoke import run_smoke  # lazy: keeps `poise-git --help` fast
 
         run_smoke(archive, node, steps=2, timeout_s=1800.0, evaluate=True, limit=limit or 2)
         return
     arch = Archive(archive)
     if suite:
+        # lazy: keeps `poise-git --help` fast
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+        # lazy: keeps `poise-git --help` fast
         from engine.operators.evaluate_suite import evaluate_node_on_suite
+
+        # lazy: keeps `poise-git --help` fast
         from evaluators.generation import BACKENDS as GENERATORS
 
         if backend in GENERATORS:
@@ -111,7 +114,7 @@ def evaluate(
                 on_progress=on_progress,
             )
     else:
-        from engine.operators.evaluate import evaluate_node
+        from engine.operators.evaluate import evaluate_node  # lazy: keeps `poise-git --help` fast
 
         if generator is not None:
             raise PoiseError("--generator applies with --suite only")

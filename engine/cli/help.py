@@ -6,6 +6,8 @@ docs/cli.md repeat them; tests/test_cli.py checks that they agree with ``engine.
 
 from __future__ import annotations
 
+from rich.markup import escape
+
 EXIT_CODES = (
     (0, "success"),
     (1, "error: bad input, unknown node, invalid poise.toml, a failed LLM endpoint or git"),
@@ -71,8 +73,6 @@ _EXAMPLES: dict[str, list[str]] = {
 
 def examples(name: str) -> str | None:
     """The epilog of one verb: its examples, one per line (rich markup escaped)."""
-    from rich.markup import escape
-
     lines = _EXAMPLES.get(name)
     if not lines:
         return None

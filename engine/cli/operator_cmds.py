@@ -7,8 +7,10 @@ import os
 from pathlib import Path
 
 import typer
+from rich.markdown import Markdown
 from rich.table import Table
 
+from engine.archive.store import Archive
 from engine.cli import EXIT_REJECTED, ArchiveOpt, console, err_console
 
 ProposerOpt = typer.Option(
@@ -27,7 +29,7 @@ def make_llm(arch, cfg, proposer: str | None, replay: bool):
     """An LLM client when the llm proposer is in use, else None."""
     if (proposer or cfg.propose.proposer) != "llm":
         return None
-    from engine.operators.llm import make_client
+    from engine.operators.llm import make_client  # lazy: keeps `poise-git --help` fast
 
     return make_client(cfg, arch, replay=replay)
 
@@ -57,8 +59,7 @@ def propose(
     archive: Path = ArchiveOpt,
 ) -> None:
     """Propose N candidate mechanisms for PARENT, screened for consistency, feasibility, novelty and expected gain."""
-    from engine.archive.store import Archive
-    from engine.operators.propose import propose_all
+    from engine.operators.propose import propose_all  # lazy: keeps `poise-git --help` fast
 
     arch = Archive(archive)
     cfg = arch.config()
@@ -107,8 +108,7 @@ def verify(
     """Static checks + the generated test suite (sandboxed); records verification.json and tests/.
 
     Exit code 3 when the node is rejected."""
-    from engine.archive.store import Archive
-    from engine.operators.verify import verify_node
+    from engine.operators.verify import verify_node  # lazy: keeps `poise-git --help` fast
 
     arch = Archive(archive)
     with console.status(f"verifying {node}…"):
@@ -138,10 +138,7 @@ def reflect(
 ) -> None:
     """Diagnose NODE against its parent (entropy, KL, plateau, length, validity, metric intervals);
     commit REFLECTION.md."""
-    from rich.markdown import Markdown
-
-    from engine.archive.store import Archive
-    from engine.operators.reflect import reflect_node
+    from engine.operators.reflect import reflect_node  # lazy: keeps `poise-git --help` fast
 
     arch = Archive(archive)
     cfg = arch.config()

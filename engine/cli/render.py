@@ -11,6 +11,7 @@ import sys
 from rich.markdown import Markdown
 from rich.panel import Panel
 from rich.syntax import Syntax
+from rich.text import Text
 
 from engine.cli import console
 
@@ -37,7 +38,5 @@ def section(title: str, text: str, kind: str = "text") -> None:
     elif kind == "diff":
         body = Syntax(text, "diff", theme="ansi_dark", word_wrap=True)
     else:
-        from rich.text import Text
-
         body = Text(text)
     console.print(Panel(body, title=title))

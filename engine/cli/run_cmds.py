@@ -11,7 +11,9 @@ import time
 from pathlib import Path
 
 import typer
+from rich.text import Text
 
+from engine.archive.store import ALGORITHM, Archive
 from engine.cli import ArchiveOpt, console
 from engine.errors import PoiseError
 
@@ -20,7 +22,9 @@ class _Display:
     """A rich live panel (round, stage, node, elapsed, best so far) and a concise log line per event."""
 
     def __init__(self, log_path: Path | None):
-        from rich.live import Live
+        from rich.live import Live  # lazy: keeps `poise-git --help` fast
+
+        # lazy: keeps `poise-git --help` fast
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -62,8 +66,6 @@ class _Display:
         else:  # piped (`| tee run.txt`): one plain line, not a log table as wide as the console
             console.print(f"[dim]{time.strftime('[%H:%M:%S]')}[/] {msg}", highlight=False)
         if self.log_file:
-            from rich.text import Text
-
             self.log_file.write(
                 time.strftime("%Y-%m-%d %H:%M:%S ") + Text.from_markup(msg).plain + "\n"
             )
@@ -216,9 +218,8 @@ def run(
 
     Creates the archive first when --archive does not exist (or is empty). Stops cleanly at the first
     exhausted budget; `--resume` continues after a stop or a crash, from git alone."""
-    from engine.archive.store import Archive
-    from engine.loop.budget import Budget
-    from engine.loop.core import Loop, RunOptions
+    from engine.loop.budget import Budget  # lazy: keeps `poise-git --help` fast
+    from engine.loop.core import Loop, RunOptions  # lazy: numpy is heavy (only this path needs it)
 
     opts = RunOptions(
         plan={
@@ -241,6 +242,7 @@ def run(
         replay=replay,
     )
     if objective:
+        # lazy: numpy is heavy (only this path needs it)
         from engine.select.objective import parse_objective
 
         parse_objective(objective)  # a bad objective fails before anything is created
@@ -266,8 +268,6 @@ def run(
 
 def _print_summary(arch, s, report: bool) -> None:
 
-    from engine.archive.store import ALGORITHM
-
     c = s.counts
     console.print(f"\n[bold]run {s.run_id}[/] rounds {s.rounds[0]}–{s.rounds[1]}: {s.stop_reason}")
     console.print(
@@ -283,7 +283,10 @@ def _print_summary(arch, s, report: bool) -> None:
     if s.best:
         root_txt = ""
         if s.root_utility is not None and s.best != root:
+            # lazy: numpy is heavy (only this path needs it)
             from engine.report.html import report_experiment
+
+            # lazy: numpy is heavy (only this path needs it)
             from engine.select.objective import promotion
 
             nodes = arch.nodes(s.protocol)
@@ -296,11 +299,12 @@ def _print_summary(arch, s, report: bool) -> None:
             console.print(
                 f"no candidate beat the root; the best candidate is [bold]{shown}[/] (U {s.best_candidate_utility:.4f})"
             )
-        from engine.cli.render import section
+        from engine.cli.render import section  # lazy: keeps `poise-git --help` fast
 
         diff = arch.diff(root, shown, [ALGORITHM])
         section(f"mechanism diff: {root} -> {shown}", diff or "(no change)", "diff")
     if report:
+        # lazy: numpy is heavy (only this path needs it)
         from engine.report.html import render_report
 
         page = render_report(arch)
@@ -312,7 +316,10 @@ def _print_summary(arch, s, report: bool) -> None:
 
 def discovery_verdict(arch, protocol: str, best: str, root: str) -> str:
     """One line: does ``best`` beat ``root`` beyond the 95% interval of their paired difference?"""
+    # lazy: numpy is heavy (only this path needs it)
     from engine.report.html import report_experiment
+
+    # lazy: numpy is heavy (only this path needs it)
     from engine.select.objective import paired_difference
 
     nodes = arch.nodes(protocol)
@@ -346,8 +353,10 @@ def report(
     top: int = typer.Option(3, "--top", help="Best nodes shown in the training-dynamics figure."),
 ) -> None:
     """Write an HTML report: lineage, frontier vs depth, training dynamics, accuracy vs length, node table."""
-    from engine.archive.store import Archive
+    # lazy: numpy is heavy (only this path needs it)
     from engine.report.html import render_report, report_experiment
+
+    # lazy: numpy is heavy (only this path needs it)
     from engine.select.objective import with_objective
 
     arch = Archive(archive)
@@ -368,7 +377,7 @@ def ui(
     """Start the MLflow UI on the archive's store (one worker, job execution off); Ctrl-C stops the
     server and every process it started. With MLFLOW_TRACKING_URI pointing at a server, print that
     server instead."""
-    from engine.archive.store import Archive
+    # lazy: keeps `poise-git --help` fast
     from engine.archive.tracking import artifact_root, tracking_uri
 
     arch = Archive(archive)
@@ -415,7 +424,7 @@ def _interrupt(signum, _frame) -> None:
 
 def stop_tree(pid: int, grace_s: float = 10.0) -> None:
     """SIGTERM ``pid`` and every descendant, SIGKILL what is left after ``grace_s``; reap ``pid``."""
-    import psutil
+    import psutil  # lazy: psutil is heavy (only this path needs it)
 
     try:
         root = psutil.Process(pid)

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from engine.archive.store import Archive
 from engine.cli import ArchiveOpt, console
 
 
@@ -38,8 +39,7 @@ def select(
 ) -> None:
     """Score every node with s(d) = w_pareto*U_pareto + w_perf*U_perf + w_div*U_div + w_bayes*alpha_GP
     and pick the next parents (greedy, diversity-aware, without replacement)."""
-    from engine.archive.store import Archive
-    from engine.select import select_parents
+    from engine.select import select_parents  # lazy: numpy is heavy (only this path needs it)
 
     sel = select_parents(Archive(archive), None, k=k, seed=seed, protocol=protocol)
     if as_json:
@@ -136,8 +136,7 @@ def retrospect(
     """Retrospective parent retention: per round, did the top-ranked selected parent produce the
     strongest descendant; gains parent -> best descendant; selected parents below the root that later
     led above it."""
-    from engine.archive.store import Archive
-    from engine.select import retrospect as run
+    from engine.select import retrospect as run  # lazy: numpy is heavy (only this path needs it)
 
     rep = run(Archive(archive))
     if as_json:

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shlex
+import subprocess
 from pathlib import Path
 
 import typer
 
+from engine.archive.store import Archive
 from engine.cli import ArchiveOpt, console
 from engine.errors import ConfigError, PoiseError
 
@@ -71,13 +74,12 @@ def train(
 ) -> None:
     """Train NODE with verl (lr 1e-6, batch 256 x 8 samples, 8 epochs, prompt 1024 / response 3000,
     KL loss, vLLM rollout), logging into the node's MLflow run; --smoke runs verl on the CPU."""
-    import importlib.util
-    import os
-    import subprocess
+    from engine.operators.verify import refuse_unverified  # lazy: keeps `poise-git --help` fast
+    from engine.operators.verl_launch import node_launch  # lazy: keeps `poise-git --help` fast
+    from engine.sandbox.env import without_secrets  # lazy: keeps `poise-git --help` fast
+    from trainer_template.loader import AlgorithmLoadError  # lazy: keeps `poise-git --help` fast
 
-    from engine.archive.store import Archive
-    from engine.operators.verl_launch import node_launch
-    from trainer_template.loader import AlgorithmLoadError
+    # lazy: keeps `poise-git --help` fast
     from trainer_template.verl_backend.launch import VerlProtocol
 
     if backend != "verl":
@@ -85,7 +87,7 @@ def train(
             f"unknown training backend {backend!r}: only 'verl' (use `poise-git evaluate` for the CPU proxy)"
         )
     if smoke:
-        from engine.cli.verl_smoke import run_smoke
+        from engine.cli.verl_smoke import run_smoke  # lazy: keeps `poise-git --help` fast
 
         if dry_run:
             raise ConfigError("--dry-run prints the GPU protocol's command; drop --smoke")
@@ -106,8 +108,9 @@ def train(
         )
     arch = Archive(archive)
     arch.node(node)  # unknown node: one clear error
+    refuse_unverified(arch, node, "train")  # its code runs unsandboxed, in this process too
     if not dry_run:
-        import torch
+        import torch  # lazy: torch is heavy (only this path needs it)
 
         if not torch.cuda.is_available():
             raise PoiseError(
@@ -131,7 +134,7 @@ def train(
         typer.echo(" \\\n".join(lines))
         return
     console.print(f"[bold]{node}[/]: verl training, MLflow run {launch.env['MLFLOW_RUN_ID']}")
-    proc = subprocess.run(launch.cmd, env={**os.environ, **launch.env})
+    proc = subprocess.run(launch.cmd, env=without_secrets(launch.env))
     if proc.returncode != 0:
         raise PoiseError(f"verl exited with status {proc.returncode}")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -9,8 +10,14 @@ from typing import Any
 import typer
 from rich.table import Table
 
+from engine.archive.store import Archive
 from engine.cli import console
 from engine.errors import PoiseError
+from engine.operators.train_verl import require_verl, train_smoke
+from engine.operators.verify import refuse_unverified
+from engine.operators.verl_smoke_result import check_objective, evaluate_checkpoint, record_smoke
+from trainer_template.loader import AlgorithmLoadError
+from trainer_template.verl_backend.smoke import SmokeProtocol
 
 SUMMARY = (
     "train/reward_mean",
@@ -24,8 +31,6 @@ SUMMARY = (
 
 
 def _open_or_init(path: Path):
-    from engine.archive.store import Archive
-
     if not path.exists() or (path.is_dir() and not any(path.iterdir())):
         arch = Archive.init(path)
         console.print(f"initialized archive [bold]{arch.path}[/] with root node [bold]grpo[/]")
@@ -57,20 +62,10 @@ def run_smoke(
     limit: int = 2,
 ) -> None:
     """Train (and with ``evaluate`` score) ``node`` under the verl-smoke protocol, printing progress."""
-    import os
-
-    from engine.operators.train_verl import require_verl, train_smoke
-    from engine.operators.verl_smoke_result import (
-        check_objective,
-        evaluate_checkpoint,
-        record_smoke,
-    )
-    from trainer_template.loader import AlgorithmLoadError
-    from trainer_template.verl_backend.smoke import SmokeProtocol
-
     require_verl()
     arch = _open_or_init(archive)
     arch.node(node)  # unknown node: one clear error before anything starts
+    refuse_unverified(arch, node, "evaluate" if evaluate else "train")  # verl is not sandboxed
     check_objective(arch)
     try:
         proto = SmokeProtocol(steps=steps, seed=seed)

@@ -19,6 +19,7 @@ from typing import Any
 
 from engine.archive.results import configured_protocol
 from engine.archive.store import ROOT_NAME, Archive
+from engine.archive.tracking import MLFLOW_DB, find_runs, mlflow_client
 from engine.errors import PoiseError
 from engine.loop.budget import Budget, RunUsage, exhausted
 from engine.loop.executor import STOPPED, EvalJob, EvalOutcome, make_executor
@@ -33,7 +34,13 @@ from engine.loop.state import (
     run_nodes,
     save_run,
 )
+from engine.operators.implement import implement
+from engine.operators.llm import make_client
+from engine.operators.propose import propose
+from engine.operators.reflect import reflect_node
+from engine.operators.verify import verify_node
 from engine.select import objective as obj
+from engine.select import select_parents
 
 Event = Callable[[dict], None]
 log = logging.getLogger(__name__)
@@ -151,8 +158,6 @@ class Loop:
         )
         self.llm = None
         if plan.proposer == "llm" or o.replay:
-            from engine.operators.llm import make_client
-
             self.llm = make_client(self.cfg, self.archive, replay=o.replay)
         return save_run(
             self.archive, rec, f"poise: run {rec.id} {'resumed' if o.resume else 'started'}"
@@ -263,7 +268,6 @@ class Loop:
         sel = self.rec.data["selections"].get(str(r))
         if sel is None:
             self.emit({"kind": "stage", "round": r, "stage": "select", "node": ""})
-            from engine.select import select_parents
 
             s = select_parents(self.archive, self.cfg, k=self.plan.parents, seed=self.plan.seed + r)
             if not s.chosen:
@@ -325,8 +329,6 @@ class Loop:
                 return
 
     def _propose(self, parent: str, n: int, seed: int) -> list:
-        from engine.operators.propose import propose
-
         try:
             return propose(
                 self.archive,
@@ -342,8 +344,6 @@ class Loop:
             return []
 
     def _implement_all(self, r: int, entry: dict, proposals: list) -> None:
-        from engine.operators.implement import implement
-
         parent = entry["node"]
         for prop in proposals:
             if not self._check_budget():
@@ -486,8 +486,6 @@ class Loop:
             )
 
     def _reflect(self, name: str, r: int | None) -> None:
-        from engine.operators.reflect import reflect_node
-
         self.emit({"kind": "stage", "round": r, "stage": "reflect", "node": name})
         try:
             reflect_node(self.archive, name, self.cfg, llm=self.llm)
@@ -508,8 +506,6 @@ class Loop:
                 }
             )
         for name in todo.verify:
-            from engine.operators.verify import verify_node
-
             self.emit(
                 {"kind": "stage", "round": node_round(nodes[name]), "stage": "verify", "node": name}
             )
@@ -588,13 +584,9 @@ def _llm_usage(llm) -> tuple[int, float]:
 
 def _close_dangling_runs(archive: Archive, names: list[str]) -> None:
     """MLflow runs a killed evaluation left RUNNING are marked KILLED, so none is counted twice."""
-    from engine.archive.tracking import MLFLOW_DB
-
     if not os.environ.get("MLFLOW_TRACKING_URI") and not (archive.path / MLFLOW_DB).exists():
         return
     try:
-        from engine.archive.tracking import find_runs, mlflow_client
-
         client = mlflow_client(archive.path)
         for name in names:
             for run in find_runs(archive, name):

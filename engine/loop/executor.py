@@ -10,6 +10,7 @@ started it (PR_SET_PDEATHSIG), so a killed loop leaves no orphaned evaluation be
 from __future__ import annotations
 
 import concurrent.futures as cf
+import ctypes
 import json
 import os
 import signal
@@ -20,6 +21,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from engine.archive.results import EvaluationResult, Protocol, now
+from engine.archive.store import Archive
+from engine.operators.evaluate import evaluate_node, proxy_protocol
+from engine.sandbox.process import child_env
+from trainer_template.proxy.protocol import get_protocol
 
 RESULT_MARK = "POISE-EVAL-RESULT "
 STOPPED = "stopped"
@@ -60,8 +67,6 @@ def _grace(timeout_s: float) -> float:
 
 def run_job(job: EvalJob) -> EvalOutcome:
     """Run one evaluation in a limited worker process; record a failure on the node if it dies."""
-    from engine.sandbox.process import child_env
-
     start = time.monotonic()
     limit = job.timeout_s + _grace(job.timeout_s)
     cmd = [sys.executable, "-m", "engine.loop.executor", json.dumps(asdict(job))]
@@ -113,9 +118,6 @@ def record_failure(
 ) -> EvalOutcome:
     """Record the node failed under the job's protocol, with the reason, unless the evaluation
     itself already recorded its result there."""
-    from engine.archive.results import EvaluationResult, now
-    from engine.archive.store import Archive
-
     arch = Archive(job.archive)
     protocol = job_protocol(arch, job)
     node = arch.node(job.node)
@@ -139,12 +141,7 @@ def record_failure(
 
 def job_protocol(arch, job: EvalJob):
     """The typed protocol a job evaluates under (what its result is recorded as)."""
-    from engine.archive.results import Protocol
-
     if job.backend == "proxy":
-        from engine.operators.evaluate import proxy_protocol
-        from trainer_template.proxy.protocol import get_protocol
-
         preset = job.preset or arch.config().proxy.preset
         return proxy_protocol(preset, get_protocol(preset))
     return Protocol(f"{job.backend}/paper", backend=job.backend, preset="paper")
@@ -153,7 +150,7 @@ def job_protocol(arch, job: EvalJob):
 def kill_tree(pid: int) -> None:
     """SIGKILL ``pid``, every descendant and their process groups (never our own group)."""
     try:
-        import psutil
+        import psutil  # lazy: psutil is heavy (only this path needs it)
 
         root = psutil.Process(pid)
         procs = root.children(recursive=True) + [root]
@@ -245,7 +242,7 @@ class RayExecutor:
         num_gpus: float = 0.0,
         cpus_per_task: float = 1.0,
     ):
-        import ray
+        import ray  # lazy: optional dependency (ray extra)
 
         self.ray = ray
         repo = str(Path(__file__).resolve().parents[2])
@@ -324,7 +321,7 @@ def _die_with_parent() -> None:
 
     def on_term(signum, frame) -> None:
         try:
-            import psutil
+            import psutil  # lazy: psutil is heavy (only this path needs it)
 
             for child in psutil.Process().children(recursive=True):
                 kill_tree(child.pid)
@@ -333,8 +330,6 @@ def _die_with_parent() -> None:
 
     signal.signal(signal.SIGTERM, on_term)
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
     except Exception:
         pass
@@ -344,11 +339,9 @@ def _die_with_parent() -> None:
 
 def _worker(job: EvalJob) -> None:
     _die_with_parent()
-    import torch
+    import torch  # lazy: torch is heavy (only this path needs it)
 
     torch.set_num_threads(1)
-    from engine.archive.store import Archive
-    from engine.operators.evaluate import evaluate_node
 
     result = evaluate_node(
         Archive(job.archive),

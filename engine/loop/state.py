@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,8 +71,6 @@ def save_run(archive: Archive, rec: RunRecord, subject: str) -> RunRecord:
 
 
 def new_run_id() -> str:
-    import secrets
-
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
 
 

@@ -9,13 +9,17 @@ nodes outside the parent's lineage; plus recently rejected nodes with their reas
 from __future__ import annotations
 
 import ast
+import json
 import random
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.archive.results import configured_protocol
 from engine.config import utility
+from engine.operators.tokens import count_tokens
 from engine.select import objective
+from engine.select.pareto import parse_objectives
+from trainer_template import priors
 
 MAX_PER_TIER = 3
 CONTEXT_TOKENS = 12000
@@ -154,8 +158,6 @@ class Context:
         the other nodes' reflections shrink to their first finding, then go; prior cards shrink to
         400 characters; then the exploratory and complementary tiers go. What went is said at the
         end of the text and kept in ``trimmed``."""
-        from engine.operators.tokens import count_tokens
-
         steps = [
             ("full", None, 4, None),
             ("first", None, 4, "other nodes' reflections cut to their first finding"),
@@ -205,8 +207,6 @@ def pareto_nodes(
 ) -> list[str]:
     """Nodes no other node dominates; '-' minimizes, '+' maximizes, a bare name takes its
     direction from ``exp`` (``engine.config.metric_direction``)."""
-    from engine.select.pareto import parse_objectives
-
     keys = parse_objectives(objectives, exp)
     pts = {n: [m[k] * s for k, s in keys] for n, m in rows.items() if all(k in m for k, _ in keys)}
     return sorted(objective.pareto_front(pts))
@@ -229,8 +229,6 @@ def _edit_functions(edit: str) -> str:
 def load_priors(limit: int = 6) -> list[dict[str, str]]:
     """Literature priors from ``trainer_template.priors``: each card and, under it, the functions the
     prior's edit replaces in the root's algorithm.py (the root itself has none)."""
-    from trainer_template import priors
-
     out = []
     try:
         for name in list(priors.list_priors())[:limit]:
@@ -274,8 +272,6 @@ def mechanism_line(proposal_md: str | None, source: str | None) -> str:
 
 def build_context(archive, parent: str, cfg, *, seed: int | None = None, nodes=None) -> Context:
     """The full context for proposing children of ``parent``."""
-    import json
-
     nodes = nodes if nodes is not None else archive.nodes(configured_protocol(cfg))
     if parent not in nodes:
         archive.node(parent)  # raises the 'unknown node' error

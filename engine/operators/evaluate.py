@@ -1,5 +1,7 @@
-"""Evaluate a node under the standardized protocol: the embedded CPU proxy (one sandboxed process per
-seed, seeds in parallel), aggregate mean + 95% interval, record results.json and one MLflow run per seed.
+"""Evaluate a node under the standardized protocol: the embedded CPU proxy (per seed, a sandboxed
+training child and a sandboxed scorer that loads no candidate code: ``evaluate_seed``; seeds in
+parallel), aggregate mean + 95% interval, record results.json and one MLflow run per seed. Only a
+node that passed verification (or holds template code) is evaluated.
 
 The node's ``algorithm.py`` is read from its commit, never from a working directory. Torch and MLflow
 are imported only in the children / inside functions, so importing this module is cheap.
@@ -7,11 +9,11 @@ are imported only in the children / inside functions, so importing this module i
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -19,8 +21,16 @@ from importlib import metadata
 from pathlib import Path
 
 from engine.archive.results import EvaluationResult, Protocol, now
+from engine.archive.tracking import node_run
 from engine.errors import EvaluationError
+from engine.operators.evaluate_seed import run_seed
+from engine.operators.evaluate_verl import evaluate_node_verl
+from engine.operators.verify import refuse_unverified
+from engine.sandbox.limits import Limits
+from engine.sandbox.process import run_limited, trusted_env
+from engine.secrets import scrub
 from engine.stats import mean_interval
+from trainer_template.proxy.protocol import PRESETS, get_protocol, metric_unit
 
 log = logging.getLogger(__name__)
 TRAJECTORY_POINTS = 100
@@ -87,23 +97,20 @@ def evaluate_node(
     ``seeds``: a count N (seeds 0..N-1) or an explicit list; default ``[evaluation].seeds``.
     ``preset``: the proxy protocol preset (default ``[proxy].preset``). ``on_event``: progress lines.
     """
-    from trainer_template.proxy.protocol import PRESETS, get_protocol
-
     say = _reporter(name, on_event)
+    if backend not in ("proxy", "verl"):
+        raise EvaluationError(
+            f"evaluate: unknown backend {backend!r}; use 'proxy' (CPU) or 'verl' (GPU), "
+            "or --suite for benchmark scoring"
+        )
+    _require_verified(archive, name)
     if backend == "verl":
-        from engine.operators.evaluate_verl import evaluate_node_verl
-
         return evaluate_node_verl(
             archive,
             name,
             timeout_s=float(timeout_s or archive.config().evaluation.timeout_s),
             tags=tags,
             on_event=on_event,
-        )
-    if backend != "proxy":
-        raise EvaluationError(
-            f"evaluate: unknown backend {backend!r}; use 'proxy' (CPU) or 'verl' (GPU), "
-            "or --suite for benchmark scoring"
         )
     cfg = archive.config()
     node = archive.node(name)
@@ -169,6 +176,10 @@ def evaluate_node(
         raise
 
 
+def _require_verified(archive, name: str) -> None:
+    refuse_unverified(archive, name, "evaluate")
+
+
 def _run(
     archive,
     name,
@@ -185,87 +196,47 @@ def _run(
     prior_status,
     t_start,
 ) -> EvaluationResult:
-    from engine.sandbox.process import child_env, run_limited
-    from trainer_template.proxy.protocol import metric_unit
-
     cache_dir = cache_dir or cfg.proxy.cache_dir or None
-    env = child_env({"POISE_CACHE_DIR": str(Path(cache_dir).expanduser())} if cache_dir else None)
+    env = trusted_env({"POISE_CACHE_DIR": str(Path(cache_dir).expanduser())} if cache_dir else None)
     say(f"warm start ({preset}) ...")
-    ws = run_limited(
+    ws = run_limited(  # trusted code (no candidate's): it may write the cache
         [_python(), "-m", "trainer_template.proxy.worker", "warmstart", "--preset", preset],
         timeout_s=max(timeout, 600.0),
         env=env,
     )
-    if not ws.ok:
-        archive.set_status(name, prior_status, reason=f"proxy warm start failed: {ws.reason()}")
-        raise EvaluationError(f"the proxy's warm start failed: {ws.reason()}")
-    ws_lines = ws.stdout.strip().splitlines()[-3:]
-    if len(ws_lines) == 3:  # path, content hash of the weights (checked against the pin), device
-        base["details"] = {
-            **base["details"],
-            "warmstart_sha256": ws_lines[1],
-            "device": ws_lines[2],
-        }
+    lines = ws.stdout.strip().splitlines()
+    warmstart = Path(lines[-1]) if ws.ok and lines else None
+    if warmstart is None or not warmstart.is_file():
+        why = ws.reason() if not ws.ok else "it printed no checkpoint path"
+        archive.set_status(name, prior_status, reason=f"proxy warm start failed: {why}")
+        raise EvaluationError(f"the proxy's warm start failed: {why}")
+    if len(lines) >= 3:  # content hash of the weights (checked against the pin), device, path
+        base["details"] = {**base["details"], "warmstart_sha256": lines[-3], "device": lines[-2]}
     cache = SeedCache.from_env(source, base["protocol"].hash)
 
     workers = max(1, min(len(seed_list), cfg.proxy.parallel or (os.cpu_count() or 1)))
-    with tempfile.TemporaryDirectory(prefix="poise-eval-") as tmp:
-        algo_path = Path(tmp) / "algorithm.py"
-        algo_path.write_text(source, encoding="utf-8")
+    limits = Limits(wall_s=timeout, cpu_s=timeout * 1.5, memory_mb=cfg.evaluation.memory_mb)
 
-        def one(seed: int) -> dict:
-            hit = cache.load(seed) if cache else None
-            if hit is not None:
-                say(f"seed {seed}: {hit['status']} (cached)")
-                return hit
-            out = Path(tmp) / f"seed{seed}.json"
-            cmd = [
-                _python(),
-                "-m",
-                "trainer_template.proxy.worker",
-                "run",
-                "--preset",
-                preset,
-                "--algorithm",
-                str(algo_path),
-                "--name",
-                name,
-                "--seed",
-                str(seed),
-                "--out",
-                str(out),
-            ]
-            res = run_limited(
-                cmd,
-                timeout_s=timeout,
-                cpu_s=timeout * 1.5,
-                memory_mb=cfg.evaluation.memory_mb,
-                env=env,
+    def one(seed: int) -> dict:
+        hit = cache.load(seed) if cache else None
+        if hit is not None:
+            say(f"seed {seed}: {hit['status']} (cached)")
+            return hit
+        data = run_seed(source, name, seed, preset, protocol.rl.steps, warmstart.resolve(), limits)
+        if cache and data.get("status") in ("ok", "failed") and data.get("metrics"):
+            cache.store(seed, data)
+        say(
+            f"seed {seed}: {data['status']}"
+            + (
+                f" ({data['reason']})"
+                if data["status"] != "ok"
+                else f" overall {data['metrics'].get('overall', float('nan')):.3f}"
             )
-            data = (
-                json.loads(out.read_text()) if out.is_file() else {"trajectory": {}, "metrics": {}}
-            )
-            if not res.ok:
-                data.update(status="failed", reason=f"seed {seed}: {res.reason()}", metrics={})
-            elif data.get("status") not in ("ok", "failed"):
-                data.update(status="failed", reason=f"seed {seed}: the worker wrote no result")
-            elif data["status"] == "failed":
-                data["reason"] = f"seed {seed}: {data.get('reason')}"
-            data["seed"], data["wall_s"] = seed, res.wall_s
-            if cache and res.ok:
-                cache.store(seed, data)
-            say(
-                f"seed {seed}: {data['status']}"
-                + (
-                    f" ({data['reason']})"
-                    if data["status"] != "ok"
-                    else f" overall {data['metrics'].get('overall', float('nan')):.3f}"
-                )
-            )
-            return data
+        )
+        return data
 
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            runs = list(pool.map(one, seed_list))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        runs = list(pool.map(one, seed_list))
 
     run_ids = _log_mlflow(archive, name, runs, base, tags, say)
     failed = [r for r in runs if r["status"] != "ok"]
@@ -349,13 +320,12 @@ class SeedCache:
         d = os.environ.get("POISE_EVAL_CACHE")
         if not d:
             return None
+        # lazy: engine.operators.propose imports the loop's operators (a circle at the top)
         from engine.operators.propose import code_key
 
         code = code_key(source)
         if code is None:
             return None
-        import hashlib
-
         key = hashlib.sha256(f"{code}|{protocol_hash}".encode()).hexdigest()[:32]
         return cls(Path(d).expanduser(), key)
 
@@ -393,10 +363,8 @@ def _log_mlflow(
 ) -> dict[int, str]:
     """One MLflow run per seed: protocol params, per-step train/* metrics (batched), eval/* metrics."""
     try:
-        from mlflow.entities import Metric, Param
-        from mlflow.tracking import MlflowClient
-
-        from engine.archive.tracking import node_run
+        from mlflow.entities import Metric, Param  # lazy: mlflow is heavy (only this path needs it)
+        from mlflow.tracking import MlflowClient  # lazy: mlflow is heavy (only this path needs it)
     except Exception as exc:  # pragma: no cover - mlflow is a dependency
         say(f"MLflow unavailable: {exc}")
         return {}
@@ -445,7 +413,7 @@ def _log_mlflow(
                 if not metrics:
                     client.log_batch(rid, params=params)
                 if r["status"] != "ok":
-                    client.set_tag(rid, "poise.reason", str(r.get("reason", ""))[:500])
+                    client.set_tag(rid, "poise.reason", scrub(str(r.get("reason", "")))[:500])
                 ids[r["seed"]] = rid
         except Exception as exc:
             say(f"MLflow logging failed for seed {r['seed']}: {type(exc).__name__}: {exc}")

@@ -7,13 +7,26 @@ MLflow run with the samples.
 
 from __future__ import annotations
 
+import dataclasses
+import gzip
+import json
 import platform
+import tempfile
 import time
 from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
 
 from engine.archive.results import EvaluationResult, Protocol, now
+from engine.archive.tracking import node_run
 from engine.errors import EvaluationError
+from evaluators.benchmarks import suite as suite_spec
+from evaluators.errors import SuiteError
+from evaluators.generation import BACKENDS, make_backend
+from evaluators.grading import GRADER_VERSION
+from evaluators.metrics import suite_metric_unit
+from evaluators.suite import build_metrics, protocol, protocol_hash, run_benchmark_suite
 
 
 def evaluate_node_on_suite(
@@ -36,11 +49,6 @@ def evaluate_node_on_suite(
     """Score ``model`` (trained with node ``name``'s algorithm) on ``suite``, sampling with the
     ``generator`` (vllm | openai | transformers); record the result on the node (status evaluated |
     failed) and in an MLflow run."""
-    from evaluators.benchmarks import suite as suite_spec
-    from evaluators.errors import SuiteError
-    from evaluators.generation import BACKENDS, make_backend
-    from evaluators.suite import protocol, protocol_hash, run_benchmark_suite
-
     preset = {None: "paper", "default": "paper"}.get(preset, preset)
     if generator not in BACKENDS:
         raise EvaluationError(
@@ -111,10 +119,6 @@ def evaluate_node_on_suite(
 
 
 def _result(base: dict, run: dict, details: dict, t0: float) -> EvaluationResult:
-    from evaluators.grading import GRADER_VERSION
-    from evaluators.metrics import suite_metric_unit
-    from evaluators.suite import build_metrics
-
     metrics = build_metrics(run)
     details["counts"] = {
         k: {
@@ -143,16 +147,10 @@ def _result(base: dict, run: dict, details: dict, t0: float) -> EvaluationResult
 
 
 def _fields(r: EvaluationResult) -> dict[str, Any]:
-    import dataclasses
-
     return {f.name: getattr(r, f.name) for f in dataclasses.fields(r)}
 
 
 def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    from evaluators.grading import GRADER_VERSION
-
     out = {"grader": GRADER_VERSION}
     for pkg in ("poise-git", "math-verify", "transformers", "vllm", "openai", "torch"):
         try:
@@ -163,15 +161,7 @@ def _versions() -> dict[str, str]:
 
 
 def _log_mlflow(archive, name: str, result: EvaluationResult, samples: list[dict]) -> str:
-    import gzip
-    import json
-    import tempfile
-    from pathlib import Path
-
-    import mlflow
-
-    from engine.archive.tracking import node_run
-    from evaluators.grading import GRADER_VERSION
+    import mlflow  # lazy: mlflow is heavy (only this path needs it)
 
     proto = result.protocol
     suite = proto.settings["suite"]

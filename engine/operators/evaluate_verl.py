@@ -11,7 +11,13 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from engine.archive.results import EvaluationResult, now
+from engine.archive.results import Protocol as ResultProtocol
 from engine.errors import EvaluationError, PoiseError
+from engine.operators.evaluate_suite import evaluate_node_on_suite
+from engine.operators.verl_launch import node_launch
+from engine.sandbox.process import run_limited, trusted_env
+from trainer_template.verl_backend.launch import VerlProtocol
 
 # verl saves at the last step when save_freq > 0; a huge period means "only at the end". The HF copy is
 # what vLLM loads for the evaluation.
@@ -43,10 +49,8 @@ def evaluate_node_verl(
     on_event=None,
 ):
     """Train ``name`` with verl, then score the checkpoint on math6 (vLLM); records like the proxy."""
-    from engine.sandbox.process import run_limited
-
     try:
-        import torch
+        import torch  # lazy: torch is heavy (only this path needs it)
 
         n_visible = torch.cuda.device_count()
     except Exception:  # pragma: no cover - torch is a core dependency
@@ -55,8 +59,6 @@ def evaluate_node_verl(
         raise EvaluationError(
             "the verl backend needs a CUDA GPU and none is visible here; use --backend proxy on the CPU"
         )
-    from engine.operators.verl_launch import node_launch
-    from trainer_template.verl_backend.launch import VerlProtocol
 
     say = on_event or (lambda _m: None)
     proto = VerlProtocol(
@@ -69,9 +71,8 @@ def evaluate_node_verl(
     say(
         f"{name}: verl training ({proto.model}, {proto.n_gpus} GPU(s)), MLflow run {launch.env['MLFLOW_RUN_ID']}"
     )
-    import os
 
-    res = run_limited(launch.cmd, timeout_s=timeout_s, env={**os.environ, **launch.env})
+    res = run_limited(launch.cmd, timeout_s=timeout_s, env=trusted_env(launch.env))
     ckpt = final_checkpoint(launch.files["ckpt"]) if res.ok else None
     if ckpt is None:
         reason = (
@@ -79,8 +80,6 @@ def evaluate_node_verl(
             if not res.ok
             else "verl training saved no HF checkpoint"
         )
-        from engine.archive.results import EvaluationResult, now
-        from engine.archive.results import Protocol as ResultProtocol
 
         result = EvaluationResult(
             protocol=ResultProtocol("verl/paper", backend="verl", preset="paper"),
@@ -95,8 +94,6 @@ def evaluate_node_verl(
         return result
     say(f"{name}: scoring {ckpt} on math6 with vLLM")
     try:
-        from engine.operators.evaluate_suite import evaluate_node_on_suite
-
         return evaluate_node_on_suite(
             archive, name, suite="math6", generator="vllm", model=str(ckpt)
         )

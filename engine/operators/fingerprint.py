@@ -6,16 +6,23 @@ policy loss and gradient norm on fixed log-prob probes, and what the KL / entrop
 Two candidates whose fingerprints agree within ``DUPLICATE_TOL`` in every part (advantages up to a
 constant positive scale; loss probes in relative L2) are near-duplicates, whatever their code looks like.
 
-Computing a fingerprint executes candidate code: it only ever runs in a limited subprocess
-(``fingerprints(...)`` -> ``python -m engine.operators.fingerprint``), after the static checks.
+Computing a fingerprint executes candidate code: the engine runs it only behind the sandbox, after
+the static checks, as recorded calls (``engine.operators.probe``) replayed on the trusted side, where
+``compute`` assembles the vector (``fingerprints(...)`` and ``verify``).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import sys
+import threading
 from collections.abc import Sequence
+
+from engine.operators.recording import Recorder
+from engine.sandbox import boundary
+from engine.sandbox.channel import ChannelError
+from engine.sandbox.limits import Limits
+from engine.sandbox.runner import Feed, run_sandboxed
+from trainer_template.loader import make_config
 
 DUPLICATE_TOL = 1e-3
 BANK_NAMES = (
@@ -31,8 +38,9 @@ BANK_NAMES = (
 
 def bank():
     """The fixed synthetic batches: ``{name: RolloutBatch}`` (groups of 8; deterministic)."""
-    import torch
+    import torch  # lazy: torch is heavy (only this path needs it)
 
+    # lazy: torch is heavy (only this path needs it)
     from trainer_template.interface import RolloutBatch
 
     def mk(correct, valid=None, lengths=None, group=None, g=8):
@@ -83,7 +91,7 @@ def bank():
 
 def loss_probes():
     """Fixed [B=4, T=6] probes: log-probs whose ratios cross both clip edges, advantages of both signs."""
-    import torch
+    import torch  # lazy: torch is heavy (only this path needs it)
 
     g = torch.Generator().manual_seed(1234)
     old = -torch.rand(4, 6, generator=g) * 3 - 0.1
@@ -99,10 +107,10 @@ def loss_probes():
 
 def compute(module, cfg=None) -> list[float]:
     """The fingerprint vector of a loaded algorithm module (NaN/inf kept as large sentinels)."""
-    import torch
+    import torch  # lazy: torch is heavy (only this path needs it)
 
+    # lazy: torch is heavy (only this path needs it)
     from trainer_template.interface import TrainingState, call_policy_loss
-    from trainer_template.loader import make_config
 
     # mid-training, entropy below a typical target: loss-side controllers show their effect
     probe_state = TrainingState(progress=0.5, step=50, total_steps=101, entropy=0.05)
@@ -188,51 +196,72 @@ def nearest(
 
 
 def fingerprints(
-    sources: Sequence[str], *, timeout_s: float = 120.0, memory_mb: int = 4096
+    sources: Sequence[str], *, timeout_s: float = 120.0, memory_mb: int = 4096, call_s: float = 10.0
 ) -> list[list[float] | str]:
-    """Fingerprint many (statically checked) sources in ONE limited subprocess; an error string per failure."""
+    """Fingerprint many (statically checked) sources; an error string per failure.
+
+    A sandboxed child runs the probes of every source and streams each call's raw output (it is
+    restarted after the source that stopped it); the vectors are computed by a second sandboxed child
+    that replays the recording and loads no candidate code."""
     if not sources:
         return []
-    from engine.sandbox.process import child_env, run_limited
 
-    res = run_limited(
-        [sys.executable, "-m", "engine.operators.fingerprint"],
-        timeout_s=timeout_s,
-        cpu_s=timeout_s,
-        memory_mb=memory_mb,
-        env=child_env(),
-        input=json.dumps(list(sources)),
+    b = boundary.resolve()
+    limits = Limits(wall_s=timeout_s, cpu_s=timeout_s, memory_mb=memory_mb)
+    inputs = {f"src{i}.py": src.encode("utf-8") for i, src in enumerate(sources)}
+    values: list = []
+
+    def on_result(frame: dict, _session) -> None:
+        if frame.get("type") != "fingerprints" or not isinstance(frame.get("values"), list):
+            raise ChannelError("the replay sent an unexpected frame")
+        values.extend(frame["values"])
+
+    feed = Feed()
+    judging: dict = {}
+    judge = threading.Thread(  # starts now: its imports overlap the recording
+        target=lambda: judging.update(
+            run=run_sandboxed(
+                "engine.operators.verify_child",
+                ["fp-replay", "{input}", str(len(sources))],
+                limits=limits.with_(wall_s=2 * timeout_s),
+                env={"POISE_VERIFY_MODE": "replay"},
+                on_frame=on_result,
+                boundary=b,
+                stdin=feed,
+            )
+        ),
+        name="poise-fingerprint-replay",
     )
-    if not res.ok:
-        return [f"fingerprinting failed: {res.reason()}"] * len(sources)
+    judge.start()
+    rec = Recorder(call_s)
+    start, ended, refused = 0, "", ""
     try:
-        out = json.loads(res.stdout.strip().splitlines()[-1])
-    except (json.JSONDecodeError, IndexError):
-        return ["fingerprinting produced no result"] * len(sources)
-    return out
-
-
-def _main() -> None:
-    import signal
-
-    from trainer_template.loader import load_algorithm
-
-    def _alarm(*_):
-        raise TimeoutError("a call took longer than 10 s")
-
-    signal.signal(signal.SIGALRM, _alarm)
-    sources = json.loads(sys.stdin.read())
-    out: list = []
-    for i, src in enumerate(sources):
-        signal.alarm(10)
-        try:
-            out.append(compute(load_algorithm(src, f"fp{i}")))
-        except BaseException as exc:  # noqa: BLE001 - any candidate failure is data here
-            out.append(f"{type(exc).__name__}: {str(exc)[:200]}")
-        finally:
-            signal.alarm(0)
-    sys.stdout.write("\n" + json.dumps(out) + "\n")
-
-
-if __name__ == "__main__":
-    _main()
+        while start < len(sources):
+            run = run_sandboxed(
+                "engine.operators.verify_child",
+                ["fp-record", "{input}", str(start)],
+                limits=limits,
+                inputs=inputs,
+                env={"POISE_VERIFY_MODE": "record"},
+                on_frame=rec,
+                boundary=b,
+            )
+            if run.protocol_error:
+                refused = f"fingerprinting failed: {run.reason()}"
+                break
+            stop = rec.finish(run)
+            if not stop:
+                break
+            ended, rec.done = stop, False
+            seen = [int(k[2:].split("#")[0]) for k in rec.calls if k.startswith("fp")]
+            start = max([start, *seen]) + 1  # the source it stopped at keeps its recorded error
+        feed.put(None if refused else rec.to_json(ended).encode())
+    finally:
+        feed.put(None)
+        judge.join()
+    if refused:
+        return [refused] * len(sources)
+    judged = judging["run"]
+    if not judged.ok or len(values) != len(sources):
+        return [f"fingerprinting failed: {judged.reason()}"] * len(sources)
+    return [[float(x) for x in v] if isinstance(v, list) else f"{v}"[:300] for v in values]

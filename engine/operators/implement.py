@@ -8,12 +8,15 @@ that never passes in R rounds is archived ``rejected`` with its reason.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from engine.archive.edit import apply_edit
 from engine.errors import PoiseError
+from engine.operators.proposers import get_proposer
 from engine.operators.static_check import static_check
+from engine.operators.verify import generate_suite, verify_node
 
 
 def build_source(
@@ -26,6 +29,7 @@ def build_source(
     ``drop`` fields removed (every other line of the dataclass kept)."""
     src = apply_edit(parent_source, edit) if edit.strip() else parent_source
     if hyperparameters or drop:
+        # lazy: libcst is heavy (only this path needs it)
         from engine.operators.proposers.hyperparams import set_defaults
 
         src = set_defaults(src, hyperparameters or {}, drop=drop)
@@ -51,9 +55,6 @@ def implement(
     Every failed attempt is kept on the node's branch under ``attempts/<r>/`` (see
     :func:`attempt_files`): its edit and algorithm.py, the failure with the failing tests, and the
     correction prompt that went back to the proposer, so ``git log poise/NODE`` shows the loop."""
-    from engine.operators.proposers import get_proposer
-    from engine.operators.verify import verify_node
-
     parents = [parent] if isinstance(parent, str) else list(parent)
     parents += [p for p in getattr(proposal, "parents", ()) if p not in parents]
     rounds = max(1, rounds if rounds is not None else cfg.propose.correction_rounds)
@@ -172,8 +173,6 @@ def attempt_files(
     ``algorithm.py`` (when the edit applied), ``failure.txt`` (the reason and every failing test
     with its message), ``verification.json`` and the generated ``tests/`` (when tests ran), and
     ``correction_prompt.md`` (the messages sent back to the proposer, when it was asked)."""
-    from engine.operators.verify import generate_suite
-
     base = f"attempts/{r}/"
     files = {base + "edit.py": proposal.edit or ""}
     if source is not None:
@@ -215,8 +214,6 @@ def _record_usage(archive, name: str, llm, proposal) -> None:
 
 
 def unique_name(archive, base: str) -> str:
-    import re
-
     base = re.sub(r"[^A-Za-z0-9._-]+", "-", base or "candidate").strip("-.")[:60] or "candidate"
     nodes = archive.nodes()
     if base not in nodes:

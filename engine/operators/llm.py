@@ -19,6 +19,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jsonschema
+
+from engine import secrets
 from engine.errors import PoiseError
 
 LLM_REF_PREFIX = "refs/poise-llm/"
@@ -90,8 +93,6 @@ def price(model: str, prompt: int, completion: int) -> float:
 
 def validate_json(data: Any, schema: Mapping[str, Any]) -> str | None:
     """None when ``data`` satisfies the JSON schema, else a one-line reason."""
-    import jsonschema
-
     try:
         jsonschema.validate(data, schema)
     except jsonschema.ValidationError as exc:
@@ -141,8 +142,9 @@ class LLMClient:
     # -- endpoint ------------------------------------------------------------------------------
     def _openai(self):
         if self._client is None:
-            import openai
+            import openai  # lazy: openai is heavy (only this path needs it)
 
+            secrets.register_env(self.cfg.api_key_env)
             key = os.environ.get(self.cfg.api_key_env, "")
             if not key:
                 if not self.base_url:
@@ -170,7 +172,7 @@ class LLMClient:
         HTTP 429 and 5xx, and 200 replies that are not a completion (a non-JSON body from a
         gateway, a JSON error object, no choices). Anything else fails at once. Every failure is
         one LLMError naming the endpoint and the HTTP status."""
-        import openai
+        import openai  # lazy: openai is heavy (only this path needs it)
 
         client = self._openai()
         attempts = max(1, int(self.cfg.max_retries) + 1)

@@ -21,6 +21,11 @@ from typing import Any
 
 from engine.archive.results import configured_protocol
 from engine.errors import PoiseError
+from engine.operators.fingerprint import DUPLICATE_TOL, distance, fingerprints, nearest
+from engine.operators.implement import build_source
+from engine.operators.llm import make_client
+from engine.operators.proposers import get_proposer
+from engine.operators.static_check import static_check
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +102,6 @@ def archived_fingerprints(
     archive, nodes=None
 ) -> tuple[dict[str, list[float]], list[tuple[str, str]]]:
     """(recorded fingerprints of live nodes from verification.json, [(node, source)] still to compute)."""
-    from engine.operators.static_check import static_check
-
     nodes = nodes if nodes is not None else archive.nodes()
     live = [n for n in nodes.values() if n.status not in ("rejected", "failed")]
     blobs = archive.git.cat_blobs([f"{n.commit}:verification.json" for n in live])
@@ -166,10 +169,6 @@ def screen(
     near-duplicates are dropped. Code that fails to build, the static
     checks or the fingerprint bank is kept with ``screening['feasible'] = False`` and half the score: the
     implementer's correction loop gets to fix it. Feasible proposals rank first."""
-    from engine.operators.fingerprint import DUPLICATE_TOL, distance, fingerprints, nearest
-    from engine.operators.implement import build_source
-    from engine.operators.static_check import static_check
-
     parent_src = archive.algorithm(parent)
     known = archived_code(archive, nodes)
     candidates: list[tuple[Proposal, str | None]] = []
@@ -273,16 +272,14 @@ def propose_all(
     replay: bool = False,
 ) -> tuple[list[Proposal], list[Proposal]]:
     """(kept[:n] best first, dropped) — :func:`propose` plus the screened-out candidates and why."""
+    # lazy: numpy is heavy (only this path needs it)
     from engine.operators.context import build_context
-    from engine.operators.proposers import get_proposer
 
     n = n or cfg.propose.population
     if n < 1:
         raise PoiseError("--n must be >= 1")
     name = proposer or cfg.propose.proposer
     if name == "llm" and llm is None:
-        from engine.operators.llm import make_client
-
         llm = make_client(cfg, archive, replay=replay)
     nodes = archive.nodes(configured_protocol(cfg))
     ctx = build_context(archive, parent, cfg, seed=seed, nodes=nodes)

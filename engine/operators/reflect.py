@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine.archive.results import EvaluationResult, comparable, configured_protocol
+from engine.archive.tracking import mlflow_client
 from engine.errors import PoiseError
 
 log = logging.getLogger(__name__)
@@ -225,7 +226,6 @@ def _log_mlflow(archive, result: EvaluationResult, text: str) -> None:
     run_ids = list(result.mlflow_run_ids)
     if not run_ids:
         return
-    from engine.archive.tracking import mlflow_client
 
     client = mlflow_client(archive.path)
     for rid in run_ids:

@@ -22,7 +22,7 @@ ENCODING = os.environ.get("POISE_TIKTOKEN_ENCODING", "o200k_base")
 @functools.lru_cache(maxsize=1)
 def _tiktoken():
     try:
-        import tiktoken
+        import tiktoken  # lazy: optional dependency (tiktoken is not installed here)
 
         return tiktoken.get_encoding(ENCODING)
     except Exception:  # noqa: BLE001 - not installed, or its encoding cannot be fetched offline

@@ -10,6 +10,7 @@ goes to ``<work>/verl.log``. Progress comes from the rows the poise trainer appe
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import selectors
 import signal
@@ -21,7 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.archive.tracking import node_run, tracking_uri
 from engine.errors import EvaluationError
+from engine.operators.evaluate_verl import final_checkpoint
+from engine.sandbox.env import without_secrets
+from trainer_template.loader import load_algorithm, make_config
+from trainer_template.verl_backend import smoke
+from trainer_template.verl_backend.smoke import read_progress
 
 SMOKE_DIR = Path(".poise") / "verl" / "smoke"
 # log line -> milestone reported before the first step (verl's and Ray's own output)
@@ -103,8 +110,6 @@ def run_verl(
     poll_s: float = 1.0,
 ) -> tuple[int | None, bool, list[dict]]:
     """Run verl to completion; returns (exit code or None on timeout, timed out, progress rows)."""
-    from trainer_template.verl_backend.smoke import read_progress
-
     say = _say(on_event)
     t0 = time.monotonic()
     seen_steps, pending = 0, list(MILESTONES)
@@ -161,7 +166,7 @@ def shared_ray(num_cpus: int = 32, start_timeout_s: float = 180.0) -> Iterator[s
     """One local Ray (``num_cpus`` logical CPUs, one logical GPU) for several smokes in a row: yields
     its address for ``train_smoke(ray_address=...)`` (or ``RAY_ADDRESS`` for the CLI), so only the
     first run pays Ray's start. Stopped on exit, its process group killed if it does not stop."""
-    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    env = without_secrets({"RAY_AUTH_MODE": "token"})  # Ray's workers run candidate code
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.Popen(
         [sys.executable, "-c", _HOLDER, str(num_cpus)],
@@ -215,10 +220,6 @@ def train_smoke(
     """Train ``node`` for ``proto.steps`` verl steps on the CPU, logging into a new MLflow run of the
     node (joining the Ray at ``ray_address`` when given, see :func:`shared_ray`); the result is not
     recorded here (:func:`engine.operators.verl_smoke_result.record_smoke`)."""
-    from engine.archive.tracking import node_run, tracking_uri
-    from trainer_template.loader import load_algorithm, make_config
-    from trainer_template.verl_backend import smoke
-
     say = _say(on_event)
     proto = proto or smoke.SmokeProtocol()
     source = archive.algorithm(node)
@@ -252,7 +253,7 @@ def train_smoke(
     t0 = time.monotonic()
     code, timed_out, rows = run_verl(
         launch.cmd,
-        env={**os.environ, **launch.env},
+        env=without_secrets(launch.env),  # verl runs the candidate: no key reaches it
         cwd=work,
         log_path=launch.files["log"],
         progress_path=launch.files["progress"],
@@ -260,7 +261,6 @@ def train_smoke(
         on_event=on_event,
     )
     wall = time.monotonic() - t0
-    from engine.operators.evaluate_verl import final_checkpoint
 
     ckpt = final_checkpoint(launch.files["ckpt"])
     reason = None
@@ -288,8 +288,6 @@ def train_smoke(
 
 def require_verl() -> None:
     """One clear error when the verl extra is missing."""
-    import importlib.util
-
     for mod, what in (("verl", "verl"), ("transfer_queue", "TransferQueue"), ("ray", "ray")):
         if importlib.util.find_spec(mod) is None:
             raise EvaluationError(

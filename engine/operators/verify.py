@@ -1,25 +1,35 @@
-"""Verification: a generated pytest suite, committed into the node's ``tests/``, run in a limited subprocess.
+"""Verification: a generated pytest suite, committed into the node's ``tests/``, decided on the trusted side.
 
 The suite checks interface properties on random and extreme batches (shape, dtype, finite values with
 all-correct / all-wrong / all-invalid / singleton groups, inputs not mutated, deterministic, invariant
 to group relabelling and batch permutation; the loss a finite differentiable scalar with finite
-gradients) plus the proposal's intent tests. Every call into candidate code has a per-call time limit;
-the whole run has CPU-time, memory and wall-clock limits (``engine.sandbox.run_limited``).
+gradients) plus the proposal's intent tests. The candidate runs only in a sandboxed child that
+records its calls (``engine.operators.probe``; each call within a per-call deadline the parent
+enforces, the whole child under CPU, memory, process and wall-clock limits); the suite's verdict and
+the behavioural fingerprint come from a replay of that recording that loads no candidate code.
 ``verify_node`` records ``verification.json`` and the status ``verified`` / ``rejected``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import sys
-import tempfile
+import threading
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-from engine.errors import PoiseError
+from engine.archive.edit import prior_source
+from engine.errors import EvaluationError, PoiseError
+from engine.operators.recording import Recorder
+from engine.operators.static_check import static_check
 from engine.operators.verify_suite import CONFTEST, INTENT_TESTS, INTERFACE_TESTS, intent_suite
+from engine.sandbox import boundary as _boundary
+from engine.sandbox.channel import ChannelError
+from engine.sandbox.limits import Limits
+from engine.sandbox.runner import Feed, run_sandboxed
+from trainer_template import ALGORITHM_FILE
+from trainer_template.priors import list_priors
 
 VERIFICATION = "verification.json"
 
@@ -32,6 +42,10 @@ class VerifyLimits:
     cpu_s: float = 120.0
     memory_mb: int = 3072
     call_s: float = 5.0
+
+    def sandbox(self):
+        """The sandbox limits of one verification child."""
+        return Limits(wall_s=self.timeout_s, cpu_s=self.cpu_s, memory_mb=self.memory_mb)
 
     @classmethod
     def from_env(cls) -> VerifyLimits:
@@ -60,35 +74,6 @@ class VerifyResult:
     report: dict[str, Any] = field(default_factory=dict)
 
 
-_RUNNER = r"""
-import json, sys
-import pytest
-
-class Collect:
-    def __init__(self):
-        self.rows = []
-    def pytest_runtest_logreport(self, report):
-        if report.when == "call" or report.failed:
-            msg = ""
-            if report.failed:
-                crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
-                msg = crash.message if crash is not None else str(report.longrepr)[-400:]
-                msg = (msg.strip().splitlines() or [""])[0]
-            self.rows.append(
-                {"test": report.nodeid, "outcome": report.outcome, "when": report.when, "message": msg[:600]}
-            )
-
-c = Collect()
-rc = pytest.main(["-q", "--maxfail=2", "-p", "no:cacheprovider", "tests"], plugins=[c])
-out = {"returncode": int(rc), "tests": c.rows, "fingerprint": None}
-if rc == 0:
-    from engine.operators.fingerprint import compute
-    from trainer_template.loader import load_algorithm
-    out["fingerprint"] = compute(load_algorithm(open("algorithm.py").read(), "verified"))
-json.dump(out, open(sys.argv[1], "w"))
-"""
-
-
 def generate_suite(intents: tuple[str, ...] | list[str] = ()) -> dict[str, str]:
     """The generated test files ``{path: text}`` for a node (``tests/...``)."""
     files = {"tests/conftest.py": CONFTEST, "tests/test_interface.py": INTERFACE_TESTS}
@@ -98,53 +83,92 @@ def generate_suite(intents: tuple[str, ...] | list[str] = ()) -> dict[str, str]:
     return files
 
 
-def run_suite(
-    source: str, files: dict[str, str], limits: VerifyLimits
-) -> tuple[bool, str, dict[str, Any]]:
-    """Run the suite against ``source`` in a limited subprocess; (ok, reason, report)."""
-    from engine.sandbox.process import child_env, run_limited
+PYTEST_INI = "[pytest]\n"
+"""the suite's own (empty) settings, so that no configuration around the scratch directory applies"""
 
-    with tempfile.TemporaryDirectory(prefix="poise-verify-") as tmp:
-        root = Path(tmp)
-        (root / "tests").mkdir()
-        (root / "algorithm.py").write_text(source, encoding="utf-8")
-        for path, text in files.items():
-            (root / path).write_text(text, encoding="utf-8")
-        out = root / "result.json"
-        env = child_env(
-            {"POISE_VERIFY_CALL_S": str(limits.call_s), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+
+def run_suite(
+    source: str, files: dict[str, str], limits: VerifyLimits, boundary=None
+) -> tuple[bool, str, dict[str, Any]]:
+    """Record the candidate's calls in the sandbox, then decide on the trusted side; (ok, reason, report).
+
+    1. A sandboxed child runs the suite against ``source`` and streams every call into the candidate
+       (raw outputs; each call within ``limits.call_s``, the parent's deadline).
+    2. A second sandboxed child that loads no candidate code runs the same suite against the
+       recording; its result is the verdict. Nothing either child writes to a file is read back."""
+    b = boundary or _boundary.resolve()
+    box = limits.sandbox()
+    tests = {path: text.encode() for path, text in files.items()}
+    result: dict[str, Any] = {}
+
+    def on_result(frame: dict, _session) -> None:
+        if frame.get("type") != "result" or result:
+            raise ChannelError("the replay sent an unexpected frame")
+        result.update(frame)
+
+    feed = Feed()
+    judging: dict[str, Any] = {}
+    judge = threading.Thread(  # starts now: its imports overlap the recording
+        target=lambda: judging.update(
+            run=run_sandboxed(
+                "engine.operators.verify_child",
+                ["replay", "{input}"],
+                limits=box.with_(wall_s=2 * box.wall_s, cpu_s=box.wall_s),
+                inputs={"pytest.ini": PYTEST_INI.encode(), **tests},
+                env={"POISE_VERIFY_MODE": "replay", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+                on_frame=on_result,
+                boundary=b,
+                stdin=feed,
+            )
+        ),
+        name="poise-verify-replay",
+    )
+    judge.start()
+    rec = Recorder(limits.call_s)
+    try:
+        run = run_sandboxed(
+            "engine.operators.verify_child",
+            ["record", "{input}"],
+            limits=box,
+            inputs={"algorithm.py": source.encode(), "pytest.ini": PYTEST_INI.encode(), **tests},
+            env={"POISE_VERIFY_MODE": "record", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+            on_frame=rec,
+            boundary=b,
         )
-        res = run_limited(
-            [sys.executable, "-c", _RUNNER, str(out)],
-            timeout_s=limits.timeout_s,
-            cpu_s=limits.cpu_s,
-            memory_mb=limits.memory_mb,
-            cwd=root,
-            env=env,
-        )
-        report: dict[str, Any] = {"wall_s": round(res.wall_s, 2), "limits": asdict(limits)}
-        data = None
-        if out.is_file():
-            try:
-                data = json.loads(out.read_text())
-            except json.JSONDecodeError:
-                data = None
-    if data is None:
-        tail = "\n".join((res.stdout + "\n" + res.stderr).strip().splitlines()[-15:])
-        report["output_tail"] = tail[-2000:]
-        return False, f"the test run died: {res.reason()}", report
-    report["tests"] = data["tests"]
-    report["passed"] = sum(1 for t in data["tests"] if t["outcome"] == "passed")
-    report["failed"] = [
-        t["test"].split("::")[-1] for t in data["tests"] if t["outcome"] == "failed"
-    ]
-    if data["returncode"] == 0 and not report["failed"]:
-        report["fingerprint"] = data["fingerprint"]
+        ended = rec.finish(run)
+        feed.put(None if run.protocol_error else rec.to_json(ended).encode())
+    finally:
+        feed.put(None)
+        judge.join()
+    judged = judging["run"]
+    report: dict[str, Any] = {
+        "wall_s": round(max(run.wall_s, judged.wall_s), 2),
+        "limits": asdict(limits),
+        "boundary": b.describe(),
+        "calls": len(rec.calls),
+    }
+    if run.protocol_error:
+        report["output_tail"] = run.output_tail[-2000:]
+        return False, f"the candidate's process {run.reason()}", report
+    rows = result.get("tests")
+    if not judged.ok or not isinstance(rows, list):  # a recording that breaks the judge is refused
+        report["output_tail"] = judged.output_tail[-2000:]
+        return False, f"the recording could not be judged: {judged.reason()}", report
+    report["tests"] = rows
+    report["passed"] = sum(1 for t in rows if t["outcome"] == "passed")
+    report["failed"] = [t["test"].split("::")[-1] for t in rows if t["outcome"] == "failed"]
+    if ended:
+        report["ended"] = ended
+        report["output_tail"] = run.output_tail[-2000:]
+    if result.get("returncode") == 0 and not report["failed"]:
+        fp = result.get("fingerprint")
+        report["fingerprint"] = fp if isinstance(fp, list) else None
         return True, "", report
-    first = next((t for t in data["tests"] if t["outcome"] == "failed"), None)
+    first = next((t for t in rows if t["outcome"] == "failed"), None)
     if first is None:
-        report["output_tail"] = (res.stdout + res.stderr)[-2000:]
-        return False, f"the test suite did not run (pytest exit code {data['returncode']})", report
+        report["output_tail"] = (run.output_tail + judged.output_tail)[-2000:]
+        code = result.get("returncode")
+        return False, f"the test suite did not run (pytest exit code {code})", report
     msg = " ".join(first["message"].split())[:240]
     return False, f"{first['test'].split('::')[-1]} failed: {msg}", report
 
@@ -153,8 +177,6 @@ def verify_source(
     source: str, parent_source: str | None, intents=(), limits: VerifyLimits | None = None
 ) -> VerifyResult:
     """Static checks, then the generated suite in a sandbox (nothing recorded)."""
-    from engine.operators.static_check import static_check
-
     limits = limits or VerifyLimits.from_env()
     files = generate_suite(tuple(intents))
     try:
@@ -189,6 +211,7 @@ def verify_node(
     record = {
         "ok": result.ok,
         "reason": result.reason,
+        "algorithm_sha256": hashlib.sha256(source.encode("utf-8")).hexdigest(),
         "intents": [i for i in intents if i in INTENT_TESTS],
         **result.report,
     }
@@ -212,3 +235,48 @@ def verify_node(
     else:
         archive.set_status(name, status, result.reason, files=payload)
     return result
+
+
+def is_template(source: str) -> bool:
+    """True for code shipped with poise-git: the root's algorithm.py, or a published mechanism (its
+    edit applied to the root, as ``poise-git spawn --prior`` makes it)."""
+    if source == ALGORITHM_FILE.read_text(encoding="utf-8"):
+        return True
+    for name in list_priors():
+        try:
+            if source == prior_source(name):
+                return True
+        except PoiseError:
+            continue
+    return False
+
+
+def evaluation_gate(archive, name: str) -> str:
+    """'' when ``name`` may be evaluated, else why not.
+
+    Template code (``is_template``) is trusted as shipped: the root GRPO node needs no verification
+    run. Any other algorithm.py must carry a passing ``verification.json`` made for exactly this
+    source (its sha256)."""
+    source = archive.algorithm(name)
+    if is_template(source):
+        return ""
+    raw = archive.read_file(name, VERIFICATION)
+    if raw is None:
+        return f"it was never verified; run `poise-git verify {name}` first"
+    try:
+        rec = json.loads(raw)
+    except json.JSONDecodeError:
+        return f"its {VERIFICATION} is unreadable; run `poise-git verify {name}` again"
+    if not isinstance(rec, dict) or not rec.get("ok"):
+        why = rec.get("reason", "") if isinstance(rec, dict) else ""
+        return f"verification rejected it ({why})" if why else "verification rejected it"
+    if rec.get("algorithm_sha256") != hashlib.sha256(source.encode("utf-8")).hexdigest():
+        return f"its algorithm.py is not the one verified; run `poise-git verify {name}` again"
+    return ""
+
+
+def refuse_unverified(archive, name: str, verb: str) -> None:
+    """Raise ``EvaluationError`` ("<verb> refuses NAME: why") unless :func:`evaluation_gate` passes."""
+    why = evaluation_gate(archive, name)
+    if why:
+        raise EvaluationError(f"{verb} refuses {name!r}: {why}")

@@ -15,10 +15,17 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from engine.archive.results import EvaluationResult, Protocol, now
+from engine.archive.tracking import set_uri, tracking_uri
 from engine.errors import EvaluationError
+from evaluators.benchmarks import suite as suite_spec
+from evaluators.generation import make_backend
+from evaluators.metrics import suite_metric_unit
+from evaluators.suite import build_metrics, protocol, run_benchmark_suite
+from trainer_template.verl_backend import tiny_model
 from trainer_template.verl_backend.smoke import PROTOCOL_ID
 
 SUITE, SUITE_PRESET = "math6", "smoke"
@@ -47,10 +54,6 @@ def check_objective(archive) -> None:
 
 def smoke_protocol(run, evaluation: dict[str, Any] | None = None) -> Protocol:
     """``verl-smoke`` with the hash of its settings (sha256 over sorted JSON)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from trainer_template.verl_backend import tiny_model
-
     try:
         verl_version = version("verl")
     except PackageNotFoundError:  # pragma: no cover - the run needed it
@@ -70,24 +73,19 @@ def smoke_protocol(run, evaluation: dict[str, Any] | None = None) -> Protocol:
 def evaluate_checkpoint(checkpoint: str, *, limit: int = 2, seed: int = 0) -> dict[str, Any]:
     """math6 under the suite's smoke preset, ``limit`` problems per benchmark, transformers backend:
     ``{"settings", "metrics", "units", "intervals", "counts", "wall_time_s"}``."""
-    from evaluators.benchmarks import suite as suite_spec
-    from evaluators.generation import make_backend
-    from evaluators.metrics import metric_unit
-    from evaluators.suite import build_metrics, protocol, run_suite
-
     benches, max_tokens = suite_spec(SUITE, SUITE_PRESET)
     settings = protocol(SUITE, SUITE_PRESET, benches, max_tokens, limit, 10.0, seed)
     gen = make_backend("transformers", checkpoint)
     t0 = time.time()
     try:
-        out = run_suite(gen, benches, max_tokens, limit=limit, seed=seed, n_boot=200)
+        out = run_benchmark_suite(gen, benches, max_tokens, limit=limit, seed=seed, n_boot=200)
     finally:
         gen.close()
     metrics = build_metrics(out)
     return {
         "settings": settings,
         "metrics": metrics,
-        "units": {k: metric_unit(k) for k in metrics},
+        "units": {k: suite_metric_unit(k) for k in metrics},
         "intervals": out["intervals"],
         "counts": {
             k: {"problems": r["problems"], "samples": r["samples"]}
@@ -166,10 +164,8 @@ def record_smoke(archive, run, evaluation: dict[str, Any] | None = None) -> Eval
 
 
 def _log_evaluation(archive, run_id: str, evaluation: dict[str, Any]) -> None:
-    import mlflow
-    from mlflow.entities import Metric
-
-    from engine.archive.tracking import set_uri, tracking_uri
+    import mlflow  # lazy: mlflow is heavy (only this path needs it)
+    from mlflow.entities import Metric  # lazy: mlflow is heavy (only this path needs it)
 
     set_uri(tracking_uri(archive.path))
     stamp = int(time.time() * 1000)

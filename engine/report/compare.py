@@ -17,7 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.config import ExperimentConfig, metric_direction
+from engine.archive.results import ProtocolRef, comparable
+from engine.config import ExperimentConfig, is_length_like, metric_direction
 from engine.errors import PoiseError
 
 
@@ -49,8 +50,6 @@ def _num(x: Any) -> float | None:
 def _direction(metric: str, exp: ExperimentConfig) -> str:
     """``max`` | ``min``, or ``none`` for a length nothing asked about (no configured direction,
     no length directive): a shown length is neither better long nor short."""
-    from engine.config import is_length_like
-
     d, why = metric_direction(metric, exp)
     return "none" if why == "default" and is_length_like(metric) else d
 
@@ -94,8 +93,6 @@ def _cells(r: Any) -> dict[str, dict[str, Any]]:
 def _protocol_filter(protocol: str | None, exp_protocol: Any):
     """A predicate on a result's Protocol: ``all``, an id (``proxy/smoke``), ``id@hash``, or a family
     (``proxy``); None: the experiment's configured protocol."""
-    from engine.archive.results import ProtocolRef
-
     if protocol == "all":
         return lambda p: True
     if protocol is None:
@@ -127,8 +124,6 @@ def compare(
     to keep (the objective stays). ``sort``: a metric, best first in its direction, else creation
     order. A node with no matching result appears (metrics empty) only when its status is kept and
     it was named or ``statuses`` asks for it."""
-    from engine.archive.results import comparable
-
     if names:
         unknown = [n for n in names if n not in nodes]
         if unknown:

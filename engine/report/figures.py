@@ -21,10 +21,10 @@ NAMED_LINEAGE = 12
 
 
 def _plt():
-    import matplotlib
+    import matplotlib  # lazy: matplotlib is heavy (only this path needs it)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib is heavy (only this path needs it)
 
     return plt
 
@@ -32,7 +32,7 @@ def _plt():
 def _save(fig, stem: str) -> str:
     """The figure as an ``<svg>`` element; ids are salted with ``stem`` so that several figures can
     share one page without clashing clip paths."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib is heavy (only this path needs it)
 
     buf = io.StringIO()
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": f"poise-{stem}"}):

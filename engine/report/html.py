@@ -15,8 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine.archive.results import configured_protocol
 from engine.archive.store import ALGORITHM, ROOT_NAME, Archive
 from engine.config import ExperimentConfig
+from engine.loop.state import load_run
 from engine.report import figures
 from engine.select import objective as obj
 
@@ -25,8 +27,6 @@ REPORT_DIR = Path(".poise") / "report"
 
 def report_experiment(archive: Archive) -> ExperimentConfig:
     """The objective of the last run (it may override poise.toml), else poise.toml's."""
-    from engine.loop.state import load_run
-
     exp = archive.config().experiment
     rec = load_run(archive)
     if rec is not None and rec.get("experiment"):
@@ -43,9 +43,6 @@ def report_experiment(archive: Archive) -> ExperimentConfig:
 def report_protocol(archive: Archive):
     """The protocol the last run ranked under (its plan may override poise.toml's backend and preset),
     else the one poise.toml defines."""
-    from engine.archive.results import configured_protocol
-    from engine.loop.state import load_run
-
     cfg = archive.config()
     rec = load_run(archive)
     plan = (rec.get("plan") if rec is not None else None) or {}
@@ -131,8 +128,6 @@ def render_report(
     top: int = 3,
 ) -> Path:
     """Write ``index.html`` (one file, figures inline, nothing fetched); returns the page's path."""
-    from engine.loop.state import load_run
-
     out = Path(out_dir) if out_dir else archive.path / REPORT_DIR
     out.mkdir(parents=True, exist_ok=True)
     for stem in ("lineage", "frontier", "dynamics", "accuracy_length"):  # figures of older versions

@@ -1,15 +1,27 @@
-"""Run untrusted work in a child process with limits: wall clock (whole process group), CPU time, memory."""
+"""Run TRUSTED work (no candidate code: the warm-start builder, a GPU launcher) in a child process with
+limits: wall clock (whole process group), CPU time, memory; its output read incrementally and capped.
+
+Candidate code never runs through here: it runs behind the boundary (``engine.sandbox.runner``).
+"""
 
 from __future__ import annotations
 
 import os
 import resource
+import selectors
 import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from engine import secrets
+from engine.sandbox import live
+from engine.sandbox.env import trusted_env
+
+OUTPUT_CAP = 1024 * 1024
+"""bytes of stdout and of stderr kept (the tail); the rest is read and dropped"""
 
 
 @dataclass
@@ -48,7 +60,6 @@ class SandboxResult:
 
 def _limits(cpu_s: float | None, memory_mb: int | None):
     def apply() -> None:
-        os.setsid()  # a new process group: the wall-clock limit kills all of it
         if cpu_s:
             soft = int(cpu_s)
             resource.setrlimit(resource.RLIMIT_CPU, (soft, soft + 5))
@@ -72,26 +83,73 @@ def run_limited(
 ) -> SandboxResult:
     """Run ``cmd`` with limits; on timeout the whole process group gets SIGKILL. Never raises on failure."""
     start = time.monotonic()
+    if live.stopping():
+        return SandboxResult(-signal.SIGKILL, "", "interrupted before it started", 0.0, False)
     proc = subprocess.Popen(
         list(cmd),
         cwd=cwd,
-        env=dict(env) if env is not None else None,
+        env=dict(env) if env is not None else trusted_env(),
         stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=_limits(cpu_s, memory_mb),
+        start_new_session=True,
+        preexec_fn=_limits(cpu_s, memory_mb) if (cpu_s or memory_mb) else None,
     )
     timed_out = False
+    live.add(proc)
     try:
-        out, err = proc.communicate(input=input, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        kill_group(proc.pid)
-        out, err = proc.communicate()
+        if input is not None:
+            try:
+                proc.stdin.write(input.encode("utf-8"))
+            except BrokenPipeError:
+                pass
+            proc.stdin.close()
+        out, err, timed_out = _read(proc, start + timeout_s)
+        if timed_out:
+            kill_group(proc.pid)
+        rc = proc.wait()
     finally:
         kill_group(proc.pid)  # stragglers the child left behind in its group
-    return SandboxResult(proc.returncode, out or "", err or "", time.monotonic() - start, timed_out)
+        live.discard(proc)
+    return SandboxResult(
+        rc,
+        secrets.scrub(out.decode("utf-8", "replace")),
+        secrets.scrub(err.decode("utf-8", "replace")),
+        time.monotonic() - start,
+        timed_out,
+    )
+
+
+def _read(proc: subprocess.Popen, deadline: float) -> tuple[bytes, bytes, bool]:
+    bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+    sel = selectors.DefaultSelector()
+    for fd in bufs:
+        os.set_blocking(fd, False)
+        sel.register(fd, selectors.EVENT_READ)
+    try:
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return bytes(bufs[proc.stdout.fileno()]), bytes(bufs[proc.stderr.fileno()]), True
+            for key, _ in sel.select(left):
+                try:
+                    data = os.read(key.fd, 1 << 16)
+                except BlockingIOError:
+                    continue
+                if not data:
+                    sel.unregister(key.fd)
+                    continue
+                buf = bufs[key.fd]
+                buf += data
+                if len(buf) > OUTPUT_CAP:
+                    del buf[: len(buf) - OUTPUT_CAP]
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return bytes(bufs[proc.stdout.fileno()]), bytes(bufs[proc.stderr.fileno()]), True
+    finally:
+        sel.close()
+    return bytes(bufs[proc.stdout.fileno()]), bytes(bufs[proc.stderr.fileno()]), False
 
 
 def kill_group(pid: int) -> None:
@@ -104,17 +162,5 @@ def kill_group(pid: int) -> None:
 def child_env(
     extra: Mapping[str, str] | None = None, *, drop_secrets: bool = True
 ) -> dict[str, str]:
-    """The environment for an untrusted child: one torch thread, no API keys, the project importable."""
-    repo = str(Path(__file__).resolve().parents[2])
-    env = {k: v for k, v in os.environ.items() if not (drop_secrets and _secret(k))}
-    env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("MKL_NUM_THREADS", "1")
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    env.update(extra or {})
-    return env
-
-
-def _secret(key: str) -> bool:
-    k = key.upper()
-    return any(s in k for s in ("API_KEY", "TOKEN", "SECRET", "PASSWORD")) or k.startswith("AWS_")
+    """The environment of a trusted child (``engine.sandbox.env.trusted_env``): no secrets."""
+    return trusted_env(extra)

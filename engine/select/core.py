@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from engine.archive.results import ProtocolRef, configured_protocol, require_comparable
-from engine.config import Config, SelectConfig, utility
+from engine.config import Config, SelectConfig, metric_direction, utility
 from engine.errors import ConfigError, PoiseError
 from engine.select import pareto
 from engine.select.features import FINGERPRINT, descendant_gain, mechanism_matrix
@@ -110,8 +111,13 @@ def _gp_alpha(
         return np.full(n, mu), np.full(n, PRIOR_STD), int(idx.size)
     if idx.size > max_train:
         idx = np.sort(rng.choice(idx, size=max_train, replace=False))
+    # lazy: sklearn is heavy (only this path needs it)
     from sklearn.exceptions import ConvergenceWarning
+
+    # lazy: sklearn is heavy (only this path needs it)
     from sklearn.gaussian_process import GaussianProcessRegressor
+
+    # lazy: sklearn is heavy (only this path needs it)
     from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
 
     kernel = ConstantKernel(1.0, (1e-2, 1e2)) * RBF(
@@ -120,7 +126,6 @@ def _gp_alpha(
     gp = GaussianProcessRegressor(
         kernel=kernel, normalize_y=True, random_state=seed, n_restarts_optimizer=0
     )
-    from threadpoolctl import threadpool_limits
 
     # one BLAS thread: the matrices are small (<= max_train), and threaded BLAS that spins on a busy
     # machine made the fit's Cholesky factorisations ~100x slower
@@ -372,8 +377,6 @@ def select_parents(
 
 def _directions(objectives, exp) -> list[dict[str, str]]:
     """Each objective's direction and where it comes from (poise.toml, length directive, default)."""
-    from engine.config import metric_direction
-
     out = []
     for m, s in objectives:
         d, why = metric_direction(m, exp)

@@ -14,6 +14,7 @@ from typing import Any
 
 from engine.config import ExperimentConfig, metric_direction, utility
 from engine.errors import ConfigError
+from engine.select.pareto import parse_objectives
 from engine.stats import mean_interval
 
 _METRIC = r"[A-Za-z_][A-Za-z0-9_@/.:-]*"
@@ -178,8 +179,6 @@ def pareto_front(points: Mapping[str, Iterable[float]]) -> set[str]:
 
 def objective_vector(node: Any, exp: ExperimentConfig) -> tuple[float, ...] | None:
     """The node's metric vector under ``pareto_objectives`` (signs flipped so that larger is better)."""
-    from engine.select.pareto import parse_objectives
-
     names = exp.pareto_objectives or (exp.objective,)
     m = node.metrics if node is not None and node.evaluated else {}
     out = []

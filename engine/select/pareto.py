@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from engine.config import has_length_directive, is_length_like, metric_direction
 from engine.errors import ConfigError
 
 MAX_DEFAULT_OBJECTIVES = 8
@@ -23,8 +24,6 @@ def parse_objectives(spec: Sequence[str], exp=None) -> list[tuple[str, float]]:
 
     ``-`` minimizes and ``+`` maximizes; a bare name takes its direction from ``exp``
     (``engine.config.metric_direction``: poise.toml, else min for lengths under a length directive)."""
-    from engine.config import metric_direction
-
     out = []
     for item in spec:
         if not isinstance(item, str) or not item.strip("-+ "):
@@ -52,7 +51,6 @@ def default_objectives(
 
     Length-like per-benchmark metrics (``hard/mean_length``) enter only under a length directive,
     minimized; every other metric takes its direction from ``exp`` (default: maximized)."""
-    from engine.config import has_length_directive, is_length_like, metric_direction
 
     def sign(name: str) -> float:
         if exp is None:

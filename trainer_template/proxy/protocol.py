@@ -114,7 +114,7 @@ class ProxyProtocol:
         """The torch device this protocol runs on here (imports torch only for ``auto``)."""
         if self.accelerator == "cpu":
             return "cpu"
-        import torch
+        import torch  # lazy: torch is heavy (only accelerator = "auto" needs it)
 
         return "cuda" if torch.cuda.is_available() else "cpu"
 

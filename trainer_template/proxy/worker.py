@@ -1,46 +1,51 @@
-"""Per-seed subprocess entry point (run by engine.operators.evaluate inside engine.sandbox.process limits).
+"""Subprocess entry points of the CPU proxy (started by engine.operators.evaluate).
 
-    python -m trainer_template.proxy.worker warmstart --preset default [--cache-dir D]
-    python -m trainer_template.proxy.worker run --algorithm A.py --seed 0 --out R.json [--preset P]
+    python -m trainer_template.proxy.worker warmstart --preset P [--cache-dir D]
+    python -m trainer_template.proxy.worker train --algorithm A.py --warmstart W.pt --seed S [--preset P]
+    python -m trainer_template.proxy.worker score --checkpoint C.pt|- --seed S [--preset P]
+    python -m trainer_template.proxy.worker run --algorithm A.py --seed S --out R.json   (benchmarks)
 
-``run`` loads the candidate's source as a fresh module (trainer_template.loader), RL-trains the cached
-warm start with it and evaluates; it writes R.json atomically: ``{"status": "ok"|"failed", "reason",
-"metrics", "trajectory", "timings", "peak_rss_mb"}`` (a partial file with status "running" every few
-steps, so a killed run still leaves its last trajectory).
+``warmstart`` (trusted) builds or finds the cached warm start. ``train`` runs candidate code, behind
+the engine's sandbox: it RL-trains the warm start with the candidate's ``compute_advantages`` and
+``policy_loss`` and sends, over the engine's channel (``trainer_template.channel``), a ``step`` frame
+per RL step (the advisory training trajectory), then a ``done`` frame (status, reason, timings) with
+the trained weights as its blob. It never evaluates. ``score`` is the trusted side: it loads a
+checkpoint with ``torch.load(weights_only=True)`` into the protocol's model (strict keys, shapes and
+dtypes, finite values) in a process that never imports candidate code, runs the held-out evaluation
+(``evalset.evaluate``) and sends ``{"type": "metrics", ...}`` (or ``{"type": "invalid", "reason"}``).
+``run`` does train + score in one process and writes R.json; only the benchmarks use it, on the
+published mechanisms.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
-import os
 import resource
 import sys
 import time
 import traceback
 from pathlib import Path
 
-
-def _write(path: Path, payload: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, allow_nan=False, default=str))
-    os.replace(tmp, path)
+from trainer_template.channel import Channel
+from trainer_template.loader import load_algorithm, make_config
+from trainer_template.proxy.protocol import get_protocol
 
 
 def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def _clean(traj: dict) -> dict:
+def _clean(row: dict) -> dict:
     return {
-        k: [None if isinstance(v, float) and not math.isfinite(v) else v for v in vals]
-        for k, vals in traj.items()
+        k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()
     }
 
 
 def cmd_warmstart(args: argparse.Namespace) -> int:
-    from trainer_template.proxy.protocol import get_protocol
+    # lazy: torch is heavy (only this path needs it)
     from trainer_template.proxy.warmstart import ensure_warmstart, verify_warmstart
 
     protocol = get_protocol(args.preset)
@@ -49,88 +54,166 @@ def cmd_warmstart(args: argparse.Namespace) -> int:
         args.cache_dir,
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
-    print(path)
     print(verify_warmstart(protocol, path))  # the weights' content hash (the protocol's identity)
     print(protocol.device())
+    print(path)  # last: the engine reads the checkpoint's path from the last line
     return 0
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    import torch
+def _train(args: argparse.Namespace, on_row) -> tuple[object | None, str, dict]:
+    """RL-train the warm start with the candidate: (model or None, failure reason or '', timings)."""
+    import torch  # lazy: torch is heavy (only this path needs it)
 
     torch.set_num_threads(1)
-    from trainer_template.loader import load_algorithm, make_config
-    from trainer_template.proxy import evalset, rl
-    from trainer_template.proxy.protocol import get_protocol
+    from trainer_template.proxy import rl  # lazy: torch is heavy (only this path needs it)
+
+    # lazy: torch is heavy (only this path needs it)
     from trainer_template.proxy.warmstart import ensure_warmstart, load_warmstart, verify_warmstart
 
-    out = Path(args.out)
     protocol = get_protocol(args.preset)
-    traj: dict[str, list] = {}
     timings: dict[str, float] = {}
-    result = {
-        "status": "failed",
-        "reason": "",
-        "metrics": {},
-        "trajectory": traj,
-        "timings": timings,
-    }
     t0 = time.monotonic()
+    path = args.warmstart or ensure_warmstart(protocol, args.cache_dir)
+    verify_warmstart(protocol, path)  # the pinned weights, or WarmStartMismatch
+    model = load_warmstart(path, protocol.warmstart, device=protocol.device())
     try:
         module = load_algorithm(Path(args.algorithm).read_text(encoding="utf-8"), args.name)
         cfg = make_config(module, json.loads(args.overrides) if args.overrides else None)
     except Exception as exc:
-        result["reason"] = f"{type(exc).__name__}: {exc}"
-        _write(out, result)
-        return 0
-    ckpt = ensure_warmstart(protocol, args.cache_dir)
-    result["warmstart_sha256"] = verify_warmstart(protocol, ckpt)
-    result["device"] = protocol.device()
-    model = load_warmstart(ckpt, protocol.warmstart, device=protocol.device())
+        return None, f"{type(exc).__name__}: {exc}", timings
     timings["load_s"] = time.monotonic() - t0
-
-    def checkpoint(step: int) -> None:
-        if step % 10 == 9:
-            _write(
-                out,
-                {
-                    "status": "running",
-                    "reason": "",
-                    "metrics": {},
-                    "trajectory": _clean(traj),
-                    "timings": timings,
-                    "peak_rss_mb": _rss_mb(),
-                },
-            )
-
+    traj: dict[str, list] = {}
     t1 = time.monotonic()
-    failure = None
+    failure = ""
     try:
-        rl.train(model, module, cfg, protocol.rl, args.seed, trajectory=traj, on_step=checkpoint)
+        rl.train(model, module, cfg, protocol.rl, args.seed, trajectory=traj, on_step=on_row(traj))
     except rl.CandidateFailure as exc:
         failure = str(exc)
-    except (
-        Exception
-    ) as exc:  # the harness itself, driven by a broken candidate into a state it rejects
+    except Exception as exc:  # the harness, driven by a broken candidate into a state it rejects
         failure = f"RL step failed: {type(exc).__name__}: {exc}"
         traceback.print_exc()
+    except BaseException as exc:  # SystemExit, KeyboardInterrupt... raised by the candidate
+        failure = f"the candidate raised {type(exc).__name__}: {exc}"
     timings["rl_s"] = time.monotonic() - t1
-    t2 = time.monotonic()
-    metrics = {}
-    if failure is None or failure.startswith("collapsed"):
-        metrics = evalset.evaluate(model, protocol.eval, args.seed)
+    return model, failure, timings
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import torch  # lazy: torch is heavy (only this path needs it)
+
+    channel = Channel.from_env()
+    if channel is None:
+        raise SystemExit("train needs the engine's channel ($POISE_CHANNEL_FD)")
+
+    def on_row(traj: dict):
+        def send(step: int) -> None:
+            row = {k: v[-1] for k, v in traj.items() if k != "step" and v}
+            channel.send({"type": "step", "step": step, "row": _clean(row)})
+
+        return send
+
+    model, failure, timings = _train(args, on_row)
+    blob = None
+    if model is not None:
+        buf = io.BytesIO()
+        torch.save(model.state_dict(), buf)
+        blob = buf.getvalue()
+    channel.send(
+        {
+            "type": "done",
+            "status": "failed" if failure else "ok",
+            "reason": failure,
+            "timings": timings,
+            "peak_rss_mb": _rss_mb(),
+        },
+        blob=blob,
+    )
+    return 0
+
+
+def load_checkpoint(data: bytes, preset: str):
+    """The protocol's model with ``data``'s weights; ValueError unless they fit it exactly."""
+    import torch  # lazy: torch is heavy (only this path needs it)
+
+    # lazy: torch is heavy (only this path needs it)
+    from trainer_template.proxy.warmstart import build_model
+
+    try:
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ValueError(f"not a weights-only checkpoint ({type(exc).__name__})") from None
+    model = build_model(get_protocol(preset).warmstart)
+    expected = model.state_dict()
+    if not isinstance(state, dict) or set(state) != set(expected):
+        raise ValueError("its parameter names do not match the proxy's model")
+    for name, ref in expected.items():
+        t = state[name]
+        if not isinstance(t, torch.Tensor) or t.shape != ref.shape or t.dtype != ref.dtype:
+            raise ValueError(f"parameter {name!r} has the wrong type, shape or dtype")
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError(f"parameter {name!r} holds NaN/inf")
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+def _score(model, preset: str, seed: int) -> dict[str, float]:
+    from trainer_template.proxy import evalset  # lazy: torch is heavy (only this path needs it)
+
+    return evalset.evaluate(model, get_protocol(preset).eval, seed)
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    import torch  # lazy: torch is heavy (only this path needs it)
+
+    torch.set_num_threads(1)
+    # lazy: torch is heavy (only this path needs it)
+    from trainer_template.proxy import evalset  # noqa: F401 - imported before the weights arrive
+
+    # lazy: torch is heavy (only this path needs it)
+    from trainer_template.proxy.warmstart import build_model  # noqa: F401
+
+    channel = Channel.from_env()
+    if channel is None:
+        raise SystemExit("score needs the engine's channel ($POISE_CHANNEL_FD)")
+    # "-": the engine starts the scorer early and writes the weights to stdin once they exist
+    data = sys.stdin.buffer.read() if args.checkpoint == "-" else Path(args.checkpoint).read_bytes()
+    if not data:
+        return 0  # the training failed: nothing to score
+    t0 = time.monotonic()
+    try:
+        model = load_checkpoint(data, args.preset)
+    except ValueError as exc:
+        channel.send({"type": "invalid", "reason": f"the trained checkpoint is refused: {exc}"})
+        return 0
+    metrics = _score(model, args.preset, args.seed)
+    channel.send({"type": "metrics", "metrics": metrics, "eval_s": time.monotonic() - t0})
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Train and score in one process (benchmarks of the published mechanisms only)."""
+
+    def on_row(_traj):
+        return None
+
+    t0 = time.monotonic()
+    model, failure, timings = _train(args, on_row)
+    metrics: dict[str, float] = {}
+    if model is not None and (not failure or failure.startswith("collapsed")):
+        t2 = time.monotonic()
+        metrics = _score(model, args.preset, args.seed)
+        timings["eval_s"] = time.monotonic() - t2
         if not all(math.isfinite(v) for v in metrics.values()):
             metrics, failure = {}, failure or "evaluation produced NaN/inf"
-    timings["eval_s"] = time.monotonic() - t2
     timings["total_s"] = time.monotonic() - t0
-    result.update(
-        status="failed" if failure else "ok",
-        reason=failure or "",
-        metrics=metrics,
-        trajectory=_clean(traj),
-        peak_rss_mb=_rss_mb(),
-    )
-    _write(out, result)
+    result = {
+        "status": "failed" if failure else "ok",
+        "reason": failure,
+        "metrics": metrics,
+        "timings": timings,
+        "peak_rss_mb": _rss_mb(),
+    }
+    Path(args.out).write_text(json.dumps(result, allow_nan=False, default=str))
     return 0
 
 
@@ -138,17 +221,25 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m trainer_template.proxy.worker")
     sub = ap.add_subparsers(dest="cmd", required=True)
     w = sub.add_parser("warmstart", help="build (or find) the cached warm start")
-    r = sub.add_parser("run", help="RL-train and evaluate one seed of one candidate")
-    for p in (w, r):
+    t = sub.add_parser("train", help="RL-train one seed of one candidate (candidate code)")
+    s = sub.add_parser("score", help="evaluate a trained checkpoint (trusted)")
+    r = sub.add_parser("run", help="train and score in one process (benchmarks)")
+    for p in (w, t, s, r):
         p.add_argument("--preset", default="default")
         p.add_argument("--cache-dir", default=None)
-    r.add_argument("--algorithm", required=True, help="path of the candidate's algorithm.py")
-    r.add_argument("--name", default="candidate")
-    r.add_argument("--seed", type=int, default=0)
+    for p in (t, r):
+        p.add_argument("--algorithm", required=True, help="path of the candidate's algorithm.py")
+        p.add_argument("--warmstart", default=None, help="the warm-start checkpoint to train")
+        p.add_argument("--name", default="candidate")
+        p.add_argument("--overrides", default=None, help="JSON object of Hyperparameters overrides")
+    for p in (t, s, r):
+        p.add_argument("--seed", type=int, default=0)
+    s.add_argument("--checkpoint", required=True)
     r.add_argument("--out", required=True)
-    r.add_argument("--overrides", default=None, help="JSON object of Hyperparameters overrides")
     args = ap.parse_args(argv)
-    return cmd_warmstart(args) if args.cmd == "warmstart" else cmd_run(args)
+    return {"warmstart": cmd_warmstart, "train": cmd_train, "score": cmd_score, "run": cmd_run}[
+        args.cmd
+    ](args)
 
 
 if __name__ == "__main__":

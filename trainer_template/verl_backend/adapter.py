@@ -118,7 +118,7 @@ def _group_ids(index, n: int, device) -> torch.Tensor:
     if isinstance(index, torch.Tensor):
         return index.reshape(-1).to(device=device, dtype=torch.long)
     try:  # pandas (a verl dependency) factorizes object arrays of uids in C: ~5x a Python dict
-        import pandas as pd
+        import pandas as pd  # lazy: optional dependency (its ImportError is handled here)
 
         codes = pd.factorize(np.asarray(index, dtype=object).reshape(-1))[0]
         return torch.from_numpy(codes.astype(np.int64)).to(device)
@@ -281,7 +281,7 @@ def register_node(node: str, source: str, hparams: Mapping[str, Any] | None = No
     Re-registering the same source and hyperparameters is a no-op (Ray workers may import twice);
     a different mechanism under a name already taken is rejected.
     """
-    from verl.trainer.ppo import core_algos
+    from verl.trainer.ppo import core_algos  # lazy: optional dependency (verl extra)
 
     name = registered_name(node)
     digest = hashlib.sha1(
@@ -310,6 +310,7 @@ def compute_advantage_with_extras(
     data, adv_estimator: str, progress: float | None = None, token_entropy=None, **kwargs
 ):
     """verl's own ``compute_advantage`` with the reward extras of ``data.non_tensor_batch`` routed in."""
+    # lazy: optional dependency (verl extra)
     from verl.trainer.ppo.ray_trainer import compute_advantage
 
     valid, correct = extras_from_mapping(data.non_tensor_batch, len(data))

@@ -21,6 +21,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 PLATFORM = "cpu"
 ENV_PLATFORM = "VERL_PLATFORM"  # verl's own switch (verl.plugin.platform.platform_manager)
@@ -67,7 +68,7 @@ def _device_module() -> SimpleNamespace:
 
 
 def _platform_class():
-    from verl.plugin.platform import PlatformBase
+    from verl.plugin.platform import PlatformBase  # lazy: optional dependency (verl extra)
 
     class CPUPlatform(PlatformBase):
         """verl platform for the host CPU: device ``cpu``, collectives ``gloo``, Ray resource ``GPU``
@@ -158,7 +159,7 @@ def register_cpu_platform() -> type:
     """Register the CPU platform with verl's ``PlatformRegistry`` as ``cpu`` (idempotent)."""
     if _REGISTERED:
         return _REGISTERED[0]
-    from verl.plugin.platform import PlatformRegistry
+    from verl.plugin.platform import PlatformRegistry  # lazy: optional dependency (verl extra)
 
     cls = PlatformRegistry.register(platform=PLATFORM)(_platform_class())
     _REGISTERED.append(cls)
@@ -168,8 +169,6 @@ def register_cpu_platform() -> type:
 def init_gloo_process_group() -> None:
     """Open torch.distributed's default group with ``gloo`` from verl's worker environment (RANK,
     WORLD_SIZE, MASTER_ADDR / MASTER_PORT, set by verl's Worker); no-op when already open."""
-    import torch.distributed as dist
-
     if dist.is_initialized():
         return
     dist.init_process_group(

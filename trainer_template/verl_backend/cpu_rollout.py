@@ -49,6 +49,7 @@ class HFGenerateServer:
     """verl rollout server (token in, token out) around ``model.generate`` on the CPU."""
 
     def __init__(self, config, model_config, replica_rank: int = 0, seed: int = 0) -> None:
+        # lazy: transformers is heavy (only this path needs it)
         from transformers import AutoModelForCausalLM
 
         self.config, self.replica_rank, self.seed = config, replica_rank, int(seed)
@@ -115,6 +116,7 @@ class HFGenerateServer:
         priority: int = 0,
         **_: Any,
     ):
+        # lazy: optional dependency (verl extra)
         from verl.workers.rollout.replica import TokenOutput
 
         if image_data or video_data or audio_data:
@@ -210,8 +212,12 @@ def server_name(replica_rank: int, node_rank: int = 0) -> str:
 
 
 def _replica_class():
-    import ray
+    import ray  # lazy: optional dependency (ray extra)
+
+    # lazy: optional dependency (ray extra)
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    # lazy: optional dependency (verl extra)
     from verl.workers.rollout.replica import RolloutReplica
 
     class HFReplica(RolloutReplica):
@@ -250,7 +256,7 @@ def _replica_class():
 
 
 def _adapter_class():
-    from verl.workers.rollout.base import BaseRollout
+    from verl.workers.rollout.base import BaseRollout  # lazy: optional dependency (verl extra)
 
     class HFServerAdapter(BaseRollout):
         """Worker-side half of the rollout: pushes the trainer's weights into the replica's server."""
@@ -268,7 +274,7 @@ def _adapter_class():
             self._server = None
 
         def _handle(self):
-            import ray
+            import ray  # lazy: optional dependency (ray extra)
 
             if self._server is None:
                 self._server = ray.get_actor(server_name(self.replica_rank))
@@ -283,6 +289,7 @@ def _adapter_class():
         async def update_weights(
             self, weights, global_steps: int | None = None, wire_format: str = "named_tensors", **_
         ) -> None:
+            # lazy: optional dependency (verl extra)
             from verl.workers.rollout.utils import ensure_async_iterator
 
             if wire_format != "named_tensors":
@@ -318,7 +325,9 @@ def adapter_class() -> type:
 def register_hf_rollout() -> None:
     """Make ``actor_rollout_ref.rollout.name=poise_hf`` resolvable by verl (idempotent; the classes
     are built on first use)."""
-    from verl.workers.rollout import base
+    from verl.workers.rollout import base  # lazy: optional dependency (verl extra)
+
+    # lazy: optional dependency (verl extra)
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
     RolloutReplicaRegistry.register(ROLLOUT_NAME, replica_class)

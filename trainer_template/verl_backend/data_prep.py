@@ -72,7 +72,7 @@ def sample_subset(
 
 def write_parquet(out_dir: str | Path, n: int = 5000, seed: int = 0) -> tuple[Path, Path]:
     """Write ``train.parquet`` and ``val.parquet`` into ``out_dir``; returns their paths."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas is heavy (only this path needs it)
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainer_template.loader import load_algorithm, make_config
 from trainer_template.verl_backend import ENV_ALGORITHM_FILE, ENV_HPARAMS, ENV_NODE, registered_name
+from trainer_template.verl_backend.data_prep import write_parquet
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = "trainer_template.verl_backend.plugin"
@@ -191,8 +193,6 @@ def prepare_launch(
     """The verl launch of ``node`` whose algorithm.py is ``source``, from plain values (the engine
     owns the archive and the MLflow run: ``tracking_uri`` and ``run_id`` are handed in). Unless
     ``dry_run``, writes the algorithm, its hyperparameters and the parquet data under ``work_dir``."""
-    from trainer_template.loader import load_algorithm, make_config
-
     cfg = make_config(load_algorithm(source, node), hparams)
     root = Path(work_dir).resolve()
     work, data = root / "nodes" / node, root / "data" / f"math_l3to5_n5000_seed{protocol.seed}"
@@ -210,8 +210,6 @@ def prepare_launch(
             json.dumps(dict(hparams or {}), sort_keys=True), encoding="utf-8"
         )
         if not (Path(files["train"]).is_file() and Path(files["val"]).is_file()):
-            from trainer_template.verl_backend.data_prep import write_parquet
-
             write_parquet(data, n=5000, seed=protocol.seed)
     env = {
         ENV_NODE: node,

@@ -14,7 +14,15 @@ import json
 import os
 from pathlib import Path
 
-from trainer_template.verl_backend import ENV_ALGORITHM_FILE, ENV_HPARAMS, ENV_NODE, cpu_platform
+from trainer_template.verl_backend import (
+    ENV_ALGORITHM_FILE,
+    ENV_HPARAMS,
+    ENV_NODE,
+    cpu_platform,
+    cpu_rollout,
+)
+from trainer_template.verl_backend.adapter import register_node
+from trainer_template.verl_backend.trainer import register_trainer
 
 
 def register_cpu_shims() -> bool:
@@ -22,7 +30,6 @@ def register_cpu_shims() -> bool:
     if not cpu_platform.active():
         return False
     cpu_platform.register_cpu_platform()
-    from trainer_template.verl_backend import cpu_rollout
 
     cpu_rollout.register_hf_rollout()
     return True
@@ -33,8 +40,6 @@ def register_from_env() -> str | None:
     node, path = os.environ.get(ENV_NODE), os.environ.get(ENV_ALGORITHM_FILE)
     if not node or not path:
         return None
-    from trainer_template.verl_backend.adapter import register_node
-    from trainer_template.verl_backend.trainer import register_trainer
 
     raw = (os.environ.get(ENV_HPARAMS) or "").strip()
     if raw and not raw.startswith("{"):

@@ -19,7 +19,7 @@ def _equivalent(gold: str, pred: str) -> bool:
         return is_equivalent(gold, pred)
     # math-verify's timeouts use SIGALRM, which only works in the main thread; verl's reward workers
     # may call from another thread, where an alarm error would silently grade everything wrong.
-    from math_verify import parse, verify
+    from math_verify import parse, verify  # lazy: math_verify is heavy (only this path needs it)
 
     g = parse(_wrap(gold), parsing_timeout=None)
     p = parse(_wrap(pred), parsing_timeout=None)

@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import json
 import os
+import shutil
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer_template.verl_backend import ENV_ALGORITHM_FILE, ENV_HPARAMS, ENV_NODE
+from trainer_template.verl_backend import ENV_ALGORITHM_FILE, ENV_HPARAMS, ENV_NODE, tiny_model
+from trainer_template.verl_backend.data_prep import load_math_problems, sample_subset
 from trainer_template.verl_backend.launch import (
     PLUGIN,
     PROJECT_ROOT,
@@ -76,10 +79,8 @@ def write_data(out_dir: str | Path, model_dir: str | Path, proto: SmokeProtocol)
     """``train.parquet`` (``steps * prompts`` problems) and ``val.parquet`` drawn, in the seeded order
     of :func:`data_prep.sample_subset`, from the shipped MATH L3-5 problems whose chat prompt fits
     ``max_prompt_length`` tokens of the tiny tokenizer. Reuses files already written for ``proto``."""
-    import pandas as pd
-    from transformers import AutoTokenizer
-
-    from trainer_template.verl_backend.data_prep import load_math_problems, sample_subset
+    import pandas as pd  # lazy: pandas is heavy (only this path needs it)
+    from transformers import AutoTokenizer  # lazy: transformers is heavy (only this path needs it)
 
     out = Path(out_dir)
     paths = {"train": str(out / "train.parquet"), "val": str(out / "val.parquet")}
@@ -209,8 +210,6 @@ def prepare(
     ``work_dir`` (per node, emptied of earlier checkpoints and progress) receives ``algorithm.py``,
     ``hparams.json``, ``progress.jsonl`` and ``checkpoints/``; ``shared_dir`` (per archive) the tiny
     model and the data, built once and reused by every node."""
-    from trainer_template.verl_backend import tiny_model
-
     work, shared = Path(work_dir).resolve(), Path(shared_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     shared.mkdir(parents=True, exist_ok=True)
@@ -268,8 +267,6 @@ def prepare(
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     """An exclusive advisory lock on ``path`` (created) for the block."""
-    import fcntl
-
     with open(path, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
@@ -279,8 +276,6 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def _remove_tree(path: Path) -> None:
-    import shutil
-
     if path.exists():
         shutil.rmtree(path)
 

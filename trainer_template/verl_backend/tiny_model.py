@@ -17,6 +17,8 @@ import json
 import os
 from pathlib import Path
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
 from trainer_template.verl_backend.data_prep import SOURCE, SOURCE_SHA256
 
 TINY_VOCAB = 2048
@@ -51,7 +53,7 @@ def _corpus(path: Path = SOURCE):
 
 def build_tokenizer(vocab: int = TINY_VOCAB):
     """A ``PreTrainedTokenizerFast`` (byte-level BPE over the shipped MATH text; deterministic)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    # lazy: transformers is heavy (only this path needs it)
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
@@ -79,8 +81,12 @@ def build(out_dir: str | Path, seed: int = 0) -> Path:
     if marker.is_file() and json.loads(marker.read_text(encoding="utf-8")) == stamp:
         return out
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import torch
+    import torch  # lazy: torch is heavy (only this path needs it)
+
+    # lazy: transformers is heavy (only this path needs it)
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    # lazy: transformers is heavy (only this path needs it)
     from transformers.utils import logging as hf_logging
 
     tok = build_tokenizer()
@@ -113,7 +119,9 @@ def build(out_dir: str | Path, seed: int = 0) -> Path:
 
 def n_parameters(path: str | Path) -> int:
     """Parameters of the model saved at ``path`` (counted from its config, without loading it)."""
-    import torch
+    import torch  # lazy: torch is heavy (only this path needs it)
+
+    # lazy: transformers is heavy (only this path needs it)
     from transformers import AutoConfig, AutoModelForCausalLM
 
     with torch.device("meta"):

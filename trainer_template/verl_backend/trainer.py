@@ -23,12 +23,16 @@ and behaves exactly as verl's synchronous trainer otherwise. On the CPU platform
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
 import time
 from typing import Any
 
+import torch
+
+from trainer_template.verl_backend import cpu_platform
 from trainer_template.verl_backend.adapter import (
     extras_from_mapping,
     extras_from_records,
@@ -53,7 +57,7 @@ VERL_ALIASES = {
 def _get(batch, fields: list[str]) -> dict:
     """The named fields of ``batch`` from the TransferQueue; a field the queue lacks is left out
     (only for the optional signals: entropy, reference log-probabilities)."""
-    import transfer_queue as tq
+    import transfer_queue as tq  # lazy: optional dependency (verl extra)
 
     out = {}
     for name in fields:
@@ -84,7 +88,7 @@ class ExtrasRoutingMixin:
 
     def _poise_reward_extras(self, batch) -> dict[str, list]:
         """Column-wise reward extras of ``batch`` (a KVBatchMeta) read from the TransferQueue."""
-        import transfer_queue as tq
+        import transfer_queue as tq  # lazy: optional dependency (verl extra)
 
         data = tq.kv_batch_get(
             keys=batch.keys, partition_id=batch.partition_id, select_fields=[EXTRAS_FIELD]
@@ -107,8 +111,6 @@ class ExtrasRoutingMixin:
 
     def _poise_signals(self, batch, n: int) -> dict[str, Any]:
         """token entropy [B] (mean over each response) and the proxy's entropy / KL signals."""
-        import torch
-
         got = _get(batch, ["response_mask", "entropy", "old_log_probs", "ref_log_prob"])
         out: dict[str, Any] = {}
         if "response_mask" not in got:
@@ -157,7 +159,7 @@ class ExtrasRoutingMixin:
         return out
 
     def _update_actor(self, batch, metrics: dict) -> Any:
-        import ray
+        import ray  # lazy: optional dependency (ray extra)
 
         state = getattr(self, "_poise_state", None)
         ray.get(
@@ -190,11 +192,11 @@ class ExtrasRoutingMixin:
 
     def _init_resource_pool_mgr(self):
         super()._init_resource_pool_mgr()
-        from trainer_template.verl_backend import cpu_platform
 
         if cpu_platform.active():
-            import ray
+            import ray  # lazy: optional dependency (ray extra)
 
+            # lazy: optional dependency (verl extra)
             from trainer_template.verl_backend.cpu_worker import CPUActorRolloutRefWorker
 
             for role in list(self.role_worker_mapping):
@@ -233,15 +235,18 @@ class SyncModeAlias:
 
 def register_trainer() -> type | None:
     """Register ``poise_sync`` (PPOTrainerSync + the mixin); None when verl's V1 stack is not importable."""
-    import importlib.util
-
     if (
         importlib.util.find_spec("transfer_queue") is None
     ):  # V1's data plane (the TransferQueue package)
         return None
     try:
+        # lazy: optional dependency (verl extra)
         from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
+
+        # lazy: optional dependency (verl extra)
         from verl.trainer.ppo.v1.trainer_base import register_trainer as _register
+
+        # lazy: optional dependency (verl extra)
         from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
     except ImportError:
         return None

@@ -19,12 +19,14 @@ DACE- and DCBE-GRPO's. The ``group_mean`` baseline with ``group_std`` scale is t
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from engine.errors import EditError
+from trainer_template import ALGORITHM_FILE
 
 OPTIONS = {
     "baseline": ("group_mean", "loo", "valid_bayes", "batch"),
@@ -246,10 +248,6 @@ _ENTROPY = {
 def root_function(name: str) -> str:
     """A function of the root (trainer_template/algorithm.py), verbatim: loss-side mechanisms are
     expressed through the Hyperparameters it reads (clip ratios, aggregation, KL, entropy)."""
-    import ast
-
-    from trainer_template import ALGORITHM_FILE
-
     src = ALGORITHM_FILE.read_text(encoding="utf-8")
     for node in ast.parse(src).body:
         if isinstance(node, ast.FunctionDef) and node.name == name:

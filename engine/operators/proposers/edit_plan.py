@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,8 +31,6 @@ class EditPlan:
 
 def class_defaults(source: str) -> dict[str, Any]:
     """The literal defaults of the ``Hyperparameters`` dataclass in ``source`` (others skipped)."""
-    import ast
-
     out: dict[str, Any] = {}
     try:
         tree = ast.parse(source)
@@ -54,8 +53,6 @@ def class_defaults(source: str) -> dict[str, Any]:
 
 def _reads(source: str, functions: Sequence[str]) -> set[str]:
     """Attributes of ``cfg`` that the named top-level functions of ``source`` read."""
-    import ast
-
     try:
         tree = ast.parse(source)
     except SyntaxError:

@@ -4,7 +4,10 @@ sent back to it for a corrected edit (:meth:`LLMProposer.revise`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from engine.errors import PoiseError
+from engine.operators.propose import INTENTS, Proposal, slug
 from engine.operators.proposers import register
 
 SYSTEM = """You are a research scientist designing policy-optimization (RL) algorithms for training language \
@@ -42,8 +45,6 @@ _HP = {"type": "object", "additionalProperties": {"type": ["number", "boolean", 
 
 
 def proposals_schema() -> dict:
-    from engine.operators.propose import INTENTS
-
     item = {
         "type": "object",
         "required": ["name", "motivation", "mechanism", "expected_effect", "code"],
@@ -102,8 +103,6 @@ class LLMProposer:
         self.llm = llm
 
     def propose(self, archive, parent: str, context, cfg, n: int, seed: int | None) -> list:
-        from engine.operators.propose import Proposal, slug
-
         before = self.llm.usage.as_dict()
         reply = self.llm.chat_json(
             proposal_messages(context, parent, n, seed),
@@ -145,8 +144,6 @@ class LLMProposer:
         return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
 
     def revise(self, archive, parent: str, proposal, failure: str, cfg, node: str | None = None):
-        from dataclasses import replace
-
         reply = self.llm.chat_json(
             self.correction_messages(archive, parent, proposal, failure),
             REVISE_SCHEMA,

@@ -17,7 +17,9 @@ import random
 from typing import Any
 
 from engine.archive.results import configured_protocol
+from engine.config import utility
 from engine.errors import PoiseError
+from engine.operators.propose import Proposal, archived_code, code_key
 from engine.operators.proposers import register
 from engine.operators.proposers.codegen import (
     CONTINUOUS,
@@ -109,9 +111,7 @@ def prior_record(name: str) -> dict[str, Any] | None:
 
 def _study(archive, cfg, seed: int):
     """An in-memory TPE study warm-started with the archive's (spec hyperparameters, utility) pairs."""
-    import optuna
-
-    from engine.config import utility
+    import optuna  # lazy: optuna is heavy (only this path needs it)
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(
@@ -141,7 +141,7 @@ def _study(archive, cfg, seed: int):
 
 
 def _distributions():
-    import optuna
+    import optuna  # lazy: optuna is heavy (only this path needs it)
 
     return {
         k: optuna.distributions.FloatDistribution(lo, hi, log=log)
@@ -161,8 +161,8 @@ class OfflineProposer:
         self.llm = llm  # unused: the offline proposer never calls an endpoint
 
     def propose(self, archive, parent: str, context, cfg, n: int, seed: int | None) -> list:
+        # lazy: engine.operators.implement imports the proposers package (a circle at the top)
         from engine.operators.implement import build_source
-        from engine.operators.propose import Proposal, archived_code, code_key
 
         seed = seed if seed is not None else len(archive.nodes())
         rng = random.Random(seed)

@@ -1,0 +1,283 @@
+"""Calls into a candidate, in one of three modes (``$POISE_VERIFY_MODE``):
+
+- ``record`` — the sandboxed child: every call runs the candidate and is streamed to the parent as a
+  ``begin`` frame (key, input digest; the parent arms the per-call deadline) and an ``end`` frame
+  (the raw output, the inputs it mutated, and for a scalar output that requires grad its gradients
+  w.r.t. the inputs), all plain data (``probe_codec``);
+- ``replay`` — the trusted side: the same suite runs against the recording (``$POISE_VERIFY_RECORDING``);
+  no candidate code is loaded, so nothing the candidate patched in its own process reaches the checks;
+- ``direct`` (default) — a manual ``pytest tests/`` in a checkout of a node: the candidate runs here.
+
+A call is named by the current scope (the test's node id, ``fingerprint``...) and its index in it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import os
+import types
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.operators import probe_codec as codec
+from trainer_template.channel import Channel
+from trainer_template.loader import load_algorithm, make_config
+
+MODE_ENV = "POISE_VERIFY_MODE"
+RECORDING_ENV = "POISE_VERIFY_RECORDING"
+
+
+class CandidateError(Exception):
+    """The candidate failed in this call (raised on the trusted side from the recording)."""
+
+
+class NotRecorded(CandidateError):
+    """The recording child never reached this call (it was stopped at an earlier one)."""
+
+
+class _State:
+    def __init__(self) -> None:
+        self.mode = os.environ.get(MODE_ENV, "direct")
+        self.scope = "session"
+        self.counts: dict[str, int] = {}
+        self.channel: Channel | None = None
+        self.recording: dict[str, Any] | None = None
+        self.ended = ""
+        self.module: Any = None
+
+    def key(self) -> str:
+        i = self.counts.get(self.scope, 0)
+        self.counts[self.scope] = i + 1
+        return f"{self.scope}#{i}"
+
+
+_S = _State()
+
+
+def set_scope(scope: str) -> None:
+    _S.scope = scope
+
+
+def loaded() -> Any:
+    """The candidate module the recording child loaded last (None before)."""
+    return _S.module
+
+
+def _channel() -> Channel:
+    if _S.channel is None:
+        _S.channel = Channel.from_env()
+        if _S.channel is None:
+            raise RuntimeError("record mode needs the channel ($POISE_CHANNEL_FD)")
+    return _S.channel
+
+
+def _recording() -> dict[str, Any]:
+    if _S.recording is None:
+        data = json.loads(Path(os.environ[RECORDING_ENV]).read_text(encoding="utf-8"))
+        _S.recording = data.get("calls", {})
+        _S.ended = str(data.get("ended", ""))
+    return _S.recording
+
+
+def _entry(key: str, dig: str | None = None) -> dict:
+    rec = _recording().get(key)
+    if rec is None:
+        why = f" ({_S.ended})" if _S.ended else ""
+        raise NotRecorded(f"not run: the candidate's process was stopped at an earlier call{why}")
+    if not isinstance(rec, dict):
+        raise codec.RecordingError("a recorded call is malformed")
+    if rec.get("error"):
+        raise CandidateError(str(rec["error"])[:600])
+    if dig is not None and rec.get("digest") != dig:
+        raise codec.RecordingError("the recording does not match this call's inputs")
+    return rec
+
+
+def _describe(exc: BaseException) -> str:
+    """'Type: message' of a candidate's exception (its __str__ is candidate code too)."""
+    try:
+        return f"{type(exc).__name__}: {exc}"[:600]
+    except BaseException:  # noqa: BLE001
+        return type(exc).__name__[:100]
+
+
+def _record(key: str, fn, args: tuple, kwargs: dict, name: str) -> Any:
+    """Run ``fn`` in the recording child, bracketed by begin / end frames."""
+    ch = _channel()
+    ins = codec.slots(args, kwargs)
+    before = {p: (id(t), codec.tensor_digest(t)) for p, t in ins.items()}
+    ch.send({"type": "begin", "key": key, "fn": name, "digest": codec.digest(args, kwargs)})
+    try:
+        out = fn(*args, **kwargs)
+        grads: dict[str, list] = {}
+        outs = out if type(out) is tuple else (out,)
+        leaves = [(p, t) for p, t in ins.items() if t.requires_grad and t.is_leaf]
+        for i, o in enumerate(outs):
+            if codec.is_tensor(o) and o.requires_grad and o.numel() == 1 and leaves:
+                g = torch.autograd.grad(
+                    o, [t for _, t in leaves], retain_graph=True, allow_unused=True
+                )
+                grads[str(i)] = [
+                    [p, None if x is None else codec.encode(x)] for (p, _), x in zip(leaves, g)
+                ]
+    except BaseException as exc:  # noqa: BLE001 - the failure is the recorded outcome
+        msg = _describe(exc)
+        ch.send({"type": "end", "key": key, "error": msg})
+        raise CandidateError(msg) from None
+    after = codec.slots(args, kwargs)
+    mutated = {
+        p: codec.encode(t)
+        for p, t in after.items()
+        if before.get(p) != (id(t), codec.tensor_digest(t))
+    }
+    ch.send(
+        {"type": "end", "key": key, "out": codec.encode(out), "mutated": mutated, "grads": grads}
+    )
+    return out
+
+
+def _replay(key: str, args: tuple, kwargs: dict) -> Any:
+    rec = _entry(key, codec.digest(args, kwargs))
+    for path, value in (rec.get("mutated") or {}).items():
+        codec.set_slot(args, kwargs, str(path), codec.decode_value(value))
+    out = codec.decode_value(rec.get("out"))
+    grads = rec.get("grads") or {}
+    if not isinstance(grads, dict):
+        raise codec.RecordingError("recorded gradients are malformed")
+    ins = codec.slots(args, kwargs)
+    outs = list(out) if type(out) is tuple else [out]
+    for idx, pairs in grads.items():
+        i = int(idx) if str(idx).isdigit() else -1
+        if not (0 <= i < len(outs)) or not codec.is_tensor(outs[i]) or not isinstance(pairs, list):
+            raise codec.RecordingError("recorded gradients name no output")
+        leaves, gs = [], []
+        for pair in pairs:
+            if not isinstance(pair, list) or len(pair) != 2 or pair[0] not in ins:
+                raise codec.RecordingError("recorded gradients name no input")
+            leaf = ins[pair[0]]
+            g = None if pair[1] is None else codec.decode_value(pair[1])
+            if g is not None and tuple(g.shape) != tuple(leaf.shape):
+                raise codec.RecordingError("a recorded gradient has the wrong shape")
+            leaves.append(leaf)
+            gs.append(g)
+        outs[i] = codec.with_grads(outs[i], leaves, gs)
+    return tuple(outs) if type(out) is tuple else outs[0]
+
+
+class CandidateFunction:
+    """``mod.compute_advantages`` / ``mod.policy_loss`` in record or replay mode. Its signature says
+    whether the real function takes ``state`` (``call_policy_loss`` reads it), nothing more."""
+
+    def __init__(self, name: str, fn=None, takes_state: bool = False):
+        self.__name__ = name
+        self._fn = fn
+        params = [inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL)]
+        if takes_state:
+            params.append(inspect.Parameter("state", inspect.Parameter.KEYWORD_ONLY, default=None))
+        params.append(inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD))
+        self.__signature__ = inspect.Signature(params)
+
+    def __call__(self, *args, **kwargs):
+        key = _S.key()
+        if _S.mode == "record":
+            return _record(key, self._fn, args, kwargs, self.__name__)
+        return _replay(key, args, kwargs)
+
+
+def call(fn, *args, **kwargs) -> Any:
+    """Call into candidate code: ``fn`` is a candidate function, or e.g. ``loss.backward``."""
+    if _S.mode == "direct" or isinstance(fn, CandidateFunction):
+        return fn(*args, **kwargs)
+    key = _S.key()
+    name = getattr(fn, "__name__", "call")
+    if _S.mode == "record":
+        return _record(key, fn, args, kwargs, name)
+    _entry(key)  # a failure recorded for this call is raised here
+    return fn(*args, **kwargs)  # e.g. backward through a replayed output: trusted code
+
+
+def load_candidate(path: str | Path, key: str = "session") -> Any:
+    """The candidate module (a recording or replaying stand-in outside ``direct`` mode)."""
+    if _S.mode == "direct":
+        return load_algorithm(Path(path).read_text(encoding="utf-8"), "candidate")
+    if _S.mode == "record":
+        source = Path(path).read_text(encoding="utf-8")
+        ch = _channel()
+        ch.send({"type": "begin", "key": f"{key}#load", "fn": "load", "digest": ""})
+        try:
+            module = load_algorithm(source, "candidate")
+        except BaseException as exc:  # noqa: BLE001
+            msg = _describe(exc)
+            ch.send({"type": "end", "key": f"{key}#load", "error": msg})
+            raise CandidateError(msg) from None
+        takes = _takes_state(module.policy_loss)
+        ch.send(
+            {
+                "type": "end",
+                "key": f"{key}#load",
+                "out": {"t": "scalar", "v": None},
+                "fields": {"takes_state": {"t": "scalar", "v": takes}},
+            }
+        )
+        _S.module = types.SimpleNamespace(
+            compute_advantages=CandidateFunction("compute_advantages", module.compute_advantages),
+            policy_loss=CandidateFunction("policy_loss", module.policy_loss, takes),
+            real=module,
+        )
+        return _S.module
+    rec = _entry(f"{key}#load")
+    fields = rec.get("fields") if isinstance(rec.get("fields"), dict) else {}
+    takes = codec.decode_value(fields["takes_state"]) is True if "takes_state" in fields else False
+    return types.SimpleNamespace(
+        compute_advantages=CandidateFunction("compute_advantages"),
+        policy_loss=CandidateFunction("policy_loss", None, takes),
+        real=None,
+    )
+
+
+def _takes_state(fn) -> bool:
+    """Whether ``policy_loss`` has a ``state`` parameter (as ``call_policy_loss`` decides)."""
+    try:
+        return "state" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def config(mod: Any, key: str = "session") -> Any:
+    """The candidate's ``Hyperparameters()`` (its fields as plain data outside ``direct`` mode)."""
+    if _S.mode == "direct":
+        return make_config(mod)
+    if _S.mode == "record":
+        ch = _channel()
+        ch.send({"type": "begin", "key": f"{key}#config", "fn": "config", "digest": ""})
+        try:
+            cfg = make_config(mod.real)
+            fields = (
+                {f.name: codec.encode(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+                if dataclasses.is_dataclass(cfg)
+                else {}
+            )
+        except BaseException as exc:  # noqa: BLE001
+            msg = _describe(exc)
+            ch.send({"type": "end", "key": f"{key}#config", "error": msg})
+            raise CandidateError(msg) from None
+        ch.send(
+            {
+                "type": "end",
+                "key": f"{key}#config",
+                "out": {"t": "scalar", "v": None},
+                "fields": fields,
+            }
+        )
+        return cfg
+    rec = _entry(f"{key}#config")
+    fields = rec.get("fields") or {}
+    if not isinstance(fields, dict) or len(fields) > codec.MAX_ITEMS:
+        raise codec.RecordingError("the recorded hyperparameters are malformed")
+    return types.SimpleNamespace(
+        **{str(k): codec.decode_value(v) for k, v in fields.items() if str(k).isidentifier()}
+    )

@@ -1,0 +1,83 @@
+"""The parent's side of a recording child: pair its begin / end frames, arm the per-call deadline,
+and turn how the child ended into the recording the trusted replay reads.
+
+The recording is data the candidate's process produced; it is checked here for shape (one open call
+at a time, each key once, bounded sizes) and decoded strictly on the trusted side. The verdict is
+computed there, never received.
+"""
+
+from __future__ import annotations
+
+import json
+
+from engine import secrets
+from engine.sandbox.channel import ChannelError, expect, text
+from engine.sandbox.runner import SandboxRun, Session
+
+MAX_CALLS = 20_000
+_FIELDS = ("out", "mutated", "grads", "fields")
+
+
+class Recorder:
+    """``on_frame`` for a recording child."""
+
+    def __init__(self, call_s: float):
+        self.call_s = call_s
+        self.calls: dict[str, dict] = {}
+        self.open: str | None = None
+        self.done = False
+
+    def __call__(self, frame: dict, session: Session) -> None:
+        kind = frame["type"]
+        if kind == "begin":
+            if self.open is not None:
+                raise ChannelError("a call began before the previous one ended")
+            key = expect(frame, "key", str)
+            if len(key) > 400 or key in self.calls:
+                raise ChannelError("a call key is too long or was recorded twice")
+            if len(self.calls) >= MAX_CALLS:
+                raise ChannelError(f"more than {MAX_CALLS} calls")
+            digest = frame.get("digest", "")
+            fn = text(frame.get("fn", "call"), 40)
+            if not isinstance(digest, str) or len(digest) > 64:
+                raise ChannelError("begin: bad digest")
+            self.calls[key] = {"digest": digest, "fn": fn}
+            self.open = key
+            session.arm(
+                self.call_s, f"a call into the candidate ({fn}) took longer than {self.call_s:g} s"
+            )
+        elif kind == "end":
+            if self.open is None or frame.get("key") != self.open:
+                raise ChannelError("a call ended that had not begun")
+            entry = self.calls[self.open]
+            if "error" in frame:
+                entry["error"] = secrets.scrub(text(frame["error"], 600)) or "failed"
+            else:
+                for k in _FIELDS:
+                    if k in frame:
+                        entry[k] = frame[k]
+            self.open = None
+            session.disarm()
+        elif kind == "done":
+            if self.open is not None:
+                raise ChannelError("done while a call was open")
+            self.done = True
+        else:
+            raise ChannelError(f"unexpected frame type {text(kind, 40)!r}")
+
+    def finish(self, run: SandboxRun) -> str:
+        """Close the recording after the child ended; returns '' or why it stopped early."""
+        if self.open is not None:
+            if run.killed.startswith("a call into the candidate"):
+                why = run.killed
+            else:
+                why = f"the candidate's process ended during this call: {run.reason()}"
+            self.calls[self.open]["error"] = why
+            self.open = None
+            return why
+        if self.done and run.returncode == 0:
+            return ""
+        return f"the candidate's process ended early: {run.reason()}"
+
+    def to_json(self, ended: str) -> str:
+        return json.dumps({"calls": self.calls, "ended": ended}, allow_nan=True)

@@ -1,0 +1,56 @@
+"""The child processes this process started (sandboxed or trusted), so that an interrupt can kill
+them all — they run in sessions of their own and never see the terminal's signal — and so that no
+new one starts once the engine is stopping."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+
+_live: set[subprocess.Popen] = set()
+_lock = threading.Lock()
+_stopping = threading.Event()
+
+
+def add(proc: subprocess.Popen) -> None:
+    with _lock:
+        _live.add(proc)
+
+
+def discard(proc: subprocess.Popen) -> None:
+    with _lock:
+        _live.discard(proc)
+
+
+def stopping() -> bool:
+    return _stopping.is_set()
+
+
+def kill_sandbox_tree(pid: int) -> None:
+    """SIGKILL ``pid``'s process group and every descendant (under bwrap, the whole namespace dies
+    with its first process)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        import psutil  # lazy: psutil is heavy (only this path needs it)
+
+        for child in psutil.Process(pid).children(recursive=True):
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
+    except Exception:
+        pass
+
+
+def kill_all() -> None:
+    """Kill every child started here and refuse new ones (an interrupt is under way)."""
+    _stopping.set()
+    with _lock:
+        procs = list(_live)
+    for proc in procs:
+        kill_sandbox_tree(proc.pid)

@@ -1,0 +1,97 @@
+"""Bad input never crashes the engine: foreign refs under refs/heads/poise/, edits no parser survives,
+invalid UTF-8 — each a clear one-line message, the archive intact."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.archive.store import Archive
+from engine.cli import EXIT_REJECTED
+
+DEEP = "x = " + "(" * 1500 + "1" + ")" * 1500 + "\n"
+CHAIN = "x = " + "+".join(["1"] * 3000) + "\n"
+
+
+def _plant(archive: Archive, ref: str, message: str | None = None, kind: str = "commit") -> None:
+    tree = archive.git.text("rev-parse", "poise/grpo^{tree}").strip()
+    if kind == "tree":  # git refuses a tree under refs/heads/; a foreign tool might not
+        path = archive.path / ".git" / ref
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(tree + "\n")
+        return
+    commit = archive.git.commit_tree(tree, [], message or "foreign\n")
+    archive.git.run("update-ref", ref, commit)
+
+
+def test_log_and_spawn_name_foreign_refs_and_go_on(archive, cli, tmp_path):
+    _plant(archive, "refs/heads/poise/tree-ref", kind="tree")
+    _plant(archive, "refs/heads/poise/bad-created", "x\n\nPoise-Node: x\nPoise-Created: soon\n")
+    _plant(archive, "refs/heads/poise/bad-status", "x\n\nPoise-Node: y\nPoise-Status: pwned\n")
+    _plant(archive, "refs/heads/poise/nested/name", "x\n\nPoise-Node: z\n")
+    _plant(archive, "refs/heads/poise/plain", "a plain commit, not a node\n")
+    r = cli("log", "-C", str(archive.path))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    for ref, why in (
+        ("tree-ref", "points to a tree"),
+        ("bad-created", "Poise-Created"),
+        ("bad-status", "'pwned' is unknown"),
+        ("nested/name", "not a poise-git node name"),
+    ):
+        assert f"ignoring refs/heads/poise/{ref}:" in r.stderr and why in r.stderr, r.stderr
+    assert "grpo" in r.stdout and "plain" in r.stdout  # a readable commit is a (parentless) node
+    edit = tmp_path / "e.py"
+    edit.write_text(
+        "def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:\n"
+        "    return batch.rewards.to(torch.float32) - batch.rewards.to(torch.float32).mean()\n"
+    )
+    r = cli(
+        "spawn", "grpo", "--name", "c", "--edit", str(edit), "--no-verify", "-C", str(archive.path)
+    )
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "c" in archive.nodes() and set(archive.skipped) == {
+        f"refs/heads/poise/{n}" for n in ("tree-ref", "bad-created", "bad-status", "nested/name")
+    }
+
+
+@pytest.mark.parametrize(
+    "content,why",
+    [
+        (b"def compute_advantages(batch, cfg):\n    return '\xff\xfe'\n", "not valid UTF-8 (byte"),
+        (DEEP.encode(), "deeper than 50"),
+        (("x = [" * 1500 + "]" * 1500 + "\n").encode(), "deeper than 50"),
+        (CHAIN.encode(), "operators in one statement"),
+        (b"x = 1\x00\n", "NUL byte"),
+    ],
+    ids=["invalid-utf8", "parentheses", "lists", "operator-chain", "nul"],
+)
+def test_spawn_refuses_unparseable_edits_with_one_line(archive, cli, tmp_path, content, why):
+    edit = tmp_path / "e.py"
+    edit.write_bytes(content)
+    before = archive.git.text("for-each-ref")
+    r = cli("spawn", "grpo", "--name", "c", "--edit", str(edit), "-C", str(archive.path))
+    assert r.returncode == 1 and why in r.stderr, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 3
+    assert archive.git.text("for-each-ref") == before and archive.fsck()
+
+
+@pytest.mark.slow  # several CLI processes / a sandboxed verification: seconds of CPU each
+@pytest.mark.parametrize("code", [DEEP, CHAIN], ids=["parentheses", "operator-chain"])
+def test_code_from_an_llm_reply_is_bounded_too(tmp_path, cli, code):
+    """`spawn --auto` with an endpoint that replies with code no parser survives: a rejected node."""
+    import openai_server
+
+    toml = tmp_path / "poise.toml"
+    toml.write_text(
+        '[propose]\nproposer = "llm"\ncorrection_rounds = 1\npopulation = 1\n'
+        '[llm]\nmodel = "gpt-4o-mini"\napi_key_env = "POISE_TEST_KEY"\n'
+    )
+    assert cli("init", str(tmp_path / "exp"), "--config", str(toml)).returncode == 0
+    with openai_server.ScriptedOpenAI([openai_server.proposal_reply("deep", code)]) as srv:
+        env = {"OPENAI_BASE_URL": srv.base_url, "POISE_TEST_KEY": "sk-test-key"}
+        r = cli("spawn", "grpo", "--auto", "-C", str(tmp_path / "exp"), env=env)
+    assert r.returncode == EXIT_REJECTED and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert (
+        "deeper than" in r.stdout + r.stderr or "operators in one statement" in r.stdout + r.stderr
+    )
+    arch = Archive(tmp_path / "exp")
+    assert all(n.status in ("spawned", "rejected") for n in arch.nodes().values()) and arch.fsck()
