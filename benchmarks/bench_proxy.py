@@ -30,8 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.operators.evaluate import mean_interval, t95  # noqa: E402
 from engine.sandbox.process import child_env, run_limited  # noqa: E402
+from engine.stats import mean_interval, t95  # noqa: E402
 from trainer_template import ALGORITHM_FILE  # noqa: E402
 
 RANKED = [

@@ -53,7 +53,7 @@ class ProxyConfig:
     """The embedded CPU proxy's protocol (see trainer_template/proxy)."""
 
     preset: str = "default"
-    """default | smoke | tiny (seconds-long protocols for tests)"""
+    """default | smoke | tiny (seconds-long protocols for tests) | large (a GPU when torch sees one)"""
     parallel: int = 0
     """seeds run at once as separate processes (0: one per CPU core)"""
     cache_dir: str = ""

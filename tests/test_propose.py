@@ -264,3 +264,125 @@ def test_fingerprint_ignores_a_constant_scale_but_sees_loss_terms():
     m = load_algorithm(root, "kl")
     assert distance(g, compute(m, make_config(m, {"kl_coef": 0.01}))) > 0.1
     assert distance(g, compute(m, make_config(m, {"entropy_coef": 0.001}))) > 0.1
+
+
+def _root_source() -> str:
+    return (
+        Path(__file__).resolve().parents[1].joinpath("trainer_template", "algorithm.py").read_text()
+    )
+
+
+def _changed_lines(a: str, b: str) -> list[str]:
+    import difflib
+
+    return [
+        ln
+        for ln in difflib.unified_diff(a.splitlines(), b.splitlines(), lineterm="", n=0)
+        if ln[:1] in "+-" and not ln.startswith(("+++", "---"))
+    ]
+
+
+def test_offline_edits_touch_only_the_definitions_they_change():
+    from engine.operators.implement import build_source
+    from engine.operators.proposers.codegen import DEFAULT_SPEC
+    from engine.operators.proposers.edit_plan import plan_edit
+
+    root = _root_source()
+    # a loss-knob mutation: one field default changes, nothing else (no class rewrite, 1e-6 stays)
+    spec = normalize({"hp": {**DEFAULT_SPEC["hp"], "clip_ratio_high": 0.28}})
+    plan = plan_edit(root, DEFAULT_SPEC, spec, rendered=False)
+    assert plan.edit == "" and plan.hyperparameters == {"clip_ratio_high": 0.28}
+    child = build_source(root, plan.edit, plan.hyperparameters, plan.drop)
+    assert _changed_lines(root, child) == [
+        "-    clip_ratio_high: float = 0.2",
+        "+    clip_ratio_high: float = 0.28",
+    ]
+    assert "eps: float = 1e-6" in child
+    # an advantage mutation: compute_advantages and one new documented field, the loss untouched
+    spec = normalize({"scale": "analytic", "hp": {"std_floor": 0.25}})
+    plan = plan_edit(root, DEFAULT_SPEC, spec, rendered=False)
+    assert "def compute_advantages" in plan.edit
+    assert "class Hyperparameters" not in plan.edit and "def policy_loss" not in plan.edit
+    assert plan.hyperparameters == {"std_floor": 0.25}
+    child = build_source(root, plan.edit, plan.hyperparameters, plan.drop)
+    diff = _changed_lines(root, child)
+    assert (
+        "+    std_floor: float = 0.25" in diff
+        and '+    """floor of the analytic scale' in " ".join(diff)
+    )
+    assert not [ln for ln in diff if ln.startswith("-") and ("cfg.clip" in ln or ": " in ln[:30])]
+    assert child.split("def policy_loss")[1] == root.split("def policy_loss")[1]
+    # back to the group std: the field the child no longer reads goes, with its docstring
+    back = normalize({"scale": "group_std"})
+    plan2 = plan_edit(child, spec, back, rendered=True)
+    assert plan2.drop == ("std_floor",)
+    grand = build_source(child, plan2.edit, plan2.hyperparameters, plan2.drop)
+    assert "std_floor" not in grand and "floor of the analytic scale" not in grand
+    assert grand.split("def compute_advantages")[0] == root.split("def compute_advantages")[0]
+
+
+def test_set_defaults_writes_floats_as_written_by_hand():
+    out = set_defaults(_root_source(), {"eps": 1e-8, "kl_coef": 0.001})
+    assert "eps: float = 1e-8" in out and "kl_coef: float = 0.001" in out
+    assert '"""numerical floor added to the group std"""' in out
+
+
+def test_an_edit_already_in_the_archive_is_not_proposed_again(archive, caplog):
+    from engine.operators.proposers.offline import OfflineProposer
+
+    cfg = archive.config()
+    ctx = build_context(archive, "grpo", cfg, seed=0)
+    first = OfflineProposer().propose(archive, "grpo", ctx, cfg, 3, 0)
+    assert first
+    taken = first[0]
+    kept, _ = screen(archive, "grpo", [taken], cfg)
+    from engine.operators.implement import build_source
+
+    src = build_source(
+        archive.algorithm("grpo"), taken.edit, taken.hyperparameters, taken.drop_hyperparameters
+    )
+    archive.spawn("grpo", "taken", algorithm=src)
+    with caplog.at_level("WARNING"):
+        again = OfflineProposer().propose(archive, "grpo", ctx, cfg, 3, 0)
+    assert all(
+        build_source(archive.algorithm("grpo"), p.edit, p.hyperparameters, p.drop_hyperparameters)
+        != src
+        for p in again
+    )
+    assert "already in the archive as 'taken'" in caplog.text
+    # screening drops it too, whichever proposer wrote it
+    kept, dropped = screen(archive, "grpo", [taken], cfg)
+    assert not kept and dropped[0].screening["reason"] == (
+        "duplicate: the same code as archived node 'taken'"
+    )
+
+
+def test_clip_mutations_that_cannot_clip_anything_are_skipped(archive):
+    from engine.operators.proposers.offline import clip_is_inert, parent_ratios
+
+    old = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0, "kl_coef": 0.0}
+    wider = {**old, "clip_ratio_high": 0.28}
+    assert "nothing would be clipped" in clip_is_inert(old, wider, (0.93, 1.06))
+    assert clip_is_inert(old, {**old, "clip_ratio_low": 0.05}, (0.93, 1.06)) == ""  # it would clip
+    assert clip_is_inert(old, wider, (0.7, 1.3)) == ""  # the parent clipped: widening matters
+    assert clip_is_inert(old, {**wider, "kl_coef": 0.01}, (0.93, 1.06)) == ""  # KL changes it
+    assert clip_is_inert(old, wider, None) == ""  # unknown trajectory: no claim
+    assert parent_ratios(archive, "grpo") is None
+    traj = {"step": [0, 1], "train/ratio_min": [0.97, 0.95], "train/ratio_max": [1.02, 1.04]}
+    record(archive, "grpo", {"metrics": {"overall": 0.5}, "trajectory": traj})
+    assert parent_ratios(archive, "grpo") == (0.95, 1.04)
+    # every clip range the proposer samples (eps >= 0.1) is inert for this parent: none is offered
+    from engine.operators.proposers.offline import OfflineProposer
+
+    cfg = archive.config()
+    ctx = build_context(archive, "grpo", cfg, seed=0)
+    offered = [
+        p
+        for seed in range(4)
+        for p in OfflineProposer().propose(archive, "grpo", ctx, cfg, 4, seed)
+    ]
+    assert offered and not [
+        p.hyperparameters
+        for p in offered
+        if not p.edit and set(p.hyperparameters) & {"clip_ratio_low", "clip_ratio_high"}
+    ]

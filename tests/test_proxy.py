@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 import pytest
 import torch
@@ -19,7 +20,14 @@ from trainer_template.proxy.protocol import (
     get_protocol,
     overall,
 )
-from trainer_template.proxy.warmstart import ensure_warmstart, load_warmstart
+from trainer_template.proxy.warmstart import (
+    WarmStartMismatch,
+    checkpoint_hash,
+    content_hash,
+    ensure_warmstart,
+    load_warmstart,
+    verify_warmstart,
+)
 
 
 def _resp(tokens: str) -> list[int]:
@@ -31,22 +39,63 @@ def test_task_running_results_and_verifier():
     assert p.running() == [2, 99] and p.answer == 99
     assert task.decode(task.encode_prompt(p)).split()[:7] == ["<bos>", "9", "7", "+", "5", "-", "3"]
     assert len(task.encode_prompt(p)) == task.PROMPT_LEN
-    good = _resp("0 2 ; 9 9 ; < 9 9 > <eos>")
-    assert task.encode_response(p) == good
+    chain = _resp("0 2 ; 9 9 ; < 9 9 > <eos>")
+    assert task.encode_response(p) == chain
+    assert task.encode_response(p, "direct") == _resp("< 9 9 > <eos>")
+    assert task.encode_response(p, "ramble", filler=[0, 3]) == _resp(
+        "0 2 ; 9 9 ; . . . < 9 9 > <eos>"
+    )
+    assert task.encode_response(p, "giveup", stop=1) == _resp("0 2 ; <eos>")
     rows = [
-        good,
+        chain,
+        _resp("< 9 9 > <eos>"),
+        _resp("0 2 ; 9 9 ; . . . < 9 9 > <eos>"),
         _resp("0 2 ; 9 9 ; < 9 8 > <eos>"),
         _resp("0 2 ; 9 9 ; 9 9 > <eos>"),
-        _resp("0 2 ; 9 9 ; < 9 9 >"),
+        _resp("0 2 ; 9 9 ; < 9 9 >"),  # no EOS: cut off
         _resp("< 1 1 > < 9 9 > <eos>"),
-        task.encode_response(p, broken=3),
+        _resp("0 2 ; <eos>"),
+        _resp("<eos>"),
+        [task.NOOP] * task.MAX_RESPONSE,  # rambled past the cap
     ]
     width = max(map(len, rows))
     t = torch.tensor([r + [task.PAD] * (width - len(r)) for r in rows])
     valid, correct, lengths = task.score(t, [p] * len(rows))
-    assert valid.tolist() == [True, True, False, False, False, False]
-    assert correct.tolist() == [True, False, False, False, False, False]
-    assert lengths.tolist()[0] == len(good)
+    assert valid.tolist() == [True, True, True, True] + [False] * 6
+    assert correct.tolist() == [True, True, True] + [False] * 7
+    assert lengths.tolist() == [11, 5, 14, 11, 10, width, 9, 4, 1, task.MAX_RESPONSE]
+
+
+def test_vectorized_verifier_matches_a_plain_loop():
+    gen = torch.Generator().manual_seed(5)
+    probs = [task.sample_problem(gen, 1 + i % task.MAX_K) for i in range(300)]
+    rows = []
+    for i, p in enumerate(probs):  # reference responses, damaged at random
+        r = task.encode_response(p, task.STYLES[i % 4], filler=[2] * 8, stop=i % p.k)
+        r = r[: task.MAX_RESPONSE]
+        if i % 3 == 0 and len(r) > 2:
+            j = int(torch.randint(0, len(r), (1,), generator=gen))
+            r[j] = int(torch.randint(3, task.VOCAB_SIZE, (1,), generator=gen))
+        rows.append(r + [task.PAD] * (task.MAX_RESPONSE - len(r)))
+    t = torch.tensor(rows)
+
+    def plain(row, p):
+        if task.EOS not in row:
+            return False, False
+        body = row[: row.index(task.EOS)]
+        if len(body) < 4 or body[-4] != task.OPEN or body[-1] != task.CLOSE:
+            return False, False
+        d1, d0 = body[-3] - task.DIGIT0, body[-2] - task.DIGIT0
+        if not (0 <= d1 <= 9 and 0 <= d0 <= 9):
+            return False, False
+        if task.OPEN in body[:-4] or task.CLOSE in body[:-4]:
+            return False, False
+        return True, 10 * d1 + d0 == p.answer
+
+    valid, correct, _ = task.score(t, probs)
+    want = [plain(r, p) for r, p in zip(rows, probs)]
+    assert valid.tolist() == [w[0] for w in want] and correct.tolist() == [w[1] for w in want]
+    assert 0 < sum(valid.tolist()) < len(rows) and any(correct.tolist())
 
 
 def test_problem_stream_is_deterministic_per_seed():
@@ -54,6 +103,13 @@ def test_problem_stream_is_deterministic_per_seed():
     b = task.sample_problem(torch.Generator().manual_seed(4), 5)
     assert a[0] == a[1] and a[0] != b and a[0].k == 5
     assert all(1 <= d <= 9 for _, d in a[0].ops)
+    # hard prompts multiply: a product mod 100 is written with "*" and computed in the chain
+    p = task.Problem(start=47, ops=((task.MUL, 8), (-1, 3)))
+    assert p.running() == [76, 73] and "*" in task.decode(task.encode_prompt(p))
+    gen = torch.Generator().manual_seed(0)
+    ops = [s for _ in range(200) for s, _ in task.sample_problem(gen, 7).ops]
+    assert 0.2 < ops.count(task.MUL) / len(ops) < 0.4
+    assert task.MUL not in [s for _ in range(50) for s, _ in task.sample_problem(gen, 4).ops]
 
 
 @pytest.mark.parametrize("n,c", [(16, 0), (16, 1), (16, 5), (16, 15), (16, 16), (20, 3)])
@@ -99,18 +155,71 @@ def smoke_warmstart():
     return proto, ensure_warmstart(proto)  # the shipped checkpoint (or the user cache)
 
 
+TINY = WarmStart(d_model=16, heads=2, layers=1, skill_steps=6, habit_steps=3, batch=8)
+
+
 def test_warmstart_is_built_once_and_cached_by_settings_hash(tmp_path):
-    tiny = dataclasses.replace(
-        PRESETS["smoke"], warmstart=WarmStart(d_model=16, heads=2, layers=1, steps=3, batch=4)
-    )
+    tiny = dataclasses.replace(PRESETS["smoke"], warmstart=TINY, warmstart_sha256=None)
     path = ensure_warmstart(tiny, tmp_path)
     assert path.parent == tmp_path and tiny.warmstart_hash() in path.name
     mtime = path.stat().st_mtime_ns
     assert ensure_warmstart(tiny, tmp_path) == path and path.stat().st_mtime_ns == mtime
     model = load_warmstart(path, tiny.warmstart)
     assert model.n_params() < 20_000
-    other = dataclasses.replace(tiny, warmstart=dataclasses.replace(tiny.warmstart, steps=4))
+    other = dataclasses.replace(tiny, warmstart=dataclasses.replace(tiny.warmstart, skill_steps=7))
     assert other.warmstart_hash() != tiny.warmstart_hash()
+
+
+def test_warmstart_build_is_deterministic_bit_for_bit(tmp_path):
+    """Two builds from the same settings in fresh cache directories give the same weights, bit for
+    bit (one thread, deterministic kernels, every draw seeded), and the content hash sees any change."""
+    tiny = dataclasses.replace(
+        PRESETS["default"],
+        warmstart=dataclasses.replace(TINY, skill_steps=40, habit_steps=20),
+        warmstart_sha256=None,
+    )
+    torch.manual_seed(123)  # the build must not depend on the caller's global RNG state
+    a = ensure_warmstart(tiny, tmp_path / "a")
+    torch.manual_seed(456)
+    b = ensure_warmstart(tiny, tmp_path / "b")
+    sa = torch.load(a, weights_only=True)["state_dict"]
+    sb = torch.load(b, weights_only=True)["state_dict"]
+    assert sa.keys() == sb.keys()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert content_hash(sa) == content_hash(sb) == checkpoint_hash(a)
+    sb["head.weight"][0, 0] += 1e-7
+    assert content_hash(sb) != content_hash(sa)
+    assert torch.get_num_threads() >= 1 and not torch.are_deterministic_algorithms_enabled()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not os.environ.get("POISE_REBUILD_WARMSTART"),
+    reason="rebuilds the full default warm start (~37 min on 2 cores): set POISE_REBUILD_WARMSTART=1",
+)
+def test_a_fresh_build_reproduces_the_shipped_warm_start(tmp_path):
+    """The default settings, built in a fresh cache directory, give the pinned weights bit for bit."""
+    default = get_protocol("default")
+    path = ensure_warmstart(dataclasses.replace(default, warmstart_sha256=None), tmp_path)
+    assert path.parent == tmp_path
+    assert checkpoint_hash(path) == default.warmstart_sha256
+
+
+def test_the_protocol_pins_the_warm_start_it_was_measured_with(tmp_path):
+    default = get_protocol("default")
+    assert default.warmstart_sha256 and default.warmstart_sha256.startswith("sha256:")
+    shipped = ensure_warmstart(default)  # the shipped checkpoint: its weights are the pinned ones
+    assert shipped.parent.name == "checkpoints"
+    assert checkpoint_hash(shipped) == default.warmstart_sha256
+    assert get_protocol("smoke").warmstart_sha256 == default.warmstart_sha256
+    # another starting policy under the same settings is refused, not silently used
+    wrong = dataclasses.replace(default, warmstart=TINY)
+    path = ensure_warmstart(dataclasses.replace(wrong, warmstart_sha256=None), tmp_path)
+    with pytest.raises(WarmStartMismatch, match="the protocol pins"):
+        verify_warmstart(wrong, path)
+    # and the identity every result records changes with the pinned weights
+    other = dataclasses.replace(default, warmstart_sha256="sha256:" + "0" * 64)
+    assert other.hash() != default.hash()
 
 
 def test_default_and_smoke_share_the_warm_start():

@@ -314,3 +314,38 @@ def test_code_vectors_cached_across_calls():
     assert features.cached_code_vector(src) is first and not first.flags.writeable
     assert np.allclose(first, features.code_vector(src))
     assert not np.allclose(features.cached_code_vector(src.replace("* 2", "- 1")), first)
+
+
+def test_paired_difference_resolves_what_the_intervals_cannot(archive):
+    """A child better by 0.02 at every paired seed, with seed-to-seed spread 0.05: the two nodes'
+    intervals overlap ('within noise'), the paired difference's interval lies above zero."""
+    import dataclasses
+
+    from results_util import proxy_result
+
+    from engine.cli.run_cmds import discovery_verdict
+    from engine.select.objective import WITHIN, paired_difference, promotion
+
+    base = [0.50, 0.55, 0.45, 0.60, 0.52, 0.48]
+    archive.spawn("grpo", "child", algorithm=archive.algorithm("grpo"))
+    for node, shift in (("grpo", 0.0), ("child", 0.02)):
+        vals = [b + shift + 0.001 * (i % 2) for i, b in enumerate(base)]
+        m = sum(vals) / len(vals)
+        r = proxy_result(
+            {"metrics": {"overall": m}, "intervals": {"overall": (m - 0.05, m + 0.05)}}
+        )
+        per_seed = tuple(
+            {"seed": s, "status": "evaluated", "metrics": {"overall": v}}
+            for s, v in enumerate(vals)
+        )
+        archive.record_result(
+            node, dataclasses.replace(r, seeds=tuple(range(6)), per_seed=per_seed)
+        )
+    nodes = archive.nodes()
+    exp = archive.config().experiment
+    assert promotion(nodes["child"], nodes["grpo"], exp) == WITHIN
+    mean, iv, n = paired_difference(nodes["child"], nodes["grpo"], exp)
+    assert n == 6 and mean == pytest.approx(0.02) and iv[0] > 0
+    line = discovery_verdict(archive, None, "child", "grpo")
+    assert "DISCOVERY" in line and "beats grpo" in line and "over 6 paired seeds" in line
+    assert "does not beat" in discovery_verdict(archive, None, "grpo", "child")

@@ -310,6 +310,34 @@ def _print_summary(arch, s, report: bool) -> None:
         page = render_report(arch)
         console.print(f"report: [bold]{page}[/]")
     console.print(f"MLflow: `poise-git ui -C {arch.path}`")
+    if shown and root:
+        console.print(discovery_verdict(arch, s.protocol, shown, root))
+
+
+def discovery_verdict(arch, protocol: str, best: str, root: str) -> str:
+    """One line: does ``best`` beat ``root`` beyond the 95% interval of their paired difference?"""
+    # lazy: numpy is heavy (only this path needs it)
+    from engine.report.html import report_experiment
+
+    # lazy: numpy is heavy (only this path needs it)
+    from engine.select.objective import paired_difference
+
+    nodes = arch.nodes(protocol)
+    d = paired_difference(nodes.get(best), nodes.get(root), report_experiment(arch))
+    if d is None:
+        return f"{best} and {root} share no evaluated seed: no paired comparison"
+    mean, iv, n = d
+    if iv is None:
+        return (
+            f"{best} vs {root}: {mean:+.4f} at {n} seed — no interval; "
+            "evaluate with --seeds 2 or more to tell a discovery from noise"
+        )
+    beats = iv[0] > 0
+    return (
+        f"[bold]{'DISCOVERY' if beats else 'no discovery'}:[/] {best} "
+        f"{'beats' if beats else 'does not beat'} {root} beyond the 95% interval of their paired "
+        f"difference ({mean:+.4f} [{iv[0]:+.4f}, {iv[1]:+.4f}] over {n} paired seeds)"
+    )
 
 
 def report(

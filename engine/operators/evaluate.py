@@ -9,9 +9,9 @@ are imported only in the children / inside functions, so importing this module i
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
-import math
 import os
 import sys
 import time
@@ -29,58 +29,11 @@ from engine.operators.verify import refuse_unverified
 from engine.sandbox.limits import Limits
 from engine.sandbox.process import run_limited, trusted_env
 from engine.secrets import scrub
+from engine.stats import mean_interval
 from trainer_template.proxy.protocol import PRESETS, get_protocol, metric_unit
 
 log = logging.getLogger(__name__)
 TRAJECTORY_POINTS = 100
-# two-sided 95% Student-t quantiles by degrees of freedom (1..30); 1.96 beyond
-_T95 = [
-    12.706,
-    4.303,
-    3.182,
-    2.776,
-    2.571,
-    2.447,
-    2.365,
-    2.306,
-    2.262,
-    2.228,
-    2.201,
-    2.179,
-    2.160,
-    2.145,
-    2.131,
-    2.120,
-    2.110,
-    2.101,
-    2.093,
-    2.086,
-    2.080,
-    2.074,
-    2.069,
-    2.064,
-    2.060,
-    2.056,
-    2.052,
-    2.048,
-    2.045,
-    2.042,
-]
-
-
-def t95(df: int) -> float:
-    return _T95[df - 1] if 1 <= df <= len(_T95) else 1.96
-
-
-def mean_interval(values: list[float]) -> tuple[float, list[float] | None]:
-    """Mean and the 95% Student-t interval of the mean (None for a single value)."""
-    n = len(values)
-    m = sum(values) / n
-    if n < 2:
-        return m, None
-    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1))
-    h = t95(n - 1) * sd / math.sqrt(n)
-    return m, [m - h, m + h]
 
 
 def downsample(traj: Mapping[str, list], points: int = TRAJECTORY_POINTS) -> dict[str, list]:
@@ -257,12 +210,21 @@ def _run(
         why = ws.reason() if not ws.ok else "it printed no checkpoint path"
         archive.set_status(name, prior_status, reason=f"proxy warm start failed: {why}")
         raise EvaluationError(f"the proxy's warm start failed: {why}")
+    if len(lines) >= 3:  # content hash of the weights (checked against the pin), device, path
+        base["details"] = {**base["details"], "warmstart_sha256": lines[-3], "device": lines[-2]}
+    cache = SeedCache.from_env(source, base["protocol"].hash)
 
     workers = max(1, min(len(seed_list), cfg.proxy.parallel or (os.cpu_count() or 1)))
     limits = Limits(wall_s=timeout, cpu_s=timeout * 1.5, memory_mb=cfg.evaluation.memory_mb)
 
     def one(seed: int) -> dict:
+        hit = cache.load(seed) if cache else None
+        if hit is not None:
+            say(f"seed {seed}: {hit['status']} (cached)")
+            return hit
         data = run_seed(source, name, seed, preset, protocol.rl.steps, warmstart.resolve(), limits)
+        if cache and data.get("status") in ("ok", "failed") and data.get("metrics"):
+            cache.store(seed, data)
         say(
             f"seed {seed}: {data['status']}"
             + (
@@ -342,6 +304,48 @@ def proxy_protocol(preset: str, protocol) -> Protocol:
         preset=preset,
         settings=protocol.to_dict(),
     )
+
+
+class SeedCache:
+    """Per-seed proxy results kept on disk by (code, protocol identity, seed), for benchmarks that
+    evaluate the same code many times (``POISE_EVAL_CACHE=DIR``; off by default). Only results of
+    runs that finished within their limits are kept; the code's identity ignores docstrings and
+    formatting (engine.operators.propose.code_key)."""
+
+    def __init__(self, directory: Path, key: str):
+        self.dir, self.key = directory, key
+
+    @classmethod
+    def from_env(cls, source: str, protocol_hash: str) -> SeedCache | None:
+        d = os.environ.get("POISE_EVAL_CACHE")
+        if not d:
+            return None
+        # lazy: engine.operators.propose imports the loop's operators (a circle at the top)
+        from engine.operators.propose import code_key
+
+        code = code_key(source)
+        if code is None:
+            return None
+        key = hashlib.sha256(f"{code}|{protocol_hash}".encode()).hexdigest()[:32]
+        return cls(Path(d).expanduser(), key)
+
+    def _path(self, seed: int) -> Path:
+        return self.dir / self.key[:2] / f"{self.key}-s{seed}.json"
+
+    def load(self, seed: int) -> dict | None:
+        try:
+            data = json.loads(self._path(seed).read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+        data["cached"] = True
+        return data
+
+    def store(self, seed: int, data: dict) -> None:
+        path = self._path(seed)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(data, allow_nan=False, default=str))
+        os.replace(tmp, path)
 
 
 def mlflow_key(key: str) -> str:

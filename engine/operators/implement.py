@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from engine.archive.edit import apply_edit
@@ -19,14 +19,20 @@ from engine.operators.static_check import static_check
 from engine.operators.verify import generate_suite, verify_node
 
 
-def build_source(parent_source: str, edit: str, hyperparameters: Mapping | None = None) -> str:
-    """The candidate's algorithm.py: the LibCST edit applied, then hyperparameter defaults set."""
+def build_source(
+    parent_source: str,
+    edit: str,
+    hyperparameters: Mapping | None = None,
+    drop: Sequence[str] = (),
+) -> str:
+    """The candidate's algorithm.py: the LibCST edit applied, then hyperparameter defaults set and the
+    ``drop`` fields removed (every other line of the dataclass kept)."""
     src = apply_edit(parent_source, edit) if edit.strip() else parent_source
-    if hyperparameters:
+    if hyperparameters or drop:
         # lazy: libcst is heavy (only this path needs it)
         from engine.operators.proposers.hyperparams import set_defaults
 
-        src = set_defaults(src, hyperparameters)
+        src = set_defaults(src, hyperparameters or {}, drop=drop)
     return src
 
 
@@ -67,7 +73,9 @@ def implement(
             progress(f"{name}: implementation round {r}/{rounds}")
         src, problem, result = None, "", None
         try:
-            src = build_source(parent_src, current.edit, current.hyperparameters)
+            src = build_source(
+                parent_src, current.edit, current.hyperparameters, current.drop_hyperparameters
+            )
             static_check(src, parent_src)
         except PoiseError as exc:
             problem = f"static check: {exc}"

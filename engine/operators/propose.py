@@ -10,7 +10,10 @@ part distance to the behaviourally nearest archived node (engine.fingerprint.nov
 
 from __future__ import annotations
 
+import ast
+import hashlib
 import json
+import logging
 import math
 import re
 from dataclasses import asdict, dataclass, field
@@ -23,6 +26,8 @@ from engine.operators.implement import build_source
 from engine.operators.llm import make_client
 from engine.operators.proposers import get_proposer
 from engine.operators.static_check import static_check
+
+log = logging.getLogger(__name__)
 
 INTENTS = (
     "correct_above_wrong",
@@ -39,7 +44,8 @@ INTENTS = (
 @dataclass
 class Proposal:
     """One candidate mechanism. ``edit``: top-level definitions for ``Archive.spawn`` (LibCST);
-    ``hyperparameters``: new defaults of the ``Hyperparameters`` dataclass."""
+    ``hyperparameters``: new defaults of the ``Hyperparameters`` dataclass; ``drop_hyperparameters``:
+    its fields the candidate no longer uses."""
 
     name: str
     motivation: str
@@ -47,6 +53,7 @@ class Proposal:
     expected_effect: str
     hyperparameters: dict[str, Any] = field(default_factory=dict)
     edit: str = ""
+    drop_hyperparameters: tuple[str, ...] = ()
     score: float = 0.0
     proposer: str = "offline"
     parents: tuple[str, ...] = ()
@@ -74,6 +81,7 @@ class Proposal:
         d = asdict(self)
         d["parents"] = list(self.parents)
         d["intents"] = list(self.intents)
+        d["drop_hyperparameters"] = list(self.drop_hyperparameters)
         return d
 
     @classmethod
@@ -81,6 +89,7 @@ class Proposal:
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         known["parents"] = tuple(known.get("parents", ()))
         known["intents"] = tuple(known.get("intents", ()))
+        known["drop_hyperparameters"] = tuple(known.get("drop_hyperparameters", ()))
         return cls(**known)
 
 
@@ -117,15 +126,51 @@ def archived_fingerprints(
     return out, todo
 
 
+def code_key(source: str) -> str | None:
+    """The code's identity for duplicate detection: its syntax tree without docstrings and formatting
+    (None when it does not parse)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            node.body = body[1:] or [ast.Pass()]
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
+
+
+def archived_code(archive, nodes=None) -> dict[str, str]:
+    """{code key: node name} over every node of the archive (any status)."""
+    nodes = nodes if nodes is not None else archive.nodes()
+    items = sorted(nodes.values(), key=lambda n: n.name)
+    blobs = archive.git.cat_blobs([f"{n.commit}:algorithm.py" for n in items])
+    out: dict[str, str] = {}
+    for n, blob in zip(items, blobs):
+        key = code_key(blob) if blob is not None else None
+        if key is not None:
+            out.setdefault(key, n.name)
+    return out
+
+
 def screen(
     archive, parent: str, proposals: list[Proposal], cfg, *, nodes=None
 ) -> tuple[list[Proposal], list[Proposal]]:
     """(kept best first, dropped with ``screening['reason']``).
 
-    Logically inconsistent proposals and near-duplicates are dropped. Code that fails to build, the static
+    A proposal whose code is already in the archive (any node, any status) is dropped with a warning:
+    evaluating it again would only re-measure that node. Logically inconsistent proposals and
+    near-duplicates are dropped. Code that fails to build, the static
     checks or the fingerprint bank is kept with ``screening['feasible'] = False`` and half the score: the
     implementer's correction loop gets to fix it. Feasible proposals rank first."""
     parent_src = archive.algorithm(parent)
+    known = archived_code(archive, nodes)
     candidates: list[tuple[Proposal, str | None]] = []
     dropped: list[Proposal] = []
     for p in proposals:
@@ -138,10 +183,14 @@ def screen(
             reason = "inconsistent: the proposal changes nothing (no edit, no hyperparameters)"
         else:
             try:
-                src = build_source(parent_src, p.edit, p.hyperparameters)
+                src = build_source(parent_src, p.edit, p.hyperparameters, p.drop_hyperparameters)
             except PoiseError as exc:
                 problem = str(exc)
-        if src is not None:
+        twin = known.get(code_key(src)) if src is not None else None
+        if twin is not None:
+            reason = f"duplicate: the same code as archived node {twin!r}"
+            log.warning("skipping proposal %r: %s", p.name, reason)
+        elif src is not None:
             unused = [
                 k for k in p.hyperparameters if not re.search(rf"\bcfg\.{re.escape(k)}\b", src)
             ]

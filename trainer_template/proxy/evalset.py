@@ -25,11 +25,12 @@ def evaluate(model: TinyGPT, ev: Eval, seed: int) -> dict[str, float]:
     """Metrics ``{split}/acc@1, {split}/pass@1, {split}/pass@8, {split}/valid_rate, {split}/mean_length``,
     plus ``valid_rate``, ``mean_length`` (over all samples) and ``overall``."""
     model.eval()
-    gen = torch.Generator().manual_seed(10_000 + seed)
+    dev = next(model.parameters()).device
+    gen = torch.Generator(device=dev).manual_seed(10_000 + seed)
     metrics: dict[str, float] = {}
     all_valid, all_len = [], []
     for name, problems in heldout(ev).items():
-        prompts = task.prompts_tensor(problems)
+        prompts = task.prompts_tensor(problems).to(dev)
         greedy = generate(model, prompts, task.MAX_RESPONSE, task.EOS, task.PAD, greedy=True)
         _, g_correct, _ = task.score(greedy, problems)
         n = ev.samples

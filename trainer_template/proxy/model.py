@@ -78,27 +78,42 @@ def generate(
     temperature: float = 1.0,
     greedy: bool = False,
     generator: torch.Generator | None = None,
-) -> Tensor:
-    """Sample responses [N, max_new] for equal-length prompts [N, P] with a KV cache; PAD after EOS."""
+    return_logprobs: bool = False,
+) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+    """Sample responses [N, max_new] for equal-length prompts [N, P] with a KV cache; PAD after EOS.
+
+    With ``return_logprobs`` also the sampled tokens' log-probabilities and the entropies [N, max_new]
+    of the (temperature-scaled) sampling distribution (0 after EOS): the rollout's old log-probs."""
     n = prompts.shape[0]
     caches: list[dict] = [{} for _ in model.blocks]
     logits = model(prompts, caches, 0)[:, -1]
-    out = torch.full((n, max_new), pad, dtype=torch.long)
-    done = torch.zeros(n, dtype=torch.bool)
+    out = torch.full((n, max_new), pad, dtype=torch.long, device=prompts.device)
+    logp_out = torch.zeros(n, max_new, device=prompts.device) if return_logprobs else None
+    ent_out = torch.zeros(n, max_new, device=prompts.device) if return_logprobs else None
+    done = torch.zeros(n, dtype=torch.bool, device=prompts.device)
     pos = prompts.shape[1]
     for t in range(max_new):
+        logp_all = None
         if greedy:
             nxt = logits.argmax(-1)
         else:
-            probs = torch.softmax(logits.float() / max(temperature, 1e-6), dim=-1)
-            nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+            logp_all = torch.log_softmax(logits.float() / max(temperature, 1e-6), dim=-1)
+            nxt = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(1)
         nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
         out[:, t] = nxt
+        if return_logprobs:
+            if logp_all is None:
+                logp_all = torch.log_softmax(logits.float() / max(temperature, 1e-6), dim=-1)
+            live = ~done
+            logp_out[:, t] = torch.where(live, logp_all.gather(-1, nxt[:, None]).squeeze(1), 0.0)
+            ent_out[:, t] = torch.where(live, -(logp_all.exp() * logp_all).sum(-1), 0.0)
         done |= nxt == eos
         if bool(done.all()) or t == max_new - 1:
             break
         logits = model(nxt[:, None], caches, pos)[:, -1]
         pos += 1
+    if return_logprobs:
+        return out, logp_out, ent_out
     return out
 
 

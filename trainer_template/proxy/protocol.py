@@ -27,32 +27,44 @@ OVERALL_WEIGHTS = {
 
 @dataclass(frozen=True)
 class WarmStart:
-    """Supervised warm start (built once per settings hash and cached on disk)."""
+    """Supervised warm start (built once per settings hash and cached on disk; warmstart.py)."""
 
     d_model: int = 64
     heads: int = 4
     layers: int = 2
-    steps: int = 1500
-    """1,000 steps leave hard successes that are lucky guesses (no correct chain); 2,000 solve the task"""
+    skill_steps: int = 3000
+    """phase 1: the arithmetic (written chains and direct answers over every chain length)"""
+    habit_steps: int = 300
+    """phase 2: the response-style habits the RL start has"""
     batch: int = 64
     lr: float = 3e-3
-    k_power: float = 0.0
-    """P(k) proportional to k^-k_power over k = 1..8 (0: uniform)"""
-    broken_rate: float = 0.15
-    """fraction of examples with damaged answer delimiters"""
+    habit_lr: float = 1e-3
+    skill_styles: tuple[float, ...] = (0.3, 0.6, 0.1, 0.0)
+    """phase 1 P(direct, chain, ramble, give-up), every k"""
+    skill_k_power: float = 0.5
+    """phase 1 chain lengths: P(k) proportional to k^-skill_k_power (long chains rarer: less skill)"""
+    skill_mul_rate: float = 0.25
+    """phase 1: probability that an operation multiplies, every k (the habits phase and RL use the
+    task's split rates: hard prompts only)"""
+    habit_easy: tuple[float, ...] = (0.5, 0.35, 0.1, 0.05)
+    """phase 2 P(direct, chain, ramble, give-up) on easy prompts"""
+    habit_medium: tuple[float, ...] = (0.5, 0.3, 0.1, 0.1)
+    habit_hard: tuple[float, ...] = (0.55, 0.2, 0.05, 0.2)
+    filler_max: int = 12
+    """a ramble writes 1..filler_max filler tokens before its answer (past the cap: cut off)"""
     seed: int = 1234
 
 
 @dataclass(frozen=True)
 class RL:
-    steps: int = 150
-    """the gain over the warm start is reached by ~50-150 steps and flat after (measured to 250)"""
+    steps: int = 100
     prompts: int = 16
     group: int = 8
     minibatches: int = 2
     """updates per step (PPO mini-batches; the second one is off-policy, so clipping matters)"""
-    lr: float = 5e-5
-    """2e-4 and above sharpen the policy (entropy down, hard pass@8 down) and erode the easy split"""
+    lr: float = 2e-4
+    """an aggressive step: GRPO sharpens (entropy and hard pass@8 fall) unless the mechanism keeps it
+    exploring; at 5e-5 every published mechanism lands within 0.02 Overall of GRPO (docs/proxy.md)"""
     warmup_steps: int = 10
     """linear learning-rate warm-up (Adam's first steps are otherwise full-size sign steps)"""
     grad_clip: float = 1.0
@@ -74,20 +86,45 @@ class Eval:
     """held-out prompt sets are fixed by this seed (independent of the run's seed)"""
 
 
+WARMSTART_SHA256 = "sha256:a13c1a6cb43c0ca95e12121de38360e5f657666af80d90d81c72dae248460792"
+"""content hash of the shipped warm start (checkpoints/warmstart-a3556b6cbf685a7d.pt), built from
+the default WarmStart settings (torch 2.13, CPU; ~37 min on 2 cores). tests/test_proxy.py rebuilds a
+reduced-size warm start twice bit for bit; the full-size rebuild is an opt-in test
+(POISE_REBUILD_WARMSTART=1)"""
+
+
 @dataclass(frozen=True)
 class ProxyProtocol:
     preset: str = "default"
     warmstart: WarmStart = field(default_factory=WarmStart)
     rl: RL = field(default_factory=RL)
     eval: Eval = field(default_factory=Eval)
+    warmstart_sha256: str | None = WARMSTART_SHA256
+    """content hash of the warm start's weights (warmstart.content_hash): pinned for a shipped
+    checkpoint, so a result can never come from another starting policy unnoticed"""
+    accelerator: str = "cpu"
+    """cpu | auto (a CUDA GPU when torch sees one, else the CPU); the device used is part of the
+    protocol's identity, since the same seed samples differently on another device"""
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Every setting as JSON types (tuples as lists), as a result stores and reads it back."""
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+    def device(self) -> str:
+        """The torch device this protocol runs on here (imports torch only for ``auto``)."""
+        if self.accelerator == "cpu":
+            return "cpu"
+        import torch  # lazy: torch is heavy (only accelerator = "auto" needs it)
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
 
     def hash(self) -> str:
-        """sha256 of the settings that define the measurement (the preset's name excluded)."""
+        """sha256 of what defines the measurement: every setting (the preset's name excluded), the
+        pinned content hash of the warm start's weights (checked against the checkpoint actually
+        loaded, warmstart.verify_warmstart) and, for ``accelerator = "auto"``, the device used here."""
         d = self.to_dict()
         d.pop("preset")
+        d["accelerator"] = self.device()
         return "sha256:" + hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
     def warmstart_hash(self) -> str:
@@ -103,6 +140,12 @@ PRESETS = {
             steps=30, prompts=16, group=8, minibatches=2, lr=3e-4, k_power=1.0, collapse_window=8
         ),
         eval=Eval(prompts_per_split=12, samples=16),
+    ),
+    "large": ProxyProtocol(  # the default warm start; a GPU when torch sees one, else many CPU cores
+        preset="large",
+        rl=RL(prompts=32),
+        eval=Eval(prompts_per_split=256, samples=32),
+        accelerator="auto",
     ),
     # for tests only: the real code path (warm start, RL steps, held-out scoring) in a second or two;
     # its numbers measure nothing and its protocol id keeps them apart from every other preset's

@@ -1,5 +1,6 @@
 """The RL loop: sample G responses per prompt, score them, call the node's ``compute_advantages`` and
-``policy_loss``, update with AdamW; a frozen copy of the warm start is the KL reference.
+``policy_loss``, update with Adam (written out, no weight decay); a frozen copy of the warm start is
+the KL reference.
 
 Seeds are paired: seed s fixes the prompt stream and the sampling generator of every step, so two
 candidates share the initial checkpoint, the prompts and the sampling noise (until their policies
@@ -29,6 +30,8 @@ SIGNALS = (
     "train/kl",
     "train/response_length",
     "train/clipfrac",
+    "train/ratio_max",
+    "train/ratio_min",
     "train/grad_norm",
     "train/adv_mean",
     "train/adv_std",
@@ -36,6 +39,37 @@ SIGNALS = (
     "train/adv_max",
     "train/pg_loss",
 )
+
+
+class Adam:
+    """Adam (Kingma & Ba 2015; no weight decay), written out: torch.optim's first use imports
+    torch._dynamo, seconds per seed process for a run of about a minute.
+
+    m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;  p -= lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+    """
+
+    def __init__(self, params: list[torch.Tensor], betas=(0.9, 0.999), eps: float = 1e-8):
+        self.params = params
+        self.b1, self.b2 = betas
+        self.eps = eps
+        self.t = 0
+        self.m = [torch.zeros_like(p) for p in params]
+        self.v = [torch.zeros_like(p) for p in params]
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self, lr: float) -> None:
+        self.t += 1
+        c1, c2 = 1 - self.b1**self.t, 1 - self.b2**self.t
+        for p, m, v in zip(self.params, self.m, self.v):
+            if p.grad is None:
+                continue
+            m.mul_(self.b1).add_(p.grad, alpha=1 - self.b1)
+            v.mul_(self.b2).addcmul_(p.grad, p.grad, value=1 - self.b2)
+            p.addcdiv_(m, (v / c2).sqrt_().add_(self.eps), value=-lr / c1)
 
 
 class CandidateFailure(RuntimeError):
@@ -80,15 +114,16 @@ def train(
     trajectory: dict[str, list],
     on_step: Callable[[int], None] | None = None,
 ) -> TinyGPT:
-    """Run ``rl.steps`` RL steps in place on ``model``; per-step signals are appended to ``trajectory``."""
+    """Run ``rl.steps`` RL steps in place on ``model`` (on its device); per-step signals are appended
+    to ``trajectory``. The rollout's log-probabilities and entropies come from the sampling pass."""
+    dev = next(model.parameters()).device
     torch.manual_seed(seed)
     ref = copy.deepcopy(model).eval()
     for p in ref.parameters():
         p.requires_grad_(False)
-    opt = torch.optim.AdamW(model.parameters(), lr=rl.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / max(1, rl.warmup_steps * rl.minibatches))
-    )
+    opt = Adam(list(model.parameters()))
+    warmup = max(1, rl.warmup_steps * rl.minibatches)
+    updates = 0
     prompt_gen = torch.Generator().manual_seed(1_000_003 * (seed + 1))
     weights = task.k_weights(rl.k_power)
     first: dict[str, float] = {}
@@ -97,10 +132,10 @@ def train(
         ks = task.sample_ks(prompt_gen, rl.prompts, weights)
         problems = [task.sample_problem(prompt_gen, k) for k in ks]
         rep_problems = [p for p in problems for _ in range(rl.group)]
-        prompts = task.prompts_tensor(problems).repeat_interleave(rl.group, dim=0)
-        sample_gen = torch.Generator().manual_seed(seed * 100_003 + step)
+        prompts = task.prompts_tensor(problems).repeat_interleave(rl.group, dim=0).to(dev)
+        sample_gen = torch.Generator(device=dev).manual_seed(seed * 100_003 + step)
         model.eval()
-        responses = generate(
+        responses, old_logp, ent = generate(
             model,
             prompts,
             task.MAX_RESPONSE,
@@ -108,21 +143,21 @@ def train(
             task.PAD,
             temperature=rl.temperature,
             generator=sample_gen,
+            return_logprobs=True,
         )
         t = int(task.response_mask(responses).sum(1).max())
-        responses = responses[:, :t]
+        responses, old_logp, ent = responses[:, :t], old_logp[:, :t], ent[:, :t]
         mask = task.response_mask(responses)
         valid, correct, lengths = task.score(responses, rep_problems)
         rewards = correct.to(torch.float32)
         with torch.no_grad():
-            old_logp, ent = response_logprobs(model, prompts, responses, rl.temperature)
             ref_logp, _ = response_logprobs(ref, prompts, responses, rl.temperature)
         mf = mask.to(torch.float32)
         seq_entropy = (ent * mf).sum(1) / mf.sum(1).clamp(min=1)
         b = responses.shape[0]
         batch = RolloutBatch(
             rewards=rewards,
-            group=torch.arange(rl.prompts).repeat_interleave(rl.group),
+            group=torch.arange(rl.prompts, device=dev).repeat_interleave(rl.group),
             valid=valid,
             correct=correct,
             lengths=lengths,
@@ -138,8 +173,8 @@ def train(
         adv_raw = _call(module.compute_advantages, "compute_advantages", step, batch, cfg)
         adv = _expand_advantages(adv_raw, b, t, step)
         model.train()
-        order = torch.randperm(b, generator=sample_gen)
-        clipfracs, gnorms, losses = [], [], []
+        order = torch.randperm(b, generator=sample_gen, device=dev)
+        clipfracs, gnorms, losses, rmax, rmin = [], [], [], [], []
         for mb in order.chunk(rl.minibatches):
             logp, ent_mb = response_logprobs(model, prompts[mb], responses[mb], rl.temperature)
             out = _call(
@@ -165,10 +200,10 @@ def train(
                 raise CandidateFailure(
                     f"policy_loss must return (scalar Tensor, dict) (step {step})"
                 )
-            loss, lm = out
+            loss, _metrics = out
             if not _finite(loss):
                 raise CandidateFailure(f"policy_loss produced NaN/inf (step {step})")
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad()
             try:
                 loss.backward()
             except Exception as exc:
@@ -178,19 +213,20 @@ def train(
             gn = torch.nn.utils.clip_grad_norm_(model.parameters(), rl.grad_clip)
             if not _finite(gn):
                 raise CandidateFailure(f"non-finite gradient norm (step {step})")
-            opt.step()
-            sched.step()
+            updates += 1
+            opt.step(rl.lr * min(1.0, updates / warmup))
             with torch.no_grad():
+                # measured by the harness (a candidate's own metrics are not trusted): the fraction of
+                # tokens whose ratio left [0.8, 1.2] against their advantage's sign, and the extremes
                 ratio = torch.exp((logp.detach() - old_logp[mb]).clamp(-20, 20))
                 m = mf[mb]
-                # clip fraction measured by the harness (the candidate's own metric may differ)
                 lo = adv[mb] < 0
                 clipped = torch.where(lo, ratio < 0.8, ratio > 1.2)
-                cf = (
-                    lm.get("pg_clipfrac")
-                    if isinstance(lm, dict) and isinstance(lm.get("pg_clipfrac"), (int, float))
-                    else float((clipped.float() * m).sum() / m.sum().clamp(min=1))
-                )
+                cf = float((clipped.float() * m).sum() / m.sum().clamp(min=1))
+                on = m > 0
+                if bool(on.any()):
+                    rmax.append(float(ratio[on].max()))
+                    rmin.append(float(ratio[on].min()))
             clipfracs.append(float(cf))
             gnorms.append(float(gn))
             losses.append(float(loss.detach()))
@@ -205,6 +241,8 @@ def train(
             "train/kl": kl,
             "train/response_length": float(lengths.float().mean()),
             "train/clipfrac": sum(clipfracs) / len(clipfracs),
+            "train/ratio_max": max(rmax, default=1.0),
+            "train/ratio_min": min(rmin, default=1.0),
             "train/grad_norm": sum(gnorms) / len(gnorms),
             "train/adv_mean": float(a.mean()),
             "train/adv_std": float(a.std()) if b > 1 else 0.0,

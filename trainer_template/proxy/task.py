@@ -1,17 +1,25 @@
-"""The proxy task: chained one-digit +/- arithmetic mod 100, with a delimited answer (verifiable).
+"""The proxy task: chained one-digit arithmetic mod 100 with a delimited answer (verifiable).
 
-A problem is a start value a in [0, 100) and k operations (sign, digit in 1..9). The running result is
-r_0 = a, r_i = (r_{i-1} +/- d_i) mod 100; the gold answer is r_k. The prompt has a fixed width::
+A problem is a start value a in [0, 100) and k operations: + d or - d (d in 1..9), or * d (d in 2..9).
+The running result is r_0 = a, r_i = (r_{i-1} op d_i) mod 100; the gold answer is r_k. Hard prompts
+(k = 6..8) also multiply (each operation is * d with probability ``MUL_RATE``): a product mod 100 is a
+table the policy knows only partly, so hard prompts stay hard after the right response style is found.
+The prompt has a fixed width::
 
     BOS a1 a0 s1 d1 s2 d2 ... s8 d8 =          (unused operation slots are ". .")
 
-and the reference response writes every running result, then the answer between the delimiters
-``<`` and ``>`` (the stand-in for ``\\boxed{}``), then EOS::
+A response may take one of several *styles*, and the policy chooses (its first tokens decide)::
 
-    r1 r1 ; r2 r2 ; ... < a a > EOS
+    direct   < a a > EOS                              5 tokens: the answer in one go
+    chain    r1 r1 ; r2 r2 ; ... ; < a a > EOS         3k + 5 tokens: every running result first
+    ramble   a chain with filler "." tokens between its steps (longer, same content)
+    give-up  a partial chain that stops with EOS and no answer (format-invalid)
 
-A response is *valid* iff it ends in ``< d d > EOS`` with no other delimiter; *correct* iff valid and
-the two digits are the gold answer. Reward = 1.0 iff correct. Difficulty is the chain length k.
+Writing the chain makes every step a one-operation update, so it is accurate on long chains where the
+direct answer is a guess: longer responses help on hard prompts. Filler costs length and, past the
+response cap ``MAX_RESPONSE``, the answer is cut off (format-invalid). A response is *valid* iff it ends
+in ``< d d > EOS`` within the cap with no other delimiter; *correct* iff valid and the two digits are
+the gold answer. Reward = 1.0 iff correct. Difficulty is the chain length k.
 """
 
 from __future__ import annotations
@@ -23,24 +31,29 @@ import torch
 
 MOD = 100
 MAX_K = 8
-TOKENS = ["<pad>", "<bos>", "<eos>", *"0123456789", "+", "-", "=", ";", "<", ">", "."]
+TOKENS = ["<pad>", "<bos>", "<eos>", *"0123456789", "+", "-", "=", ";", "<", ">", ".", "*"]
 VOCAB = {t: i for i, t in enumerate(TOKENS)}
 PAD, BOS, EOS = VOCAB["<pad>"], VOCAB["<bos>"], VOCAB["<eos>"]
 DIGIT0 = VOCAB["0"]
-PLUS, MINUS, EQ, SEP, OPEN, CLOSE, NOOP = (VOCAB[t] for t in "+-=;<>.")
+PLUS, MINUS, EQ, SEP, OPEN, CLOSE, NOOP, TIMES = (VOCAB[t] for t in "+-=;<>.*")
+MUL = 0
+"""the sign value of a multiplication in ``Problem.ops``"""
 VOCAB_SIZE = len(TOKENS)
 PROMPT_LEN = 3 + 2 * MAX_K + 1
-MAX_RESPONSE = 3 * MAX_K + 5 + 3
-"""room for the longest reference response (29 tokens) plus slack"""
+MAX_RESPONSE = 36
+"""response cap (tokens): the longest chain (k = 8) takes 29, so up to 7 filler tokens fit"""
 
 SPLITS = {"easy": (1, 2), "medium": (3, 5), "hard": (6, 8)}
 """difficulty splits as inclusive ranges of the chain length k"""
+MUL_RATE = {"easy": 0.0, "medium": 0.0, "hard": 0.3}
+"""probability that an operation of a prompt in the split is a multiplication"""
+STYLES = ("direct", "chain", "ramble", "giveup")
 
 
 @dataclass(frozen=True)
 class Problem:
     start: int
-    ops: tuple[tuple[int, int], ...]  # (sign +1/-1, digit 1..9)
+    ops: tuple[tuple[int, int], ...]  # (sign +1 / -1 / MUL, digit 1..9)
 
     @property
     def k(self) -> int:
@@ -49,7 +62,7 @@ class Problem:
     def running(self) -> list[int]:
         r, out = self.start, []
         for s, d in self.ops:
-            r = (r + s * d) % MOD
+            r = (r * d if s == MUL else r + s * d) % MOD
             out.append(r)
         return out
 
@@ -58,12 +71,20 @@ class Problem:
         return self.running()[-1]
 
 
-def sample_problem(gen: torch.Generator, k: int) -> Problem:
-    """One problem of chain length ``k`` drawn with ``gen`` (deterministic given the generator state)."""
-    vals = torch.randint(0, 1 << 30, (1 + 2 * k,), generator=gen).tolist()
+def sample_problem(gen: torch.Generator, k: int, mul_rate: float | None = None) -> Problem:
+    """One problem of chain length ``k`` drawn with ``gen`` (deterministic given the generator state);
+    each operation multiplies with probability ``mul_rate`` (default: its split's ``MUL_RATE``)."""
+    rate = MUL_RATE[split_of(k)] if mul_rate is None else mul_rate
+    vals = torch.randint(0, 1 << 30, (1 + 3 * k,), generator=gen).tolist()
     start = vals[0] % MOD
-    ops = tuple((1 if vals[1 + 2 * i] % 2 == 0 else -1, 1 + vals[2 + 2 * i] % 9) for i in range(k))
-    return Problem(start, ops)
+    ops = []
+    for i in range(k):
+        a, b, c = vals[1 + 3 * i : 4 + 3 * i]
+        if c / (1 << 30) < rate:
+            ops.append((MUL, 2 + b % 8))
+        else:
+            ops.append((1 if a % 2 == 0 else -1, 1 + b % 9))
+    return Problem(start, tuple(ops))
 
 
 def sample_ks(gen: torch.Generator, n: int, weights: Sequence[float]) -> list[int]:
@@ -91,27 +112,33 @@ def _two(v: int) -> list[int]:
 def encode_prompt(p: Problem) -> list[int]:
     toks = [BOS, *_two(p.start)]
     for s, d in p.ops:
-        toks += [PLUS if s > 0 else MINUS, DIGIT0 + d]
+        toks += [TIMES if s == MUL else PLUS if s > 0 else MINUS, DIGIT0 + d]
     toks += [NOOP, NOOP] * (MAX_K - p.k)
     return toks + [EQ]
 
 
-def encode_response(p: Problem, broken: int = 0) -> list[int]:
-    """The reference response; ``broken`` in 1..3 damages the delimiters (1: no '<', 2: no '>',
-    3: ';' instead of '<') so the warm start learns some invalid formats."""
+def encode_response(
+    p: Problem, style: str = "chain", filler: Sequence[int] = (), stop: int = 0
+) -> list[int]:
+    """A reference response in ``style`` (untruncated; :data:`MAX_RESPONSE` caps it when sampled).
+
+    ramble: ``filler[i]`` "." tokens after running result i (missing entries: none);
+    giveup: the first ``stop`` running results (0 <= stop < k), then EOS without an answer."""
+    if style == "direct":
+        return [OPEN, *_two(p.answer), CLOSE, EOS]
+    steps = p.running()
+    if style == "giveup":
+        steps = steps[:stop]
     toks: list[int] = []
-    for r in p.running():
+    for i, r in enumerate(steps):
         toks += [*_two(r), SEP]
-    ans = _two(p.answer)
-    if broken == 1:
-        toks += [*ans, CLOSE]
-    elif broken == 2:
-        toks += [OPEN, *ans]
-    elif broken == 3:
-        toks += [SEP, *ans, CLOSE]
-    else:
-        toks += [OPEN, *ans, CLOSE]
-    return toks + [EOS]
+        if style == "ramble" and i < len(filler):
+            toks += [NOOP] * int(filler[i])
+    if style == "giveup":
+        return toks + [EOS]
+    if style not in ("chain", "ramble"):
+        raise ValueError(f"unknown response style {style!r} (known: {', '.join(STYLES)})")
+    return toks + [OPEN, *_two(p.answer), CLOSE, EOS]
 
 
 def prompts_tensor(problems: Sequence[Problem]) -> torch.Tensor:
@@ -128,24 +155,28 @@ def response_mask(responses: torch.Tensor) -> torch.Tensor:
 def score(
     responses: torch.Tensor, problems: Sequence[Problem]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """valid [N] bool, correct [N] bool, lengths [N] long (tokens incl. EOS) of sampled responses [N, T]."""
-    n = responses.shape[0]
-    valid = torch.zeros(n, dtype=torch.bool)
-    correct = torch.zeros(n, dtype=torch.bool)
-    mask = response_mask(responses)
-    lengths = mask.sum(1)
-    rows = responses.tolist()
-    for i, (row, p) in enumerate(zip(rows, problems)):
-        if EOS not in row:
-            continue
-        body = row[: row.index(EOS)]
-        if len(body) < 4 or body[-4] != OPEN or body[-1] != CLOSE:
-            continue
-        d1, d0 = body[-3] - DIGIT0, body[-2] - DIGIT0
-        if not (0 <= d1 <= 9 and 0 <= d0 <= 9) or OPEN in body[:-4] or CLOSE in body[:-4]:
-            continue
-        valid[i] = True
-        correct[i] = 10 * d1 + d0 == p.answer
+    """valid [N] bool, correct [N] bool, lengths [N] long (tokens incl. EOS) of sampled responses [N, T].
+
+    Vectorized: the answer is the four tokens before the first EOS; a response with no EOS (cut off at
+    the cap) is invalid, as is one with a delimiter anywhere else."""
+    n, t = responses.shape
+    dev = responses.device
+    is_eos = responses == EOS
+    has_eos = is_eos.any(1)
+    lengths = response_mask(responses).sum(1)
+    eos_at = torch.where(has_eos, is_eos.long().argmax(1), torch.full_like(lengths, t))
+    pos = eos_at[:, None] - torch.arange(4, 0, -1, device=dev)[None, :]  # the 4 answer positions
+    ok = has_eos & (eos_at >= 4)
+    ans = responses.gather(1, pos.clamp(min=0))
+    d1, d0 = ans[:, 1] - DIGIT0, ans[:, 2] - DIGIT0
+    digits = (d1 >= 0) & (d1 <= 9) & (d0 >= 0) & (d0 <= 9)
+    shape = ok & (ans[:, 0] == OPEN) & (ans[:, 3] == CLOSE) & digits
+    idx = torch.arange(t, device=dev)[None, :]
+    before = idx < (eos_at[:, None] - 4)
+    stray = (((responses == OPEN) | (responses == CLOSE)) & before).any(1)
+    valid = shape & ~stray
+    gold = torch.tensor([p.answer for p in problems], dtype=torch.long, device=dev)
+    correct = valid & (10 * d1 + d0 == gold)
     return valid, correct, lengths
 
 

@@ -46,14 +46,17 @@ def _clean(row: dict) -> dict:
 
 def cmd_warmstart(args: argparse.Namespace) -> int:
     # lazy: torch is heavy (only this path needs it)
-    from trainer_template.proxy.warmstart import ensure_warmstart
+    from trainer_template.proxy.warmstart import ensure_warmstart, verify_warmstart
 
+    protocol = get_protocol(args.preset)
     path = ensure_warmstart(
-        get_protocol(args.preset),
+        protocol,
         args.cache_dir,
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
-    print(path)
+    print(verify_warmstart(protocol, path))  # the weights' content hash (the protocol's identity)
+    print(protocol.device())
+    print(path)  # last: the engine reads the checkpoint's path from the last line
     return 0
 
 
@@ -65,13 +68,14 @@ def _train(args: argparse.Namespace, on_row) -> tuple[object | None, str, dict]:
     from trainer_template.proxy import rl  # lazy: torch is heavy (only this path needs it)
 
     # lazy: torch is heavy (only this path needs it)
-    from trainer_template.proxy.warmstart import ensure_warmstart, load_warmstart
+    from trainer_template.proxy.warmstart import ensure_warmstart, load_warmstart, verify_warmstart
 
     protocol = get_protocol(args.preset)
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     path = args.warmstart or ensure_warmstart(protocol, args.cache_dir)
-    model = load_warmstart(path, protocol.warmstart)
+    verify_warmstart(protocol, path)  # the pinned weights, or WarmStartMismatch
+    model = load_warmstart(path, protocol.warmstart, device=protocol.device())
     try:
         module = load_algorithm(Path(args.algorithm).read_text(encoding="utf-8"), args.name)
         cfg = make_config(module, json.loads(args.overrides) if args.overrides else None)

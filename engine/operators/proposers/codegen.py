@@ -2,8 +2,9 @@
 
 A spec picks one option per component (baseline, scale, invalid, all_fail, length, adv_clip,
 entropy_control) plus the loss-side and continuous hyperparameters (``spec["hp"]``). :func:`render`
-writes the edit — the ``Hyperparameters`` dataclass, ``compute_advantages``, ``entropy_coefficient``
-and the root's ``policy_loss`` — as plain code applied through the archive's LibCST spawn.
+writes a whole mechanism (``Hyperparameters``, ``compute_advantages``, ``entropy_coefficient`` and the
+root's ``policy_loss``) from a spec; ``edit_plan.plan_edit`` turns a parent -> child spec change into
+the smallest edit, whose ``Hyperparameters`` changes ``hyperparams.set_defaults`` writes with LibCST.
 
 Components that mirror a published mechanism compute its equation (trainer_template/priors):
 ``valid_bayes`` baseline = VM-AV-GRPO's mu_valid (alpha = prior_strength * prior_mean, beta =
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -110,7 +112,7 @@ DEFAULT_SPEC: dict[str, Any] = {
         "entropy_coef": 0.0,
     },
 }
-_DOCS = {
+HP_DOCS = {
     "eps": "numerical floor added to the scale",
     "prior_strength": "pseudo-count of the Bayesian prior on the valid-subset mean",
     "prior_mean": "prior mean success rate of the valid subset",
@@ -243,7 +245,7 @@ _ENTROPY = {
 }
 
 
-def _root_function(name: str) -> str:
+def root_function(name: str) -> str:
     """A function of the root (trainer_template/algorithm.py), verbatim: loss-side mechanisms are
     expressed through the Hyperparameters it reads (clip ratios, aggregation, KL, entropy)."""
     src = ALGORITHM_FILE.read_text(encoding="utf-8")
@@ -253,10 +255,10 @@ def _root_function(name: str) -> str:
     raise RuntimeError(f"trainer_template/algorithm.py has no {name}")
 
 
-def _entropy_coefficient(option: str) -> str:
+def entropy_source(option: str) -> str:
     """The root's ``entropy_coefficient``, or an entropy controller of the paper."""
     if option == "none":
-        return _root_function("entropy_coefficient")
+        return root_function("entropy_coefficient")
     doc, lines, coef = _ENTROPY[option]
     body = "".join(f"    {ln}\n" for ln in lines)
     return (
@@ -309,18 +311,29 @@ def describe(spec: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
+ADVANTAGE_COMPONENTS = ("baseline", "scale", "invalid", "all_fail", "length", "adv_clip")
+
+
 def render(spec: Mapping[str, Any]) -> str:
-    """The edit (Hyperparameters, compute_advantages, entropy_coefficient, policy_loss) implementing
-    ``spec``."""
+    """A whole mechanism (Hyperparameters, compute_advantages, entropy_coefficient, the root's
+    policy_loss) implementing ``spec``."""
     s = normalize(spec)
     lines = ["@dataclass", "class Hyperparameters:"]
-    base = list(
-        DEFAULT_SPEC["hp"]
-    )  # the root's field order first, so `git diff` shows only real changes
+    base = list(DEFAULT_SPEC["hp"])  # the root's field order first
     for k in sorted(s["hp"], key=lambda k: (base.index(k) if k in base else len(base), k)):
         v = s["hp"][k]
-        lit = json.dumps(v) if isinstance(v, str) else repr(v)
-        lines += [f"    {k}: {type(v).__name__} = {lit}", f'    """{_DOCS.get(k, k)}"""']
+        lines += [
+            f"    {k}: {type(v).__name__} = {source_literal(v)}",
+            f'    """{HP_DOCS.get(k, k)}"""',
+        ]
+    code = "\n".join(lines) + "\n\n\n" + render_advantages(s)
+    code += "\n\n" + entropy_source(s["entropy_control"])
+    return code + "\n\n" + root_function("policy_loss")
+
+
+def render_advantages(spec: Mapping[str, Any]) -> str:
+    """``compute_advantages`` implementing the spec's advantage components."""
+    s = normalize(spec)
     body: list[str] = [
         "scores = batch.rewards.to(torch.float32)",
         "valid = batch.valid.to(torch.bool)",
@@ -342,12 +355,22 @@ def render(spec: Mapping[str, Any]) -> str:
         body += table[s[key]][1]
     body += ["return adv"]
     doc = describe(s).split("; loss:")[0]
-    lines += [
-        "",
-        "",
+    lines = [
         "def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:",
         f'    """Sequence-level advantages [B]. {doc}."""',
     ]
     lines += [f"    {ln}" for ln in body]
-    code = "\n".join(lines) + "\n\n\n" + _entropy_coefficient(s["entropy_control"])
-    return code + "\n\n" + _root_function("policy_loss")
+    return "\n".join(lines) + "\n"
+
+
+def source_literal(value: Any) -> str:
+    """How a value is written in source: double-quoted strings, floats as written by hand (1e-6, not
+    Python's repr 1e-06)."""
+    if isinstance(value, str):
+        return json.dumps(value)
+    text = repr(value)
+    if isinstance(value, float):
+        text = re.sub(
+            r"e([+-])0*(\d)", lambda m: f"e{'-' if m.group(1) == '-' else ''}{m.group(2)}", text
+        )
+    return text

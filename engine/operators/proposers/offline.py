@@ -11,13 +11,15 @@ a utility. The code is rendered by :mod:`engine.operators.proposers.codegen` and
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 from typing import Any
 
 from engine.archive.results import configured_protocol
 from engine.config import utility
-from engine.operators.propose import Proposal
+from engine.errors import PoiseError
+from engine.operators.propose import Proposal, archived_code, code_key
 from engine.operators.proposers import register
 from engine.operators.proposers.codegen import (
     CONTINUOUS,
@@ -27,11 +29,52 @@ from engine.operators.proposers.codegen import (
     describe,
     normalize,
     owns,
-    render,
 )
+from engine.operators.proposers.edit_plan import class_defaults, plan_edit
 from trainer_template.interface import LOSS_AGG_MODES
 
 MUTABLE = tuple(OPTIONS) + LOSS_KNOBS
+log = logging.getLogger(__name__)
+RATIO_MARGIN = 0.02
+"""a clip bound counts as inert only if every recorded ratio stayed this far inside it"""
+
+
+def parent_ratios(archive, parent: str, cfg=None) -> tuple[float, float] | None:
+    """(min, max) importance ratio over the parent's recorded training trajectory (its result under
+    the experiment's protocol), or None when unknown. Results without ratio extremes: a clip fraction
+    of 0 at every recorded step means every ratio stayed inside the harness's [0.8, 1.2]."""
+    protocol = configured_protocol(cfg or archive.config())
+    node = archive.nodes(protocol).get(parent)
+    traj = dict(node.result.trajectory) if node is not None and node.result is not None else {}
+    hi = [v for v in traj.get("train/ratio_max") or [] if isinstance(v, (int, float))]
+    lo = [v for v in traj.get("train/ratio_min") or [] if isinstance(v, (int, float))]
+    if hi and lo:
+        return min(lo), max(hi)
+    cf = [v for v in traj.get("train/clipfrac") or [] if isinstance(v, (int, float))]
+    if cf and max(cf) == 0.0:
+        return 0.8, 1.2
+    return None
+
+
+def clip_is_inert(old: dict, new: dict, ratios: tuple[float, float] | None) -> str:
+    """Why changing the clip ratios from ``old`` to ``new`` cannot change training ('' if it can): the
+    parent's ratios stayed inside both the old and the new clip range, so neither clips anything and
+    the child would retrace the parent's run."""
+    keys = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c")
+    if ratios is None or all(old.get(k) == new.get(k) for k in keys):
+        return ""
+    if any(old.get(k) != new.get(k) for k in new if k not in keys):
+        return ""
+    lo, hi = ratios
+    low = min(old.get("clip_ratio_low", 0.2), new.get("clip_ratio_low", 0.2))
+    high = min(old.get("clip_ratio_high", 0.2), new.get("clip_ratio_high", 0.2))
+    c = min(old.get("clip_ratio_c", 3.0), new.get("clip_ratio_c", 3.0))
+    if lo > 1 - low + RATIO_MARGIN and hi < min(1 + high, c) - RATIO_MARGIN:
+        return (
+            f"the parent's importance ratios stayed in [{lo:.3f}, {hi:.3f}], inside both clip "
+            f"ranges [{1 - low:.2f}, {1 + high:.2f}]: nothing would be clipped"
+        )
+    return ""
 
 
 def intents_for(spec: dict[str, Any]) -> tuple[str, ...]:
@@ -118,18 +161,30 @@ class OfflineProposer:
         self.llm = llm  # unused: the offline proposer never calls an endpoint
 
     def propose(self, archive, parent: str, context, cfg, n: int, seed: int | None) -> list:
+        # lazy: engine.operators.implement imports the proposers package (a circle at the top)
+        from engine.operators.implement import build_source
+
         seed = seed if seed is not None else len(archive.nodes())
         rng = random.Random(seed)
         study = _study(archive, cfg, seed)
         dists = _distributions()
+        rendered = bool(context.parent.components)
         base = normalize(context.parent.components)
+        parent_src = context.parent_code or archive.algorithm(parent)
+        have = class_defaults(parent_src)
+        base["hp"].update({k: v for k, v in have.items() if k in base["hp"]})
+        ratios = parent_ratios(archive, parent, cfg)
+        known = archived_code(archive)
         partners = [
             s
             for s in (context.frontier + context.complementary + context.exploratory)
             if s.components
         ]
         out: list[Proposal] = []
-        for _ in range(2 * n):
+        seen: set[str] = set()
+        for _ in range(4 * n):
+            if len(out) >= 2 * n:
+                break
             trial = study.ask()
 
             def sample(name: str, trial=trial) -> float:
@@ -149,6 +204,25 @@ class OfflineProposer:
                 spec, what = self._mutate(base, rng, sample), ""
                 extra = ()
             spec = normalize(spec)
+            inert = clip_is_inert(base["hp"], spec["hp"], ratios)
+            if inert:
+                log.info("offline proposer: skipping a mutation of %s: %s", parent, inert)
+                continue
+            plan = plan_edit(parent_src, base, spec, rendered=rendered)
+            try:
+                key = code_key(build_source(parent_src, plan.edit, plan.hyperparameters, plan.drop))
+            except PoiseError:
+                key = None
+            if key is not None and (key in seen or key in known):
+                if key in known:
+                    log.warning(
+                        "offline proposer: skipping an edit of %s already in the archive as %r",
+                        parent,
+                        known[key],
+                    )
+                continue
+            if key is not None:
+                seen.add(key)
             changed = sorted(k for k in MUTABLE[: len(OPTIONS)] if spec[k] != base[k])
             owned = {h for h, c in CONTINUOUS.items() if c[4] is not None and c[4][0] in changed}
             changed += sorted(
@@ -163,13 +237,16 @@ class OfflineProposer:
                     motivation=f"Offline search from {parent}: {what}. Parent mechanism — {describe(base)}.",
                     mechanism=describe(spec),
                     expected_effect=self._expectation(spec, base),
-                    hyperparameters={},
-                    edit=render(spec),
+                    hyperparameters=plan.hyperparameters,
+                    edit=plan.edit,
+                    drop_hyperparameters=plan.drop,
                     proposer="offline",
                     parents=extra,
                     intents=intents_for(spec),
                     expected_gain=self._gain(archive, cfg, spec, context),
-                    components=spec,
+                    components=spec
+                    if rendered or any(spec[k] != base[k] for k in OPTIONS)
+                    else None,
                 )
             )
         return out

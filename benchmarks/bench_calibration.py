@@ -1,0 +1,232 @@
+"""Calibration of the CPU proxy against the paper: every published mechanism at S paired seeds.
+
+    nice -n 5 .venv/bin/python benchmarks/bench_calibration.py [--seeds 6] [--json OUT]
+
+Prints, and writes as JSON, one row per mechanism: mean Overall with its 95% t-interval, the paired
+difference to GRPO (same seeds) with its interval, whether it lies above / below GRPO beyond that
+interval, the paper's Overall, mean response length and valid rate; then Spearman's rank correlation
+between the proxy's and the paper's Overall over the 11 mechanisms, and the calibration targets
+(Spearman >= 0.6; SA-GRPO and DCBE-GRPO below GRPO beyond their intervals; at least 3 of AV, VM-AV,
+MSA, DACE, FA above GRPO beyond theirs).
+
+Each mechanism runs with its own default hyperparameters from ``trainer_template/priors`` (the edit
+materialized over the root). A run that
+collapses is evaluated anyway (its metrics count, as a collapsed training run's would); a seed with no
+metrics at all is left out of that mechanism's mean. ``POISE_EVAL_CACHE=DIR`` reuses per-seed results
+of identical code under the identical protocol (default: ``.cache/poise-eval`` in the repository).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from proxy_runs import (
+    PAPER_OVERALL,
+    ROOT,
+    load_average,
+    mean_interval,
+    paired,
+    run_seed,
+    spearman,
+    stamp,
+    warm_start,
+)
+
+IMPROVERS = ("av_grpo", "vm_av_grpo", "msa_grpo", "dace_grpo", "fa_grpo")
+REGRESSIONS = ("sa_grpo", "dcbe_grpo")
+
+
+def mechanism_source(name: str) -> str:
+    """The complete algorithm.py of a published mechanism: its edit applied to the root, as
+    ``poise-git spawn --edit`` applies it (the root itself for grpo)."""
+    from engine.archive.edit import prior_source
+
+    return prior_source(name)
+
+
+def verdict(iv: list[float] | None) -> str:
+    if not iv:
+        return "no interval"
+    if iv[0] > 0:
+        return "above"
+    if iv[1] < 0:
+        return "below"
+    return "within"
+
+
+def summarize(by: dict[str, dict[int, dict]], seeds: list[int]) -> tuple[list[dict], dict]:
+    ov = {
+        n: {s: r["metrics"]["overall"] for s, r in runs.items() if r.get("metrics")}
+        for n, runs in by.items()
+    }
+    rows = []
+    for name in PAPER_OVERALL:
+        runs = by.get(name, {})
+        vals = ov.get(name, {})
+        row = {"mechanism": name, "paper_overall": PAPER_OVERALL[name], "seeds": sorted(vals)}
+        row["failed_seeds"] = sorted(s for s, r in runs.items() if r.get("status") != "ok")
+        if vals:
+            m, iv = mean_interval(list(vals.values()))
+            d, div = paired(vals, ov.get("grpo", {})) if name != "grpo" else (0.0, None)
+            ms = [r["metrics"] for r in runs.values() if r.get("metrics")]
+            row.update(
+                overall=m,
+                interval=iv,
+                diff_vs_grpo=d,
+                diff_interval=div,
+                verdict=verdict(div) if name != "grpo" else "reference",
+                mean_length=sum(x["mean_length"] for x in ms) / len(ms),
+                valid_rate=sum(x["valid_rate"] for x in ms) / len(ms),
+                hard_pass8=sum(x["hard/pass@8"] for x in ms) / len(ms),
+                hard_pass1=sum(x["hard/pass@1"] for x in ms) / len(ms),
+            )
+        rows.append(row)
+    have = [r for r in rows if "overall" in r]
+    rho = (
+        spearman([r["overall"] for r in have], [r["paper_overall"] for r in have])
+        if len(have) >= 3
+        else float("nan")
+    )
+    by_name = {r["mechanism"]: r for r in rows}
+    improvers_above = [n for n in IMPROVERS if by_name[n].get("verdict") == "above"]
+    regressions_below = [n for n in REGRESSIONS if by_name[n].get("verdict") == "below"]
+    targets = {
+        "spearman": rho,
+        "spearman_met": rho >= 0.6,
+        "regressions_below": regressions_below,
+        "regressions_met": len(regressions_below) == len(REGRESSIONS),
+        "improvers_above": improvers_above,
+        "improvers_met": len(improvers_above) >= 3,
+        "mechanisms_with_results": len(have),
+    }
+    return rows, targets
+
+
+def fmt_iv(iv, signed=False) -> str:
+    if not iv:
+        return "-"
+    f = "{:+.3f}" if signed else "{:.3f}"
+    return f"[{f.format(iv[0])}, {f.format(iv[1])}]"
+
+
+def table(rows: list[dict]) -> str:
+    out = [
+        "| mechanism | Overall | 95% interval | vs GRPO (paired) | 95% interval | verdict | paper "
+        "| mean length | valid rate | hard pass@8 |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(rows, key=lambda r: -r.get("overall", -1)):
+        if "overall" not in r:
+            out.append(f"| {r['mechanism']} | - | - | - | - | no results | {r['paper_overall']} |")
+            continue
+        fails = f" ({len(r['failed_seeds'])} collapsed)" if r["failed_seeds"] else ""
+        out.append(
+            f"| {r['mechanism']} | {r['overall']:.3f} | {fmt_iv(r['interval'])} | "
+            f"{r['diff_vs_grpo']:+.3f} | {fmt_iv(r['diff_interval'], True)} | {r['verdict']}{fails} | "
+            f"{r['paper_overall']} | {r['mean_length']:.1f} | {r['valid_rate']:.3f} | "
+            f"{r['hard_pass8']:.3f} |"
+        )
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=6, help="paired seeds 0..S-1 (default 6)")
+    ap.add_argument("--preset", default="default")
+    ap.add_argument("--parallel", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--only", default="", help="comma-separated subset (GRPO always runs)")
+    ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "calibration.json"))
+    ap.add_argument("--no-cache", action="store_true", help="ignore and do not fill the cache")
+    args = ap.parse_args()
+    os.environ.setdefault("POISE_EVAL_CACHE", str(ROOT / ".cache" / "poise-eval"))
+    from trainer_template.proxy.protocol import get_protocol
+
+    proto = get_protocol(args.preset)
+    t0 = time.monotonic()
+    loads = [load_average()]
+    _path, sha, device = warm_start(args.preset)
+    phash = proto.hash()
+    only = set(filter(None, args.only.split(","))) | {"grpo"}
+    names = [n for n in PAPER_OVERALL if not args.only or n in only]
+    seeds = list(range(args.seeds))
+    print(
+        f"{stamp()} calibration: preset {args.preset} ({phash[:19]}), warm start {sha[:19]}, "
+        f"device {device}; {len(names)} mechanisms x {len(seeds)} paired seeds, "
+        f"{args.parallel} in parallel; load average {loads[0]}",
+        flush=True,
+    )
+    sources = {n: mechanism_source(n) for n in names}
+    jobs = [(n, s) for s in seeds for n in names]  # seed-major: early results cover every mechanism
+    with ThreadPoolExecutor(args.parallel) as pool:
+        runs = list(
+            pool.map(
+                lambda j: run_seed(
+                    j[0], sources[j[0]], j[1], args.preset, phash, use_cache=not args.no_cache
+                ),
+                jobs,
+            )
+        )
+    loads.append(load_average())
+    by: dict[str, dict[int, dict]] = {}
+    for r in runs:
+        by.setdefault(r["label"], {})[r["seed"]] = r
+    rows, targets = summarize(by, seeds)
+    wall = time.monotonic() - t0
+    fresh = [r for r in runs if not r.get("cached")]
+    per_seed = [r.get("wall_s", 0.0) for r in fresh]
+    print()
+    print(table(rows))
+    print()
+    rho = targets["spearman"]
+    print(
+        f"Spearman rank correlation, proxy vs paper, over {targets['mechanisms_with_results']} "
+        f"mechanisms: {rho:+.3f} (target >= 0.6: {'met' if targets['spearman_met'] else 'NOT met'})"
+    )
+    print(
+        f"regressions below GRPO beyond their interval: {', '.join(targets['regressions_below']) or 'none'}"
+        f" (target SA-GRPO and DCBE-GRPO: {'met' if targets['regressions_met'] else 'NOT met'})"
+    )
+    print(
+        f"improvers above GRPO beyond their interval: {', '.join(targets['improvers_above']) or 'none'}"
+        f" (target >= 3 of AV, VM-AV, MSA, DACE, FA: {'met' if targets['improvers_met'] else 'NOT met'})"
+    )
+    mean_seed = sum(per_seed) / len(per_seed) if per_seed else float("nan")
+    print(
+        f"wall time {wall / 60:.1f} min for {len(runs)} seed runs ({len(fresh)} run, "
+        f"{len(runs) - len(fresh)} cached); mean {mean_seed:.0f} s per seed run; load average at "
+        f"start {loads[0]}, at end {loads[1]}"
+    )
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "preset": args.preset,
+        "protocol": proto.to_dict(),
+        "protocol_hash": phash,
+        "warmstart_sha256": sha,
+        "device": device,
+        "seeds": seeds,
+        "unit": "Overall (fraction; the paper's in percentage points)",
+        "rows": rows,
+        "targets": {
+            k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in targets.items()
+        },
+        "per_seed": {
+            n: {s: {"status": r["status"], "metrics": r.get("metrics", {})} for s, r in d.items()}
+            for n, d in by.items()
+        },
+        "wall_s": round(wall, 1),
+        "mean_seed_wall_s": round(mean_seed, 1) if per_seed else None,
+        "load_average": loads,
+    }
+    out.write_text(json.dumps(payload, indent=1, default=str))
+    print(f"written {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,293 @@
+"""Discovery power of the closed loop on the CPU proxy, against random search with the same budget.
+
+    nice -n 5 .venv/bin/python benchmarks/bench_discovery.py [--candidates 16] [--seeds 6] \\
+        [--search-seeds 3]
+
+For each search seed: (a) ``poise-git run`` from the GRPO root with the offline proposer (selection,
+TPE-guided mutation and crossover, verification, evaluation, reflection) until it has spawned
+``--candidates`` children; (b) random search over the same component space with the same budget:
+each candidate mutates one random component of a uniformly chosen evaluated node, continuous values
+drawn uniformly (no TPE, no selection model). Every candidate is evaluated at ``--seeds`` paired
+seeds; per-seed results are cached by (code, protocol, seed) in ``$POISE_EVAL_CACHE`` (default
+``.cache/poise-eval``), so the root and any code found twice are trained once.
+
+Reports per method and search seed the best-so-far Overall after each candidate, the best node's
+paired difference to the root with its 95% interval, and whether it beats the root beyond it; writes
+the curves as a figure (``--figure``) and everything as JSON (``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+
+from proxy_runs import ROOT, load_average, mean_interval, paired, stamp
+
+
+def per_seed_overall(node) -> dict[int, float]:
+    r = node.result
+    if r is None:
+        return {}
+    return {
+        int(p["seed"]): float(p["metrics"]["overall"])
+        for p in r.per_seed
+        if p.get("metrics") and "overall" in p["metrics"]
+    }
+
+
+def trace(archive, root: str, preset: str) -> dict:
+    """Candidates in spawn order with their Overall under ``proxy/<preset>``, the best-so-far curve
+    and the best node's paired difference to the root."""
+    nodes = archive.nodes(f"proxy/{preset}")
+    kids = sorted((n for n in nodes.values() if n.name != root), key=lambda n: (n.created, n.name))
+    base = per_seed_overall(nodes[root])
+    best, curve, rows = None, [], []
+    for n in kids:
+        ov = n.overall if n.evaluated else None
+        rows.append({"node": n.name, "status": n.status, "overall": ov, "parents": list(n.parents)})
+        if ov is not None and (best is None or ov > best[1]):
+            best = (n.name, ov)
+        curve.append(best[1] if best else nodes[root].metrics.get("overall"))
+    out = {"root_overall": nodes[root].metrics.get("overall"), "candidates": rows, "curve": curve}
+    if best:
+        d, iv = paired(per_seed_overall(nodes[best[0]]), base)
+        out.update(
+            best=best[0],
+            best_overall=best[1],
+            best_diff=d,
+            best_diff_interval=iv,
+            beats_root=bool(iv and iv[0] > 0),
+        )
+    return out
+
+
+def run_loop(path: Path, search_seed: int, args) -> dict:
+    from engine.archive.store import Archive
+    from engine.loop.budget import Budget
+    from engine.loop.core import Loop, RunOptions
+
+    archive = Archive.init(path)
+    per_round = args.parents * args.population
+    opts = RunOptions(
+        plan={
+            "rounds": math.ceil(args.candidates / per_round) + 2,
+            "parents": args.parents,
+            "population": args.population,
+            "seeds": args.seeds,
+            "proposer": "offline",
+            "preset": args.preset,
+            "seed": search_seed,
+        },
+        workers=1,
+        budget=Budget(candidates=args.candidates),
+    )
+    Loop(archive, opts, on_event=lambda e: _event(e, "loop", search_seed)).run()
+    return trace(Archive(path), "grpo", args.preset)
+
+
+def _event(e: dict, method: str, s: int) -> None:
+    if e.get("kind") in ("evaluated", "stop") or e.get("kind", "").startswith("eval"):
+        print(f"  [{method} s{s}] {json.dumps(e, default=str)[:200]}", flush=True)
+
+
+def run_random(path: Path, search_seed: int, args) -> dict:
+    """Random parent (any evaluated node), random component, uniform values; implement, verify,
+    evaluate — the same operators the loop uses, without selection or the proposer's model."""
+    from engine.archive.store import Archive
+    from engine.operators.evaluate import evaluate_node
+    from engine.operators.implement import build_source, implement
+    from engine.operators.propose import Proposal, archived_code, code_key
+    from engine.operators.proposers.codegen import CONTINUOUS, describe, normalize
+    from engine.operators.proposers.edit_plan import class_defaults, plan_edit
+    from engine.operators.proposers.offline import OfflineProposer, intents_for
+
+    archive = Archive.init(path)
+    cfg = archive.config()
+    rng = random.Random(1000 + search_seed)
+    evaluate_node(archive, "grpo", seeds=args.seeds, preset=args.preset)
+    made = 0
+    while made < args.candidates:
+        nodes = archive.nodes(f"proxy/{args.preset}")
+        pool = sorted(n for n, x in nodes.items() if x.evaluated)
+        parent = rng.choice(pool)
+        rec = archive.read_file(parent, "records/proposal.json")
+        comps = json.loads(rec).get("components") if rec else None
+        base = normalize(comps)
+        src = archive.algorithm(parent)
+        base["hp"].update({k: v for k, v in class_defaults(src).items() if k in base["hp"]})
+
+        def sample(name: str) -> float:
+            lo, hi, log, _d, _o = CONTINUOUS[name]
+            v = math.exp(rng.uniform(math.log(lo), math.log(hi))) if log else rng.uniform(lo, hi)
+            return round(v, 4 if v >= 0.01 else 6)
+
+        spec = normalize(OfflineProposer._mutate(base, rng, sample))
+        plan = plan_edit(src, base, spec, rendered=bool(comps))
+        key = code_key(build_source(src, plan.edit, plan.hyperparameters, plan.drop))
+        if key in archived_code(archive):
+            continue  # the same rule as the loop's proposer: no evaluation of code already archived
+        made += 1
+        prop = Proposal(
+            name=f"rand-{made:02d}",
+            motivation=f"random search from {parent}",
+            mechanism=describe(spec),
+            expected_effect="random",
+            hyperparameters=plan.hyperparameters,
+            edit=plan.edit,
+            drop_hyperparameters=plan.drop,
+            proposer="offline",
+            intents=intents_for(spec),
+            components=spec,
+        )
+        node = implement(archive, parent, prop, cfg, name=prop.name)
+        if node.status == "verified":
+            evaluate_node(archive, node.name, seeds=args.seeds, preset=args.preset)
+        n = archive.nodes(f"proxy/{args.preset}")[prop.name]
+        print(
+            f"  [random s{search_seed}] {made}/{args.candidates} {prop.name} <- {parent}: "
+            f"{n.status} {n.overall if n.overall is not None else float('nan'):.3f}",
+            flush=True,
+        )
+    return trace(Archive(path), "grpo", args.preset)
+
+
+def figure(results: dict, path: Path, candidates: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for method, color in (("loop", "tab:blue"), ("random", "tab:orange")):
+        runs = results.get(method) or {}
+        curves = [r["curve"] for r in runs.values() if r.get("curve")]
+        for c in curves:
+            ax.plot(range(1, len(c) + 1), c, color=color, alpha=0.3, lw=1)
+        if curves:
+            n = min(len(c) for c in curves)
+            mean = [sum(c[i] for c in curves) / len(curves) for i in range(n)]
+            label = "closed loop (offline proposer)" if method == "loop" else "random search"
+            ax.plot(range(1, n + 1), mean, color=color, lw=2.5, label=f"{label}, mean")
+    roots = [
+        r["root_overall"] for m in results.values() for r in m.values() if r.get("root_overall")
+    ]
+    if roots:
+        ax.axhline(roots[0], color="gray", ls="--", lw=1, label="GRPO root")
+    ax.set_xlabel("candidates evaluated")
+    ax.set_ylabel("best Overall so far (proxy)")
+    ax.set_xlim(1, candidates)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--candidates", type=int, default=16)
+    ap.add_argument("--seeds", type=int, default=6, help="paired evaluation seeds per candidate")
+    ap.add_argument("--search-seeds", type=int, default=3)
+    ap.add_argument("--parents", type=int, default=2, help="loop: parents per round")
+    ap.add_argument("--population", type=int, default=2, help="loop: candidates per parent")
+    ap.add_argument("--preset", default="default")
+    ap.add_argument("--methods", default="loop,random")
+    ap.add_argument("--workdir", default=str(ROOT / ".cache" / "discovery"))
+    ap.add_argument(
+        "--fresh", action="store_true", help="redo searches that finished in an earlier invocation"
+    )
+    ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "discovery.json"))
+    ap.add_argument("--figure", default=str(ROOT / "docs" / "figures" / "discovery.png"))
+    args = ap.parse_args()
+    os.environ.setdefault("POISE_EVAL_CACHE", str(ROOT / ".cache" / "poise-eval"))
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    loads = [load_average()]
+    print(
+        f"{stamp()} discovery: {args.candidates} candidates x {args.seeds} paired seeds, "
+        f"{args.search_seeds} search seeds, methods {args.methods}; load average {loads[0]}",
+        flush=True,
+    )
+    results: dict[str, dict[int, dict]] = {}
+    for s in range(args.search_seeds):
+        for method in args.methods.split(","):
+            path = work / f"{method}-s{s}"
+            done = work / f"{method}-s{s}.json"
+            if done.is_file() and not args.fresh:  # a finished search of an interrupted benchmark
+                results.setdefault(method, {})[s] = json.loads(done.read_text())
+                print(f"{stamp()} {method} search seed {s}: finished earlier ({done})", flush=True)
+                continue
+            if path.exists():
+                shutil.rmtree(path)
+            t = time.monotonic()
+            res = (run_loop if method == "loop" else run_random)(path, s, args)
+            res["wall_s"] = round(time.monotonic() - t, 1)
+            done.write_text(json.dumps(res, default=str))
+            results.setdefault(method, {})[s] = res
+            print(
+                f"{stamp()} {method} search seed {s}: best {res.get('best')} "
+                f"{res.get('best_overall', float('nan')):.3f} vs root {res['root_overall']:.3f}, "
+                f"paired diff {res.get('best_diff', float('nan')):+.3f} "
+                f"{res.get('best_diff_interval')}, beats root: {res.get('beats_root')} "
+                f"({res['wall_s'] / 60:.1f} min)",
+                flush=True,
+            )
+    loads.append(load_average())
+    print()
+    print(
+        "| method | search seed | best node | best Overall | root Overall | paired diff | 95% interval | beats root |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for method, runs in results.items():
+        for s, r in runs.items():
+            iv = r.get("best_diff_interval")
+            ivs = f"[{iv[0]:+.3f}, {iv[1]:+.3f}]" if iv else "-"
+            print(
+                f"| {method} | {s} | {r.get('best')} | {r.get('best_overall', float('nan')):.3f} | "
+                f"{r['root_overall']:.3f} | {r.get('best_diff', float('nan')):+.3f} | {ivs} | "
+                f"{'yes' if r.get('beats_root') else 'no'} |"
+            )
+    summary = {}
+    for method, runs in results.items():
+        bests = [r["best_overall"] for r in runs.values() if r.get("best_overall") is not None]
+        m, iv = mean_interval(bests) if bests else (float("nan"), None)
+        summary[method] = {
+            "mean_best_overall": m,
+            "interval": iv,
+            "beats_root_in": sum(1 for r in runs.values() if r.get("beats_root")),
+            "search_seeds": len(runs),
+        }
+        print(
+            f"{method}: mean best Overall {m:.3f} over {len(bests)} search seeds; beats the root "
+            f"beyond its interval in {summary[method]['beats_root_in']} of {len(runs)}"
+        )
+    wall = time.monotonic() - t0
+    print(f"wall time {wall / 3600:.2f} h; load average at start {loads[0]}, at end {loads[1]}")
+    figure(results, Path(args.figure), args.candidates)
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps(
+            {
+                "args": vars(args),
+                "results": results,
+                "summary": summary,
+                "wall_s": round(wall, 1),
+                "load_average": loads,
+            },
+            indent=1,
+            default=str,
+        )
+    )
+    print(f"written {out} and {args.figure}")
+
+
+if __name__ == "__main__":
+    main()

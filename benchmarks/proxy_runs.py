@@ -1,0 +1,150 @@
+"""Shared by the proxy benchmarks: one seed of one mechanism through the proxy worker (a sandboxed
+subprocess, as ``poise-git evaluate`` runs it), a per-seed result cache, intervals and ranks."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from engine.operators.evaluate import SeedCache  # noqa: E402
+from engine.sandbox.process import child_env, run_limited  # noqa: E402
+from engine.stats import mean_interval  # noqa: E402
+
+PAPER_OVERALL = {
+    "grpo": 47.8,
+    "vm_av_grpo": 52.5,
+    "dace_grpo": 51.7,
+    "av_grpo": 50.9,
+    "msa_grpo": 50.7,
+    "fa_grpo": 49.9,
+    "cag_grpo": 49.5,
+    "dfr_grpo": 49.0,
+    "bn_grpo": 44.2,
+    "sa_grpo": 34.5,
+    "dcbe_grpo": 27.8,
+}
+"""Overall (percentage points) of the 11 published mechanisms in the paper's result tables"""
+
+
+def warm_start(preset: str) -> tuple[str, str, str]:
+    """(checkpoint path, weights' content hash, device): built or found once, before any seed."""
+    res = run_limited(
+        [sys.executable, "-m", "trainer_template.proxy.worker", "warmstart", "--preset", preset],
+        timeout_s=7200,
+        env=child_env(),
+    )
+    if not res.ok:
+        sys.exit(f"warm start failed: {res.reason()}\n{res.stderr[-2000:]}")
+    sha, device, path = res.stdout.strip().splitlines()[-3:]
+    return path, sha, device
+
+
+def run_seed(
+    label: str,
+    source: str,
+    seed: int,
+    preset: str,
+    protocol_hash: str,
+    *,
+    overrides: dict | None = None,
+    use_cache: bool = True,
+    log=print,
+) -> dict:
+    """The worker's result for one seed (``status``, ``metrics``, ``trajectory``, ``timings``...),
+    from the cache (``$POISE_EVAL_CACHE``) when this code already ran under this protocol."""
+    cache = SeedCache.from_env(source, protocol_hash) if use_cache and not overrides else None
+    data = cache.load(seed) if cache else None
+    if data is None:
+        with tempfile.TemporaryDirectory(prefix="poise-bench-") as tmp:
+            algo = Path(tmp) / "algorithm.py"
+            algo.write_text(source)
+            out = Path(tmp) / "out.json"
+            cmd = [
+                sys.executable,
+                "-m",
+                "trainer_template.proxy.worker",
+                "run",
+                "--preset",
+                preset,
+                "--algorithm",
+                str(algo),
+                "--name",
+                label,
+                "--seed",
+                str(seed),
+                "--out",
+                str(out),
+            ]
+            if overrides:
+                cmd += ["--overrides", json.dumps(overrides)]
+            res = run_limited(cmd, timeout_s=3600, memory_mb=4096, env=child_env())
+            data = (
+                json.loads(out.read_text())
+                if out.is_file()
+                else {"status": "failed", "metrics": {}}
+            )
+            if not res.ok:
+                data["status"], data["reason"] = "failed", res.reason()
+            data["wall_s"] = res.wall_s
+            if cache and res.ok:
+                cache.store(seed, data)
+    data.update(label=label, seed=seed)
+    ov = data.get("metrics", {}).get("overall", float("nan"))
+    log(
+        f"  {label:>12} seed {seed}: {data['status']:6} overall {ov:.3f}  "
+        f"{data.get('wall_s', 0.0):6.1f} s{' (cached)' if data.get('cached') else ''}"
+        f"  {data.get('reason', '')[:120]}"
+    )
+    return data
+
+
+def paired(values: dict[int, float], ref: dict[int, float]) -> tuple[float, list[float] | None]:
+    """Mean and 95% t-interval of the per-seed differences values[s] - ref[s] over shared seeds."""
+    common = sorted(set(values) & set(ref))
+    if not common:
+        return float("nan"), None
+    return mean_interval([values[s] - ref[s] for s in common])
+
+
+def ranks(xs: list[float]) -> list[float]:
+    """Average ranks (1 = smallest), ties sharing their mean rank."""
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    out = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            out[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rank correlation (Pearson correlation of average ranks)."""
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    var = math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
+    return cov / var if var else float("nan")
+
+
+def load_average() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+def stamp() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S")
