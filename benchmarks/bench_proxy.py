@@ -30,6 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from proxy_runs import worker_command  # noqa: E402
+
 from engine.sandbox.process import child_env, run_limited  # noqa: E402
 from engine.stats import mean_interval, t95  # noqa: E402
 from trainer_template import ALGORITHM_FILE  # noqa: E402
@@ -83,24 +85,7 @@ def run_seed(
     algo = tmp / f"{label}.py"
     algo.write_text(source)
     out = tmp / f"{label}-s{seed}.json"
-    cmd = [
-        sys.executable,
-        "-m",
-        "trainer_template.proxy.worker",
-        "run",
-        "--preset",
-        preset,
-        "--algorithm",
-        str(algo),
-        "--name",
-        label,
-        "--seed",
-        str(seed),
-        "--out",
-        str(out),
-    ]
-    if overrides:
-        cmd += ["--overrides", json.dumps(overrides)]
+    cmd = worker_command(algo, out, label, seed, preset, overrides)
     res = run_limited(cmd, timeout_s=3600, memory_mb=4096, env=child_env())
     data = json.loads(out.read_text()) if out.is_file() else {"status": "failed", "metrics": {}}
     if not res.ok:

@@ -48,6 +48,17 @@ def warm_start(preset: str) -> tuple[str, str, str]:
     return path, sha, device
 
 
+def worker_command(
+    algo: Path, out: Path, label: str, seed: int, preset: str, overrides: dict | None = None
+) -> list[str]:
+    """The proxy worker's ``run`` command line: train and score ``algo`` at one seed into ``out``."""
+    cmd = [sys.executable, "-m", "trainer_template.proxy.worker", "run", "--preset", preset]
+    cmd += ["--algorithm", str(algo), "--name", label, "--seed", str(seed), "--out", str(out)]
+    if overrides:
+        cmd += ["--overrides", json.dumps(overrides)]
+    return cmd
+
+
 def run_seed(
     label: str,
     source: str,
@@ -68,24 +79,7 @@ def run_seed(
             algo = Path(tmp) / "algorithm.py"
             algo.write_text(source)
             out = Path(tmp) / "out.json"
-            cmd = [
-                sys.executable,
-                "-m",
-                "trainer_template.proxy.worker",
-                "run",
-                "--preset",
-                preset,
-                "--algorithm",
-                str(algo),
-                "--name",
-                label,
-                "--seed",
-                str(seed),
-                "--out",
-                str(out),
-            ]
-            if overrides:
-                cmd += ["--overrides", json.dumps(overrides)]
+            cmd = worker_command(algo, out, label, seed, preset, overrides)
             res = run_limited(cmd, timeout_s=3600, memory_mb=4096, env=child_env())
             data = (
                 json.loads(out.read_text())
