@@ -164,10 +164,10 @@ def test_results_carry_the_protocol_and_the_checkpoint(smoke):
     archive, _, _ = smoke
     nodes = archive.nodes()
     keys = set()
-    for node in ("grpo", "centred"):
+    for node, before in (("grpo", "spawned"), ("centred", "verified")):
         n = nodes[node]
         assert set(n.results) == {"verl-smoke"} and n.result is None  # never the compared protocol
-        assert n.status == "spawned"  # a smoke is no evaluation under the experiment's protocol
+        assert n.status == before  # a smoke is no evaluation under the experiment's protocol
         res = n.results["verl-smoke"]
         assert res.ok and res.protocol.backend == "verl" and res.seeds == (0,)
         assert res.protocol.hash.startswith("sha256:") and res.protocol.settings["steps"] == 2
