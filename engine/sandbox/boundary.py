@@ -179,22 +179,23 @@ def bwrap_command(boundary: Boundary, input_dir: str | None, scratch_mb: int) ->
             args += ["--ro-bind", top, top]
     for path in ETC_FILES:
         args += ["--ro-bind-try", path, path]
+
+    def tmpfs(path: str, size_bytes: int) -> list[str]:
+        sized = ["--size", str(size_bytes)] if "--size" in known else []  # bwrap >= 0.8
+        return ["--perms", "01777", *sized, "--tmpfs", path]
+
+    # the writable tmpfs first: a project or venv under /tmp (a clone in /tmp) is bound on top of it
+    args += ["--dev", "/dev", "--proc", "/proc"]
+    for path in (SCRATCH, "/tmp"):
+        args += tmpfs(path, int(scratch_mb) * 1024 * 1024)
     ro = readonly_paths()
-    made: set[str] = {"/", "/usr", "/etc"}
+    made: set[str] = {"/", "/usr", "/etc", "/tmp", SCRATCH, "/dev", "/proc"}
     for path in ro:  # bwrap would create the ancestors 0700: unreadable after the uid drop
         for parent in reversed(Path(path).parents):
             if str(parent) not in made:
                 made.add(str(parent))
                 args += ["--perms", "0755", "--dir", str(parent)]
         args += ["--ro-bind", path, path]
-
-    def tmpfs(path: str, size_bytes: int) -> list[str]:
-        sized = ["--size", str(size_bytes)] if "--size" in known else []  # bwrap >= 0.8
-        return ["--perms", "01777", *sized, "--tmpfs", path]
-
-    args += ["--dev", "/dev", "--proc", "/proc"]
-    for path in (SCRATCH, "/tmp"):
-        args += tmpfs(path, int(scratch_mb) * 1024 * 1024)
     args += tmpfs("/dev/shm", 1024 * 1024) + ["--remount-ro", "/dev"]
     if input_dir:
         args += ["--ro-bind", input_dir, INPUT]
