@@ -222,6 +222,20 @@ def prepare_launch(
         "MLFLOW_TRACKING_URI": tracking_uri,
         "MLFLOW_RUN_ID": run_id or "new-run-created-at-launch",
     }
+    return main_ppo_launch(node, cfg, files, env, project=project, protocol=protocol, extra=extra)
+
+
+def main_ppo_launch(
+    node: str,
+    cfg: Any,
+    files: dict[str, str],
+    env: dict[str, str],
+    *,
+    project: str,
+    protocol: VerlProtocol,
+    extra: Sequence[str] = (),
+) -> Launch:
+    """verl's ``main_ppo`` for ``node`` over the prepared ``files`` (train, val, ckpt) and ``env``."""
     overrides = build_overrides(
         node,
         cfg,

@@ -21,7 +21,6 @@ import fcntl
 import json
 import os
 import shutil
-import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +34,8 @@ from trainer_template.verl_backend.launch import (
     REWARD_FILE,
     Launch,
     VerlProtocol,
+    main_ppo_launch,
 )
-from trainer_template.verl_backend.launch import build_overrides as protocol_overrides
 
 PROTOCOL_ID = "verl-smoke"
 
@@ -245,23 +244,8 @@ def prepare(
         n_gpus=1,
         seed=proto.seed,
     )
-    overrides = protocol_overrides(
-        node,
-        cfg,
-        train_file=files["train"],
-        val_file=files["val"],
-        ckpt_dir=files["ckpt"],
-        project=project,
-        env_for_workers=env,
-        protocol=protocol,
-        extra=[*cpu_overrides(proto, str(model_dir), str(work), ray_address), *extra],
-    )
-    return Launch(
-        cmd=[sys.executable, "-m", "verl.trainer.main_ppo", *overrides],
-        env=env,
-        overrides=overrides,
-        files=files,
-    )
+    extra = [*cpu_overrides(proto, str(model_dir), str(work), ray_address), *extra]
+    return main_ppo_launch(node, cfg, files, env, project=project, protocol=protocol, extra=extra)
 
 
 @contextlib.contextmanager
