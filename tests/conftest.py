@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -89,9 +90,84 @@ def run_cli(
     )
 
 
+class _Captured(io.StringIO):
+    """stdout / stderr of an in-process run: a pipe as the CLI sees one (not a terminal)."""
+
+    encoding = "utf-8"
+
+    def isatty(self) -> bool:
+        return False
+
+
+def run_cli_inprocess(
+    *args: str,
+    cwd: Path | None = None,
+    env: dict | None = None,
+    timeout: float = 600,
+    input: str | None = None,
+):
+    """``poise-git ARGS`` through the real entry point (:func:`engine.cli.main`: secret scrubbing,
+    exit codes, signal handlers) in this process, without a Python start-up and the engine's imports
+    (about a second a call); returns what :func:`run_cli` returns. Everything the call changes in
+    this process (environment, working directory, streams, signal handlers, the CLI's loggers) is
+    put back. ``timeout`` is accepted for :func:`run_cli`'s signature; a hang shows as the test's.
+
+    Tests of what only a separate process shows (real pipes, terminal width from ``COLUMNS``,
+    signals) call :func:`run_cli`."""
+    import logging
+    import signal
+    import tempfile
+
+    from engine.cli import main
+    from engine.cli.logs import PACKAGES, QUIET
+
+    saved_env = dict(os.environ)
+    saved_tempdir = tempfile.tempdir  # cached from $TMPDIR at first use
+    saved_cwd = os.getcwd()
+    saved_streams = (sys.stdin, sys.stdout, sys.stderr)
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    saved_handlers = {s: signal.getsignal(s) for s in sigs}
+    loggers = [logging.getLogger(n) for n in (*PACKAGES, *QUIET)]
+    saved_loggers = [(lg, lg.level, list(lg.handlers), lg.propagate) for lg in loggers]
+    out, err = _Captured(), _Captured()
+    code: int | str | None = 0
+    try:
+        os.environ.setdefault("COLUMNS", "200")
+        os.environ.update(env or {})
+        tempfile.tempdir = None
+        if cwd is not None:
+            os.chdir(cwd)
+        sys.stdin, sys.stdout, sys.stderr = io.StringIO(input or ""), out, err
+        try:
+            main(list(args))
+        except SystemExit as exc:
+            code = exc.code
+    finally:
+        sys.stdin, sys.stdout, sys.stderr = saved_streams
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        tempfile.tempdir = saved_tempdir
+        for s, h in saved_handlers.items():
+            signal.signal(s, h)
+        for lg, level, handlers, propagate in saved_loggers:
+            lg.setLevel(level)
+            lg.handlers[:] = handlers
+            lg.propagate = propagate
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):  # sys.exit("message"): Python prints it and exits 1
+        err.write(f"{code}\n")
+        code = 1
+    return subprocess.CompletedProcess(
+        ["poise-git", *args], code, stdout=out.getvalue(), stderr=err.getvalue()
+    )
+
+
 @pytest.fixture
 def cli():
-    return run_cli
+    """The CLI in this process (:func:`run_cli_inprocess`); :func:`run_cli` runs it as a process."""
+    return run_cli_inprocess
 
 
 @pytest.fixture

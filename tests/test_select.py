@@ -23,7 +23,7 @@ run_cli = None
 
 @pytest.fixture(autouse=True)
 def _cli(cli):
-    """The real entry point (conftest.run_cli) for helpers below."""
+    """The real entry point, in this process (conftest.run_cli_inprocess), for helpers below."""
     global run_cli
     run_cli = cli
 
@@ -77,7 +77,7 @@ def lineage(tmp_path_factory):
     )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    run_cli = mod.run_cli
+    run_cli = mod.run_cli_inprocess
     tmp_path = tmp_path_factory.mktemp("lineage")
     from engine.config import DEFAULT_TOML
 
