@@ -224,6 +224,7 @@ def _scripted(limit=2):
     return answers, correct
 
 
+@pytest.mark.slow
 def test_openai_backend_suite_recorded_on_node_and_mlflow(archive):
     from engine.archive.tracking import find_runs
     from engine.operators.evaluate_suite import evaluate_node_on_suite

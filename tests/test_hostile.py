@@ -111,7 +111,7 @@ def test_more_runtime_rejection(more_runtime_reasons, case, why):
     _check(more_runtime_reasons[case], why)
 
 
-@pytest.mark.parametrize("mode", ["auto", "none"])
+@pytest.mark.parametrize("mode", ["auto", pytest.param("none", marks=pytest.mark.slow)])
 def test_the_baseline_itself_passes(monkeypatch, mode):
     """Under the boundary, and in the weak mode (POISE_SANDBOX=none), which warns but works."""
     from engine.operators.fingerprint import compute

@@ -179,6 +179,7 @@ def test_patched_harness_changes_no_number(lab, outcomes):
     assert not list(REPO.glob("seed*.json")) and not os.path.exists("/tmp/seed0.json")
 
 
+@pytest.mark.slow
 def test_defeat_device_passes_verification_but_not_evaluation(lab):
     """Static-clean code that behaves on the verifier's batches: verification cannot see it; the
     evaluation (trusted numbers) fails it. Verification here is real."""

@@ -91,6 +91,7 @@ def test_reflect_command_commits_reflection(archive, cli):
     assert archive.fsck()
 
 
+@pytest.mark.slow
 def test_llm_narrative_and_mlflow(archive, monkeypatch, tmp_path):
     from engine.archive.tracking import find_runs, node_run
 

@@ -230,6 +230,7 @@ def _overlaps(boxes: list) -> list:
     return out
 
 
+@pytest.mark.slow
 def test_large_lineage_labels_do_not_overlap_and_have_a_legend(tmp_path, cli):
     """30 nodes with long names, 3 generations: the figure labels nodes with ids, none of the labels
     overlap once rendered, and the legend maps every id to its full name."""

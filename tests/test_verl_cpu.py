@@ -263,7 +263,7 @@ def _alive(pid: int) -> bool:
     return not (stat.exists() and stat.read_text().split()[2] == "Z")
 
 
-@pytest.mark.parametrize("mode", ["finish", "hang"])
+@pytest.mark.parametrize("mode", ["finish", pytest.param("hang", marks=pytest.mark.slow)])
 def test_run_verl_reports_progress_and_kills_the_group(tmp_path, mode):
     from engine.operators.train_verl import run_verl
 
