@@ -41,20 +41,35 @@ def per_seed_overall(node) -> dict[int, float]:
     }
 
 
+def best_so_far(rows: list[dict], root_overall: float) -> list[float]:
+    """The best Overall in the archive after each candidate: the root counts (it is the search's
+    starting point), a failed or worse candidate leaves the curve where it was."""
+    curve, best = [], root_overall
+    for r in rows:
+        if r.get("overall") is not None:
+            best = max(best, r["overall"])
+        curve.append(best)
+    return curve
+
+
 def trace(archive, root: str, preset: str) -> dict:
     """Candidates in spawn order with their Overall under ``proxy/<preset>``, the best-so-far curve
     and the best node's paired difference to the root."""
     nodes = archive.nodes(f"proxy/{preset}")
     kids = sorted((n for n in nodes.values() if n.name != root), key=lambda n: (n.created, n.name))
     base = per_seed_overall(nodes[root])
-    best, curve, rows = None, [], []
+    best, rows = None, []
     for n in kids:
         ov = n.overall if n.evaluated else None
         rows.append({"node": n.name, "status": n.status, "overall": ov, "parents": list(n.parents)})
         if ov is not None and (best is None or ov > best[1]):
             best = (n.name, ov)
-        curve.append(best[1] if best else nodes[root].metrics.get("overall"))
-    out = {"root_overall": nodes[root].metrics.get("overall"), "candidates": rows, "curve": curve}
+    root_overall = nodes[root].metrics.get("overall")
+    out = {
+        "root_overall": root_overall,
+        "candidates": rows,
+        "curve": best_so_far(rows, root_overall),
+    }
     if best:
         d, iv = paired(per_seed_overall(nodes[best[0]]), base)
         out.update(
@@ -221,7 +236,9 @@ def main() -> None:
             path = work / f"{method}-s{s}"
             done = work / f"{method}-s{s}.json"
             if done.is_file() and not args.fresh:  # a finished search of an interrupted benchmark
-                results.setdefault(method, {})[s] = json.loads(done.read_text())
+                res = json.loads(done.read_text())
+                res["curve"] = best_so_far(res["candidates"], res["root_overall"])
+                results.setdefault(method, {})[s] = res
                 print(f"{stamp()} {method} search seed {s}: finished earlier ({done})", flush=True)
                 continue
             if path.exists():
@@ -269,7 +286,11 @@ def main() -> None:
             f"beyond its interval in {summary[method]['beats_root_in']} of {len(runs)}"
         )
     wall = time.monotonic() - t0
-    print(f"wall time {wall / 3600:.2f} h; load average at start {loads[0]}, at end {loads[1]}")
+    searched = sum(r.get("wall_s", 0.0) for runs in results.values() for r in runs.values())
+    print(
+        f"wall time {wall / 3600:.2f} h (the searches themselves, this or earlier invocations: "
+        f"{searched / 3600:.2f} h); load average at start {loads[0]}, at end {loads[1]}"
+    )
     figure(results, Path(args.figure), args.candidates)
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -280,6 +301,7 @@ def main() -> None:
                 "results": results,
                 "summary": summary,
                 "wall_s": round(wall, 1),
+                "search_wall_s": round(searched, 1),
                 "load_average": loads,
             },
             indent=1,
