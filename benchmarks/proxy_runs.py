@@ -17,7 +17,7 @@ if str(ROOT) not in sys.path:
 
 from engine.operators.evaluate import SeedCache  # noqa: E402
 from engine.sandbox.process import child_env, run_limited  # noqa: E402
-from engine.stats import mean_interval  # noqa: E402
+from engine.stats import mean_interval, paired_interval  # noqa: E402, F401 (mean_interval: for the benchmarks)
 
 PAPER_OVERALL = {
     "grpo": 47.8,
@@ -103,10 +103,8 @@ def run_seed(
 
 def paired(values: dict[int, float], ref: dict[int, float]) -> tuple[float, list[float] | None]:
     """Mean and 95% t-interval of the per-seed differences values[s] - ref[s] over shared seeds."""
-    common = sorted(set(values) & set(ref))
-    if not common:
-        return float("nan"), None
-    return mean_interval([values[s] - ref[s] for s in common])
+    d = paired_interval(values, ref)
+    return (float("nan"), None) if d is None else d[:2]
 
 
 def ranks(xs: list[float]) -> list[float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 # two-sided 95% Student-t quantiles by degrees of freedom (1..30); 1.96 beyond
 _T95 = [
@@ -52,3 +53,16 @@ def mean_interval(values: list[float]) -> tuple[float, list[float] | None]:
     sd = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1))
     h = t95(n - 1) * sd / math.sqrt(n)
     return m, [m - h, m + h]
+
+
+def paired_interval(
+    values: Mapping[int, float], ref: Mapping[int, float]
+) -> tuple[float, list[float] | None, int] | None:
+    """Mean and 95% interval of ``values[s] - ref[s]`` over the seeds both have, with the number of
+    those seeds; None when they share none. Paired seeds share prompts and sampling noise, so this
+    resolves far smaller differences than the two means' own intervals."""
+    common = sorted(set(values) & set(ref))
+    if not common:
+        return None
+    mean, iv = mean_interval([values[s] - ref[s] for s in common])
+    return mean, iv, len(common)

@@ -15,7 +15,7 @@ from typing import Any
 from engine.config import ExperimentConfig, metric_direction, utility
 from engine.errors import ConfigError
 from engine.select.pareto import parse_objectives
-from engine.stats import mean_interval
+from engine.stats import paired_interval
 
 _METRIC = r"[A-Za-z_][A-Za-z0-9_@/.:-]*"
 _PENALIZED = re.compile(rf"^\s*({_METRIC})\s*-\s*([0-9.eE+-]+)\s*\*\s*mean_length\s*$")
@@ -129,9 +129,9 @@ def paired_difference(
     child: Any, parent: Any, exp: ExperimentConfig
 ) -> tuple[float, tuple[float, float] | None, int] | None:
     """U(child) - U(parent) over the paired seeds both were evaluated at: (mean difference, its 95%
-    Student-t interval or None below two seeds, number of seeds); None when nothing is shared.
-    Paired seeds share prompts and sampling noise, so this resolves far smaller differences than
-    comparing the two nodes' own intervals (:func:`promotion`)."""
+    Student-t interval or None below two seeds, number of seeds); None when nothing is shared
+    (:func:`engine.stats.paired_interval`; compare :func:`promotion`, which uses the two nodes' own
+    intervals)."""
 
     def per_seed(node) -> dict[int, float]:
         if node is None or node.result is None or not node.evaluated:
@@ -143,12 +143,11 @@ def paired_difference(
                 out[int(row["seed"])] = utility(m, exp)
         return {k: v for k, v in out.items() if v is not None}
 
-    a, b = per_seed(child), per_seed(parent)
-    common = sorted(set(a) & set(b))
-    if not common:
+    d = paired_interval(per_seed(child), per_seed(parent))
+    if d is None:
         return None
-    mean, iv = mean_interval([a[k] - b[k] for k in common])
-    return mean, (tuple(iv) if iv else None), len(common)
+    mean, iv, n = d
+    return mean, (tuple(iv) if iv else None), n
 
 
 def ranked(nodes: Mapping[str, Any], exp: ExperimentConfig) -> list[tuple[str, float]]:
