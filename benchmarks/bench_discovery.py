@@ -119,8 +119,8 @@ def run_random(path: Path, search_seed: int, args) -> dict:
     from engine.operators.implement import build_source, implement
     from engine.operators.propose import Proposal, archived_code, code_key
     from engine.operators.proposers.codegen import CONTINUOUS, describe, normalize
-    from engine.operators.proposers.edit_plan import class_defaults, plan_edit
-    from engine.operators.proposers.offline import OfflineProposer, intents_for
+    from engine.operators.proposers.edit_plan import plan_edit
+    from engine.operators.proposers.offline import OfflineProposer, intents_for, mutation_base
 
     archive = Archive.init(path)
     cfg = archive.config()
@@ -133,9 +133,8 @@ def run_random(path: Path, search_seed: int, args) -> dict:
         parent = rng.choice(pool)
         rec = archive.read_file(parent, "records/proposal.json")
         comps = json.loads(rec).get("components") if rec else None
-        base = normalize(comps)
         src = archive.algorithm(parent)
-        base["hp"].update({k: v for k, v in class_defaults(src).items() if k in base["hp"]})
+        base = mutation_base(comps, src)
 
         def sample(name: str) -> float:
             lo, hi, log, _d, _o = CONTINUOUS[name]

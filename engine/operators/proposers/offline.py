@@ -77,6 +77,15 @@ def clip_is_inert(old: dict, new: dict, ratios: tuple[float, float] | None) -> s
     return ""
 
 
+def mutation_base(components: dict | None, parent_src: str) -> dict[str, Any]:
+    """The parent's component spec to mutate from: its recorded components (normalized) with the
+    hyperparameters its ``algorithm.py`` actually sets."""
+    base = normalize(components)
+    have = class_defaults(parent_src)
+    base["hp"].update({k: v for k, v in have.items() if k in base["hp"]})
+    return base
+
+
 def intents_for(spec: dict[str, Any]) -> tuple[str, ...]:
     """Intent tests a spec satisfies by construction."""
     out = ["correct_above_wrong"]
@@ -169,10 +178,8 @@ class OfflineProposer:
         study = _study(archive, cfg, seed)
         dists = _distributions()
         rendered = bool(context.parent.components)
-        base = normalize(context.parent.components)
         parent_src = context.parent_code or archive.algorithm(parent)
-        have = class_defaults(parent_src)
-        base["hp"].update({k: v for k, v in have.items() if k in base["hp"]})
+        base = mutation_base(context.parent.components, parent_src)
         ratios = parent_ratios(archive, parent, cfg)
         known = archived_code(archive)
         partners = [
