@@ -220,6 +220,8 @@ def main() -> None:
     ap.add_argument("--figure", default=str(ROOT / "docs" / "figures" / "discovery.png"))
     args = ap.parse_args()
     os.environ.setdefault("POISE_EVAL_CACHE", str(ROOT / ".cache" / "poise-eval"))
+    from trainer_template.proxy.protocol import get_protocol
+
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -297,6 +299,9 @@ def main() -> None:
         json.dumps(
             {
                 "args": vars(args),
+                "protocol": f"proxy/{args.preset}",
+                "protocol_hash": get_protocol(args.preset).hash(),
+                "unit": "Overall (fraction); paired differences over seeds 0..seeds-1, 95% Student-t",
                 "results": results,
                 "summary": summary,
                 "wall_s": round(wall, 1),
