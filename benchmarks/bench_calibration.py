@@ -29,6 +29,7 @@ from pathlib import Path
 from proxy_runs import (
     PAPER_OVERALL,
     ROOT,
+    fmt_iv,
     load_average,
     mean_interval,
     paired,
@@ -106,13 +107,6 @@ def summarize(by: dict[str, dict[int, dict]], seeds: list[int]) -> tuple[list[di
         "mechanisms_with_results": len(have),
     }
     return rows, targets
-
-
-def fmt_iv(iv, signed=False) -> str:
-    if not iv:
-        return "-"
-    f = "{:+.3f}" if signed else "{:.3f}"
-    return f"[{f.format(iv[0])}, {f.format(iv[1])}]"
 
 
 def table(rows: list[dict]) -> str:

@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from proxy_runs import worker_command  # noqa: E402
+from proxy_runs import fmt_iv, worker_command  # noqa: E402
 
 from engine.sandbox.process import child_env, run_limited  # noqa: E402
 from engine.stats import mean_interval, t95  # noqa: E402
@@ -213,8 +213,8 @@ def main() -> None:
     gain = [ov(by["grpo"][s]) - base[s]["overall"] for s in range(args.seeds)]
     gm, giv = mean_interval(gain)
     print(
-        f"   warm start alone (no RL): overall {m:.3f} [{iv[0]:.3f}, {iv[1]:.3f}]; GRPO's paired gain over it "
-        f"{gm:+.3f} [{giv[0]:+.3f}, {giv[1]:+.3f}]"
+        f"   warm start alone (no RL): overall {m:.3f} {fmt_iv(iv)}; GRPO's paired gain over it "
+        f"{gm:+.3f} {fmt_iv(giv, signed=True)}"
     )
     rows = [
         (
@@ -249,7 +249,7 @@ def main() -> None:
     )
     print("   |---|---|---|---|---|---|---|")
     for i, (n, m, iv, hp, vr, f) in enumerate(rows, 1):
-        ivs = f"[{iv[0]:.3f}, {iv[1]:.3f}]" if iv else "-"
+        ivs = fmt_iv(iv)
         print(f"   | {i} | {n} | {m:.3f} | {ivs} | {hp:.3f} | {vr:.3f} | {f} |")
     print(
         f"\ntotal wall time {time.monotonic() - t0:.0f} s (machine shared: timings are inflated by other load)"

@@ -107,6 +107,14 @@ def paired(values: dict[int, float], ref: dict[int, float]) -> tuple[float, list
     return (float("nan"), None) if d is None else d[:2]
 
 
+def fmt_iv(iv: list[float] | None, signed: bool = False) -> str:
+    """A 95% interval as table text; "-" where there is none (a single seed)."""
+    if not iv:
+        return "-"
+    f = "{:+.3f}" if signed else "{:.3f}"
+    return f"[{f.format(iv[0])}, {f.format(iv[1])}]"
+
+
 def ranks(xs: list[float]) -> list[float]:
     """Average ranks (1 = smallest), ties sharing their mean rank."""
     order = sorted(range(len(xs)), key=lambda i: xs[i])

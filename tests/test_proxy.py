@@ -195,7 +195,7 @@ def test_warmstart_build_is_deterministic_bit_for_bit(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(
     not os.environ.get("POISE_REBUILD_WARMSTART"),
-    reason="rebuilds the full default warm start (~37 min on 2 cores): set POISE_REBUILD_WARMSTART=1",
+    reason="rebuilds the full default warm start (~4 min, one thread): set POISE_REBUILD_WARMSTART=1",
 )
 def test_a_fresh_build_reproduces_the_shipped_warm_start(tmp_path):
     """The default settings, built in a fresh cache directory, give the pinned weights bit for bit."""

@@ -88,9 +88,9 @@ class Eval:
 
 WARMSTART_SHA256 = "sha256:a13c1a6cb43c0ca95e12121de38360e5f657666af80d90d81c72dae248460792"
 """content hash of the shipped warm start (checkpoints/warmstart-a3556b6cbf685a7d.pt), built from
-the default WarmStart settings (torch 2.13, CPU; ~37 min on 2 cores). tests/test_proxy.py rebuilds a
-reduced-size warm start twice bit for bit; the full-size rebuild is an opt-in test
-(POISE_REBUILD_WARMSTART=1)"""
+the default WarmStart settings (torch 2.13, CPU; about 220 CPU-seconds, one thread). tests/test_proxy.py
+rebuilds a reduced-size warm start twice bit for bit; the full-size rebuild, compared with this hash,
+is an opt-in test (POISE_REBUILD_WARMSTART=1)"""
 
 
 @dataclass(frozen=True)

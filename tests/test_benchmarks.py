@@ -1,0 +1,74 @@
+"""The proxy benchmarks run end to end, as their one command each, on the tests-only ``tiny`` preset:
+real worker processes, real sandbox limits, a per-seed cache in tmp_path. Their figures at this
+preset mean nothing; what is checked is that every figure is printed and written, also where a
+single seed gives no interval."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # each runs several tiny RL seeds in worker processes
+
+
+def _bench(script: str, args: list[str], tmp_path: Path) -> str:
+    env = {**os.environ, "POISE_EVAL_CACHE": str(tmp_path / "cache")}
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return res.stdout
+
+
+def test_bench_proxy_prints_every_figure_with_one_seed(tmp_path):
+    out = _bench(
+        "bench_proxy.py",
+        ["--preset", "tiny", "--seeds", "1", "--noise-seeds", "2", "--only", "grpo,dr_grpo"]
+        + ["--parallel", "2", "--json", str(tmp_path / "proxy.json")],
+        tmp_path,
+    )
+    for figure in ("\n1. one seed", "\n2. regressions", "\n3. paired-seed noise", "\n4. published"):
+        assert figure in out
+    assert "peak RSS" in out and "minimum detectable difference at 6 paired seeds" in out
+    # one seed has no interval: printed as "-", not a crash
+    assert "warm start alone (no RL): overall" in out and "| grpo |" in out
+    runs = json.loads((tmp_path / "proxy.json").read_text())
+    labels = {(r["label"], r["seed"]) for r in runs}
+    assert {
+        ("grpo", 0),
+        ("grpo", 1),
+        ("dr_grpo", 1),
+        ("sign_flip", 0),
+        ("invalid_sign", 0),
+    } <= labels
+
+
+def test_bench_calibration_writes_its_table_and_reuses_the_cache(tmp_path):
+    args = ["--preset", "tiny", "--seeds", "2", "--only", "sa_grpo,dace_grpo", "--parallel", "2"]
+    out = _bench("bench_calibration.py", args + ["--json", str(tmp_path / "a.json")], tmp_path)
+    assert "Spearman rank correlation" in out and "(6 run, 0 cached)" in out
+    data = json.loads((tmp_path / "a.json").read_text())
+    assert data["preset"] == "tiny" and data["protocol_hash"].startswith("sha256:")
+    assert data["seeds"] == [0, 1] and data["unit"].startswith("Overall")
+    assert {r["mechanism"] for r in data["rows"] if "overall" in r} == {
+        "grpo",
+        "sa_grpo",
+        "dace_grpo",
+    }
+    grpo = next(r for r in data["rows"] if r["mechanism"] == "grpo")
+    assert grpo["diff_vs_grpo"] == 0.0 and grpo["verdict"] == "reference"
+    # the same command again trains nothing: every seed run comes from the cache, same numbers
+    again = _bench("bench_calibration.py", args + ["--json", str(tmp_path / "b.json")], tmp_path)
+    assert "(0 run, 6 cached)" in again
+    assert json.loads((tmp_path / "b.json").read_text())["rows"] == data["rows"]
