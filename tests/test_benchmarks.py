@@ -19,14 +19,8 @@ pytestmark = pytest.mark.slow  # each runs several tiny RL seeds in worker proce
 
 def _bench(script: str, args: list[str], tmp_path: Path) -> str:
     env = {**os.environ, "POISE_EVAL_CACHE": str(tmp_path / "cache")}
-    res = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / script), *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    cmd = [sys.executable, str(ROOT / "benchmarks" / script), *args]
+    res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return res.stdout
 
