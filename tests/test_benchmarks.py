@@ -66,3 +66,25 @@ def test_bench_calibration_writes_its_table_and_reuses_the_cache(tmp_path):
     again = _bench("bench_calibration.py", args + ["--json", str(tmp_path / "b.json")], tmp_path)
     assert "(0 run, 6 cached)" in again
     assert json.loads((tmp_path / "b.json").read_text())["rows"] == data["rows"]
+
+
+def test_bench_discovery_runs_both_searches_and_resumes(tmp_path):
+    work, out, fig = tmp_path / "work", tmp_path / "d.json", tmp_path / "d.png"
+    args = ["--preset", "tiny", "--candidates", "2", "--seeds", "2", "--search-seeds", "1"]
+    args += ["--workdir", str(work), "--json", str(out), "--figure", str(fig)]
+    text = _bench("bench_discovery.py", args, tmp_path)
+    assert "| loop | 0 |" in text and "| random | 0 |" in text
+    data = json.loads(out.read_text())
+    assert data["protocol_hash"].startswith("sha256:") and data["unit"].startswith("Overall")
+    for method in ("loop", "random"):
+        search = data["results"][method]["0"]
+        assert len(search["candidates"]) == 2
+        assert all(c["status"] in ("evaluated", "failed") for c in search["candidates"])
+        curve = search["curve"]  # best Overall so far, starting from the root's
+        assert curve == sorted(curve) and min(curve) >= search["root_overall"]
+        assert data["summary"][method]["search_seeds"] == 1
+    assert fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a second invocation reads the finished searches instead of running them again
+    again = _bench("bench_discovery.py", args, tmp_path)
+    assert again.count("finished earlier") == 2
+    assert json.loads(out.read_text())["results"] == data["results"]
