@@ -22,7 +22,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from proxy_runs import fmt_iv, worker_command  # noqa: E402
+from proxy_runs import fmt_iv, run_seed  # noqa: E402
 
 from engine.sandbox.process import child_env, run_limited  # noqa: E402
 from engine.stats import mean_interval, t95  # noqa: E402
@@ -77,27 +76,6 @@ def edited(edit: str) -> str:
     from engine.archive.edit import apply_edit
 
     return apply_edit(ALGORITHM_FILE.read_text(), edit)
-
-
-def run_seed(
-    tmp: Path, label: str, source: str, seed: int, preset: str, overrides: dict | None = None
-) -> dict:
-    algo = tmp / f"{label}.py"
-    algo.write_text(source)
-    out = tmp / f"{label}-s{seed}.json"
-    cmd = worker_command(algo, out, label, seed, preset, overrides)
-    res = run_limited(cmd, timeout_s=3600, memory_mb=4096, env=child_env())
-    data = json.loads(out.read_text()) if out.is_file() else {"status": "failed", "metrics": {}}
-    if not res.ok:
-        data["status"], data["reason"] = "failed", res.reason()
-    data.update(label=label, seed=seed, wall_s=res.wall_s)
-    print(
-        f"  {label:>14} seed {seed}: {data['status']:6} "
-        f"overall {data.get('metrics', {}).get('overall', float('nan')):.3f}"
-        f"  {res.wall_s:6.1f} s  {data.get('reason', '')}",
-        flush=True,
-    )
-    return data
 
 
 def main() -> None:
@@ -152,9 +130,15 @@ def main() -> None:
             ("sign_flip", edited(SIGN_FLIP), 0, None),
             ("invalid_sign", edited(INVALID_SIGN), 0, None),
         ]
-    with tempfile.TemporaryDirectory() as d, ThreadPoolExecutor(args.parallel) as pool:
+    phash = proto.hash()
+    with ThreadPoolExecutor(args.parallel) as pool:  # fresh runs: figure 1 times one, uncached
         runs = list(
-            pool.map(lambda j: run_seed(Path(d), j[0], j[1], j[2], args.preset, j[3]), jobs)
+            pool.map(
+                lambda j: run_seed(
+                    j[0], j[1], j[2], args.preset, phash, overrides=j[3], use_cache=False
+                ),
+                jobs,
+            )
         )
     by = {}
     for r in runs:

@@ -37,6 +37,7 @@ def test_bench_proxy_prints_every_figure_with_one_seed(tmp_path):
     assert "peak RSS" in out and "minimum detectable difference at 6 paired seeds" in out
     # one seed has no interval: printed as "-", not a crash
     assert "warm start alone (no RL): overall" in out and "| grpo |" in out
+    assert " -; GRPO's paired gain over it" in out and "| grpo | 0." in out
     runs = json.loads((tmp_path / "proxy.json").read_text())
     labels = {(r["label"], r["seed"]) for r in runs}
     assert {
