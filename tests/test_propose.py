@@ -386,3 +386,92 @@ def test_clip_mutations_that_cannot_clip_anything_are_skipped(archive):
         for p in offered
         if not p.edit and set(p.hyperparameters) & {"clip_ratio_low", "clip_ratio_high"}
     ]
+
+
+def _evidence(name, parent, u, **options):
+    from engine.operators.proposers.offline import Evidence
+
+    return Evidence(name, parent, u, normalize(options) if options else None)
+
+
+def test_component_effects_charge_a_collapse_to_its_cause():
+    from engine.operators.proposers.offline import component_effects, expected_gain
+
+    ev = {
+        e.name: e
+        for e in (
+            _evidence("grpo", None, 0.50),
+            _evidence("bayes", "grpo", 0.25, baseline="valid_bayes"),
+            _evidence("adapt", "grpo", 0.52, entropy_control="adaptive"),
+            _evidence("adapt-2", "adapt", 0.53, entropy_control="adaptive", invalid="mask"),
+            # a crossover that brought the collapsing baseline along with a harmless option
+            _evidence(
+                "adapt-x-bayes",
+                "adapt",
+                0.27,
+                entropy_control="adaptive",
+                baseline="valid_bayes",
+                length="negative_scale",
+            ),
+            _evidence("unevaluated", "grpo", None, scale="none"),
+            _evidence("orphan", "gone", 0.9, scale="batch"),
+        )
+    }
+    eff = component_effects(ev)
+    assert eff[("baseline", "valid_bayes")] < -0.15  # charged with both collapses
+    assert abs(eff[("length", "negative_scale")]) < abs(eff[("baseline", "valid_bayes")]) / 3
+    assert eff[("entropy_control", "adaptive")] > 0 and eff[("invalid", "mask")] > 0
+    assert ("scale", "none") not in eff and ("scale", "batch") not in eff  # no usable evidence
+    base = normalize(None)
+    beta = 0.05
+    assert expected_gain(normalize({"baseline": "valid_bayes"}), base, eff, beta) < 0.05
+    assert expected_gain(normalize({"entropy_control": "adaptive"}), base, eff, beta) > 0.5
+    assert expected_gain(normalize({"scale": "none"}), base, eff, beta) == 0.5  # never tried
+    assert expected_gain(base, base, eff, beta) == 0.5  # an option the parent has is no change
+    assert component_effects({}) == {}
+
+
+def test_offline_crossover_never_takes_a_collapsed_partner(archive):
+    from engine.operators.proposers.offline import OfflineProposer, crossover_partners
+
+    def child(name, overall, **options):
+        spec = normalize(options)
+        archive.spawn(
+            "grpo",
+            name,
+            algorithm=archive.algorithm("grpo"),
+            files={"records/proposal.json": json.dumps({"components": spec})},
+        )
+        record(archive, name, {"overall": overall})
+
+    record(archive, "grpo", {"overall": 0.50})
+    child("collapsed", 0.25, baseline="valid_bayes")
+    child("steady", 0.49, entropy_control="adaptive")
+    child("better", 0.53, invalid="mask")
+    cfg = archive.config()
+    ctx = build_context(archive, "grpo", cfg, seed=0)
+    refs = {s.name for s in ctx.frontier + ctx.complementary + ctx.exploratory}
+    assert "collapsed" in refs  # the context shows it (as evidence), the crossover must not use it
+    assert {s.name for s in crossover_partners(ctx, cfg.select.beta)} == {"steady", "better"}
+    offered = [
+        p
+        for seed in range(6)
+        for p in OfflineProposer().propose(archive, "grpo", ctx, cfg, 4, seed)
+    ]
+    crossed = [p for p in offered if p.parents]
+    assert crossed and not [p for p in crossed if "collapsed" in p.parents]
+    # the archive's evidence, read from the nodes' records, sinks another valid_bayes proposal
+    from engine.operators.proposers.offline import (
+        archive_evidence,
+        component_effects,
+        expected_gain,
+    )
+
+    eff = component_effects(archive_evidence(archive, cfg))
+    assert eff[("baseline", "valid_bayes")] < -0.1 < 0 < eff[("invalid", "mask")]
+    bayes = normalize({"baseline": "valid_bayes"})
+    assert expected_gain(bayes, normalize(None), eff, cfg.select.beta) < 0.05
+    for p in offered:  # every proposal carries the gain its changed options earn
+        if p.components and not p.parents:
+            want = expected_gain(p.components, normalize(None), eff, cfg.select.beta)
+            assert p.expected_gain == want

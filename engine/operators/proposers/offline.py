@@ -3,9 +3,13 @@ made of, with no endpoint and no key.
 
 Each candidate mutates ONE component of the parent's spec (baseline, scale, invalid handling, all-fail
 handling, length shaping, advantage clipping, clip ratios, aggregation mode, KL or entropy coefficient)
-or crosses the parent with an evaluated reference node (uniform crossover per component). Continuous
-hyperparameters are sampled by Optuna's TPE, warm-started with every archived node that has a spec and
-a utility. The code is rendered by :mod:`engine.operators.proposers.codegen` and applied through LibCST.
+or crosses the parent with an evaluated reference node (uniform crossover per component); a reference
+that scored well below the parent (a collapsed or regressed node) is never taken as a partner.
+Continuous hyperparameters are sampled by Optuna's TPE, warm-started with every archived node that has
+a spec and a utility. Each proposal's expected gain is read from the archive's evidence on the
+component options it changes: their effects on utility, fitted over every node that introduced an
+option to its own parent (:func:`component_effects`). The code is rendered by
+:mod:`engine.operators.proposers.codegen` and applied through LibCST.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import json
 import logging
 import math
 import random
+from dataclasses import dataclass
 from typing import Any
 
 from engine.archive.results import configured_protocol
@@ -118,7 +123,106 @@ def prior_record(name: str) -> dict[str, Any] | None:
     }
 
 
-def _study(archive, cfg, seed: int):
+@dataclass(frozen=True)
+class Evidence:
+    """One archived node as the offline search reads it."""
+
+    name: str
+    parent: str | None
+    utility: float | None
+    """under the experiment's protocol (None: not evaluated under it)"""
+    components: dict | None
+    """its recorded component spec (None: not written by the component catalog)"""
+
+
+def archive_evidence(archive, cfg) -> dict[str, Evidence]:
+    """Every node under the experiment's protocol with its utility and recorded components."""
+    out = {}
+    for node in archive.nodes(configured_protocol(cfg)).values():
+        u = utility(node.metrics, cfg.experiment) if node.evaluated and node.metrics else None
+        rec = archive.read_file(node.name, "records/proposal.json")
+        try:
+            comps = (json.loads(rec) or {}).get("components") if rec else None
+        except (ValueError, AttributeError):
+            comps = None
+        out[node.name] = Evidence(node.name, node.parent, u, comps or None)
+    return out
+
+
+RIDGE = 0.5
+"""L2 weight of the component-effect fit: a single introduction is credited with 1 / (1 + RIDGE) of
+the change it made, and options never tried with 0"""
+
+
+def component_effects(evidence: dict[str, Evidence]) -> dict[tuple[str, str], float]:
+    """(component, option) -> its estimated effect on utility, fitted over the archive.
+
+    Each evaluated node with recorded components that changed options relative to its own (first)
+    parent is one observation: its utility change over that parent, explained as the sum of the
+    effects of the options it introduced (a parent without recorded components counts as the
+    default spec). The effects are a ridge least-squares fit, so a crossover that brought a
+    collapsing baseline together with a harmless option charges the collapse to the baseline, which
+    collapsed wherever else it was introduced, and not to what came along with it."""
+    rows: list[tuple[list[tuple[str, str]], float]] = []
+    for ev in evidence.values():
+        par = evidence.get(ev.parent) if ev.parent else None
+        if ev.components is None or ev.utility is None or par is None or par.utility is None:
+            continue
+        try:
+            mine, theirs = normalize(ev.components), normalize(par.components)
+        except PoiseError:
+            continue
+        changed = [(k, mine[k]) for k in OPTIONS if mine[k] != theirs[k]]
+        if changed:
+            rows.append((changed, ev.utility - par.utility))
+    if not rows:
+        return {}
+    import numpy as np  # lazy: only this path needs it (optuna brings it)
+
+    names = sorted({o for changed, _ in rows for o in changed})
+    col = {o: i for i, o in enumerate(names)}
+    x = np.zeros((len(rows), len(names)))
+    y = np.array([d for _, d in rows])
+    for r, (changed, _) in enumerate(rows):
+        for o in changed:
+            x[r, col[o]] = 1.0
+    w = np.linalg.solve(x.T @ x + RIDGE * np.eye(len(names)), x.T @ y)
+    return {o: float(w[col[o]]) for o in names}
+
+
+def expected_gain(
+    spec: dict, base: dict, effects: dict[tuple[str, str], float], beta: float
+) -> float:
+    """0.5 + 0.5 tanh(sum of the fitted effects of the options ``spec`` changes from ``base`` / beta):
+    an option never tried counts 0 (neutral), so the search stays willing to explore; one that
+    collapsed the nodes it was introduced in sinks the proposal."""
+    total = sum(effects.get((k, spec[k]), 0.0) for k in OPTIONS if spec[k] != base[k])
+    return round(0.5 + 0.5 * math.tanh(total / beta), 4)
+
+
+def crossover_partners(context, beta: float) -> list:
+    """The reference nodes a crossover may take components from: evaluated, with a component spec,
+    and not worse than the parent by more than ``beta`` utility (a regressed or collapsed node would
+    hand its cause on). With an unevaluated parent every evaluated reference qualifies."""
+    parent_u = context.parent.utility
+    seen, out = set(), []
+    for s in context.frontier + context.complementary + context.exploratory:
+        if s.name in seen or not s.components or s.utility is None:
+            continue
+        seen.add(s.name)
+        if parent_u is not None and s.utility < parent_u - beta:
+            log.info(
+                "offline proposer: %s (U=%.4g) is no crossover partner for a parent at U=%.4g",
+                s.name,
+                s.utility,
+                parent_u,
+            )
+            continue
+        out.append(s)
+    return out
+
+
+def _study(evidence: dict[str, Evidence], seed: int):
     """An in-memory TPE study warm-started with the archive's (spec hyperparameters, utility) pairs."""
     import optuna  # lazy: optuna is heavy (only this path needs it)
 
@@ -127,19 +231,15 @@ def _study(archive, cfg, seed: int):
         direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=8)
     )
     dists = _distributions()
-    for node in archive.nodes(configured_protocol(cfg)).values():
-        if not node.evaluated or not node.metrics:
+    for ev in evidence.values():
+        u, comps = ev.utility, ev.components
+        if u is None or not comps:
             continue
-        u = utility(node.metrics, cfg.experiment)
-        rec = archive.read_file(node.name, "records/proposal.json")
-        if u is None or not rec:
+        try:
+            hp = normalize(comps)["hp"]
+        except PoiseError:
             continue
-        comps = (json.loads(rec) or {}).get("components")
-        if not comps:
-            continue
-        params = {
-            k: v for k, v in normalize(comps)["hp"].items() if k in dists and _inside(dists[k], v)
-        }
+        params = {k: v for k, v in hp.items() if k in dists and _inside(dists[k], v)}
         if params:
             study.add_trial(
                 optuna.trial.create_trial(
@@ -175,18 +275,16 @@ class OfflineProposer:
 
         seed = seed if seed is not None else len(archive.nodes())
         rng = random.Random(seed)
-        study = _study(archive, cfg, seed)
+        evidence = archive_evidence(archive, cfg)
+        study = _study(evidence, seed)
+        effects = component_effects(evidence)
         dists = _distributions()
         rendered = bool(context.parent.components)
         parent_src = context.parent_code or archive.algorithm(parent)
         base = mutation_base(context.parent.components, parent_src)
         ratios = parent_ratios(archive, parent, cfg)
         known = archived_code(archive)
-        partners = [
-            s
-            for s in (context.frontier + context.complementary + context.exploratory)
-            if s.components
-        ]
+        partners = crossover_partners(context, cfg.select.beta)
         out: list[Proposal] = []
         seen: set[str] = set()
         for _ in range(4 * n):
@@ -250,7 +348,7 @@ class OfflineProposer:
                     proposer="offline",
                     parents=extra,
                     intents=intents_for(spec),
-                    expected_gain=self._gain(archive, cfg, spec, context),
+                    expected_gain=expected_gain(spec, base, effects, cfg.select.beta),
                     components=spec
                     if rendered or any(spec[k] != base[k] for k in OPTIONS)
                     else None,
@@ -344,26 +442,6 @@ class OfflineProposer:
         if spec["hp"].get("entropy_coef", 0) > 0 and not base["hp"].get("entropy_coef", 0):
             out.append("entropy bonus: later entropy collapse")
         return "; ".join(out) or "a local variation of the parent; effect to be measured"
-
-    @staticmethod
-    def _gain(archive, cfg, spec: dict, context) -> float:
-        """0.5 + 0.5 tanh(mean utility gain of archived nodes sharing spec's component options / beta)."""
-        parent_u = context.parent.utility
-        refs = [
-            s
-            for s in (context.frontier + context.complementary + context.exploratory)
-            if s.components and s.utility is not None
-        ]
-        if parent_u is None or not refs:
-            return 0.5
-        deltas = []
-        for s in refs:
-            shared = sum(1 for k in OPTIONS if normalize(s.components)[k] == spec[k] != "none")
-            if shared:
-                deltas.append((s.utility - parent_u) * shared / len(OPTIONS))
-        if not deltas:
-            return 0.5
-        return round(0.5 + 0.5 * math.tanh(sum(deltas) / len(deltas) / cfg.select.beta), 4)
 
 
 def _short(spec: dict, base: dict, changed: list[str], extra: tuple) -> str:
