@@ -77,3 +77,14 @@ def test_the_cli_logs_on_stderr_only_with_v(archive, tmp_path, cli):
     vv = cli("-vv", "record", "b", "--results", str(results), *where)
     assert vv.returncode == 0, vv.stderr
     assert "poise: results for b" in vv.stderr and "poise: results for b" not in vv.stdout
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_log_lines_are_not_padded_to_a_wide_console(restore_loggers, terminal):
+    out = io.StringIO()
+    setup_logging(0, Console(file=out, width=4096, force_terminal=terminal))
+    logging.getLogger("engine.somewhere").warning("skipping an edit of %s", "grpo")
+    lines = [ln for ln in out.getvalue().splitlines() if "skipping an edit of grpo" in ln]
+    assert len(lines) == 1 and "WARNING" in lines[0]
+    if not terminal:  # a file or a pipe: one plain line, no blanks up to 4,096 columns
+        assert lines[0] == lines[0].rstrip() and len(lines[0]) < 80

@@ -3,6 +3,8 @@ records (what each operator does), ``-vv`` DEBUG (every git record, every loop e
 the libraries' own (MLflow, Optuna...). Without ``-v`` only warnings and errors show.
 
 The library only creates module loggers (``logging.getLogger(__name__)``); handlers are set here.
+Redirected to a file or a pipe, records are plain lines (``[12:00:00] WARNING  message``): rich's
+handler would pad each one with blanks to the console's width, which is wide there.
 """
 
 from __future__ import annotations
@@ -26,13 +28,20 @@ def setup_logging(verbosity: int, console) -> logging.Handler:
     """Route the project's log records to the rich ``console`` (the CLI's stderr) at the level
     ``verbosity`` asks for; returns the handler (it replaces one an earlier call installed)."""
     level = level_for(verbosity)
-    handler = RichHandler(
-        console=console,
-        show_path=verbosity >= 2,
-        markup=False,
-        rich_tracebacks=False,
-        log_time_format="[%X]",
-    )
+    if console.is_terminal:
+        handler = RichHandler(
+            console=console,
+            show_path=verbosity >= 2,
+            markup=False,
+            rich_tracebacks=False,
+            log_time_format="[%X]",
+        )
+    else:
+        handler = PlainHandler(console)
+        where = " %(name)s:%(lineno)d" if verbosity >= 2 else ""
+        handler.setFormatter(
+            logging.Formatter(f"[%(asctime)s] %(levelname)-8s %(message)s{where}", "%X")
+        )
     handler.setLevel(level)
     handler.set_name(_NAME)
     for name in PACKAGES:
@@ -43,6 +52,23 @@ def setup_logging(verbosity: int, console) -> logging.Handler:
     for name in QUIET:
         logging.getLogger(name).setLevel(logging.DEBUG if verbosity >= 3 else logging.WARNING)
     return handler
+
+
+class PlainHandler(logging.Handler):
+    """One unpadded line per record on the console's current file (read at each record, so a
+    redirected or swapped stream gets it)."""
+
+    def __init__(self, console):
+        super().__init__()
+        self.console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            f = self.console.file
+            f.write(self.format(record) + "\n")
+            f.flush()
+        except Exception:  # logging must never break the command (a closed pipe...)
+            self.handleError(record)
 
 
 _NAME = "poise-cli"
