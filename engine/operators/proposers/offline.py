@@ -136,17 +136,23 @@ class Evidence:
 
 
 def archive_evidence(archive, cfg) -> dict[str, Evidence]:
-    """Every node under the experiment's protocol with its utility and recorded components."""
-    out = {}
-    for node in archive.nodes(configured_protocol(cfg)).values():
-        u = utility(node.metrics, cfg.experiment) if node.evaluated and node.metrics else None
-        rec = archive.read_file(node.name, "records/proposal.json")
+    """Every node under the experiment's protocol with its utility and, for the nodes that have a
+    utility (the only ones the fit and the TPE warm start read), its recorded components: their
+    records/proposal.json files are read in one git call."""
+    nodes = archive.nodes(configured_protocol(cfg))
+    u = {
+        n: utility(x.metrics, cfg.experiment) if x.evaluated and x.metrics else None
+        for n, x in nodes.items()
+    }
+    scored = [n for n in nodes if u[n] is not None]
+    blobs = archive.git.cat_blobs([f"{nodes[n].commit}:records/proposal.json" for n in scored])
+    comps: dict[str, dict | None] = {}
+    for n, blob in zip(scored, blobs):
         try:
-            comps = (json.loads(rec) or {}).get("components") if rec else None
+            comps[n] = (json.loads(blob) or {}).get("components") if blob else None
         except (ValueError, AttributeError):
-            comps = None
-        out[node.name] = Evidence(node.name, node.parent, u, comps or None)
-    return out
+            comps[n] = None
+    return {n: Evidence(n, x.parent, u[n], comps.get(n) or None) for n, x in nodes.items()}
 
 
 RIDGE = 0.5
