@@ -37,7 +37,7 @@ def setup_logging(verbosity: int, console) -> logging.Handler:
             log_time_format="[%X]",
         )
     else:
-        handler = PlainHandler(console)
+        handler = logging.StreamHandler(console.file)  # the stream of this invocation
         where = " %(name)s:%(lineno)d" if verbosity >= 2 else ""
         handler.setFormatter(
             logging.Formatter(f"[%(asctime)s] %(levelname)-8s %(message)s{where}", "%X")
@@ -52,23 +52,6 @@ def setup_logging(verbosity: int, console) -> logging.Handler:
     for name in QUIET:
         logging.getLogger(name).setLevel(logging.DEBUG if verbosity >= 3 else logging.WARNING)
     return handler
-
-
-class PlainHandler(logging.Handler):
-    """One unpadded line per record on the console's current file (read at each record, so a
-    redirected or swapped stream gets it)."""
-
-    def __init__(self, console):
-        super().__init__()
-        self.console = console
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            f = self.console.file
-            f.write(self.format(record) + "\n")
-            f.flush()
-        except Exception:  # logging must never break the command (a closed pipe...)
-            self.handleError(record)
 
 
 _NAME = "poise-cli"
