@@ -475,3 +475,87 @@ def test_offline_crossover_never_takes_a_collapsed_partner(archive):
         if p.components and not p.parents:
             want = expected_gain(p.components, normalize(None), eff, cfg.select.beta)
             assert p.expected_gain == want
+
+
+def test_offline_proposer_never_tries_an_untested_option_twice_at_once(archive):
+    """A loop round expands its parents one after another: the first parent's children are still
+    under evaluation when the second parent's are proposed. An option no evaluated node has
+    introduced, which a pending node already tries, is not proposed again until that node has a
+    result; an option with evidence is."""
+    from engine.operators.proposers.offline import (
+        OfflineProposer,
+        archive_evidence,
+        component_effects,
+        options_in_flight,
+    )
+
+    record(archive, "grpo", {"overall": 0.50})
+    src = archive.algorithm("grpo")
+    spec = normalize({"baseline": "batch"})
+    archive.spawn(
+        "grpo",
+        "trying-batch",
+        algorithm=src,
+        files={"records/proposal.json": json.dumps({"components": spec})},
+        status="verified",
+    )
+    archive.spawn(
+        "grpo",
+        "tried-mask",
+        algorithm=src,
+        files={"records/proposal.json": json.dumps({"components": normalize({"invalid": "mask"})})},
+    )
+    record(archive, "tried-mask", {"overall": 0.51})
+    archive.spawn(
+        "tried-mask",
+        "also-mask",
+        algorithm=src,
+        files={
+            "records/proposal.json": json.dumps(
+                {"components": normalize({"invalid": "mask", "scale": "none"})}
+            )
+        },
+        status="evaluating",
+    )
+    cfg = archive.config()
+    ev = archive_evidence(archive, cfg)
+    assert ev["trying-batch"].pending and ev["also-mask"].pending and not ev["tried-mask"].pending
+    flight = options_in_flight(ev, component_effects(ev))
+    assert flight == {("baseline", "batch"): "trying-batch", ("scale", "none"): "also-mask"}
+    ctx = build_context(archive, "grpo", cfg, seed=0)
+    offered = [
+        p
+        for seed in range(8)
+        for p in OfflineProposer().propose(archive, "grpo", ctx, cfg, 4, seed)
+        if p.components
+    ]
+    chosen = [(p.components["baseline"], p.components["scale"]) for p in offered]
+    assert offered and ("batch", "group_std") not in chosen
+    assert not [c for c in chosen if c[1] == "none"]
+    assert any(b != "group_mean" for b, _ in chosen)  # the other baselines stay open
+    # once the pending node has a result, its option is evidence, not in flight
+    archive.set_status("trying-batch", "evaluating")
+    record(archive, "trying-batch", {"overall": 0.49})
+    ev = archive_evidence(archive, cfg)
+    assert ("baseline", "batch") not in options_in_flight(ev, component_effects(ev))
+
+
+def test_screening_ranks_distinct_proposals_by_expected_gain_not_by_distance(archive):
+    """Novelty earns its full credit once a proposal is clearly distinct (NOVELTY_FULL); a more radical
+    behavioural change earns nothing more, so an untested radical change does not outrank a milder
+    one, and evidence of gain decides."""
+    from engine.operators.propose import NOVELTY_FULL
+
+    cfg = archive.config()
+    cands = [
+        prop("radical", render({"baseline": "valid_bayes"}), expected_gain=0.5),
+        prop("mild", render({"length": "negative_scale"}), expected_gain=0.5),
+        prop("backed", render({"entropy_control": "adaptive"}), expected_gain=0.6),
+    ]
+    kept, dropped = screen(archive, "grpo", cands, cfg)
+    assert not dropped
+    by = {p.name: p for p in kept}
+    nov = {n: p.screening["novelty"] for n, p in by.items()}
+    assert min(nov.values()) >= NOVELTY_FULL and nov["radical"] > 2 * nov["mild"]
+    assert by["radical"].score == by["mild"].score == 0.7
+    assert kept[0].name == "backed" and by["backed"].score > by["radical"].score

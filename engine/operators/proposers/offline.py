@@ -8,7 +8,9 @@ that scored well below the parent (a collapsed or regressed node) is never taken
 Continuous hyperparameters are sampled by Optuna's TPE, warm-started with every archived node that has
 a spec and a utility. Each proposal's expected gain is read from the archive's evidence on the
 component options it changes: their effects on utility, fitted over every node that introduced an
-option to its own parent (:func:`component_effects`). The code is rendered by
+option to its own parent (:func:`component_effects`); an untested option that a pending node already
+tries is not proposed again before that node has a result (:func:`options_in_flight`). The code is
+rendered by
 :mod:`engine.operators.proposers.codegen` and applied through LibCST.
 """
 
@@ -133,26 +135,48 @@ class Evidence:
     """under the experiment's protocol (None: not evaluated under it)"""
     components: dict | None
     """its recorded component spec (None: not written by the component catalog)"""
+    pending: bool = False
+    """verified or under evaluation, no result yet: what it introduced is being tried"""
+
+
+PENDING = ("verified", "evaluating")
+"""statuses of a node whose result is still to come"""
 
 
 def archive_evidence(archive, cfg) -> dict[str, Evidence]:
     """Every node under the experiment's protocol with its utility and, for the nodes that have a
-    utility (the only ones the fit and the TPE warm start read), its recorded components: their
-    records/proposal.json files are read in one git call."""
+    utility (the only ones the fit and the TPE warm start read) or are pending, its recorded
+    components: their records/proposal.json files are read in one git call."""
     nodes = archive.nodes(configured_protocol(cfg))
     u = {
         n: utility(x.metrics, cfg.experiment) if x.evaluated and x.metrics else None
         for n, x in nodes.items()
     }
-    scored = [n for n in nodes if u[n] is not None]
-    blobs = archive.git.cat_blobs([f"{nodes[n].commit}:records/proposal.json" for n in scored])
+    pending = {n for n, x in nodes.items() if u[n] is None and x.status in PENDING}
+    read = [n for n in nodes if u[n] is not None or n in pending]
+    blobs = archive.git.cat_blobs([f"{nodes[n].commit}:records/proposal.json" for n in read])
     comps: dict[str, dict | None] = {}
-    for n, blob in zip(scored, blobs):
+    for n, blob in zip(read, blobs):
         try:
             comps[n] = (json.loads(blob) or {}).get("components") if blob else None
         except (ValueError, AttributeError):
             comps[n] = None
-    return {n: Evidence(n, x.parent, u[n], comps.get(n) or None) for n, x in nodes.items()}
+    return {
+        n: Evidence(n, x.parent, u[n], comps.get(n) or None, n in pending) for n, x in nodes.items()
+    }
+
+
+def _introduced(ev: Evidence, evidence: dict[str, Evidence]) -> list[tuple[str, str]]:
+    """The (component, option) pairs ``ev`` changed relative to its own parent (a parent without
+    recorded components counts as the default spec); [] when either spec is unreadable."""
+    par = evidence.get(ev.parent) if ev.parent else None
+    if ev.components is None or par is None:
+        return []
+    try:
+        mine, theirs = normalize(ev.components), normalize(par.components)
+    except PoiseError:
+        return []
+    return [(k, mine[k]) for k in OPTIONS if mine[k] != theirs[k]]
 
 
 RIDGE = 0.5
@@ -172,13 +196,9 @@ def component_effects(evidence: dict[str, Evidence]) -> dict[tuple[str, str], fl
     rows: list[tuple[list[tuple[str, str]], float]] = []
     for ev in evidence.values():
         par = evidence.get(ev.parent) if ev.parent else None
-        if ev.components is None or ev.utility is None or par is None or par.utility is None:
+        if ev.utility is None or par is None or par.utility is None:
             continue
-        try:
-            mine, theirs = normalize(ev.components), normalize(par.components)
-        except PoiseError:
-            continue
-        changed = [(k, mine[k]) for k in OPTIONS if mine[k] != theirs[k]]
+        changed = _introduced(ev, evidence)
         if changed:
             rows.append((changed, ev.utility - par.utility))
     if not rows:
@@ -194,6 +214,22 @@ def component_effects(evidence: dict[str, Evidence]) -> dict[tuple[str, str], fl
             x[r, col[o]] = 1.0
     w = np.linalg.solve(x.T @ x + RIDGE * np.eye(len(names)), x.T @ y)
     return {o: float(w[col[o]]) for o in names}
+
+
+def options_in_flight(
+    evidence: dict[str, Evidence], effects: dict[tuple[str, str], float]
+) -> dict[tuple[str, str], str]:
+    """(component, option) -> the pending node trying it, for the options no evaluated node has
+    introduced yet: a second untested try of one option before the first has a result would spend
+    two candidates on one unknown (a loop round expands its parents one after another, and the
+    first parent's children are still being evaluated when the second's are proposed)."""
+    out: dict[tuple[str, str], str] = {}
+    for ev in sorted(evidence.values(), key=lambda e: e.name):
+        if ev.pending:
+            for o in _introduced(ev, evidence):
+                if o not in effects:
+                    out.setdefault(o, ev.name)
+    return out
 
 
 def expected_gain(
@@ -291,6 +327,7 @@ class OfflineProposer:
         ratios = parent_ratios(archive, parent, cfg)
         known = archived_code(archive)
         partners = crossover_partners(context, cfg.select.beta)
+        in_flight = options_in_flight(evidence, effects)
         out: list[Proposal] = []
         seen: set[str] = set()
         for _ in range(4 * n):
@@ -318,6 +355,21 @@ class OfflineProposer:
             inert = clip_is_inert(base["hp"], spec["hp"], ratios)
             if inert:
                 log.info("offline proposer: skipping a mutation of %s: %s", parent, inert)
+                continue
+            trying = sorted(
+                {
+                    in_flight[(k, spec[k])]
+                    for k in OPTIONS
+                    if spec[k] != base[k] and (k, spec[k]) in in_flight
+                }
+            )
+            if trying:
+                log.info(
+                    "offline proposer: skipping a proposal for %s: %s already tries an option it "
+                    "introduces, with no result yet",
+                    parent,
+                    ", ".join(trying),
+                )
                 continue
             plan = plan_edit(parent_src, base, spec, rendered=rendered)
             try:
