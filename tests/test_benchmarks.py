@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.archive.store import Archive
+
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow  # each runs several tiny RL seeds in worker processes
 
@@ -69,7 +71,7 @@ def test_bench_calibration_writes_its_table_and_reuses_the_cache(tmp_path):
     assert json.loads((tmp_path / "b.json").read_text())["rows"] == data["rows"]
 
 
-def test_bench_discovery_runs_both_searches_and_resumes(tmp_path):
+def test_bench_discovery_runs_both_searches_resumes_and_confirms_on_held_out_seeds(tmp_path):
     work, out, fig = tmp_path / "work", tmp_path / "d.json", tmp_path / "d.png"
     args = ["--preset", "tiny", "--candidates", "2", "--seeds", "2", "--search-seeds", "1"]
     args += ["--workdir", str(work), "--json", str(out), "--figure", str(fig)]
@@ -89,3 +91,19 @@ def test_bench_discovery_runs_both_searches_and_resumes(tmp_path):
     again = _bench("bench_discovery.py", args, tmp_path)
     assert again.count("finished earlier") == 2
     assert json.loads(out.read_text())["results"] == data["results"]
+    # held-out confirmation: the best nodes re-measured on seeds the searches never saw, in copies
+    conf = tmp_path / "c.json"
+    args = ["--preset", "tiny", "--seeds", "2", "--first-seed", "2", "--workdir", str(work)]
+    text = _bench("confirm_discovery.py", args + ["--json", str(conf)], tmp_path)
+    rows = json.loads(conf.read_text())["rows"]
+    assert {r["method"] for r in rows} == {"loop", "random"} and "| loop | 0 |" in text
+    for r in rows:
+        assert r["seeds"] == [2, 3] and r["best"] == data["results"][r["method"]]["0"]["best"]
+        assert r["diff_interval"] is not None and r["search_diff"] == pytest.approx(
+            data["results"][r["method"]]["0"]["best_diff"]
+        )
+    # the searches' own archives still hold the results of the search's seeds only
+    for method in ("loop", "random"):
+        nodes = Archive(work / f"{method}-s0").nodes("proxy/tiny")
+        best = nodes[data["results"][method]["0"]["best"]]
+        assert sorted(int(p["seed"]) for p in best.result.per_seed) == [0, 1]

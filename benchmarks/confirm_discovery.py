@@ -1,0 +1,133 @@
+"""Held-out confirmation of the discovery benchmark's best nodes.
+
+    nice -n 5 .venv/bin/python benchmarks/confirm_discovery.py [--seeds 6] [--first-seed 6]
+
+A search's best node is the maximum of its candidates, picked on the very seeds its interval is
+computed on, so "beats the root beyond its interval" is biased upwards (the winner's curse): among
+16 candidates whose true effect is zero, one clears a 95% interval by chance far more often than
+1 time in 40. This script re-measures each finished search of ``bench_discovery.py`` (its archive
+and ``<method>-s<seed>.json`` under ``--workdir``) on fresh seeds the search never saw: the root and
+the best node at seeds ``first_seed .. first_seed+seeds-1``, paired. It evaluates in a throwaway copy
+of each archive, so the search's own records stay as they were. Per-seed results are cached like
+the benchmark's (``$POISE_EVAL_CACHE``, default ``.cache/poise-eval``), so the root's held-out seeds
+are trained once. Prints the table and writes JSON (``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from bench_discovery import per_seed_overall
+from proxy_runs import ROOT, load_average, paired, stamp
+
+
+def confirm(archive_dir: Path, best: str, seeds: list[int], preset: str) -> dict:
+    """Root and ``best`` evaluated at ``seeds`` in a copy of ``archive_dir``; their paired difference."""
+    from engine.archive.store import Archive
+    from engine.operators.evaluate import evaluate_node
+
+    with tempfile.TemporaryDirectory(prefix="poise-confirm-") as tmp:
+        copy = Path(tmp) / "archive"
+        shutil.copytree(archive_dir, copy, symlinks=True)
+        archive = Archive(copy)
+        for name in ("grpo", best):
+            evaluate_node(archive, name, seeds=seeds, preset=preset)
+        nodes = Archive(copy).nodes(f"proxy/{preset}")
+        root, node = per_seed_overall(nodes["grpo"]), per_seed_overall(nodes[best])
+    d, iv = paired(node, root)
+    return {
+        "best": best,
+        "seeds": seeds,
+        "root_overall": sum(root.values()) / len(root),
+        "best_overall": sum(node.values()) / len(node),
+        "diff": d,
+        "diff_interval": iv,
+        "beats_root": bool(iv and iv[0] > 0),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--seeds", type=int, default=6, help="held-out paired seeds")
+    ap.add_argument(
+        "--first-seed", type=int, default=6, help="first held-out seed (the search used 0..5)"
+    )
+    ap.add_argument("--preset", default="default")
+    ap.add_argument("--methods", default="loop,random")
+    ap.add_argument("--workdir", default=str(ROOT / ".cache" / "discovery"))
+    ap.add_argument(
+        "--json", default=str(ROOT / "benchmarks" / "results" / "discovery-confirm.json")
+    )
+    args = ap.parse_args()
+    os.environ.setdefault("POISE_EVAL_CACHE", str(ROOT / ".cache" / "poise-eval"))
+    from trainer_template.proxy.protocol import get_protocol
+
+    work = Path(args.workdir)
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    t0, loads = time.monotonic(), [load_average()]
+    print(f"{stamp()} held-out seeds {seeds[0]}..{seeds[-1]}; load average {loads[0]}", flush=True)
+    rows: list[dict] = []
+    for done in sorted(work.glob("*-s*.json")):
+        method, _, s = done.stem.rpartition("-s")
+        if method not in args.methods.split(",") or not s.isdigit():
+            continue
+        res = json.loads(done.read_text())
+        archive_dir = work / done.stem
+        if not res.get("best"):
+            continue
+        if not (archive_dir / ".git").exists():
+            print(f"{stamp()} {done.stem}: no archive at {archive_dir}; skipped", flush=True)
+            continue
+        t = time.monotonic()
+        row = {
+            "method": method,
+            "search_seed": int(s),
+            "search_diff": res.get("best_diff"),
+            "search_diff_interval": res.get("best_diff_interval"),
+            **confirm(archive_dir, res["best"], seeds, args.preset),
+            "wall_s": round(time.monotonic() - t, 1),
+        }
+        rows.append(row)
+        print(f"{stamp()} {done.stem}: {row['best']} {row['diff']:+.3f} {row['diff_interval']}")
+    loads.append(load_average())
+    print()
+    print(
+        "| method | search seed | best node | on the search's seeds | on held-out seeds | "
+        "95% interval | beats root |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        siv, iv = r["search_diff_interval"], r["diff_interval"]
+        print(
+            f"| {r['method']} | {r['search_seed']} | {r['best']} | {r['search_diff']:+.3f} "
+            f"[{siv[0]:+.3f}, {siv[1]:+.3f}] | {r['diff']:+.3f} | "
+            f"{f'[{iv[0]:+.3f}, {iv[1]:+.3f}]' if iv else '-'} | "
+            f"{'yes' if r['beats_root'] else 'no'} |"
+        )
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps(
+            {
+                "args": vars(args),
+                "protocol": f"proxy/{args.preset}",
+                "protocol_hash": get_protocol(args.preset).hash(),
+                "unit": "Overall (fraction); paired differences over the held-out seeds, 95% Student-t",
+                "rows": rows,
+                "wall_s": round(time.monotonic() - t0, 1),
+                "load_average": loads,
+            },
+            indent=1,
+        )
+    )
+    print(f"written {out}")
+
+
+if __name__ == "__main__":
+    main()
