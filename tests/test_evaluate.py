@@ -203,3 +203,34 @@ def test_tracking_never_leaks_the_store_into_the_environment(tmp_path, monkeypat
     assert "MLFLOW_TRACKING_URI" not in os.environ
     assert len(find_runs(a, "grpo")) == 1 and find_runs(b, "grpo") == []
     assert (tmp_path / "a" / "mlflow.db").is_file()
+
+
+def test_the_seed_cache_is_keyed_by_the_harness_as_well_as_the_code(tmp_path, monkeypatch):
+    """A cached per-seed result is only reused by the same candidate code under the same protocol
+    and the same trainer/scorer sources: an edit of the harness never serves the old one's numbers."""
+    from engine.operators.evaluate import SeedCache, harness_digest, source_digest
+    from trainer_template import ALGORITHM_FILE
+
+    TEMPLATE_SOURCE = ALGORITHM_FILE.read_text()
+    monkeypatch.delenv("POISE_EVAL_CACHE", raising=False)
+    assert SeedCache.from_env(TEMPLATE_SOURCE, "sha256:p") is None  # off by default
+    monkeypatch.setenv("POISE_EVAL_CACHE", str(tmp_path / "cache"))
+    same = SeedCache.from_env(TEMPLATE_SOURCE, "sha256:p", harness="h1")
+    assert same.key == SeedCache.from_env(TEMPLATE_SOURCE, "sha256:p", harness="h1").key
+    assert same.key != SeedCache.from_env(TEMPLATE_SOURCE, "sha256:p", harness="h2").key
+    assert same.key != SeedCache.from_env(TEMPLATE_SOURCE, "sha256:q", harness="h1").key
+    # the default harness is the installed trainer's and scorer's sources, stable within a process
+    assert (
+        SeedCache.from_env(TEMPLATE_SOURCE, "sha256:p").key
+        == SeedCache.from_env(TEMPLATE_SOURCE, "sha256:p", harness=harness_digest()).key
+    )
+    # the digest follows every file's content and name
+    pkg = tmp_path / "harness"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "a.py").write_text("x = 1\n")
+    (pkg / "sub" / "b.py").write_text("y = 2\n")
+    before = source_digest((pkg,))
+    (pkg / "sub" / "b.py").write_text("y = 3\n")
+    edited = source_digest((pkg,))
+    (pkg / "sub" / "b.py").rename(pkg / "sub" / "c.py")
+    assert len({before, edited, source_digest((pkg,))}) == 3

@@ -9,6 +9,7 @@ are imported only in the children / inside functions, so importing this module i
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -20,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
 
+import trainer_template
 from engine.archive.results import EvaluationResult, Protocol, now
 from engine.archive.tracking import node_run
 from engine.errors import EvaluationError
@@ -306,17 +308,46 @@ def proxy_protocol(preset: str, protocol) -> Protocol:
     )
 
 
+# What trains and scores a candidate besides its own code: a change here changes every result, so it
+# is part of a cached result's identity (the protocol hash covers settings and warm start only).
+HARNESS = (
+    Path(trainer_template.__file__).resolve().parent,
+    Path(__file__).resolve().with_name("evaluate_seed.py"),
+)
+
+
+@functools.cache
+def harness_digest() -> str:
+    """:func:`source_digest` of :data:`HARNESS`, once per process."""
+    return source_digest(HARNESS)
+
+
+def source_digest(paths: tuple[Path, ...]) -> str:
+    """sha256 over the Python sources under ``paths`` (files or folders), by relative name and
+    content, in sorted order."""
+    h = hashlib.sha256()
+    for root in paths:
+        files = sorted(root.rglob("*.py")) if root.is_dir() else [root]
+        for f in files:
+            rel = f.relative_to(root.parent).as_posix()
+            h.update(rel.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 class SeedCache:
-    """Per-seed proxy results kept on disk by (code, protocol identity, seed), for benchmarks that
-    evaluate the same code many times (``POISE_EVAL_CACHE=DIR``; off by default). Only results of
-    runs that finished within their limits are kept; the code's identity ignores docstrings and
-    formatting (engine.operators.propose.code_key)."""
+    """Per-seed proxy results kept on disk by (code, protocol identity, harness, seed), for benchmarks
+    that evaluate the same code many times (``POISE_EVAL_CACHE=DIR``; off by default). Only results
+    of runs that finished within their limits are kept; the code's identity ignores docstrings and
+    formatting (engine.operators.propose.code_key); the harness is :func:`harness_digest`, so an
+    edit of the trainer or the scorer never serves results the old one produced."""
 
     def __init__(self, directory: Path, key: str):
         self.dir, self.key = directory, key
 
     @classmethod
-    def from_env(cls, source: str, protocol_hash: str) -> SeedCache | None:
+    def from_env(
+        cls, source: str, protocol_hash: str, harness: str | None = None
+    ) -> SeedCache | None:
         d = os.environ.get("POISE_EVAL_CACHE")
         if not d:
             return None
@@ -326,7 +357,8 @@ class SeedCache:
         code = code_key(source)
         if code is None:
             return None
-        key = hashlib.sha256(f"{code}|{protocol_hash}".encode()).hexdigest()[:32]
+        harness = harness if harness is not None else harness_digest()
+        key = hashlib.sha256(f"{code}|{protocol_hash}|{harness}".encode()).hexdigest()[:32]
         return cls(Path(d).expanduser(), key)
 
     def _path(self, seed: int) -> Path:
