@@ -27,7 +27,7 @@ import shutil
 import time
 from pathlib import Path
 
-from proxy_runs import ROOT, load_average, mean_interval, paired, stamp
+from proxy_runs import ROOT, load_average, mean_interval, paired, stamp, write_results
 
 
 def per_seed_overall(node) -> dict[int, float]:
@@ -220,7 +220,6 @@ def main() -> None:
     ap.add_argument("--figure", default=str(ROOT / "docs" / "figures" / "discovery.png"))
     args = ap.parse_args()
     os.environ.setdefault("POISE_EVAL_CACHE", str(ROOT / ".cache" / "poise-eval"))
-    from trainer_template.proxy.protocol import get_protocol
 
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -293,24 +292,15 @@ def main() -> None:
         f"{searched / 3600:.2f} h); load average at start {loads[0]}, at end {loads[1]}"
     )
     figure(results, Path(args.figure), args.candidates)
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "args": vars(args),
-                "protocol": f"proxy/{args.preset}",
-                "protocol_hash": get_protocol(args.preset).hash(),
-                "unit": "Overall (fraction); paired differences over seeds 0..seeds-1, 95% Student-t",
-                "results": results,
-                "summary": summary,
-                "wall_s": round(wall, 1),
-                "search_wall_s": round(searched, 1),
-                "load_average": loads,
-            },
-            indent=1,
-            default=str,
-        )
+    out = write_results(
+        args.json,
+        args,
+        "Overall (fraction); paired differences over seeds 0..seeds-1, 95% Student-t",
+        results=results,
+        summary=summary,
+        wall_s=round(wall, 1),
+        search_wall_s=round(searched, 1),
+        load_average=loads,
     )
     print(f"written {out} and {args.figure}")
 

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from bench_discovery import per_seed_overall
-from proxy_runs import ROOT, load_average, paired, stamp
+from proxy_runs import ROOT, load_average, paired, stamp, write_results
 
 
 def confirm(archive_dir: Path, best: str, seeds: list[int], preset: str) -> dict:
@@ -38,7 +38,7 @@ def confirm(archive_dir: Path, best: str, seeds: list[int], preset: str) -> dict
         archive = Archive(copy)
         for name in ("grpo", best):
             evaluate_node(archive, name, seeds=seeds, preset=preset)
-        nodes = Archive(copy).nodes(f"proxy/{preset}")
+        nodes = archive.nodes(f"proxy/{preset}")
         root, node = per_seed_overall(nodes["grpo"]), per_seed_overall(nodes[best])
     d, iv = paired(node, root)
     return {
@@ -66,7 +66,6 @@ def main() -> None:
     )
     args = ap.parse_args()
     os.environ.setdefault("POISE_EVAL_CACHE", str(ROOT / ".cache" / "poise-eval"))
-    from trainer_template.proxy.protocol import get_protocol
 
     work = Path(args.workdir)
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
@@ -110,21 +109,13 @@ def main() -> None:
             f"{f'[{iv[0]:+.3f}, {iv[1]:+.3f}]' if iv else '-'} | "
             f"{'yes' if r['beats_root'] else 'no'} |"
         )
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "args": vars(args),
-                "protocol": f"proxy/{args.preset}",
-                "protocol_hash": get_protocol(args.preset).hash(),
-                "unit": "Overall (fraction); paired differences over the held-out seeds, 95% Student-t",
-                "rows": rows,
-                "wall_s": round(time.monotonic() - t0, 1),
-                "load_average": loads,
-            },
-            indent=1,
-        )
+    out = write_results(
+        args.json,
+        args,
+        "Overall (fraction); paired differences over the held-out seeds, 95% Student-t",
+        rows=rows,
+        wall_s=round(time.monotonic() - t0, 1),
+        load_average=loads,
     )
     print(f"written {out}")
 

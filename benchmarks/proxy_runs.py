@@ -139,6 +139,24 @@ def spearman(a: list[float], b: list[float]) -> float:
     return cov / var if var else float("nan")
 
 
+def write_results(path: str | Path, args, unit: str, **fields) -> Path:
+    """A benchmark's JSON: its arguments, the proxy protocol (``args.preset``) with its hash, the
+    unit of its figures, then ``fields``."""
+    from trainer_template.proxy.protocol import get_protocol
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "args": vars(args),
+        "protocol": f"proxy/{args.preset}",
+        "protocol_hash": get_protocol(args.preset).hash(),
+        "unit": unit,
+        **fields,
+    }
+    out.write_text(json.dumps(payload, indent=1, default=str))
+    return out
+
+
 def load_average() -> str:
     try:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
