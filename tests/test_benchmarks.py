@@ -95,8 +95,19 @@ def test_bench_discovery_runs_both_searches_resumes_and_confirms_on_held_out_see
     conf = tmp_path / "c.json"
     args = ["--preset", "tiny", "--seeds", "2", "--first-seed", "2", "--workdir", str(work)]
     text = _bench("confirm_discovery.py", args + ["--json", str(conf)], tmp_path)
-    rows = json.loads(conf.read_text())["rows"]
+    confirmed = json.loads(conf.read_text())
+    rows, summary = confirmed["rows"], confirmed["summary"]
     assert {r["method"] for r in rows} == {"loop", "random"} and "| loop | 0 |" in text
+    # the unbiased comparison: each method's mean held-out difference, and the loop's minus random's
+    for method in ("loop", "random"):
+        (r,) = (r for r in rows if r["method"] == method)
+        assert summary[method]["mean_held_out_diff"] == pytest.approx(r["diff"])
+        assert summary[method]["interval"] is None  # one search seed: no interval over them
+        assert summary[method]["beats_root_in"] == int(r["beats_root"])
+        assert f"{method}: mean held-out difference to the root" in text
+    assert summary["loop_minus_random"] == pytest.approx(
+        summary["loop"]["mean_held_out_diff"] - summary["random"]["mean_held_out_diff"]
+    )
     for r in rows:
         assert r["seeds"] == [2, 3] and r["best"] == data["results"][r["method"]]["0"]["best"]
         assert r["diff_interval"] is not None and r["search_diff"] == pytest.approx(
