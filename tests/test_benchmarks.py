@@ -118,3 +118,33 @@ def test_bench_discovery_runs_both_searches_resumes_and_confirms_on_held_out_see
         nodes = Archive(work / f"{method}-s0").nodes("proxy/tiny")
         best = nodes[data["results"][method]["0"]["best"]]
         assert sorted(int(p["seed"]) for p in best.result.per_seed) == [0, 1]
+
+
+def test_bench_eval_noise_scores_each_policy_as_the_protocol_does_and_under_larger_evaluations(
+    tmp_path,
+):
+    out = tmp_path / "noise.json"
+    args = ["--preset", "tiny", "--seeds", "2", "--eval-seeds", "2", "--mechanisms", "sa_grpo"]
+    args += ["--big-prompts", "8", "--big-samples", "8", "--parallel", "2", "--json", str(out)]
+    text = _bench("bench_eval_noise.py", args, tmp_path)
+    assert "1. evaluation sampling noise" in text and "| sa_grpo |" in text
+    data = json.loads(out.read_text())
+    assert data["protocol"] == "proxy/tiny" and data["unit"].startswith("Overall")
+    assert {(r["mechanism"], r["seed"]) for r in data["rows"]} == {
+        (m, s) for m in ("grpo", "sa_grpo") for s in (0, 1)
+    }
+    for r in data["rows"]:
+        assert len(r["by_eval_seed"]) == 2 and r["protocol"] == r["by_eval_seed"][0]
+        assert r["eval_mean"] == pytest.approx(sum(r["by_eval_seed"]) / 2)
+    assert set(data["paired"]["sa_grpo"]) == {"protocol", "eval_mean", "large"}
+    # the "protocol" column is the Overall a result records: the worker's own run, same seed
+    from engine.archive.edit import prior_source
+
+    algo = tmp_path / "grpo.py"
+    algo.write_text(prior_source("grpo"))
+    res = tmp_path / "run.json"
+    cmd = [sys.executable, "-m", "trainer_template.proxy.worker", "run", "--preset", "tiny"]
+    cmd += ["--algorithm", str(algo), "--seed", "1", "--out", str(res)]
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
+    grpo1 = next(r for r in data["rows"] if r["mechanism"] == "grpo" and r["seed"] == 1)
+    assert json.loads(res.read_text())["metrics"]["overall"] == grpo1["protocol"]
