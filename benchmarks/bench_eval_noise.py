@@ -22,7 +22,6 @@ more headroom) can beat. Writes every figure as JSON (``--json``).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import statistics
 import sys
@@ -146,7 +145,7 @@ def main() -> None:
         args,
         "Overall (fraction); paired differences to GRPO over RL seeds, 95% Student-t",
         rows=rows,
-        sampling_sd=sampling_sd if math.isfinite(sampling_sd) else None,
+        sampling_sd=sampling_sd,
         paired=diffs,
         wall_s=round(wall, 1),
         load_average=loads,
