@@ -38,22 +38,14 @@ EVALS = ("protocol", "eval_mean", "large")
 
 def train_and_score(mech: str, seed: int, preset: str, eval_seeds: int, big: tuple[int, int]):
     """One seed of one mechanism: Overall under every evaluation (a row of the JSON)."""
-    import torch  # lazy: only the worker processes train
-
-    torch.set_num_threads(1)
     from engine.archive.edit import prior_source
-    from trainer_template.loader import load_algorithm, make_config
-    from trainer_template.proxy import evalset, rl
+    from trainer_template.proxy import evalset
     from trainer_template.proxy.protocol import get_protocol
-    from trainer_template.proxy.warmstart import ensure_warmstart, load_warmstart, verify_warmstart
+    from trainer_template.proxy.worker import train_policy
 
     protocol = get_protocol(preset)
-    path = ensure_warmstart(protocol, None)
-    verify_warmstart(protocol, path)
     t0 = time.monotonic()
-    model = load_warmstart(path, protocol.warmstart, device=protocol.device())
-    module = load_algorithm(prior_source(mech), mech)
-    rl.train(model, module, make_config(module, None), protocol.rl, seed, trajectory={})
+    model = train_policy(protocol, prior_source(mech), mech, seed)
     # eval seed 0 is the protocol's own (10_000 + seed): the Overall every result records
     by_eval_seed = [
         evalset.evaluate(model, protocol.eval, seed + 1000 * e)["overall"]

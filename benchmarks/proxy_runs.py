@@ -4,7 +4,6 @@ subprocess, as ``poise-git evaluate`` runs it), a per-seed result cache, interva
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import tempfile
@@ -17,7 +16,11 @@ if str(ROOT) not in sys.path:
 
 from engine.operators.evaluate import SeedCache  # noqa: E402
 from engine.sandbox.process import child_env, run_limited  # noqa: E402
-from engine.stats import mean_interval, paired_interval  # noqa: E402, F401 (mean_interval: for the benchmarks)
+from engine.stats import (  # noqa: E402, F401 (re-exported for the benchmarks)
+    mean_interval,
+    paired_interval,
+    spearman,
+)
 
 PAPER_OVERALL = {
     "grpo": 47.8,
@@ -113,30 +116,6 @@ def fmt_iv(iv: list[float] | None, signed: bool = False) -> str:
         return "-"
     f = "{:+.3f}" if signed else "{:.3f}"
     return f"[{f.format(iv[0])}, {f.format(iv[1])}]"
-
-
-def ranks(xs: list[float]) -> list[float]:
-    """Average ranks (1 = smallest), ties sharing their mean rank."""
-    order = sorted(range(len(xs)), key=lambda i: xs[i])
-    out = [0.0] * len(xs)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            out[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return out
-
-
-def spearman(a: list[float], b: list[float]) -> float:
-    """Spearman's rank correlation (Pearson correlation of average ranks)."""
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    var = math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
-    return cov / var if var else float("nan")
 
 
 def write_results(path: str | Path, args, unit: str, **fields) -> Path:

@@ -60,25 +60,63 @@ def cmd_warmstart(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train(args: argparse.Namespace, on_row) -> tuple[object | None, str, dict]:
-    """RL-train the warm start with the candidate: (model or None, failure reason or '', timings)."""
-    import torch  # lazy: torch is heavy (only this path needs it)
+def warm_policy(protocol, warmstart: str | None = None, cache_dir: str | None = None):
+    """The protocol's warm start, verified against its pinned content hash and loaded on its device,
+    in a process limited to one torch thread (every seed run is single-threaded)."""
+    import torch  # lazy: torch is heavy (only the training paths need it)
 
     torch.set_num_threads(1)
+    # lazy: torch is heavy (only the training paths need it)
+    from trainer_template.proxy.warmstart import ensure_warmstart, load_warmstart, verify_warmstart
+
+    path = warmstart or ensure_warmstart(protocol, cache_dir)
+    verify_warmstart(protocol, path)  # the pinned weights, or WarmStartMismatch
+    return load_warmstart(path, protocol.warmstart, device=protocol.device())
+
+
+def load_candidate(source: str, name: str, overrides: dict | None = None):
+    """(module, config) of an algorithm.py's source with its Hyperparameters overridden."""
+    module = load_algorithm(source, name)
+    return module, make_config(module, overrides)
+
+
+def train_policy(
+    protocol,
+    source: str,
+    name: str,
+    seed: int,
+    *,
+    warmstart: str | None = None,
+    cache_dir: str | None = None,
+    overrides: dict | None = None,
+    trajectory: dict[str, list] | None = None,
+):
+    """The warm start RL-trained at ``seed`` with ``source``'s mechanism under ``protocol``, as a seed
+    run trains it; for trusted code (the published mechanisms): every exception propagates."""
     from trainer_template.proxy import rl  # lazy: torch is heavy (only this path needs it)
 
-    # lazy: torch is heavy (only this path needs it)
-    from trainer_template.proxy.warmstart import ensure_warmstart, load_warmstart, verify_warmstart
+    model = warm_policy(protocol, warmstart, cache_dir)
+    module, cfg = load_candidate(source, name, overrides)
+    rl.train(
+        model, module, cfg, protocol.rl, seed, trajectory={} if trajectory is None else trajectory
+    )
+    return model
+
+
+def _train(args: argparse.Namespace, on_row) -> tuple[object | None, str, dict]:
+    """RL-train the warm start with the candidate: (model or None, failure reason or '', timings)."""
+    from trainer_template.proxy import rl  # lazy: torch is heavy (only this path needs it)
 
     protocol = get_protocol(args.preset)
     timings: dict[str, float] = {}
     t0 = time.monotonic()
-    path = args.warmstart or ensure_warmstart(protocol, args.cache_dir)
-    verify_warmstart(protocol, path)  # the pinned weights, or WarmStartMismatch
-    model = load_warmstart(path, protocol.warmstart, device=protocol.device())
+    model = warm_policy(protocol, args.warmstart, args.cache_dir)
     try:
-        module = load_algorithm(Path(args.algorithm).read_text(encoding="utf-8"), args.name)
-        cfg = make_config(module, json.loads(args.overrides) if args.overrides else None)
+        module, cfg = load_candidate(
+            Path(args.algorithm).read_text(encoding="utf-8"),
+            args.name,
+            json.loads(args.overrides) if args.overrides else None,
+        )
     except Exception as exc:
         return None, f"{type(exc).__name__}: {exc}", timings
     timings["load_s"] = time.monotonic() - t0
