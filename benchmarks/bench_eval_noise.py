@@ -45,7 +45,7 @@ def train_and_score(mech: str, seed: int, preset: str, eval_seeds: int, big: tup
 
     protocol = get_protocol(preset)
     t0 = time.monotonic()
-    model = train_policy(protocol, prior_source(mech), mech, seed)
+    model, stopped = train_policy(protocol, prior_source(mech), mech, seed)
     # eval seed 0 is the protocol's own (10_000 + seed): the Overall every result records
     by_eval_seed = [
         evalset.evaluate(model, protocol.eval, seed + 1000 * e)["overall"]
@@ -59,6 +59,7 @@ def train_and_score(mech: str, seed: int, preset: str, eval_seeds: int, big: tup
         "protocol": by_eval_seed[0],
         "eval_mean": sum(by_eval_seed) / len(by_eval_seed),
         "large": evalset.evaluate(model, large, seed)["overall"],
+        "stopped": stopped,
         "wall_s": round(time.monotonic() - t0, 1),
     }
 

@@ -19,11 +19,14 @@ _RUN_CACHES = ("__pycache__/", ".pytest_cache/", ".ruff_cache/")
 
 def _checkout_state() -> set[str] | None:
     """``git status --porcelain --ignored`` of the checkout as a set of lines (None outside git)."""
-    p = subprocess.run(
-        ["git", "-C", str(REPO), "status", "--porcelain", "--ignored", "--untracked-files=all"],
-        capture_output=True,
-        text=True,
-    )
+    try:
+        p = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--ignored", "--untracked-files=all"],
+            capture_output=True,
+            text=True,
+        )
+    except OSError:  # no git on this machine
+        return None
     if p.returncode != 0:
         return None
     return {ln for ln in p.stdout.splitlines() if not any(c in ln for c in _RUN_CACHES)}

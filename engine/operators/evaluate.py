@@ -212,19 +212,38 @@ def _run(
         why = ws.reason() if not ws.ok else "it printed no checkpoint path"
         archive.set_status(name, prior_status, reason=f"proxy warm start failed: {why}")
         raise EvaluationError(f"the proxy's warm start failed: {why}")
+    # the device every seed runs on, decided here (trusted, outside the sandbox) and passed to the
+    # children, which fail rather than train elsewhere: inside the sandbox CUDA is visible only when
+    # the limits let it in
+    device = "cpu"
     if len(lines) >= 3:  # content hash of the weights (checked against the pin), device, path
-        base["details"] = {**base["details"], "warmstart_sha256": lines[-3], "device": lines[-2]}
+        device = lines[-2].strip()
+        base["details"] = {**base["details"], "warmstart_sha256": lines[-3], "device": device}
     cache = SeedCache.from_env(source, base["protocol"].hash)
 
     workers = max(1, min(len(seed_list), cfg.proxy.parallel or (os.cpu_count() or 1)))
-    limits = Limits(wall_s=timeout, cpu_s=timeout * 1.5, memory_mb=cfg.evaluation.memory_mb)
+    limits = Limits(
+        wall_s=timeout,
+        cpu_s=timeout * 1.5,
+        memory_mb=cfg.evaluation.memory_mb,
+        gpu=device == "cuda",
+    )
 
     def one(seed: int) -> dict:
         hit = cache.load(seed) if cache else None
         if hit is not None:
             say(f"seed {seed}: {hit['status']} (cached)")
             return hit
-        data = run_seed(source, name, seed, preset, protocol.rl.steps, warmstart.resolve(), limits)
+        data = run_seed(
+            source,
+            name,
+            seed,
+            preset,
+            protocol.rl.steps,
+            warmstart.resolve(),
+            limits,
+            device=device,
+        )
         if cache and data.get("status") in ("ok", "failed") and data.get("metrics"):
             cache.store(seed, data)
         say(

@@ -51,6 +51,7 @@ class _Training:
                 "reason": text(frame.get("reason", ""), 500),
                 "timings": metric_map(frame.get("timings") or {}, allow_none=True),
                 "peak_rss_mb": float(rss) if isinstance(rss, (int, float)) else None,
+                "device": text(frame.get("device") or "", 16),
             }
             self.weights = frame.get("_blob")
         else:
@@ -75,10 +76,14 @@ def run_seed(
     limits: Limits,
     required: tuple[str, ...] = ("overall",),
     boundary=None,
+    device: str = "cpu",
 ) -> dict:
     """``{"status": "ok"|"failed", "reason", "metrics", "trajectory", "timings", "peak_rss_mb",
-    "seed", "wall_s"}`` of one seed; never raises for anything the candidate does.
+    "device", "seed", "wall_s"}`` of one seed; never raises for anything the candidate does.
 
+    ``device`` (cpu | cuda), decided by the engine, is passed to both children, which fail rather
+    than fall back to the CPU; ``device`` in the result is what the training child reports it used.
+    For cuda, ``limits.gpu`` must be set (the sandbox hides the GPU otherwise).
     The scorer starts with the training child (its imports overlap the training) and receives the
     weights on its stdin when they exist."""
     train = _Training(max_steps)
@@ -86,7 +91,7 @@ def run_seed(
     scoring: dict = {}
     scorer = threading.Thread(
         target=lambda: scoring.update(
-            result=_score(feed, preset, seed, limits, required, boundary)
+            result=_score(feed, preset, seed, limits, required, boundary, device)
         ),
         name=f"poise-score-{seed}",
     )
@@ -95,7 +100,8 @@ def run_seed(
         run = run_sandboxed(
             WORKER,
             ["train", "--preset", preset, "--algorithm", "{input}/algorithm.py"]
-            + ["--warmstart", "{input}/warmstart.pt", "--name", name, "--seed", str(seed)],
+            + ["--warmstart", "{input}/warmstart.pt", "--name", name, "--seed", str(seed)]
+            + ["--device", device],
             limits=limits,
             inputs={"algorithm.py": source.encode("utf-8"), "warmstart.pt": warmstart},
             on_frame=train,
@@ -120,6 +126,7 @@ def _base(run: SandboxRun, train: _Training, seed: int) -> dict:
         "trajectory": train.trajectory(),
         "timings": done.get("timings", {}),
         "peak_rss_mb": done.get("peak_rss_mb"),
+        "device": done.get("device", ""),
         "seed": seed,
         "wall_s": run.wall_s,
     }
@@ -168,7 +175,13 @@ def _ended(run: SandboxRun, train: _Training) -> str:
 
 
 def _score(
-    weights: Feed, preset: str, seed: int, limits: Limits, required: tuple[str, ...], boundary
+    weights: Feed,
+    preset: str,
+    seed: int,
+    limits: Limits,
+    required: tuple[str, ...],
+    boundary,
+    device: str = "cpu",
 ) -> tuple[dict, str, SandboxRun, float]:
     got: dict = {}
 
@@ -179,7 +192,7 @@ def _score(
 
     run = run_sandboxed(
         WORKER,
-        ["score", "--preset", preset, "--checkpoint", "-", "--seed", str(seed)],
+        ["score", "--preset", preset, "--checkpoint", "-", "--seed", str(seed), "--device", device],
         limits=limits.with_(wall_s=2 * limits.wall_s, cpu_s=limits.wall_s),
         on_frame=on_frame,
         boundary=boundary,

@@ -160,8 +160,30 @@ def _options(exe: str) -> frozenset[str]:
     return frozenset(w for w in (out.stdout + out.stderr).split() if w.startswith("--"))
 
 
-def bwrap_command(boundary: Boundary, input_dir: str | None, scratch_mb: int) -> list[str]:
-    """The bwrap prefix of a sandboxed command (the command itself follows)."""
+def gpu_device_nodes(dev_root: str = "/dev") -> list[str]:
+    """The host's NVIDIA device nodes under ``dev_root`` (``nvidiactl``, ``nvidia-uvm``,
+    ``nvidia-uvm-tools``, ``nvidia0``.., ``nvidia-modeset``, and ``nvidia-caps`` when it is a
+    directory): what a CUDA process opens."""
+    root = Path(dev_root)
+    nodes = []
+    for path in sorted(root.glob("nvidia*")):
+        if path.is_dir() == (path.name == "nvidia-caps"):  # the nodes, and that one directory
+            nodes.append(str(path))
+    return nodes
+
+
+def bwrap_command(
+    boundary: Boundary,
+    input_dir: str | None,
+    scratch_mb: int,
+    gpu: bool = False,
+    dev_root: str = "/dev",
+) -> list[str]:
+    """The bwrap prefix of a sandboxed command (the command itself follows).
+
+    ``gpu``: the host's NVIDIA device nodes (:func:`gpu_device_nodes` of ``dev_root``) are bound
+    into the child's fresh ``/dev`` at the same paths (the mount is read-only, but a character
+    device opens for writing on a read-only mount)."""
     known = _options(boundary.bwrap)
     args = [boundary.bwrap, "--die-with-parent", "--new-session"]
     if os.geteuid() == 0:  # the launcher drops to a fresh uid; it needs these two until then
@@ -196,7 +218,10 @@ def bwrap_command(boundary: Boundary, input_dir: str | None, scratch_mb: int) ->
                 made.add(str(parent))
                 args += ["--perms", "0755", "--dir", str(parent)]
         args += ["--ro-bind", path, path]
-    args += tmpfs("/dev/shm", 1024 * 1024) + ["--remount-ro", "/dev"]
+    args += tmpfs("/dev/shm", 1024 * 1024)
+    for node in gpu_device_nodes(dev_root) if gpu else ():
+        args += ["--dev-bind-try", node, "/dev/" + Path(node).relative_to(dev_root).as_posix()]
+    args += ["--remount-ro", "/dev"]
     if input_dir:
         args += ["--ro-bind", input_dir, INPUT]
     args += ["--chdir", SCRATCH]

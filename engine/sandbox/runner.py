@@ -196,7 +196,7 @@ def run_sandboxed(
         }
         cmd = [sys.executable, "-s", "-B", "-m", "engine.sandbox.launch", json.dumps(spec)]
         if b.isolated:
-            prefix = _boundary.bwrap_command(b, str(input_dir), limits.scratch_mb)
+            prefix = _boundary.bwrap_command(b, str(input_dir), limits.scratch_mb, gpu=limits.gpu)
             cmd = prefix[:-2] + binds + prefix[-2:] + cmd
         start = time.monotonic()
         try:

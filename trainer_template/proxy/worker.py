@@ -8,13 +8,17 @@
 ``warmstart`` (trusted) builds or finds the cached warm start. ``train`` runs candidate code, behind
 the engine's sandbox: it RL-trains the warm start with the candidate's ``compute_advantages`` and
 ``policy_loss`` and sends, over the engine's channel (``trainer_template.channel``), a ``step`` frame
-per RL step (the advisory training trajectory), then a ``done`` frame (status, reason, timings) with
-the trained weights as its blob. It never evaluates. ``score`` is the trusted side: it loads a
+per RL step (the advisory training trajectory), then a ``done`` frame (status, reason, timings,
+device) with the trained weights as its blob. It never evaluates. ``score`` is the trusted side: it loads a
 checkpoint with ``torch.load(weights_only=True)`` into the protocol's model (strict keys, shapes and
 dtypes, finite values) in a process that never imports candidate code, runs the held-out evaluation
 (``evalset.evaluate``) and sends ``{"type": "metrics", ...}`` (or ``{"type": "invalid", "reason"}``).
 ``run`` does train + score in one process and writes R.json; only the benchmarks use it, on the
 published mechanisms.
+
+``train``, ``score`` and ``run`` take ``--device cpu|cuda`` (default: the protocol's own
+``device()``). The engine decides the device once, in its trusted process, and passes it to both
+children; ``cuda`` in a process that sees no CUDA GPU is an error, never a silent CPU run.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from pathlib import Path
 from trainer_template.channel import Channel
 from trainer_template.loader import load_algorithm, make_config
 from trainer_template.proxy.protocol import get_protocol
+
+DEVICES = ("cpu", "cuda")
 
 
 def _rss_mb() -> float:
@@ -60,18 +66,41 @@ def cmd_warmstart(args: argparse.Namespace) -> int:
     return 0
 
 
-def warm_policy(protocol, warmstart: str | None = None, cache_dir: str | None = None):
-    """The protocol's warm start, verified against its pinned content hash and loaded on its device,
-    in a process limited to one torch thread (every seed run is single-threaded)."""
+def usable_device(protocol, device: str | None = None) -> str:
+    """``device`` (default: the protocol's own ``device()``), checked to exist in this process:
+    RuntimeError for ``cuda`` when torch sees no CUDA GPU here."""
+    import torch  # lazy: torch is heavy (only the training paths need it)
+
+    device = device or protocol.device()
+    if device not in DEVICES:
+        raise ValueError(f"unknown device {device!r} (known: {', '.join(DEVICES)})")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(
+            "the protocol runs on cuda but this process sees no CUDA GPU "
+            "(no /dev/nvidia* device nodes, no driver, or CUDA failed to initialise)"
+        )
+    return device
+
+
+def warm_policy(
+    protocol,
+    warmstart: str | None = None,
+    cache_dir: str | None = None,
+    device: str | None = None,
+):
+    """The protocol's warm start, verified against its pinned content hash and loaded on ``device``
+    (default: the protocol's own, see :func:`usable_device`), in a process limited to one torch
+    thread (every seed run is single-threaded)."""
     import torch  # lazy: torch is heavy (only the training paths need it)
 
     torch.set_num_threads(1)
     # lazy: torch is heavy (only the training paths need it)
     from trainer_template.proxy.warmstart import ensure_warmstart, load_warmstart, verify_warmstart
 
+    device = usable_device(protocol, device)
     path = warmstart or ensure_warmstart(protocol, cache_dir)
     verify_warmstart(protocol, path)  # the pinned weights, or WarmStartMismatch
-    return load_warmstart(path, protocol.warmstart, device=protocol.device())
+    return load_warmstart(path, protocol.warmstart, device=device)
 
 
 def load_candidate(source: str, name: str, overrides: dict | None = None):
@@ -90,17 +119,29 @@ def train_policy(
     cache_dir: str | None = None,
     overrides: dict | None = None,
     trajectory: dict[str, list] | None = None,
+    device: str | None = None,
 ):
-    """The warm start RL-trained at ``seed`` with ``source``'s mechanism under ``protocol``, as a seed
-    run trains it; for trusted code (the published mechanisms): every exception propagates."""
+    """(model, reason): the warm start RL-trained at ``seed`` with ``source``'s mechanism under
+    ``protocol`` on ``device`` (default: the protocol's own), as a seed run trains it, and why the
+    run stopped early ('' when it did not: a collapse or a rejected step ends it, and the model is
+    returned as trained so far, to be scored as a collapsed seed run is). For trusted code (the
+    published mechanisms): other errors propagate."""
     from trainer_template.proxy import rl  # lazy: torch is heavy (only this path needs it)
 
-    model = warm_policy(protocol, warmstart, cache_dir)
+    model = warm_policy(protocol, warmstart, cache_dir, device)
     module, cfg = load_candidate(source, name, overrides)
-    rl.train(
-        model, module, cfg, protocol.rl, seed, trajectory={} if trajectory is None else trajectory
-    )
-    return model
+    try:
+        rl.train(
+            model,
+            module,
+            cfg,
+            protocol.rl,
+            seed,
+            trajectory={} if trajectory is None else trajectory,
+        )
+    except rl.CandidateFailure as exc:
+        return model, str(exc)
+    return model, ""
 
 
 def _train(args: argparse.Namespace, on_row) -> tuple[object | None, str, dict]:
@@ -110,7 +151,7 @@ def _train(args: argparse.Namespace, on_row) -> tuple[object | None, str, dict]:
     protocol = get_protocol(args.preset)
     timings: dict[str, float] = {}
     t0 = time.monotonic()
-    model = warm_policy(protocol, args.warmstart, args.cache_dir)
+    model = warm_policy(protocol, args.warmstart, args.cache_dir, args.device)
     try:
         module, cfg = load_candidate(
             Path(args.algorithm).read_text(encoding="utf-8"),
@@ -163,10 +204,15 @@ def cmd_train(args: argparse.Namespace) -> int:
             "reason": failure,
             "timings": timings,
             "peak_rss_mb": _rss_mb(),
+            "device": _device_of(model) if model is not None else "",
         },
         blob=blob,
     )
     return 0
+
+
+def _device_of(model) -> str:
+    return next(model.parameters()).device.type
 
 
 def load_checkpoint(data: bytes, preset: str):
@@ -217,13 +263,14 @@ def cmd_score(args: argparse.Namespace) -> int:
     data = sys.stdin.buffer.read() if args.checkpoint == "-" else Path(args.checkpoint).read_bytes()
     if not data:
         return 0  # the training failed: nothing to score
+    device = usable_device(get_protocol(args.preset), args.device)
     t0 = time.monotonic()
     try:
         model = load_checkpoint(data, args.preset)
     except ValueError as exc:
         channel.send({"type": "invalid", "reason": f"the trained checkpoint is refused: {exc}"})
         return 0
-    metrics = _score(model, args.preset, args.seed)
+    metrics = _score(model.to(device), args.preset, args.seed)
     channel.send({"type": "metrics", "metrics": metrics, "eval_s": time.monotonic() - t0})
     return 0
 
@@ -272,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--overrides", default=None, help="JSON object of Hyperparameters overrides")
     for p in (t, s, r):
         p.add_argument("--seed", type=int, default=0)
+        p.add_argument(
+            "--device", choices=DEVICES, default=None, help="default: the protocol's own device"
+        )
     s.add_argument("--checkpoint", required=True)
     r.add_argument("--out", required=True)
     args = ap.parse_args(argv)
