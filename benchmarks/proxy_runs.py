@@ -118,9 +118,34 @@ def fmt_iv(iv: list[float] | None, signed: bool = False) -> str:
     return f"[{f.format(iv[0])}, {f.format(iv[1])}]"
 
 
+def machine_info() -> dict:
+    """What ran the figures: the CPU's model, cores, torch and the CPU kernels torch picked. Some
+    mechanisms' seed runs differ from machine to machine (docs/calibration.md), so a figure names its
+    machine."""
+    import platform
+
+    import torch  # lazy: torch is heavy (the parent of a benchmark needs it here only)
+
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }
+
+
 def write_results(path: str | Path, args, unit: str, **fields) -> Path:
     """A benchmark's JSON: its arguments, the proxy protocol (``args.preset``) with its hash, the
-    unit of its figures, then ``fields``."""
+    unit of its figures, the machine (``fields`` may name another: figures measured elsewhere), then
+    ``fields``."""
     from trainer_template.proxy.protocol import get_protocol
 
     out = Path(path)
@@ -130,6 +155,7 @@ def write_results(path: str | Path, args, unit: str, **fields) -> Path:
         "protocol": f"proxy/{args.preset}",
         "protocol_hash": get_protocol(args.preset).hash(),
         "unit": unit,
+        "machine": fields.pop("machine", None) or machine_info(),
         **fields,
     }
     out.write_text(json.dumps(payload, indent=1, default=str))

@@ -148,3 +148,54 @@ def test_bench_eval_noise_scores_each_policy_as_the_protocol_does_and_under_larg
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
     grpo1 = next(r for r in data["rows"] if r["mechanism"] == "grpo" and r["seed"] == 1)
     assert json.loads(res.read_text())["metrics"]["overall"] == grpo1["protocol"]
+
+
+def test_bench_protocol_sweep_trains_each_variant_resumes_and_refuses_bad_variants(tmp_path):
+    out, rows = tmp_path / "sweep.json", tmp_path / "rows.jsonl"
+    args = ["--preset", "tiny", "--variant", "base:", "--variant", "longer:steps=6,eval.samples=8"]
+    args += ["--mechanisms", "sa_grpo", "--seeds", "2", "--parallel", "2"]
+    args += ["--json", str(out), "--rows", str(rows)]
+    text = _bench("bench_protocol_sweep.py", args, tmp_path)
+    assert "## base" in text and "## longer" in text and "| sa_grpo |" in text
+    data = json.loads(out.read_text())
+    assert data["protocol"] == "proxy/tiny"
+    base, longer = data["variants"]["base"], data["variants"]["longer"]
+    assert longer["changes"] == {"rl": {"steps": 6}, "eval": {"samples": 8}}
+    assert longer["settings"]["rl"]["steps"] == 6 and base["settings"]["rl"]["steps"] == 4
+    assert base["protocol_hash"] != longer["protocol_hash"]
+    lines = [json.loads(x) for x in rows.read_text().splitlines()]
+    assert {(r["variant"], r["mechanism"], r["seed"]) for r in lines} == {
+        (v, m, s) for v in ("base", "longer") for m in ("grpo", "sa_grpo") for s in (0, 1)
+    }
+    assert {r["steps_run"] for r in lines if r["variant"] == "longer"} == {6}
+    # every figure names the machine that measured it (some mechanisms' runs differ across machines)
+    import torch
+
+    assert {r["machine"]["torch"] for r in lines} == {torch.__version__}
+    assert data["machine"] == lines[0]["machine"] and data["machine"]["cores"] >= 1
+    # the paired difference is the mean of the per-seed differences of the rows it read
+    ov = {(r["variant"], r["mechanism"], r["seed"]): r["overall"] for r in lines}
+    sa = next(r for r in base["table"] if r["mechanism"] == "sa_grpo")
+    want = sum(ov["base", "sa_grpo", s] - ov["base", "grpo", s] for s in (0, 1)) / 2
+    assert sa["diff"] == pytest.approx(want)
+    # the base variant is the preset itself: its GRPO seed 0 is the worker's own run
+    from engine.archive.edit import prior_source
+
+    algo = tmp_path / "grpo.py"
+    algo.write_text(prior_source("grpo"))
+    res = tmp_path / "run.json"
+    cmd = [sys.executable, "-m", "trainer_template.proxy.worker", "run", "--preset", "tiny"]
+    cmd += ["--algorithm", str(algo), "--seed", "0", "--out", str(res)]
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
+    assert json.loads(res.read_text())["metrics"]["overall"] == ov["base", "grpo", 0]
+    # a re-run reads every finished job back and runs none
+    again = _bench("bench_protocol_sweep.py", args, tmp_path)
+    assert "0 runs to do (8 read back)" in again
+    bad = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_protocol_sweep.py"), "--preset", "tiny"]
+        + ["--variant", "x:stepz=3", "--json", str(tmp_path / "bad.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode != 0 and "unknown rl setting 'stepz'" in bad.stderr

@@ -1,0 +1,314 @@
+"""Which proxy protocol separates the published mechanisms: their paired differences to GRPO under
+protocol variants, side by side.
+
+    nice -n 5 .venv/bin/python benchmarks/bench_protocol_sweep.py \\
+        --variant default: --variant long:steps=200 --variant hot:lr=4e-4 --variant hard:k_power=-1 \\
+        [--mechanisms grpo,sa_grpo,...] [--seeds 6] [--parallel N] [--rows ROWS.jsonl] [--json OUT]
+
+A variant is ``NAME:FIELD=VALUE,...`` over the ``--preset`` protocol: a bare field is one of the RL
+settings (``steps``, ``lr``, ``k_power``, ``prompts``, ``group``, ``minibatches``, ...), an
+``eval.``-prefixed one an evaluation setting; ``NAME:`` alone is the preset itself. Every
+(variant, mechanism, seed) trains the shipped warm start in a worker process of this script (the
+published mechanisms are trusted code: no sandbox) and is scored by the variant's own evaluation at
+that seed, as a seed run of ``poise-git evaluate`` would be. Jobs run seed by seed, so a sweep cut
+short still holds complete paired seeds. Every finished job is appended to ``--rows`` (JSON lines) at
+once, and a re-run reads it back and runs only what is missing.
+
+Prints, per variant: each mechanism's mean Overall, its paired difference to GRPO with the 95%
+t-interval and the seed-to-seed SD, the verdict (above / below / within), Spearman's rank
+correlation with the paper over the mechanisms run, the calibration targets it meets (SA-GRPO and
+DCBE-GRPO below GRPO; how many of AV, VM-AV, MSA, DACE, FA above it) and the seconds per run.
+``--report-only`` summarizes the rows a sweep left (one cut short, say) without running any.
+``--sources DIR`` reads each mechanism's algorithm.py from ``DIR/NAME.py`` (written by
+``--write-sources DIR``) instead of rendering it from ``trainer_template/priors``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+from proxy_runs import (
+    PAPER_OVERALL,
+    ROOT,
+    fmt_iv,
+    load_average,
+    machine_info,
+    stamp,
+    write_results,
+)
+
+from engine.stats import mean_interval, paired_interval, spearman
+
+IMPROVERS = ("av_grpo", "vm_av_grpo", "msa_grpo", "dace_grpo", "fa_grpo")
+REGRESSIONS = ("sa_grpo", "dcbe_grpo")
+
+
+def parse_variant(text: str, base) -> tuple[str, dict]:
+    """``NAME:FIELD=VALUE,...`` -> (NAME, {"rl": {...}, "eval": {...}}), checked against ``base``."""
+    name, _, spec = text.partition(":")
+    if not name:
+        raise ValueError(f"variant {text!r} has no name (NAME:FIELD=VALUE,...)")
+    changes: dict[str, dict] = {"rl": {}, "eval": {}}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        key, eq, raw = item.partition("=")
+        if not eq:
+            raise ValueError(f"variant {name!r}: {item!r} is not FIELD=VALUE")
+        part, _, field = key.rpartition(".")
+        part = part or "rl"
+        if part not in changes:
+            raise ValueError(f"variant {name!r}: {key!r} is neither an RL nor an eval. setting")
+        known = {f.name for f in dataclasses.fields(getattr(base, part))}
+        if field not in known:
+            raise ValueError(
+                f"variant {name!r}: unknown {part} setting {field!r} (known: {', '.join(sorted(known))})"
+            )
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            raise ValueError(f"variant {name!r}: {raw!r} is not a number or literal") from None
+        changes[part][field] = value
+    return name, changes
+
+
+def variant_protocol(base, changes: dict):
+    """The base protocol with a variant's RL and evaluation changes (its hash follows them)."""
+    if changes["eval"].get("samples", base.eval.samples) < 8:
+        raise ValueError("eval.samples must be at least 8 (the evaluation reports pass@8)")
+    return dataclasses.replace(
+        base,
+        rl=dataclasses.replace(base.rl, **changes["rl"]),
+        eval=dataclasses.replace(base.eval, **changes["eval"]),
+    )
+
+
+def mechanism_source(name: str, sources: str | None) -> str:
+    if sources:
+        return (Path(sources) / f"{name}.py").read_text(encoding="utf-8")
+    from engine.archive.edit import prior_source  # lazy: renders the edit with libcst
+
+    return prior_source(name)
+
+
+def run_job(variant: str, protocol, mech: str, source: str, seed: int) -> dict:
+    """One seed of one mechanism under one variant (a row of ``--rows``)."""
+    from trainer_template.proxy import evalset  # lazy: only the worker processes train
+    from trainer_template.proxy.worker import train_policy
+
+    t0 = time.monotonic()
+    traj: dict[str, list] = {}
+    model, stopped = train_policy(protocol, source, mech, seed, trajectory=traj)
+    metrics = evalset.evaluate(
+        model, protocol.eval, seed
+    )  # a collapsed run counts, as in calibration
+    keep = ("train/entropy", "train/valid_rate", "train/kl", "train/response_length")
+    last = {k: v[-1] for k, v in traj.items() if v and k in keep}
+    return {
+        "variant": variant,
+        "mechanism": mech,
+        "seed": seed,
+        "overall": metrics["overall"],
+        "metrics": metrics,
+        "stopped": stopped,
+        "steps_run": len(traj.get("step", [])),
+        "final_train": last,
+        "wall_s": round(time.monotonic() - t0, 1),
+        "machine": machine_info(),
+    }
+
+
+def summarize(rows: list[dict], mechs: list[str]) -> dict:
+    """One variant's table: paired differences to GRPO, Spearman with the paper, targets met."""
+    ov = {m: {r["seed"]: r["overall"] for r in rows if r["mechanism"] == m} for m in mechs}
+    table = []
+    for m in mechs:
+        if not ov[m]:
+            continue
+        mean, iv = mean_interval(list(ov[m].values()))
+        stopped = sum(1 for r in rows if r["mechanism"] == m and r.get("stopped"))
+        row = {
+            "mechanism": m,
+            "overall": mean,
+            "interval": iv,
+            "seeds": len(ov[m]),
+            "stopped": stopped,
+        }
+        if m != "grpo":
+            res = paired_interval(ov[m], ov["grpo"])
+            if res:
+                diffs = [ov[m][s] - ov["grpo"][s] for s in ov[m] if s in ov["grpo"]]
+                row.update(
+                    diff=res[0],
+                    diff_interval=res[1],
+                    diff_sd=statistics.stdev(diffs) if len(diffs) > 1 else None,
+                    verdict=verdict(res[1]),
+                )
+        table.append(row)
+    have = [r for r in table if r["mechanism"] in PAPER_OVERALL]
+    rho = (
+        spearman([r["overall"] for r in have], [PAPER_OVERALL[r["mechanism"]] for r in have])
+        if len(have) >= 3
+        else float("nan")
+    )
+    by = {r["mechanism"]: r for r in table}
+    walls = [r["wall_s"] for r in rows]
+    return {
+        "table": table,
+        "spearman": rho,
+        "regressions_below": [m for m in REGRESSIONS if by.get(m, {}).get("verdict") == "below"],
+        "improvers_above": [m for m in IMPROVERS if by.get(m, {}).get("verdict") == "above"],
+        "mean_abs_diff": statistics.mean([abs(r["diff"]) for r in table if "diff" in r] or [0.0]),
+        "mean_diff_sd": statistics.mean([r["diff_sd"] for r in table if r.get("diff_sd")] or [0.0]),
+        "seconds_per_run": statistics.mean(walls) if walls else None,
+    }
+
+
+def verdict(iv: list[float] | None) -> str:
+    if not iv:
+        return "no interval"
+    return "above" if iv[0] > 0 else "below" if iv[1] < 0 else "within"
+
+
+def read_rows(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut off by a kill: that job runs again
+    return rows
+
+
+def main() -> None:
+    from trainer_template.proxy.protocol import get_protocol
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--variant", action="append", default=[], help="NAME:FIELD=VALUE,...")
+    ap.add_argument("--mechanisms", default=",".join(PAPER_OVERALL), help="GRPO always runs")
+    ap.add_argument("--seeds", type=int, default=6, help="paired RL seeds 0..S-1")
+    ap.add_argument("--preset", default="default")
+    ap.add_argument("--parallel", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--sources", default=None, help="read DIR/NAME.py instead of rendering priors")
+    ap.add_argument("--write-sources", default=None, help="write DIR/NAME.py for --sources, exit")
+    ap.add_argument(
+        "--report-only", action="store_true", help="summarize the rows already in --rows, run none"
+    )
+    ap.add_argument(
+        "--rows", default=None, help="JSON lines of finished jobs (default: beside --json)"
+    )
+    ap.add_argument(
+        "--json",
+        default=str(ROOT / "benchmarks" / "results" / "protocol-sweep.json"),
+        help="output",
+    )
+    args = ap.parse_args()
+    mechs = ["grpo"] + [m for m in args.mechanisms.split(",") if m and m != "grpo"]
+    if args.write_sources:
+        out = Path(args.write_sources)
+        out.mkdir(parents=True, exist_ok=True)
+        for m in mechs:
+            (out / f"{m}.py").write_text(mechanism_source(m, None), encoding="utf-8")
+        print(f"wrote {len(mechs)} sources to {out}")
+        return
+    base = get_protocol(args.preset)
+    try:
+        variants = dict(parse_variant(v, base) for v in (args.variant or [f"{args.preset}:"]))
+        protocols = {n: variant_protocol(base, c) for n, c in variants.items()}
+    except ValueError as exc:
+        sys.exit(str(exc))
+    sources = {m: mechanism_source(m, args.sources) for m in mechs}
+    rows_path = Path(args.rows or Path(args.json).with_suffix(".rows.jsonl"))
+    rows_path.parent.mkdir(parents=True, exist_ok=True)
+    done = {(r["variant"], r["mechanism"], r["seed"]) for r in read_rows(rows_path)}
+    jobs = [
+        (v, m, s)
+        for s in range(args.seeds)
+        for v in protocols
+        for m in mechs
+        if (v, m, s) not in done and not args.report_only
+    ]
+    t0, loads, failed = time.monotonic(), [load_average()], 0
+    print(
+        f"{stamp()} {len(protocols)} variants x {len(mechs)} mechanisms x {args.seeds} seeds: "
+        f"{len(jobs)} runs to do ({len(done)} read back), {args.parallel} at a time; "
+        f"load average {loads[0]}",
+        flush=True,
+    )
+    with ProcessPoolExecutor(max_workers=max(1, args.parallel)) as pool, rows_path.open("a") as out:
+        futures = [pool.submit(run_job, v, protocols[v], m, sources[m], s) for v, m, s in jobs]
+        for i, fut in enumerate(as_completed(futures), 1):
+            try:
+                r = fut.result()
+            except Exception as exc:  # one broken job: the others go on; a re-run retries it
+                print(f"  [{i}/{len(jobs)}] a run failed: {type(exc).__name__}: {exc}", flush=True)
+                failed += 1
+                continue
+            out.write(json.dumps(r) + "\n")
+            out.flush()
+            print(
+                f"  [{i}/{len(jobs)}] {r['variant']:>10} {r['mechanism']:>12} seed {r['seed']}: "
+                f"Overall {r['overall']:.3f} ({r['wall_s']:.0f} s)",
+                flush=True,
+            )
+    loads.append(load_average())
+    rows = [r for r in read_rows(rows_path) if r["variant"] in protocols and r["seed"] < args.seeds]
+    summaries = {}
+    for v, proto in protocols.items():
+        s = summarize([r for r in rows if r["variant"] == v], mechs)
+        s.update(changes=variants[v], protocol_hash=proto.hash(), settings=proto.to_dict())
+        summaries[v] = s
+        print(f"\n## {v} {json.dumps(variants[v])}  ({s['seconds_per_run']:.0f} s per run)\n")
+        print(
+            "| mechanism | Overall | vs GRPO (paired) | 95% interval | SD | verdict | paper | "
+            "stopped early |"
+        )
+        print("|---|---|---|---|---|---|---|---|")
+        for r in sorted(s["table"], key=lambda r: -r["overall"]):
+            diff = f"{r['diff']:+.3f}" if "diff" in r else "-"
+            sd = f"{r['diff_sd']:.3f}" if r.get("diff_sd") else "-"
+            print(
+                f"| {r['mechanism']} | {r['overall']:.3f} | {diff} | "
+                f"{fmt_iv(r.get('diff_interval'), signed=True)} | {sd} | "
+                f"{r.get('verdict', 'reference')} | {PAPER_OVERALL.get(r['mechanism'], '-')} | "
+                f"{r['stopped']} of {r['seeds']} |"
+            )
+        print(
+            f"\nSpearman with the paper {s['spearman']:+.3f}; below GRPO: "
+            f"{', '.join(s['regressions_below']) or 'none'} (of SA, DCBE); above GRPO: "
+            f"{', '.join(s['improvers_above']) or 'none'} (of 5 improvers); mean |diff| "
+            f"{s['mean_abs_diff']:.3f}, mean SD of the paired differences {s['mean_diff_sd']:.3f}"
+        )
+    wall = time.monotonic() - t0
+    print(
+        f"\n{len(jobs) - failed} runs in {wall / 60:.1f} min ({failed} failed); load average "
+        f"{loads[0]} -> {loads[1]}"
+    )
+    # the machine the rows were measured on (a --report-only summary can be written elsewhere)
+    measured_on = [
+        json.loads(m) for m in {json.dumps(r.get("machine"), sort_keys=True) for r in rows}
+    ]
+    path = write_results(
+        args.json,
+        args,
+        "Overall (fraction)",
+        machine=measured_on[0] if len(measured_on) == 1 and measured_on[0] else None,
+        rows_measured_on=measured_on,
+        variants=summaries,
+        wall_s=round(wall, 1),
+        load_average=loads,
+    )
+    print(f"wrote {path} and {rows_path}")
+
+
+if __name__ == "__main__":
+    main()
