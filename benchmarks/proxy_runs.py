@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from engine.operators.evaluate import SeedCache  # noqa: E402
+from engine.operators.evaluate import SeedCache, machine  # noqa: E402
 from engine.sandbox.process import child_env, run_limited  # noqa: E402
 from engine.stats import (  # noqa: E402, F401 (re-exported for the benchmarks)
     mean_interval,
@@ -119,24 +119,13 @@ def fmt_iv(iv: list[float] | None, signed: bool = False) -> str:
 
 
 def machine_info() -> dict:
-    """What ran the figures: the CPU's model, cores, torch and the CPU kernels torch picked. Some
-    mechanisms' seed runs differ from machine to machine (docs/calibration.md), so a figure names its
-    machine."""
-    import platform
-
+    """What ran the figures: the engine's ``machine()`` (CPU model, cores, architecture), torch and
+    the CPU kernels torch picked. Some mechanisms' seed runs differ from machine to machine
+    (docs/calibration.md), so a figure names its machine."""
     import torch  # lazy: torch is heavy (the parent of a benchmark needs it here only)
 
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return {
-        "cpu": model,
-        "cores": os.cpu_count(),
+        **machine(),
         "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
     }

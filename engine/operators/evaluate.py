@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import platform
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -78,6 +79,20 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def machine() -> dict:
+    """The machine a result is measured on (CPU model, cores, architecture): some mechanisms' seed
+    runs differ from one CPU to another at the same seed (docs/calibration.md), so a result names it."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": model, "cores": os.cpu_count(), "arch": platform.machine()}
+
+
 def _python() -> str:
     return sys.executable
 
@@ -136,7 +151,7 @@ def evaluate_node(
         "protocol": proxy_protocol(preset, protocol),
         "seeds": tuple(seed_list),
         "node_commit": commit,
-        "details": {"versions": _versions()},
+        "details": {"versions": _versions(), "machine": machine()},
     }
 
     try:
