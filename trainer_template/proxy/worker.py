@@ -103,7 +103,7 @@ def warm_policy(
     return load_warmstart(path, protocol.warmstart, device=device)
 
 
-def load_candidate(source: str, name: str, overrides: dict | None = None):
+def configured_algorithm(source: str, name: str, overrides: dict | None = None):
     """(module, config) of an algorithm.py's source with its Hyperparameters overridden."""
     module = load_algorithm(source, name)
     return module, make_config(module, overrides)
@@ -129,7 +129,7 @@ def train_policy(
     from trainer_template.proxy import rl  # lazy: torch is heavy (only this path needs it)
 
     model = warm_policy(protocol, warmstart, cache_dir, device)
-    module, cfg = load_candidate(source, name, overrides)
+    module, cfg = configured_algorithm(source, name, overrides)
     try:
         rl.train(
             model,
@@ -153,7 +153,7 @@ def _train(args: argparse.Namespace, on_row) -> tuple[object | None, str, dict]:
     t0 = time.monotonic()
     model = warm_policy(protocol, args.warmstart, args.cache_dir, args.device)
     try:
-        module, cfg = load_candidate(
+        module, cfg = configured_algorithm(
             Path(args.algorithm).read_text(encoding="utf-8"),
             args.name,
             json.loads(args.overrides) if args.overrides else None,
