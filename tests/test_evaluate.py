@@ -80,6 +80,11 @@ def test_evaluate_records_results_on_the_branch_and_mlflow(exp):
         proto["backend"] == "proxy" and res["details"]["versions"]["torch"] and res["node_commit"]
     )
     assert res["details"]["machine"]["cores"] >= 1 and res["details"]["machine"]["cpu"]
+    import torch
+
+    assert (
+        res["details"]["machine"]["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    )
     assert len(res["trajectory"]["step"]) == proto["settings"]["rl"]["steps"] <= 100
     assert {"train/reward_mean", "train/entropy", "train/kl", "train/adv_std"} <= set(
         res["trajectory"]

@@ -234,6 +234,9 @@ def _run(
     if len(lines) >= 3:  # content hash of the weights (checked against the pin), device, path
         device = lines[-2].strip()
         base["details"] = {**base["details"], "warmstart_sha256": lines[-3], "device": device}
+    if len(lines) >= 4:  # the CPU kernels torch picks on this machine (docs/calibration.md)
+        machine_ = {**base["details"]["machine"], "torch_cpu_capability": lines[-4].strip()}
+        base["details"] = {**base["details"], "machine": machine_}
     cache = SeedCache.from_env(source, base["protocol"].hash)
 
     workers = max(1, min(len(seed_list), cfg.proxy.parallel or (os.cpu_count() or 1)))

@@ -60,6 +60,10 @@ def cmd_warmstart(args: argparse.Namespace) -> int:
         args.cache_dir,
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
+    import torch  # lazy: torch is heavy (only this path needs it)
+
+    # the CPU kernels torch picks here (AVX2, AVX512...): some mechanisms' seed runs depend on them
+    print(torch.backends.cpu.get_cpu_capability())
     print(verify_warmstart(protocol, path))  # the weights' content hash (the protocol's identity)
     print(protocol.device())
     print(path)  # last: the engine reads the checkpoint's path from the last line
