@@ -29,36 +29,17 @@ from pathlib import Path
 from proxy_runs import (
     PAPER_OVERALL,
     ROOT,
+    calibration_targets,
     fmt_iv,
     load_average,
     mean_interval,
+    mechanism_source,
     paired,
     run_seed,
-    spearman,
     stamp,
+    verdict,
     warm_start,
 )
-
-IMPROVERS = ("av_grpo", "vm_av_grpo", "msa_grpo", "dace_grpo", "fa_grpo")
-REGRESSIONS = ("sa_grpo", "dcbe_grpo")
-
-
-def mechanism_source(name: str) -> str:
-    """The complete algorithm.py of a published mechanism: its edit applied to the root, as
-    ``poise-git spawn --edit`` applies it (the root itself for grpo)."""
-    from engine.archive.edit import prior_source
-
-    return prior_source(name)
-
-
-def verdict(iv: list[float] | None) -> str:
-    if not iv:
-        return "no interval"
-    if iv[0] > 0:
-        return "above"
-    if iv[1] < 0:
-        return "below"
-    return "within"
 
 
 def summarize(by: dict[str, dict[int, dict]], seeds: list[int]) -> tuple[list[dict], dict]:
@@ -88,25 +69,7 @@ def summarize(by: dict[str, dict[int, dict]], seeds: list[int]) -> tuple[list[di
                 hard_pass1=sum(x["hard/pass@1"] for x in ms) / len(ms),
             )
         rows.append(row)
-    have = [r for r in rows if "overall" in r]
-    rho = (
-        spearman([r["overall"] for r in have], [r["paper_overall"] for r in have])
-        if len(have) >= 3
-        else float("nan")
-    )
-    by_name = {r["mechanism"]: r for r in rows}
-    improvers_above = [n for n in IMPROVERS if by_name[n].get("verdict") == "above"]
-    regressions_below = [n for n in REGRESSIONS if by_name[n].get("verdict") == "below"]
-    targets = {
-        "spearman": rho,
-        "spearman_met": rho >= 0.6,
-        "regressions_below": regressions_below,
-        "regressions_met": len(regressions_below) == len(REGRESSIONS),
-        "improvers_above": improvers_above,
-        "improvers_met": len(improvers_above) >= 3,
-        "mechanisms_with_results": len(have),
-    }
-    return rows, targets
+    return rows, calibration_targets(rows)
 
 
 def table(rows: list[dict]) -> str:

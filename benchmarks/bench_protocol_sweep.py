@@ -36,20 +36,20 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
+import proxy_runs
 from proxy_runs import (
     PAPER_OVERALL,
     ROOT,
+    calibration_targets,
     fmt_iv,
     load_average,
     machine_info,
     stamp,
+    verdict,
     write_results,
 )
 
-from engine.stats import mean_interval, paired_interval, spearman
-
-IMPROVERS = ("av_grpo", "vm_av_grpo", "msa_grpo", "dace_grpo", "fa_grpo")
-REGRESSIONS = ("sa_grpo", "dcbe_grpo")
+from engine.stats import mean_interval, paired_interval
 
 
 def parse_variant(text: str, base) -> tuple[str, dict]:
@@ -91,11 +91,10 @@ def variant_protocol(base, changes: dict):
 
 
 def mechanism_source(name: str, sources: str | None) -> str:
+    """``sources/NAME.py`` when a sources directory is given, else the rendered prior."""
     if sources:
         return (Path(sources) / f"{name}.py").read_text(encoding="utf-8")
-    from engine.archive.edit import prior_source  # lazy: renders the edit with libcst
-
-    return prior_source(name)
+    return proxy_runs.mechanism_source(name)
 
 
 def run_job(variant: str, protocol, mech: str, source: str, seed: int) -> dict:
@@ -152,29 +151,14 @@ def summarize(rows: list[dict], mechs: list[str]) -> dict:
                     verdict=verdict(res[1]),
                 )
         table.append(row)
-    have = [r for r in table if r["mechanism"] in PAPER_OVERALL]
-    rho = (
-        spearman([r["overall"] for r in have], [PAPER_OVERALL[r["mechanism"]] for r in have])
-        if len(have) >= 3
-        else float("nan")
-    )
-    by = {r["mechanism"]: r for r in table}
     walls = [r["wall_s"] for r in rows]
     return {
         "table": table,
-        "spearman": rho,
-        "regressions_below": [m for m in REGRESSIONS if by.get(m, {}).get("verdict") == "below"],
-        "improvers_above": [m for m in IMPROVERS if by.get(m, {}).get("verdict") == "above"],
+        **calibration_targets(table),
         "mean_abs_diff": statistics.mean([abs(r["diff"]) for r in table if "diff" in r] or [0.0]),
         "mean_diff_sd": statistics.mean([r["diff_sd"] for r in table if r.get("diff_sd")] or [0.0]),
         "seconds_per_run": statistics.mean(walls) if walls else None,
     }
-
-
-def verdict(iv: list[float] | None) -> str:
-    if not iv:
-        return "no interval"
-    return "above" if iv[0] > 0 else "below" if iv[1] < 0 else "within"
 
 
 def read_rows(path: Path) -> list[dict]:

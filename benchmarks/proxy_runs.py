@@ -38,6 +38,54 @@ PAPER_OVERALL = {
 """Overall (percentage points) of the 11 published mechanisms in the paper's result tables"""
 
 
+IMPROVERS = ("av_grpo", "vm_av_grpo", "msa_grpo", "dace_grpo", "fa_grpo")
+"""the paper's improvers: the target wants at least 3 of them above GRPO beyond their intervals"""
+REGRESSIONS = ("sa_grpo", "dcbe_grpo")
+"""the paper's two large regressions: the target wants both below GRPO beyond their intervals"""
+
+
+def mechanism_source(name: str) -> str:
+    """The complete algorithm.py of a published mechanism: its edit applied to the root, as
+    ``poise-git spawn --edit`` applies it (the root itself for grpo)."""
+    from engine.archive.edit import prior_source  # lazy: renders the edit with libcst
+
+    return prior_source(name)
+
+
+def verdict(iv: list[float] | None) -> str:
+    """Where a paired difference's 95% interval lies: above / below zero, within, or no interval."""
+    if not iv:
+        return "no interval"
+    if iv[0] > 0:
+        return "above"
+    if iv[1] < 0:
+        return "below"
+    return "within"
+
+
+def calibration_targets(rows: list[dict]) -> dict:
+    """The calibration targets over rows with ``mechanism``, ``overall`` (absent: no result) and
+    ``verdict``: Spearman with the paper (>= 0.6), the regressions below GRPO, >= 3 improvers above."""
+    have = [r for r in rows if "overall" in r and r["mechanism"] in PAPER_OVERALL]
+    rho = (
+        spearman([r["overall"] for r in have], [PAPER_OVERALL[r["mechanism"]] for r in have])
+        if len(have) >= 3
+        else float("nan")
+    )
+    by_name = {r["mechanism"]: r for r in rows}
+    improvers_above = [n for n in IMPROVERS if by_name.get(n, {}).get("verdict") == "above"]
+    regressions_below = [n for n in REGRESSIONS if by_name.get(n, {}).get("verdict") == "below"]
+    return {
+        "spearman": rho,
+        "spearman_met": rho >= 0.6,
+        "regressions_below": regressions_below,
+        "regressions_met": len(regressions_below) == len(REGRESSIONS),
+        "improvers_above": improvers_above,
+        "improvers_met": len(improvers_above) >= 3,
+        "mechanisms_with_results": len(have),
+    }
+
+
 def warm_start(preset: str) -> tuple[str, str, str]:
     """(checkpoint path, weights' content hash, device): built or found once, before any seed."""
     res = run_limited(

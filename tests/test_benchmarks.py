@@ -27,6 +27,20 @@ def _bench(script: str, args: list[str], tmp_path: Path) -> str:
     return res.stdout
 
 
+def _worker_grpo_overall(tmp_path: Path, seed: int) -> float:
+    """GRPO's Overall at ``seed`` on the tiny preset through the proxy worker's own ``run``: what a
+    result records, for the benchmarks that train in process to be checked against."""
+    from engine.archive.edit import prior_source
+
+    algo = tmp_path / "grpo.py"
+    algo.write_text(prior_source("grpo"))
+    res = tmp_path / "run.json"
+    cmd = [sys.executable, "-m", "trainer_template.proxy.worker", "run", "--preset", "tiny"]
+    cmd += ["--algorithm", str(algo), "--seed", str(seed), "--out", str(res)]
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
+    return json.loads(res.read_text())["metrics"]["overall"]
+
+
 def test_bench_proxy_prints_every_figure_with_one_seed(tmp_path):
     out = _bench(
         "bench_proxy.py",
@@ -138,16 +152,8 @@ def test_bench_eval_noise_scores_each_policy_as_the_protocol_does_and_under_larg
         assert r["eval_mean"] == pytest.approx(sum(r["by_eval_seed"]) / 2)
     assert set(data["paired"]["sa_grpo"]) == {"protocol", "eval_mean", "large"}
     # the "protocol" column is the Overall a result records: the worker's own run, same seed
-    from engine.archive.edit import prior_source
-
-    algo = tmp_path / "grpo.py"
-    algo.write_text(prior_source("grpo"))
-    res = tmp_path / "run.json"
-    cmd = [sys.executable, "-m", "trainer_template.proxy.worker", "run", "--preset", "tiny"]
-    cmd += ["--algorithm", str(algo), "--seed", "1", "--out", str(res)]
-    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
     grpo1 = next(r for r in data["rows"] if r["mechanism"] == "grpo" and r["seed"] == 1)
-    assert json.loads(res.read_text())["metrics"]["overall"] == grpo1["protocol"]
+    assert _worker_grpo_overall(tmp_path, seed=1) == grpo1["protocol"]
 
 
 def test_bench_protocol_sweep_trains_each_variant_resumes_and_refuses_bad_variants(tmp_path):
@@ -179,15 +185,7 @@ def test_bench_protocol_sweep_trains_each_variant_resumes_and_refuses_bad_varian
     want = sum(ov["base", "sa_grpo", s] - ov["base", "grpo", s] for s in (0, 1)) / 2
     assert sa["diff"] == pytest.approx(want)
     # the base variant is the preset itself: its GRPO seed 0 is the worker's own run
-    from engine.archive.edit import prior_source
-
-    algo = tmp_path / "grpo.py"
-    algo.write_text(prior_source("grpo"))
-    res = tmp_path / "run.json"
-    cmd = [sys.executable, "-m", "trainer_template.proxy.worker", "run", "--preset", "tiny"]
-    cmd += ["--algorithm", str(algo), "--seed", "0", "--out", str(res)]
-    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
-    assert json.loads(res.read_text())["metrics"]["overall"] == ov["base", "grpo", 0]
+    assert _worker_grpo_overall(tmp_path, seed=0) == ov["base", "grpo", 0]
     # a re-run reads every finished job back and runs none
     again = _bench("bench_protocol_sweep.py", args, tmp_path)
     assert "0 runs to do (8 read back)" in again

@@ -159,9 +159,10 @@ def test_tiny_preset_trains_and_scores_on_cuda_in_process():
         assert metrics and all(math.isfinite(v) for v in metrics.values()), metrics
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["bwrap", "none"])
-def test_a_sandboxed_seed_trains_and_scores_on_cuda(mode):
+def _cuda_seed(mode: str, gpu: bool) -> dict:
+    """One tiny-preset seed of the root through the sandboxed ``run_seed``, told to use cuda, under
+    the boundary ``mode`` (skipped where it cannot run) with ``Limits(gpu=gpu)``. The tiny preset's
+    accelerator is "cpu": the engine's device decides."""
     from engine.operators.evaluate_seed import run_seed
     from trainer_template.proxy.protocol import get_protocol
     from trainer_template.proxy.warmstart import ensure_warmstart
@@ -170,18 +171,24 @@ def test_a_sandboxed_seed_trains_and_scores_on_cuda(mode):
         b = boundary.resolve(mode)
     except boundary.SandboxUnavailable as exc:
         pytest.skip(str(exc))
-    protocol = get_protocol("tiny")  # accelerator "cpu": the engine's device decides
-    data = run_seed(
+    protocol = get_protocol("tiny")
+    return run_seed(
         ROOT_ALGORITHM.read_text(encoding="utf-8"),
         "grpo",
         0,
         "tiny",
         protocol.rl.steps,
         ensure_warmstart(protocol).resolve(),
-        Limits(wall_s=300, cpu_s=450, memory_mb=4096, gpu=True),
+        Limits(wall_s=300, cpu_s=450, memory_mb=4096, gpu=gpu),
         boundary=b,
         device="cuda",
     )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["bwrap", "none"])
+def test_a_sandboxed_seed_trains_and_scores_on_cuda(mode):
+    data = _cuda_seed(mode, gpu=True)
     assert data["status"] == "ok", data["reason"]
     assert data["device"] == "cuda"
     assert data["metrics"] and all(math.isfinite(v) for v in data["metrics"].values())
@@ -192,25 +199,6 @@ def test_a_sandboxed_seed_trains_and_scores_on_cuda(mode):
 def test_a_seed_fails_loudly_when_the_sandbox_hides_the_gpu(mode):
     """Without ``gpu``, bubblewrap's /dev has no NVIDIA nodes and RLIMIT_AS stops CUDA's start: the
     child names cuda and fails instead of training on the CPU."""
-    from engine.operators.evaluate_seed import run_seed
-    from trainer_template.proxy.protocol import get_protocol
-    from trainer_template.proxy.warmstart import ensure_warmstart
-
-    try:
-        b = boundary.resolve(mode)
-    except boundary.SandboxUnavailable as exc:
-        pytest.skip(str(exc))
-    protocol = get_protocol("tiny")
-    data = run_seed(
-        ROOT_ALGORITHM.read_text(encoding="utf-8"),
-        "grpo",
-        0,
-        "tiny",
-        protocol.rl.steps,
-        ensure_warmstart(protocol).resolve(),
-        Limits(wall_s=300, cpu_s=450, memory_mb=4096),
-        boundary=b,
-        device="cuda",
-    )
+    data = _cuda_seed(mode, gpu=False)
     assert data["status"] == "failed" and not data["metrics"]
     assert "runs on cuda but this process sees no CUDA GPU" in data["reason"], data["reason"]
