@@ -48,7 +48,7 @@ def train_and_score(mech: str, seed: int, preset: str, eval_seeds: int, big: tup
     model, stopped = train_policy(protocol, prior_source(mech), mech, seed)
     # eval seed 0 is the protocol's own (10_000 + seed): the Overall every result records
     by_eval_seed = [
-        evalset.evaluate(model, protocol.eval, seed + 1000 * e)["overall"]
+        evalset.evaluate(model, protocol.eval, seed + 1000 * e, protocol.task)["overall"]
         for e in range(eval_seeds)
     ]
     large = replace(protocol.eval, prompts_per_split=big[0], samples=big[1])
@@ -58,7 +58,7 @@ def train_and_score(mech: str, seed: int, preset: str, eval_seeds: int, big: tup
         "by_eval_seed": by_eval_seed,
         "protocol": by_eval_seed[0],
         "eval_mean": sum(by_eval_seed) / len(by_eval_seed),
-        "large": evalset.evaluate(model, large, seed)["overall"],
+        "large": evalset.evaluate(model, large, seed, protocol.task)["overall"],
         "stopped": stopped,
         "wall_s": round(time.monotonic() - t0, 1),
     }

@@ -7,12 +7,13 @@ protocol variants, side by side.
 
 A variant is ``NAME:FIELD=VALUE,...`` over the ``--preset`` protocol: a bare field is one of the RL
 settings (``steps``, ``lr``, ``k_power``, ``prompts``, ``group``, ``minibatches``, ...), an
-``eval.``-prefixed one an evaluation setting; ``NAME:`` alone is the preset itself. Every
-(variant, mechanism, seed) trains the shipped warm start in a worker process of this script (the
-published mechanisms are trusted code: no sandbox) and is scored by the variant's own evaluation at
-that seed, as a seed run of ``poise-git evaluate`` would be. Jobs run seed by seed, so a sweep cut
-short still holds complete paired seeds. Every finished job is appended to ``--rows`` (JSON lines) at
-once, and a re-run reads it back and runs only what is missing.
+``eval.``-prefixed one an evaluation setting, a ``task.``-prefixed one the task's (``mul_rate_hard``,
+``mul_rate_medium``, ``max_response``: the RL prompts and the evaluation's alike); ``NAME:`` alone
+is the preset itself. Every (variant, mechanism, seed) trains the shipped warm start in a worker
+process of this script (the published mechanisms are trusted code: no sandbox) and is scored by the
+variant's own evaluation at that seed, as a seed run of ``poise-git evaluate`` would be. Jobs run
+seed by seed, so a sweep cut short still holds complete paired seeds. Every finished job is appended
+to ``--rows`` (JSON lines) at once, and a re-run reads it back and runs only what is missing.
 
 Prints, per variant: each mechanism's mean Overall, its paired difference to GRPO with the 95%
 t-interval and the seed-to-seed SD, the verdict (above / below / within), Spearman's rank
@@ -53,11 +54,12 @@ from engine.stats import mean_interval, paired_interval
 
 
 def parse_variant(text: str, base) -> tuple[str, dict]:
-    """``NAME:FIELD=VALUE,...`` -> (NAME, {"rl": {...}, "eval": {...}}), checked against ``base``."""
+    """``NAME:FIELD=VALUE,...`` -> (NAME, {"rl": {...}, "eval": {...}, "task": {...}}), checked
+    against ``base``."""
     name, _, spec = text.partition(":")
     if not name:
         raise ValueError(f"variant {text!r} has no name (NAME:FIELD=VALUE,...)")
-    changes: dict[str, dict] = {"rl": {}, "eval": {}}
+    changes: dict[str, dict] = {"rl": {}, "eval": {}, "task": {}}
     for item in filter(None, (s.strip() for s in spec.split(","))):
         key, eq, raw = item.partition("=")
         if not eq:
@@ -65,7 +67,9 @@ def parse_variant(text: str, base) -> tuple[str, dict]:
         part, _, field = key.rpartition(".")
         part = part or "rl"
         if part not in changes:
-            raise ValueError(f"variant {name!r}: {key!r} is neither an RL nor an eval. setting")
+            raise ValueError(
+                f"variant {name!r}: {key!r} is none of an RL, an eval. or a task. setting"
+            )
         known = {f.name for f in dataclasses.fields(getattr(base, part))}
         if field not in known:
             raise ValueError(
@@ -76,17 +80,21 @@ def parse_variant(text: str, base) -> tuple[str, dict]:
         except (ValueError, SyntaxError):
             raise ValueError(f"variant {name!r}: {raw!r} is not a number or literal") from None
         changes[part][field] = value
+    if not changes["task"]:
+        del changes["task"]  # a variant of the preset's own task, recorded as before tasks varied
     return name, changes
 
 
 def variant_protocol(base, changes: dict):
-    """The base protocol with a variant's RL and evaluation changes (its hash follows them)."""
+    """The base protocol with a variant's RL, evaluation and task changes (its hash follows them;
+    a task setting out of range is a ValueError)."""
     if changes["eval"].get("samples", base.eval.samples) < 8:
         raise ValueError("eval.samples must be at least 8 (the evaluation reports pass@8)")
     return dataclasses.replace(
         base,
         rl=dataclasses.replace(base.rl, **changes["rl"]),
         eval=dataclasses.replace(base.eval, **changes["eval"]),
+        task=dataclasses.replace(base.task, **changes.get("task", {})),
     )
 
 
@@ -105,9 +113,8 @@ def run_job(variant: str, protocol, mech: str, source: str, seed: int) -> dict:
     t0 = time.monotonic()
     traj: dict[str, list] = {}
     model, stopped = train_policy(protocol, source, mech, seed, trajectory=traj)
-    metrics = evalset.evaluate(
-        model, protocol.eval, seed
-    )  # a collapsed run counts, as in calibration
+    # a collapsed run counts, as in calibration
+    metrics = evalset.evaluate(model, protocol.eval, seed, protocol.task)
     keep = ("train/entropy", "train/valid_rate", "train/kl", "train/response_length")
     last = {k: v[-1] for k, v in traj.items() if v and k in keep}
     return {

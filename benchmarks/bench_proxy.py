@@ -251,7 +251,7 @@ def warmstart_alone(proto, seeds: int) -> list[dict]:
 
     torch.set_num_threads(1)
     model = load_warmstart(ensure_warmstart(proto), proto.warmstart)
-    return [evalset.evaluate(model, proto.eval, s) for s in range(seeds)]
+    return [evalset.evaluate(model, proto.eval, s, proto.task) for s in range(seeds)]
 
 
 def statistics_sd(vals: list[float]) -> float:

@@ -197,3 +197,23 @@ def test_bench_protocol_sweep_trains_each_variant_resumes_and_refuses_bad_varian
         timeout=120,
     )
     assert bad.returncode != 0 and "unknown rl setting 'stepz'" in bad.stderr
+
+
+def test_bench_cpu_kernels_runs_each_capability_in_its_own_process(tmp_path):
+    out = tmp_path / "kernels.json"
+    args = ["--preset", "tiny", "--mechanisms", "grpo,sa_grpo", "--capabilities", "default,avx2"]
+    text = _bench("bench_cpu_kernels.py", [*args, "--json", str(out)], tmp_path)
+    assert "| sa_grpo | avx2 |" in text
+    data = json.loads(out.read_text())
+    runs = {(r["mechanism"], r["asked"]): r for r in data["runs"]}
+    assert set(runs) == {(m, c) for m in ("grpo", "sa_grpo") for c in ("default", "avx2")}
+    assert {r["capability"] for (_, c), r in runs.items() if c == "default"} == {"DEFAULT"}
+    assert all(r["steps"] == 4 and 0.0 <= r["overall"] <= 1.0 for r in runs.values())
+    assert runs["grpo", "default"]["max_logit_diff_step0"] == 0.0  # the reference against itself
+    bad = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_cpu_kernels.py"), "--mechanisms", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode != 0 and "unknown mechanism(s) nope" in bad.stderr

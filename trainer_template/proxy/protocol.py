@@ -86,6 +86,35 @@ class Eval:
     """held-out prompt sets are fixed by this seed (independent of the run's seed)"""
 
 
+@dataclass(frozen=True)
+class Task:
+    """The task the RL run trains on and the evaluation scores (``task.py``). The warm start is built
+    on the defaults (``task.MUL_RATE``, ``task.MAX_RESPONSE``), so a variant trains and scores the
+    same starting policy on another task; at the defaults it is absent from the protocol's settings
+    and hash (results from before the field existed keep their identity)."""
+
+    mul_rate_medium: float = 0.0
+    """probability that an operation of a medium prompt (k = 3..5) multiplies"""
+    mul_rate_hard: float = 0.3
+    """probability that an operation of a hard prompt (k = 6..8) multiplies"""
+    max_response: int = 36
+    """response cap in tokens (at most the warm start's 36: its position table ends there)"""
+
+    def __post_init__(self) -> None:
+        for name in ("mul_rate_medium", "mul_rate_hard"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"task.{name} must be in [0, 1], got {getattr(self, name)}")
+        if not 5 <= self.max_response <= 36:
+            raise ValueError(
+                f"task.max_response must be in [5, 36] (a direct answer takes 5 tokens; the warm "
+                f"start's positions end at 36), got {self.max_response}"
+            )
+
+    def mul_rate(self, split: str) -> float:
+        """The multiplication rate of a split's prompts (easy prompts never multiply)."""
+        return {"easy": 0.0, "medium": self.mul_rate_medium, "hard": self.mul_rate_hard}[split]
+
+
 WARMSTART_SHA256 = "sha256:a13c1a6cb43c0ca95e12121de38360e5f657666af80d90d81c72dae248460792"
 """content hash of the shipped warm start (checkpoints/warmstart-a3556b6cbf685a7d.pt), built from
 the default WarmStart settings (torch 2.13, CPU; about 220 CPU-seconds, one thread). tests/test_proxy.py
@@ -99,6 +128,7 @@ class ProxyProtocol:
     warmstart: WarmStart = field(default_factory=WarmStart)
     rl: RL = field(default_factory=RL)
     eval: Eval = field(default_factory=Eval)
+    task: Task = field(default_factory=Task)
     warmstart_sha256: str | None = WARMSTART_SHA256
     """content hash of the warm start's weights (warmstart.content_hash): pinned for a shipped
     checkpoint, so a result can never come from another starting policy unnoticed"""
@@ -107,8 +137,12 @@ class ProxyProtocol:
     protocol's identity, since the same seed samples differently on another device"""
 
     def to_dict(self) -> dict:
-        """Every setting as JSON types (tuples as lists), as a result stores and reads it back."""
-        return json.loads(json.dumps(dataclasses.asdict(self)))
+        """Every setting as JSON types (tuples as lists), as a result stores and reads it back; the
+        task only where it differs from the default task (:class:`Task`)."""
+        d = json.loads(json.dumps(dataclasses.asdict(self)))
+        if self.task == Task():
+            d.pop("task")
+        return d
 
     def device(self) -> str:
         """The torch device this protocol runs on here (imports torch only for ``auto``)."""
@@ -119,7 +153,8 @@ class ProxyProtocol:
         return "cuda" if torch.cuda.is_available() else "cpu"
 
     def hash(self) -> str:
-        """sha256 of what defines the measurement: every setting (the preset's name excluded), the
+        """sha256 of what defines the measurement: every setting (the preset's name excluded; the task
+        only where it is not the default, see :meth:`to_dict`), the
         pinned content hash of the warm start's weights (checked against the checkpoint actually
         loaded, warmstart.verify_warmstart) and, for ``accelerator = "auto"``, the device used here."""
         d = self.to_dict()

@@ -20,7 +20,7 @@ import torch
 from trainer_template.interface import RolloutBatch, TrainingState, call_policy_loss
 from trainer_template.proxy import task
 from trainer_template.proxy.model import TinyGPT, generate, response_logprobs
-from trainer_template.proxy.protocol import RL
+from trainer_template.proxy.protocol import RL, Task
 
 SIGNALS = (
     "train/reward_mean",
@@ -113,9 +113,12 @@ def train(
     *,
     trajectory: dict[str, list],
     on_step: Callable[[int], None] | None = None,
+    task_settings: Task | None = None,
 ) -> TinyGPT:
-    """Run ``rl.steps`` RL steps in place on ``model`` (on its device); per-step signals are appended
-    to ``trajectory``. The rollout's log-probabilities and entropies come from the sampling pass."""
+    """Run ``rl.steps`` RL steps in place on ``model`` (on its device) on ``task_settings``'s prompts
+    and response cap (default: the default task); per-step signals are appended to ``trajectory``.
+    The rollout's log-probabilities and entropies come from the sampling pass."""
+    tk = task_settings or Task()
     dev = next(model.parameters()).device
     torch.manual_seed(seed)
     ref = copy.deepcopy(model).eval()
@@ -130,7 +133,7 @@ def train(
     for step in range(rl.steps):
         t0 = time.perf_counter()
         ks = task.sample_ks(prompt_gen, rl.prompts, weights)
-        problems = [task.sample_problem(prompt_gen, k) for k in ks]
+        problems = [task.sample_problem(prompt_gen, k, tk.mul_rate(task.split_of(k))) for k in ks]
         rep_problems = [p for p in problems for _ in range(rl.group)]
         prompts = task.prompts_tensor(problems).repeat_interleave(rl.group, dim=0).to(dev)
         sample_gen = torch.Generator(device=dev).manual_seed(seed * 100_003 + step)
@@ -138,7 +141,7 @@ def train(
         responses, old_logp, ent = generate(
             model,
             prompts,
-            task.MAX_RESPONSE,
+            tk.max_response,
             task.EOS,
             task.PAD,
             temperature=rl.temperature,

@@ -142,6 +142,7 @@ def train_policy(
             protocol.rl,
             seed,
             trajectory={} if trajectory is None else trajectory,
+            task_settings=protocol.task,
         )
     except rl.CandidateFailure as exc:
         return model, str(exc)
@@ -169,7 +170,16 @@ def _train(args: argparse.Namespace, on_row) -> tuple[object | None, str, dict]:
     t1 = time.monotonic()
     failure = ""
     try:
-        rl.train(model, module, cfg, protocol.rl, args.seed, trajectory=traj, on_step=on_row(traj))
+        rl.train(
+            model,
+            module,
+            cfg,
+            protocol.rl,
+            args.seed,
+            trajectory=traj,
+            on_step=on_row(traj),
+            task_settings=protocol.task,
+        )
     except rl.CandidateFailure as exc:
         failure = str(exc)
     except Exception as exc:  # the harness, driven by a broken candidate into a state it rejects
@@ -247,7 +257,8 @@ def load_checkpoint(data: bytes, preset: str):
 def _score(model, preset: str, seed: int) -> dict[str, float]:
     from trainer_template.proxy import evalset  # lazy: torch is heavy (only this path needs it)
 
-    return evalset.evaluate(model, get_protocol(preset).eval, seed)
+    protocol = get_protocol(preset)
+    return evalset.evaluate(model, protocol.eval, seed, protocol.task)
 
 
 def cmd_score(args: argparse.Namespace) -> int:

@@ -1,0 +1,104 @@
+"""The proxy's task settings (``ProxyProtocol.task``): the default keeps every recorded protocol
+identity, a variant changes it, and the RL prompts, the held-out prompts and the response cap follow
+the settings in training and in scoring."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer_template import ALGORITHM_FILE
+from trainer_template.loader import load_algorithm, make_config
+from trainer_template.proxy import evalset, rl, task
+from trainer_template.proxy.model import TinyGPT
+from trainer_template.proxy.protocol import PRESETS, Eval, Task, get_protocol
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_default_task_is_the_task_module_and_keeps_the_recorded_protocol_hash():
+    default = get_protocol("default")
+    assert {s: default.task.mul_rate(s) for s in task.SPLITS} == task.MUL_RATE
+    assert default.task.max_response == task.MAX_RESPONSE
+    recorded = json.loads((ROOT / "benchmarks/results/calibration.json").read_text())
+    assert default.hash() == recorded["protocol_hash"]  # measured before the task could vary
+    assert "task" not in default.to_dict()
+    harder = dataclasses.replace(default, task=Task(mul_rate_hard=0.5))
+    assert harder.to_dict()["task"]["mul_rate_hard"] == 0.5
+    assert harder.hash() != default.hash()
+    assert harder.warmstart_hash() == default.warmstart_hash()  # the same starting policy
+    assert len({p.hash() for p in PRESETS.values()}) == len(PRESETS)
+
+
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        ({"mul_rate_hard": 1.5}, "mul_rate_hard must be in"),
+        ({"mul_rate_medium": -0.1}, "mul_rate_medium must be in"),
+        ({"max_response": 40}, "max_response must be in"),
+        ({"max_response": 4}, "max_response must be in"),
+    ],
+)
+def test_task_settings_out_of_range_are_refused(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        Task(**kw)
+
+
+def _ops(problems):
+    return [s for p in problems for s, _ in p.ops]
+
+
+def test_held_out_prompts_follow_the_task():
+    ev = Eval(prompts_per_split=24)
+    base = evalset.heldout(ev)
+    assert evalset.heldout(ev, Task()) == base  # the explicit default draws the same prompts
+    assert task.MUL in _ops(base["hard"]) and task.MUL not in _ops(base["medium"])
+    allmul = evalset.heldout(ev, Task(mul_rate_medium=1.0, mul_rate_hard=1.0))
+    assert set(_ops(allmul["hard"])) == {task.MUL} and set(_ops(allmul["medium"])) == {task.MUL}
+    assert task.MUL not in _ops(allmul["easy"])  # easy prompts never multiply
+    assert [p.k for p in allmul["hard"]] == [p.k for p in base["hard"]]
+
+
+def _grpo():
+    module = load_algorithm(ALGORITHM_FILE.read_text(), "grpo")
+    return module, make_config(module)
+
+
+def test_training_and_scoring_respect_the_tasks_response_cap():
+    torch.manual_seed(0)
+    model = TinyGPT(task.VOCAB_SIZE, 16, 2, 1, max_len=task.PROMPT_LEN + task.MAX_RESPONSE)
+    module, cfg = _grpo()
+    steps = get_protocol("tiny").rl
+    capped = Task(max_response=7)
+    traj: dict[str, list] = {}
+    rl.train(model, module, cfg, steps, seed=0, trajectory=traj, task_settings=capped)
+    assert max(traj["train/response_length"]) <= 7  # an untrained model rarely stops by itself
+    ev = Eval(prompts_per_split=4, samples=8)
+    short = evalset.evaluate(model, ev, 0, capped)
+    full = evalset.evaluate(model, ev, 0)
+    assert short["mean_length"] <= 7 < full["mean_length"]
+
+
+def test_the_sweep_varies_task_settings_and_refuses_bad_ones(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    sys.modules.pop("bench_protocol_sweep", None)
+    import bench_protocol_sweep as sweep
+
+    base = get_protocol("default")
+    name, changes = sweep.parse_variant("harder:task.mul_rate_hard=0.5,steps=200", base)
+    assert name == "harder"
+    assert changes == {"rl": {"steps": 200}, "eval": {}, "task": {"mul_rate_hard": 0.5}}
+    proto = sweep.variant_protocol(base, changes)
+    assert proto.task == Task(mul_rate_hard=0.5) and proto.rl.steps == 200
+    assert proto.eval == base.eval and proto.hash() != base.hash()
+    _, plain = sweep.parse_variant("long:steps=200", base)
+    assert "task" not in plain and sweep.variant_protocol(base, plain).task == base.task
+    with pytest.raises(ValueError, match="unknown task setting 'mul_rate'"):
+        sweep.parse_variant("x:task.mul_rate=0.5", base)
+    with pytest.raises(ValueError, match="max_response must be in"):
+        sweep.variant_protocol(base, sweep.parse_variant("x:task.max_response=99", base)[1])
