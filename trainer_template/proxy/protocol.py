@@ -154,9 +154,9 @@ class ProxyProtocol:
 
     def hash(self) -> str:
         """sha256 of what defines the measurement: every setting (the preset's name excluded; the task
-        only where it is not the default, see :meth:`to_dict`), the
-        pinned content hash of the warm start's weights (checked against the checkpoint actually
-        loaded, warmstart.verify_warmstart) and, for ``accelerator = "auto"``, the device used here."""
+        only where it is not the default, see :meth:`to_dict`), the pinned content hash of the warm
+        start's weights (checked against the checkpoint actually loaded, warmstart.verify_warmstart)
+        and, for ``accelerator = "auto"``, the device used here."""
         d = self.to_dict()
         d.pop("preset")
         d["accelerator"] = self.device()
