@@ -8,12 +8,15 @@ protocol variants, side by side.
 A variant is ``NAME:FIELD=VALUE,...`` over the ``--preset`` protocol: a bare field is one of the RL
 settings (``steps``, ``lr``, ``k_power``, ``prompts``, ``group``, ``minibatches``, ...), an
 ``eval.``-prefixed one an evaluation setting, a ``task.``-prefixed one the task's (``mul_rate_hard``,
-``mul_rate_medium``, ``max_response``: the RL prompts and the evaluation's alike); ``NAME:`` alone
-is the preset itself. Every (variant, mechanism, seed) trains the shipped warm start in a worker
-process of this script (the published mechanisms are trusted code: no sandbox) and is scored by the
-variant's own evaluation at that seed, as a seed run of ``poise-git evaluate`` would be. Jobs run
-seed by seed, so a sweep cut short still holds complete paired seeds. Every finished job is appended
-to ``--rows`` (JSON lines) at once, and a re-run reads it back and runs only what is missing.
+``mul_rate_medium``, ``max_response``: the RL prompts and the evaluation's alike), a
+``warmstart.``-prefixed one the warm start's (``skill_steps``, ``d_model``, ...: built once in the
+warm-start cache before the runs, then pinned by its content hash); ``NAME:`` alone is the preset
+itself. Every (variant, mechanism, seed) trains its variant's warm start (the shipped one unless
+``warmstart.`` settings change) in a worker process of this script (the published mechanisms are
+trusted code: no sandbox) and is scored by the variant's own evaluation at that seed, as a seed run
+of ``poise-git evaluate`` would be. Jobs run seed by seed, so a sweep cut short still holds
+complete paired seeds. Every finished job is appended to ``--rows`` (JSON lines) at once, and a
+re-run reads it back and runs only what is missing.
 
 Prints, per variant: each mechanism's mean Overall, its paired difference to GRPO with the 95%
 t-interval and the seed-to-seed SD, the verdict (above / below / within), Spearman's rank
@@ -59,7 +62,7 @@ def parse_variant(text: str, base) -> tuple[str, dict]:
     name, _, spec = text.partition(":")
     if not name:
         raise ValueError(f"variant {text!r} has no name (NAME:FIELD=VALUE,...)")
-    changes: dict[str, dict] = {"rl": {}, "eval": {}, "task": {}}
+    changes: dict[str, dict] = {"rl": {}, "eval": {}, "task": {}, "warmstart": {}}
     for item in filter(None, (s.strip() for s in spec.split(","))):
         key, eq, raw = item.partition("=")
         if not eq:
@@ -68,7 +71,8 @@ def parse_variant(text: str, base) -> tuple[str, dict]:
         part = part or "rl"
         if part not in changes:
             raise ValueError(
-                f"variant {name!r}: {key!r} is none of an RL, an eval. or a task. setting"
+                f"variant {name!r}: {key!r} is none of an RL, an eval., a task. or a warmstart. "
+                "setting"
             )
         known = {f.name for f in dataclasses.fields(getattr(base, part))}
         if field not in known:
@@ -80,8 +84,9 @@ def parse_variant(text: str, base) -> tuple[str, dict]:
         except (ValueError, SyntaxError):
             raise ValueError(f"variant {name!r}: {raw!r} is not a number or literal") from None
         changes[part][field] = value
-    if not changes["task"]:
-        del changes["task"]  # a variant of the preset's own task, recorded as before tasks varied
+    for part in ("task", "warmstart"):  # the preset's own: recorded as before these could vary
+        if not changes[part]:
+            del changes[part]
     return name, changes
 
 
@@ -90,12 +95,35 @@ def variant_protocol(base, changes: dict):
     a task setting out of range is a ValueError)."""
     if changes["eval"].get("samples", base.eval.samples) < 8:
         raise ValueError("eval.samples must be at least 8 (the evaluation reports pass@8)")
-    return dataclasses.replace(
+    proto = dataclasses.replace(
         base,
         rl=dataclasses.replace(base.rl, **changes["rl"]),
         eval=dataclasses.replace(base.eval, **changes["eval"]),
         task=dataclasses.replace(base.task, **changes.get("task", {})),
     )
+    if changes.get("warmstart"):  # another starting policy: built, then pinned (see pin_warmstart)
+        proto = dataclasses.replace(
+            proto,
+            warmstart=dataclasses.replace(base.warmstart, **changes["warmstart"]),
+            warmstart_sha256=None,
+        )
+    return proto
+
+
+def pin_warmstart(protocol, build: bool, log=None):
+    """A variant's own warm start (``warmstart.`` settings), built in the warm-start cache when
+    ``build`` (minutes: once per settings, then read back) and pinned by its content hash, so the
+    variant's hash names the weights its runs start from. Unchanged when the protocol pins one
+    already, or when it is not built and not cached."""
+    from trainer_template.proxy.warmstart import cache_dir, ensure_warmstart, verify_warmstart
+
+    if protocol.warmstart_sha256:
+        return protocol
+    cached = cache_dir() / f"warmstart-{protocol.warmstart_hash()}.pt"
+    if not build and not cached.is_file():
+        return protocol
+    path = ensure_warmstart(protocol, log=log)
+    return dataclasses.replace(protocol, warmstart_sha256=verify_warmstart(protocol, path))
 
 
 def mechanism_source(name: str, sources: str | None) -> str:
@@ -215,8 +243,16 @@ def main() -> None:
     try:
         variants = dict(parse_variant(v, base) for v in (args.variant or [f"{args.preset}:"]))
         protocols = {n: variant_protocol(base, c) for n, c in variants.items()}
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:
         sys.exit(str(exc))
+    for n, proto in protocols.items():
+        if not proto.warmstart_sha256 and not args.report_only:
+            print(
+                f"{stamp()} {n}: building its warm start (minutes; cached for re-runs)", flush=True
+            )
+        protocols[n] = pin_warmstart(
+            proto, build=not args.report_only, log=lambda m: print(f"  {m}", flush=True)
+        )
     sources = {m: mechanism_source(m, args.sources) for m in mechs}
     rows_path = Path(args.rows or Path(args.json).with_suffix(".rows.jsonl"))
     rows_path.parent.mkdir(parents=True, exist_ok=True)

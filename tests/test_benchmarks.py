@@ -21,6 +21,7 @@ pytestmark = pytest.mark.slow  # each runs several tiny RL seeds in worker proce
 
 def _bench(script: str, args: list[str], tmp_path: Path) -> str:
     env = {**os.environ, "POISE_EVAL_CACHE": str(tmp_path / "cache")}
+    env["POISE_CACHE_DIR"] = str(tmp_path / "warmstarts")  # a variant's own warm start goes here
     cmd = [sys.executable, str(ROOT / "benchmarks" / script), *args]
     res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -197,6 +198,27 @@ def test_bench_protocol_sweep_trains_each_variant_resumes_and_refuses_bad_varian
         timeout=120,
     )
     assert bad.returncode != 0 and "unknown rl setting 'stepz'" in bad.stderr
+
+
+def test_bench_protocol_sweep_builds_pins_and_trains_a_variants_own_warm_start(tmp_path):
+    out = tmp_path / "sweep.json"
+    small = "small:warmstart.d_model=16,warmstart.heads=2,warmstart.layers=1,"
+    small += "warmstart.skill_steps=4,warmstart.habit_steps=2,warmstart.batch=8"
+    args = ["--preset", "tiny", "--variant", "base:", "--variant", small, "--mechanisms", "sa_grpo"]
+    text = _bench("bench_protocol_sweep.py", [*args, "--seeds", "1", "--json", str(out)], tmp_path)
+    assert "small: building its warm start" in text
+    data = json.loads(out.read_text())
+    base, own = data["variants"]["base"], data["variants"]["small"]
+    assert own["settings"]["warmstart"]["d_model"] == 16
+    assert own["settings"]["warmstart_sha256"].startswith("sha256:")
+    assert own["settings"]["warmstart_sha256"] != base["settings"]["warmstart_sha256"]
+    assert own["protocol_hash"] != base["protocol_hash"]
+    assert len(list((tmp_path / "warmstarts").glob("warmstart-*.pt"))) == 1
+    rows = [json.loads(x) for x in out.with_suffix(".rows.jsonl").read_text().splitlines()]
+    assert {(r["variant"], r["mechanism"]) for r in rows} == {
+        (v, m) for v in ("base", "small") for m in ("grpo", "sa_grpo")
+    }
+    assert {r["steps_run"] for r in rows} == {4}
 
 
 def test_bench_cpu_kernels_runs_each_capability_in_its_own_process(tmp_path):

@@ -102,3 +102,24 @@ def test_the_sweep_varies_task_settings_and_refuses_bad_ones(monkeypatch):
         sweep.parse_variant("x:task.mul_rate=0.5", base)
     with pytest.raises(ValueError, match="max_response must be in"):
         sweep.variant_protocol(base, sweep.parse_variant("x:task.max_response=99", base)[1])
+
+
+def test_the_sweep_builds_a_variants_own_warm_start_and_pins_it(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.setenv("POISE_CACHE_DIR", str(tmp_path))
+    sys.modules.pop("bench_protocol_sweep", None)
+    import bench_protocol_sweep as sweep
+
+    base = get_protocol("tiny")
+    spec = "small:warmstart.d_model=16,warmstart.heads=2,warmstart.layers=1,"
+    spec += "warmstart.skill_steps=4,warmstart.habit_steps=2,warmstart.batch=8"
+    _, changes = sweep.parse_variant(spec, base)
+    assert changes["warmstart"]["d_model"] == 16 and "task" not in changes
+    proto = sweep.variant_protocol(base, changes)
+    assert proto.warmstart_sha256 is None and proto.warmstart_hash() != base.warmstart_hash()
+    assert sweep.pin_warmstart(proto, build=False) == proto  # nothing cached: left unpinned
+    pinned = sweep.pin_warmstart(proto, build=True)  # built in the cache, then pinned
+    assert pinned.warmstart_sha256.startswith("sha256:") and pinned.hash() != base.hash()
+    assert (tmp_path / f"warmstart-{proto.warmstart_hash()}.pt").is_file()
+    assert sweep.pin_warmstart(proto, build=False) == pinned  # read back from the cache
+    assert sweep.pin_warmstart(base, build=True) == base  # a pinned warm start stays as it is
