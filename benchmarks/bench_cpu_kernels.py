@@ -57,9 +57,7 @@ def child(args: argparse.Namespace) -> None:
         return advantages(batch, c)
 
     module.compute_advantages = recording
-    gen = torch.Generator().manual_seed(1_000_003 * (args.seed + 1))  # rl.train's first prompts
-    ks = task.sample_ks(gen, protocol.rl.prompts, task.k_weights(protocol.rl.k_power))
-    problems = [task.sample_problem(gen, k, protocol.task.mul_rate(task.split_of(k))) for k in ks]
+    problems = next(rl.prompt_stream(protocol.rl, args.seed, protocol.task))  # RL step 0's
     prompts = task.prompts_tensor(problems)
     with torch.no_grad():
         first["logits"] = model(prompts)

@@ -115,11 +115,16 @@ def pin_warmstart(protocol, build: bool, log=None):
     ``build`` (minutes: once per settings, then read back) and pinned by its content hash, so the
     variant's hash names the weights its runs start from. Unchanged when the protocol pins one
     already, or when it is not built and not cached."""
-    from trainer_template.proxy.warmstart import cache_dir, ensure_warmstart, verify_warmstart
+    from trainer_template.proxy.warmstart import (
+        cache_dir,
+        checkpoint_name,
+        ensure_warmstart,
+        verify_warmstart,
+    )
 
     if protocol.warmstart_sha256:
         return protocol
-    cached = cache_dir() / f"warmstart-{protocol.warmstart_hash()}.pt"
+    cached = cache_dir() / checkpoint_name(protocol)
     if not build and not cached.is_file():
         return protocol
     path = ensure_warmstart(protocol, log=log)

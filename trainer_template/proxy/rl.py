@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -104,6 +104,20 @@ def _expand_advantages(adv: Any, b: int, t: int, step: int) -> torch.Tensor:
     return adv
 
 
+def prompt_stream(
+    rl: RL, seed: int, task_settings: Task | None = None
+) -> Iterator[list[task.Problem]]:
+    """Each RL step's prompts at ``seed`` (``rl.prompts`` of them, chain lengths P(k) proportional to
+    k^-k_power, ``task_settings``'s multiplication rates): the same stream for every mechanism, so
+    seeds are paired."""
+    tk = task_settings or Task()
+    gen = torch.Generator().manual_seed(1_000_003 * (seed + 1))
+    weights = task.k_weights(rl.k_power)
+    while True:
+        ks = task.sample_ks(gen, rl.prompts, weights)
+        yield [task.sample_problem(gen, k, tk.mul_rate(task.split_of(k))) for k in ks]
+
+
 def train(
     model: TinyGPT,
     module: Any,
@@ -127,13 +141,9 @@ def train(
     opt = Adam(list(model.parameters()))
     warmup = max(1, rl.warmup_steps * rl.minibatches)
     updates = 0
-    prompt_gen = torch.Generator().manual_seed(1_000_003 * (seed + 1))
-    weights = task.k_weights(rl.k_power)
     first: dict[str, float] = {}
-    for step in range(rl.steps):
+    for step, problems in zip(range(rl.steps), prompt_stream(rl, seed, tk)):
         t0 = time.perf_counter()
-        ks = task.sample_ks(prompt_gen, rl.prompts, weights)
-        problems = [task.sample_problem(prompt_gen, k, tk.mul_rate(task.split_of(k))) for k in ks]
         rep_problems = [p for p in problems for _ in range(rl.group)]
         prompts = task.prompts_tensor(problems).repeat_interleave(rl.group, dim=0).to(dev)
         sample_gen = torch.Generator(device=dev).manual_seed(seed * 100_003 + step)

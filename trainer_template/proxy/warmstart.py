@@ -159,6 +159,11 @@ def checkpoint_hash(path: str | Path) -> str:
     return content_hash(ckpt["state_dict"])
 
 
+def checkpoint_name(protocol: ProxyProtocol) -> str:
+    """The file name of ``protocol``'s warm start, shipped or cached: one per settings hash."""
+    return f"warmstart-{protocol.warmstart_hash()}.pt"
+
+
 def ensure_warmstart(
     protocol: ProxyProtocol, directory: str | Path | None = None, log=None
 ) -> Path:
@@ -166,7 +171,7 @@ def ensure_warmstart(
 
     When the protocol pins the weights (``warmstart_sha256``), a checkpoint with other weights raises
     :class:`WarmStartMismatch` instead of being used."""
-    fname = f"warmstart-{protocol.warmstart_hash()}.pt"
+    fname = checkpoint_name(protocol)
     if (SHIPPED_DIR / fname).is_file() and directory is None:
         path = SHIPPED_DIR / fname
     else:
