@@ -25,6 +25,9 @@ DCBE-GRPO below GRPO; how many of AV, VM-AV, MSA, DACE, FA above it) and the sec
 ``--report-only`` summarizes the rows a sweep left (one cut short, say) without running any.
 ``--sources DIR`` reads each mechanism's algorithm.py from ``DIR/NAME.py`` (written by
 ``--write-sources DIR``) instead of rendering it from ``trainer_template/priors``.
+``--mechanism-variant NAME=BASE:FIELD=VALUE,...`` adds a mechanism NAME: BASE's source with those
+``Hyperparameters`` defaults set (the edit the offline proposer makes; every other byte kept), e.g.
+``grpo_kl=grpo:kl_coef=0.000935`` for a null control, GRPO with AV-GRPO's effective KL weight.
 """
 
 from __future__ import annotations
@@ -90,6 +93,47 @@ def parse_variant(text: str, base) -> tuple[str, dict]:
     return name, changes
 
 
+def parse_mechanism_variant(text: str) -> tuple[str, str, dict]:
+    """``NAME=BASE:FIELD=VALUE,...`` -> (NAME, BASE, {FIELD: VALUE}); VALUE a Python literal."""
+    name, eq, rest = text.partition("=")
+    base, colon, spec = rest.partition(":")
+    if not (eq and colon and name.isidentifier() and base.isidentifier()):
+        raise ValueError(f"mechanism variant {text!r} is not NAME=BASE:FIELD=VALUE,...")
+    values = {}
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        field, eq, raw = item.partition("=")
+        if not eq or not field.isidentifier():
+            raise ValueError(f"mechanism variant {name!r}: {item!r} is not FIELD=VALUE")
+        try:
+            values[field] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            raise ValueError(f"mechanism variant {name!r}: {raw!r} is not a literal") from None
+    if not values:
+        raise ValueError(f"mechanism variant {name!r} sets no hyperparameter")
+    return name, base, values
+
+
+def mechanism_variant_source(base_source: str, values: dict) -> str:
+    """``base_source`` with its ``Hyperparameters`` defaults set; a field the base lacks is an
+    error (a typo would otherwise add a field nothing reads)."""
+    from engine.operators.proposers.hyperparams import set_defaults
+
+    tree = ast.parse(base_source)
+    fields = {
+        node.target.id
+        for cls in tree.body
+        if isinstance(cls, ast.ClassDef) and cls.name == "Hyperparameters"
+        for node in cls.body
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+    }
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise ValueError(
+            f"no Hyperparameters field {', '.join(map(repr, unknown))} (known: {', '.join(sorted(fields))})"
+        )
+    return set_defaults(base_source, values)
+
+
 def variant_protocol(base, changes: dict):
     """The base protocol with a variant's RL, evaluation and task changes (its hash follows them;
     a task setting out of range is a ValueError)."""
@@ -136,6 +180,16 @@ def mechanism_source(name: str, sources: str | None) -> str:
     if sources:
         return (Path(sources) / f"{name}.py").read_text(encoding="utf-8")
     return proxy_runs.mechanism_source(name)
+
+
+def render_sources(mechs: list[str], derived: dict, sources: str | None) -> dict[str, str]:
+    """Each mechanism's algorithm.py: a derived one (``--mechanism-variant``) from its base's."""
+    return {
+        m: mechanism_variant_source(mechanism_source(derived[m][0], sources), derived[m][1])
+        if m in derived
+        else mechanism_source(m, sources)
+        for m in mechs
+    }
 
 
 def run_job(variant: str, protocol, mech: str, source: str, seed: int) -> dict:
@@ -223,6 +277,12 @@ def main() -> None:
     ap.add_argument("--preset", default="default")
     ap.add_argument("--parallel", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--sources", default=None, help="read DIR/NAME.py instead of rendering priors")
+    ap.add_argument(
+        "--mechanism-variant",
+        action="append",
+        default=[],
+        help="NAME=BASE:FIELD=VALUE,...: BASE with those Hyperparameters defaults",
+    )
     ap.add_argument("--write-sources", default=None, help="write DIR/NAME.py for --sources, exit")
     ap.add_argument(
         "--report-only", action="store_true", help="summarize the rows already in --rows, run none"
@@ -236,12 +296,21 @@ def main() -> None:
         help="output",
     )
     args = ap.parse_args()
+    try:
+        derived = {n: (b, v) for n, b, v in map(parse_mechanism_variant, args.mechanism_variant)}
+    except ValueError as exc:
+        sys.exit(str(exc))
     mechs = ["grpo"] + [m for m in args.mechanisms.split(",") if m and m != "grpo"]
+    mechs += [n for n in derived if n not in mechs]
+    try:
+        sources = render_sources(mechs, derived, None if args.write_sources else args.sources)
+    except (ValueError, OSError, KeyError) as exc:
+        sys.exit(f"mechanism sources: {exc.args[0] if isinstance(exc, KeyError) else exc}")
     if args.write_sources:
         out = Path(args.write_sources)
         out.mkdir(parents=True, exist_ok=True)
         for m in mechs:
-            (out / f"{m}.py").write_text(mechanism_source(m, None), encoding="utf-8")
+            (out / f"{m}.py").write_text(sources[m], encoding="utf-8")
         print(f"wrote {len(mechs)} sources to {out}")
         return
     base = get_protocol(args.preset)
@@ -258,7 +327,6 @@ def main() -> None:
         protocols[n] = pin_warmstart(
             proto, build=not args.report_only, log=lambda m: print(f"  {m}", flush=True)
         )
-    sources = {m: mechanism_source(m, args.sources) for m in mechs}
     rows_path = Path(args.rows or Path(args.json).with_suffix(".rows.jsonl"))
     rows_path.parent.mkdir(parents=True, exist_ok=True)
     done = {(r["variant"], r["mechanism"], r["seed"]) for r in read_rows(rows_path)}
