@@ -1,0 +1,56 @@
+"""The recorded protocol-sweep results are what their rows give: every table in
+``benchmarks/results/*.json`` that has a ``.rows.jsonl`` beside it (the seed runs, each naming its
+machine) is recomputed from those rows, so a figure in docs/calibration.md can be traced to the runs
+that measured it and a hand-edited or stale table fails here."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+SWEEPS = sorted(p for p in RESULTS.glob("*.json") if p.with_suffix(".rows.jsonl").is_file())
+
+
+def _same(a, b) -> bool:
+    """Equal, numbers to 1e-12 (a JSON round trip), NaN equal to NaN, lists and dicts item by item."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        return a == pytest.approx(b, rel=1e-12, abs=1e-12, nan_ok=True)
+    return a == b
+
+
+@pytest.fixture()
+def sweep(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    sys.modules.pop("bench_protocol_sweep", None)
+    import bench_protocol_sweep
+
+    return bench_protocol_sweep
+
+
+def test_there_are_recorded_sweeps():
+    assert {p.stem for p in SWEEPS} >= {"calibration-17seeds", "protocol-sweep", "task-sweep"}
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
+def test_every_recorded_sweep_table_is_the_summary_of_its_rows(sweep, path):
+    data = json.loads(path.read_text())
+    rows = sweep.read_rows(path.with_suffix(".rows.jsonl"))
+    seeds = data["args"]["seeds"]
+    for name, recorded in data["variants"].items():
+        mechs = [r["mechanism"] for r in recorded["table"]]
+        mine = [r for r in rows if r["variant"] == name and r["seed"] < seeds]
+        assert mine, f"{path.name}: no rows for variant {name!r}"
+        got = sweep.summarize(mine, mechs)
+        for key, value in got.items():
+            assert _same(recorded[key], value), (path.name, name, key)
+        # every seed run names the machine that measured it
+        assert all(r.get("machine", {}).get("cpu") for r in mine), (path.name, name)
