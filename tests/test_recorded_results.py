@@ -54,3 +54,30 @@ def test_every_recorded_sweep_table_is_the_summary_of_its_rows(sweep, path):
             assert _same(recorded[key], value), (path.name, name, key)
         # every seed run names the machine that measured it
         assert all(r.get("machine", {}).get("cpu") for r in mine), (path.name, name)
+
+
+def test_the_rl_budget_figure_is_drawn_from_the_recorded_rows(tmp_path):
+    import subprocess
+
+    rows = [RESULTS / "rl-budget.rows.jsonl", RESULTS / "calibration-17seeds.rows.jsonl"]
+    out = tmp_path / "budget.png"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "plot_rl_budget.py")]
+    cmd += [a for r in rows for a in ("--rows", str(r))]
+    cmd += ["--variants", "s40,d", "--seeds", "17", "--out", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
+    assert out.stat().st_size > 10_000 and out.read_bytes()[:4] == b"\x89PNG"
+    grpo40 = [
+        r["overall"]
+        for r in (json.loads(x) for x in rows[0].read_text().splitlines())
+        if r["variant"] == "s40" and r["mechanism"] == "grpo" and r["seed"] < 17
+    ]
+    assert len(grpo40) == 17
+    assert f"| 40 | {sum(grpo40) / 17:.3f} |" in res.stdout
+    assert "| vm_av_grpo | +0.011 [+0.004, +0.018] |" in res.stdout  # the 17-seed 40-step row
+    bad = subprocess.run(
+        [*cmd[:2], "--rows", str(rows[0]), "--variants", "nope", "--out", str(tmp_path / "x.png")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode != 0 and "no finished rows of variants nope" in bad.stderr
