@@ -28,6 +28,7 @@ DCBE-GRPO below GRPO; how many of AV, VM-AV, MSA, DACE, FA above it) and the sec
 ``--mechanism-variant NAME=BASE:FIELD=VALUE,...`` adds a mechanism NAME: BASE's source with those
 ``Hyperparameters`` defaults set (the edit the offline proposer makes; every other byte kept), e.g.
 ``grpo_kl=grpo:kl_coef=0.000935`` for a null control, GRPO with AV-GRPO's effective KL weight.
+Its rows record what NAME stood for; a re-run that derives NAME otherwise is refused.
 """
 
 from __future__ import annotations
@@ -192,6 +193,21 @@ def render_sources(mechs: list[str], derived: dict, sources: str | None) -> dict
     }
 
 
+def check_derived_rows(rows: list[dict], derived: dict) -> None:
+    """A finished row of a derived mechanism must have been derived as the name is now: a re-run
+    that gives an old name another base or other settings is refused, not read back."""
+    for r in rows:
+        spec = r.get("mechanism_variant")
+        if spec is None or r["mechanism"] not in derived:
+            continue
+        base, values = derived[r["mechanism"]]
+        if spec != {"base": base, "set": values}:
+            raise ValueError(
+                f"the rows hold {r['mechanism']!r} as {spec['base']} with {spec['set']}, not "
+                f"{base} with {values}: give the new mechanism another name or other --rows"
+            )
+
+
 def run_job(variant: str, protocol, mech: str, source: str, seed: int) -> dict:
     """One seed of one mechanism under one variant (a row of ``--rows``)."""
     from trainer_template.proxy import evalset  # lazy: only the worker processes train
@@ -329,6 +345,10 @@ def main() -> None:
         )
     rows_path = Path(args.rows or Path(args.json).with_suffix(".rows.jsonl"))
     rows_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        check_derived_rows(read_rows(rows_path), derived)
+    except ValueError as exc:
+        sys.exit(str(exc))
     done = {(r["variant"], r["mechanism"], r["seed"]) for r in read_rows(rows_path)}
     jobs = [
         (v, m, s)
@@ -353,6 +373,9 @@ def main() -> None:
                 print(f"  [{i}/{len(jobs)}] a run failed: {type(exc).__name__}: {exc}", flush=True)
                 failed += 1
                 continue
+            if r["mechanism"] in derived:  # what the name stood for, so a re-run can check it
+                base, values = derived[r["mechanism"]]
+                r["mechanism_variant"] = {"base": base, "set": values}
             out.write(json.dumps(r) + "\n")
             out.flush()
             print(

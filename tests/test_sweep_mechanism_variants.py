@@ -63,3 +63,16 @@ def test_a_mechanism_variant_trains_with_its_own_settings(sweep):
     tight = sweep.run_job("t", proto, "tight", src["tight"], 0)
     assert tight["mechanism"] == "tight" and tight["steps_run"] == base["steps_run"]
     assert tight["final_train"] != base["final_train"]
+
+
+def test_rows_of_a_mechanism_variant_derived_otherwise_are_refused(sweep):
+    derived = {"grpo_kl": ("grpo", {"kl_coef": 0.000935})}
+    same = {
+        "mechanism": "grpo_kl",
+        "mechanism_variant": {"base": "grpo", "set": {"kl_coef": 0.000935}},
+    }
+    other = {"mechanism": "grpo_kl", "mechanism_variant": {"base": "grpo", "set": {"kl_coef": 0.5}}}
+    sweep.check_derived_rows([same, {"mechanism": "grpo"}, {"mechanism": "grpo_kl"}], derived)
+    with pytest.raises(ValueError, match="give the new mechanism another name"):
+        sweep.check_derived_rows([same, other], derived)
+    sweep.check_derived_rows([other], {})  # not derived in this run: nothing to check
