@@ -117,17 +117,11 @@ def parse_mechanism_variant(text: str) -> tuple[str, str, dict]:
 def mechanism_variant_source(base_source: str, values: dict) -> str:
     """``base_source`` with its ``Hyperparameters`` defaults set; a field the base lacks is an
     error (a typo would otherwise add a field nothing reads)."""
+    from engine.operators.proposers.edit_plan import class_defaults
     from engine.operators.proposers.hyperparams import set_defaults
 
-    tree = ast.parse(base_source)
-    fields = {
-        node.target.id
-        for cls in tree.body
-        if isinstance(cls, ast.ClassDef) and cls.name == "Hyperparameters"
-        for node in cls.body
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-    }
-    unknown = sorted(set(values) - fields)
+    fields = class_defaults(base_source)
+    unknown = sorted(set(values) - set(fields))
     if unknown:
         raise ValueError(
             f"no Hyperparameters field {', '.join(map(repr, unknown))} (known: {', '.join(sorted(fields))})"
@@ -193,6 +187,12 @@ def render_sources(mechs: list[str], derived: dict, sources: str | None) -> dict
     }
 
 
+def derivation(derived: dict, name: str) -> dict:
+    """What a derived mechanism's rows record of it (``mechanism_variant``)."""
+    base, values = derived[name]
+    return {"base": base, "set": values}
+
+
 def check_derived_rows(rows: list[dict], derived: dict) -> None:
     """A finished row of a derived mechanism must have been derived as the name is now: a re-run
     that gives an old name another base or other settings is refused, not read back."""
@@ -200,11 +200,11 @@ def check_derived_rows(rows: list[dict], derived: dict) -> None:
         spec = r.get("mechanism_variant")
         if spec is None or r["mechanism"] not in derived:
             continue
-        base, values = derived[r["mechanism"]]
-        if spec != {"base": base, "set": values}:
+        now = derivation(derived, r["mechanism"])
+        if spec != now:
             raise ValueError(
                 f"the rows hold {r['mechanism']!r} as {spec['base']} with {spec['set']}, not "
-                f"{base} with {values}: give the new mechanism another name or other --rows"
+                f"{now['base']} with {now['set']}: give the new mechanism another name or other --rows"
             )
 
 
@@ -345,11 +345,12 @@ def main() -> None:
         )
     rows_path = Path(args.rows or Path(args.json).with_suffix(".rows.jsonl"))
     rows_path.parent.mkdir(parents=True, exist_ok=True)
+    finished = read_rows(rows_path)
     try:
-        check_derived_rows(read_rows(rows_path), derived)
+        check_derived_rows(finished, derived)
     except ValueError as exc:
         sys.exit(str(exc))
-    done = {(r["variant"], r["mechanism"], r["seed"]) for r in read_rows(rows_path)}
+    done = {(r["variant"], r["mechanism"], r["seed"]) for r in finished}
     jobs = [
         (v, m, s)
         for s in range(args.seeds)
@@ -374,8 +375,7 @@ def main() -> None:
                 failed += 1
                 continue
             if r["mechanism"] in derived:  # what the name stood for, so a re-run can check it
-                base, values = derived[r["mechanism"]]
-                r["mechanism_variant"] = {"base": base, "set": values}
+                r["mechanism_variant"] = derivation(derived, r["mechanism"])
             out.write(json.dumps(r) + "\n")
             out.flush()
             print(

@@ -17,7 +17,6 @@ rows do not say so themselves (their JSON's ``changes`` does).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -31,12 +30,13 @@ METRICS = ("overall", "hard/pass@8", "hard/pass@1", "medium/acc@1")
 
 def load(paths: list[str], variants: set[str]) -> dict[tuple[int, str, int], dict]:
     """(steps, mechanism, seed) -> row, first file first."""
+    from bench_protocol_sweep import read_rows  # the sweep's reader: a cut-off last line is skipped
+
     out: dict[tuple[int, str, int], dict] = {}
-    for p in paths:
-        for line in Path(p).read_text(encoding="utf-8").splitlines():
-            if not line.strip():
-                continue
-            r = json.loads(line)
+    for p in map(Path, paths):
+        if not p.is_file():
+            raise SystemExit(f"no rows file {p}")
+        for r in read_rows(p):
             if r["variant"] in variants and not r.get("stopped"):
                 out.setdefault((r["steps_run"], r["mechanism"], r["seed"]), r)
     return out
