@@ -174,6 +174,16 @@ def cli():
 
 
 @pytest.fixture
+def sweep(monkeypatch):
+    """``benchmarks/bench_protocol_sweep.py`` as a module, imported afresh from the benchmarks dir."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    sys.modules.pop("bench_protocol_sweep", None)
+    import bench_protocol_sweep
+
+    return bench_protocol_sweep
+
+
+@pytest.fixture
 def archive(tmp_path):
     from engine.archive.store import Archive
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -84,11 +83,7 @@ def test_training_and_scoring_respect_the_tasks_response_cap():
     assert short["mean_length"] <= 7 < full["mean_length"]
 
 
-def test_the_sweep_varies_task_settings_and_refuses_bad_ones(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    sys.modules.pop("bench_protocol_sweep", None)
-    import bench_protocol_sweep as sweep
-
+def test_the_sweep_varies_task_settings_and_refuses_bad_ones(sweep):
     base = get_protocol("default")
     name, changes = sweep.parse_variant("harder:task.mul_rate_hard=0.5,steps=200", base)
     assert name == "harder"
@@ -104,12 +99,8 @@ def test_the_sweep_varies_task_settings_and_refuses_bad_ones(monkeypatch):
         sweep.variant_protocol(base, sweep.parse_variant("x:task.max_response=99", base)[1])
 
 
-def test_the_sweep_builds_a_variants_own_warm_start_and_pins_it(monkeypatch, tmp_path):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+def test_the_sweep_builds_a_variants_own_warm_start_and_pins_it(sweep, monkeypatch, tmp_path):
     monkeypatch.setenv("POISE_CACHE_DIR", str(tmp_path))
-    sys.modules.pop("bench_protocol_sweep", None)
-    import bench_protocol_sweep as sweep
-
     base = get_protocol("tiny")
     spec = "small:warmstart.d_model=16,warmstart.heads=2,warmstart.layers=1,"
     spec += "warmstart.skill_steps=4,warmstart.habit_steps=2,warmstart.batch=8"

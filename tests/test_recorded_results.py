@@ -27,15 +27,6 @@ def _same(a, b) -> bool:
     return a == b
 
 
-@pytest.fixture()
-def sweep(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    sys.modules.pop("bench_protocol_sweep", None)
-    import bench_protocol_sweep
-
-    return bench_protocol_sweep
-
-
 def test_there_are_recorded_sweeps():
     assert {p.stem for p in SWEEPS} >= {"calibration-17seeds", "protocol-sweep", "task-sweep"}
 

@@ -4,7 +4,6 @@ with AV-GRPO's effective KL weight), rendered with the offline proposer's edit a
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,15 +12,6 @@ from trainer_template.loader import load_algorithm, make_config
 from trainer_template.proxy.protocol import get_protocol
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture()
-def sweep(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    sys.modules.pop("bench_protocol_sweep", None)
-    import bench_protocol_sweep
-
-    return bench_protocol_sweep
 
 
 def test_a_mechanism_variant_is_parsed_and_a_bad_one_refused(sweep):
