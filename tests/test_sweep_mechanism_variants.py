@@ -4,14 +4,10 @@ with AV-GRPO's effective KL weight), rendered with the offline proposer's edit a
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from trainer_template.loader import load_algorithm, make_config
 from trainer_template.proxy.protocol import get_protocol
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_mechanism_variant_is_parsed_and_a_bad_one_refused(sweep):
