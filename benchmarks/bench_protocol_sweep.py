@@ -10,7 +10,8 @@ settings (``steps``, ``lr``, ``k_power``, ``prompts``, ``group``, ``minibatches`
 ``eval.``-prefixed one an evaluation setting, a ``task.``-prefixed one the task's (``mul_rate_hard``,
 ``mul_rate_medium``, ``max_response``: the RL prompts and the evaluation's alike), a
 ``warmstart.``-prefixed one the warm start's (``skill_steps``, ``d_model``, ...: built once in the
-warm-start cache before the runs, then pinned by its content hash); ``NAME:`` alone is the preset
+warm-start cache before the runs, then pinned by its content hash; a style mix is a tuple,
+``warmstart.habit_hard=(0.5,0.15,0.35,0.0)``); ``NAME:`` alone is the preset
 itself. Every (variant, mechanism, seed) trains its variant's warm start (the shipped one unless
 ``warmstart.`` settings change) in a worker process of this script (the published mechanisms are
 trusted code: no sandbox) and is scored by the variant's own evaluation at that seed, as a seed run
@@ -60,14 +61,45 @@ from proxy_runs import (
 from engine.stats import mean_interval, paired_interval
 
 
+def split_items(spec: str) -> list[str]:
+    """``FIELD=VALUE,...`` split at the commas outside brackets, so a VALUE may be a tuple such as
+    ``warmstart.habit_hard=(0.55,0.2,0.25,0.0)``; empty items dropped."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(spec):
+        depth += (ch in "([{") - (ch in ")]}")
+        if ch == "," and depth == 0:
+            items.append(spec[start:i])
+            start = i + 1
+    items.append(spec[start:])
+    return [s.strip() for s in items if s.strip()]
+
+
+def _setting_value(name: str, field: str, value, default):
+    """``value`` as the setting takes it: a tuple setting (a style mix) takes as many non-negative
+    numbers as its default has, not all zero, and keeps them as a tuple (the protocol is frozen and
+    hashed); a one-value setting refuses a tuple."""
+    if isinstance(default, tuple):
+        ok = isinstance(value, list | tuple) and len(value) == len(default)
+        ok = ok and all(isinstance(v, int | float) and v >= 0 for v in value) and sum(value) > 0
+        if not ok:
+            raise ValueError(
+                f"variant {name!r}: {field} takes {len(default)} non-negative numbers, not all "
+                f"zero, as (a,b,...), got {value!r}"
+            )
+        return tuple(value)
+    if isinstance(value, list | tuple):
+        raise ValueError(f"variant {name!r}: {field} takes one value, got {value!r}")
+    return value
+
+
 def parse_variant(text: str, base) -> tuple[str, dict]:
     """``NAME:FIELD=VALUE,...`` -> (NAME, {"rl": {...}, "eval": {...}, "task": {...}}), checked
-    against ``base``."""
+    against ``base``. A tuple setting (the warm start's style mixes) takes ``FIELD=(a,b,c,d)``."""
     name, _, spec = text.partition(":")
     if not name:
         raise ValueError(f"variant {text!r} has no name (NAME:FIELD=VALUE,...)")
     changes: dict[str, dict] = {"rl": {}, "eval": {}, "task": {}, "warmstart": {}}
-    for item in filter(None, (s.strip() for s in spec.split(","))):
+    for item in split_items(spec):
         key, eq, raw = item.partition("=")
         if not eq:
             raise ValueError(f"variant {name!r}: {item!r} is not FIELD=VALUE")
@@ -87,7 +119,7 @@ def parse_variant(text: str, base) -> tuple[str, dict]:
             value = ast.literal_eval(raw)
         except (ValueError, SyntaxError):
             raise ValueError(f"variant {name!r}: {raw!r} is not a number or literal") from None
-        changes[part][field] = value
+        changes[part][field] = _setting_value(name, key, value, getattr(getattr(base, part), field))
     for part in ("task", "warmstart"):  # the preset's own: recorded as before these could vary
         if not changes[part]:
             del changes[part]
@@ -101,7 +133,7 @@ def parse_mechanism_variant(text: str) -> tuple[str, str, dict]:
     if not (eq and colon and name.isidentifier() and base.isidentifier()):
         raise ValueError(f"mechanism variant {text!r} is not NAME=BASE:FIELD=VALUE,...")
     values = {}
-    for item in filter(None, (x.strip() for x in spec.split(","))):
+    for item in split_items(spec):
         field, eq, raw = item.partition("=")
         if not eq or not field.isidentifier():
             raise ValueError(f"mechanism variant {name!r}: {item!r} is not FIELD=VALUE")

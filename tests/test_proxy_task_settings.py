@@ -114,3 +114,28 @@ def test_the_sweep_builds_a_variants_own_warm_start_and_pins_it(sweep, monkeypat
     assert (tmp_path / f"warmstart-{proto.warmstart_hash()}.pt").is_file()
     assert sweep.pin_warmstart(proto, build=False) == pinned  # read back from the cache
     assert sweep.pin_warmstart(base, build=True) == base  # a pinned warm start stays as it is
+
+
+def test_the_sweep_takes_a_style_mix_as_a_tuple_and_refuses_a_bad_one(sweep):
+    base = get_protocol("default")
+    assert sweep.split_items("a=(1,2),b=3, ,c=[4,5]") == ["a=(1,2)", "b=3", "c=[4,5]"]
+    spec = "r:warmstart.habit_hard=(0.5,0.15,0.35,0.0),warmstart.filler_max=20,steps=40"
+    _, changes = sweep.parse_variant(spec, base)
+    assert changes["warmstart"] == {"habit_hard": (0.5, 0.15, 0.35, 0.0), "filler_max": 20}
+    assert changes["rl"] == {"steps": 40}
+    proto = sweep.variant_protocol(base, changes)
+    assert proto.warmstart.habit_hard == (0.5, 0.15, 0.35, 0.0)
+    assert proto.warmstart.habit_medium == base.warmstart.habit_medium
+    assert proto.warmstart_hash() != base.warmstart_hash()
+    # a list is kept as the tuple the frozen protocol hashes
+    _, listed = sweep.parse_variant("r:warmstart.habit_hard=[0.5,0.15,0.35,0.0]", base)
+    assert listed["warmstart"]["habit_hard"] == (0.5, 0.15, 0.35, 0.0)
+    for bad, why in (
+        ("r:warmstart.habit_hard=(0.5,0.5)", "takes 4 non-negative numbers"),
+        ("r:warmstart.habit_hard=(1,0,0,-1)", "takes 4 non-negative numbers"),
+        ("r:warmstart.habit_hard=(0,0,0,0)", "takes 4 non-negative numbers"),
+        ("r:warmstart.habit_hard=0.5", "takes 4 non-negative numbers"),
+        ("r:lr=(1e-4,2e-4)", "lr takes one value"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            sweep.parse_variant(bad, base)
