@@ -351,3 +351,22 @@ def test_a_benign_child_works_and_sees_only_its_inputs(world):
     assert reported(frames) == [["/scratch", "/scratch", "import", "ok", True, ["case.py"]]]
     assert frames[0]["_blob"] == b"weights" and frames[-1] == {"type": "done"}
     assert_contained(res, frames, world)
+
+
+def test_a_stop_ends_a_running_child_without_waiting_for_its_pipes(world):
+    """The engine's stop flag (set by an interrupt) ends a supervised child at the reader's next
+    look, even when nothing closes its pipes: a 60 s child under a 60 s limit ends in seconds."""
+    import threading
+
+    from engine.sandbox import live
+
+    timer = threading.Timer(1.5, live._stopping.set)
+    timer.start()
+    try:
+        res, frames = run("import time\ntime.sleep(60)\n", world, Limits(wall_s=60))
+    finally:
+        timer.cancel()
+        live._stopping.clear()
+    assert "interrupted" in res.killed, res.killed
+    assert res.wall_s < 20, res.wall_s
+    assert_contained(res, frames, world)

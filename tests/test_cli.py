@@ -294,3 +294,28 @@ def test_lengths_are_never_maximized_by_default():
 
     with pytest.raises(ConfigError, match='must be "max" or "min"'):
         parse_config('[experiment.directions]\noverall = "up"\n')
+
+
+def test_sigusr1_dumps_every_threads_stack_and_the_command_goes_on(tmp_path):
+    code = (
+        "import os, signal, threading, time\n"
+        "from engine.cli import _stack_dumps\n"
+        "_stack_dumps()\n"
+        "def waiting_in_a_worker():\n"
+        "    time.sleep(3)\n"
+        "threading.Thread(target=waiting_in_a_worker, daemon=True).start()\n"
+        "time.sleep(0.3)\n"
+        "os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "time.sleep(0.3)\n"
+        "print('still running')\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "still running"
+    assert "waiting_in_a_worker" in res.stderr and "Current thread" in res.stderr

@@ -7,6 +7,7 @@ honest numbers. Each evaluation fails at its first RL step, so a case costs thre
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -217,6 +218,22 @@ def _descendants_gone(pid_list, timeout=10.0) -> bool:
     return False
 
 
+def _communicate_or_dump(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
+    """``proc.communicate``; a command still running after ``timeout`` is asked for its threads'
+    stacks (SIGUSR1), killed, and the test fails with them."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        for c in psutil.Process(proc.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                c.kill()
+        proc.kill()
+        out, err = proc.communicate(timeout=30)
+        pytest.fail(f"still running {timeout:g} s after the signal; its stacks:\n{err}\n{out}")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_to_evaluate_stops_every_child_and_leaves_the_node_resumable(tmp_path, sig):
@@ -234,7 +251,7 @@ def test_signal_to_evaluate_stops_every_child_and_leaves_the_node_resumable(tmp_
     assert arch.node("slow").status == "evaluating"
     kids = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
     proc.send_signal(sig)
-    out, err = proc.communicate(timeout=60)
+    out, err = _communicate_or_dump(proc, 60)
     assert proc.returncode == 130, out + err
     assert "Traceback" not in err
     assert _descendants_gone(kids), "orphaned children"
@@ -262,7 +279,7 @@ def test_sigterm_to_verify_leaves_no_orphan(tmp_path):
     time.sleep(2)
     kids = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
+    out, err = _communicate_or_dump(proc, 60)
     assert proc.returncode == 130 and "Traceback" not in err, out + err
     assert _descendants_gone(kids)
     assert Archive(arch.path).node("loops").status == "spawned" and arch.fsck()

@@ -177,11 +177,25 @@ def _interrupt(signum, _frame) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
+def _stack_dumps() -> None:
+    """SIGUSR1 writes every thread's Python stack to stderr and lets the command go on: where a
+    long run is, or what a stuck one waits on (file, line and function names only, no values)."""
+    import faulthandler  # lazy: keeps `poise-git --help` fast
+
+    err = sys.__stderr__
+    if err is not None and hasattr(signal, "SIGUSR1"):
+        try:
+            faulthandler.register(signal.SIGUSR1, file=err, all_threads=True)
+        except (ValueError, OSError, AttributeError):  # stderr has no file descriptor
+            pass
+
+
 def main(argv: list[str] | None = None) -> None:
     sys.stdout, sys.stderr = ScrubbedStream(sys.stdout), ScrubbedStream(sys.stderr)
     _register()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
+    _stack_dumps()
     try:
         app(args=argv, prog_name="poise-git", standalone_mode=True)
     except PoiseError as exc:  # raised outside a command (e.g. while parsing)

@@ -30,21 +30,29 @@ def stopping() -> bool:
 
 def kill_sandbox_tree(pid: int) -> None:
     """SIGKILL ``pid``'s process group and every descendant (under bwrap, the whole namespace dies
-    with its first process)."""
+    with its first process). The descendants are listed before the group is killed: once ``pid``
+    is dead they belong to another parent and could no longer be found from it."""
+    try:
+        import psutil  # lazy: psutil is heavy (only this path needs it)
+
+        kids = psutil.Process(pid).children(recursive=True)
+    except Exception:
+        psutil, kids = None, []
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    try:
-        import psutil  # lazy: psutil is heavy (only this path needs it)
-
-        for child in psutil.Process(pid).children(recursive=True):
-            try:
+    for child in kids:
+        try:
+            child.kill()  # psutil checks it is still the same process (no pid reuse)
+        except Exception:
+            pass
+    if psutil is not None:  # any started while the list was taken
+        try:
+            for child in psutil.Process(pid).children(recursive=True):
                 child.kill()
-            except psutil.Error:
-                pass
-    except Exception:
-        pass
+        except Exception:
+            pass
 
 
 def kill_all() -> None:

@@ -31,6 +31,8 @@ from engine.sandbox.limits import Limits
 from trainer_template.channel import FD_ENV
 
 INPUT_TOKEN = "{input}"
+POLL_S = 0.5
+"""the longest a supervised child's reader waits before it looks again at the engine's stop flag"""
 _UID_BASE = 1_500_000_000
 _uid_counter = 0
 
@@ -273,7 +275,9 @@ def _supervise(proc, read_fd: int, limits: Limits, on_frame, start: float, b) ->
             if now >= drain_end:
                 break
             ends.append(drain_end)
-        for key, _ in sel.select(max(0.0, min(ends) - now) + 0.001):
+        # wake at least every POLL_S: a stop (live.stopping) must end the child even when the kill
+        # that came with it left its pipes open (a descendant that escaped it)
+        for key, _ in sel.select(min(max(0.0, min(ends) - now), POLL_S) + 0.001):
             try:
                 data = os.read(key.fd, 1 << 16)
             except BlockingIOError:
@@ -324,12 +328,6 @@ def _supervise(proc, read_fd: int, limits: Limits, on_frame, start: float, b) ->
 
 
 def _kill(proc: subprocess.Popen, b) -> None:
-    """SIGKILL the child's process group; under bwrap that takes its pid namespace down with it.
-    In the weak mode, descendants that left the group are found and killed too."""
-    if b.isolated:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    else:
-        live.kill_sandbox_tree(proc.pid)
+    """SIGKILL the child's process group and every descendant found (under bwrap the pid namespace
+    dies with its first process; its members are killed too, should one outlive it)."""
+    live.kill_sandbox_tree(proc.pid)
