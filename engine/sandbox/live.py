@@ -28,29 +28,29 @@ def stopping() -> bool:
     return _stopping.is_set()
 
 
-def kill_sandbox_tree(pid: int) -> None:
-    """SIGKILL ``pid``'s process group and every descendant (under bwrap, the whole namespace dies
-    with its first process). The descendants are listed before the group is killed: once ``pid``
-    is dead they belong to another parent and could no longer be found from it."""
+def _descendants(pid: int) -> list:
+    """``pid``'s descendants as psutil processes (none when it is gone)."""
     try:
         import psutil  # lazy: psutil is heavy (only this path needs it)
 
-        kids = psutil.Process(pid).children(recursive=True)
+        return psutil.Process(pid).children(recursive=True)
     except Exception:
-        psutil, kids = None, []
+        return []
+
+
+def kill_sandbox_tree(pid: int) -> None:
+    """SIGKILL ``pid``'s process group and every descendant (under bwrap, the whole namespace dies
+    with its first process). The descendants are listed before the group is killed: once ``pid``
+    is dead they belong to another parent and could no longer be found from it; those still found
+    from it afterwards (it outlived the kill) are killed too."""
+    kids = _descendants(pid)
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    for child in kids:
+    for child in kids + _descendants(pid):
         try:
             child.kill()  # psutil checks it is still the same process (no pid reuse)
-        except Exception:
-            pass
-    if psutil is not None:  # any started while the list was taken
-        try:
-            for child in psutil.Process(pid).children(recursive=True):
-                child.kill()
         except Exception:
             pass
 

@@ -221,10 +221,10 @@ def run_sandboxed(
             ).start()
         try:
             if live.stopping():
-                _kill(proc, b)
+                _kill(proc)
             run = _supervise(proc, read_fd, limits, on_frame, start, b)
         finally:
-            _kill(proc, b)
+            _kill(proc)
             os.close(read_fd)
             live.discard(proc)
     run.limits = limits.to_dict()
@@ -268,7 +268,7 @@ def _supervise(proc, read_fd: int, limits: Limits, on_frame, start: float, b) ->
             elif session.stop_reason:
                 killed = session.stop_reason
             if killed:
-                _kill(proc, b)
+                _kill(proc)
                 drain_end = now + 2.0
         ends = [wall_end, session.deadline or wall_end]
         if drain_end is not None:
@@ -305,7 +305,7 @@ def _supervise(proc, read_fd: int, limits: Limits, on_frame, start: float, b) ->
                         on_frame(frame, session)
             except ChannelError as exc:
                 protocol = secrets.scrub(str(exc))[:300]
-                _kill(proc, b)
+                _kill(proc)
                 drain_end = time.monotonic() + 2.0
     sel.close()
     try:
@@ -313,7 +313,7 @@ def _supervise(proc, read_fd: int, limits: Limits, on_frame, start: float, b) ->
     except subprocess.TimeoutExpired:
         if not killed:
             killed = f"exceeded the wall-clock limit ({limits.wall_s:g} s)"
-        _kill(proc, b)
+        _kill(proc)
         rc = proc.wait()
     return SandboxRun(
         returncode=rc,
@@ -327,7 +327,7 @@ def _supervise(proc, read_fd: int, limits: Limits, on_frame, start: float, b) ->
     )
 
 
-def _kill(proc: subprocess.Popen, b) -> None:
+def _kill(proc: subprocess.Popen) -> None:
     """SIGKILL the child's process group and every descendant found (under bwrap the pid namespace
     dies with its first process; its members are killed too, should one outlive it)."""
     live.kill_sandbox_tree(proc.pid)
