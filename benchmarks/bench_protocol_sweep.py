@@ -38,6 +38,7 @@ import argparse
 import ast
 import dataclasses
 import json
+import multiprocessing
 import os
 import statistics
 import sys
@@ -259,6 +260,9 @@ def run_job(variant: str, protocol, mech: str, source: str, seed: int) -> dict:
         "overall": metrics["overall"],
         "metrics": metrics,
         "stopped": stopped,
+        # resolved here, where it trained: a GPU preset's hash names the device it ran on
+        "protocol_hash": protocol.hash(),
+        "device": protocol.device(),
         "steps_run": len(traj.get("step", [])),
         "final_train": last,
         "wall_s": round(time.monotonic() - t0, 1),
@@ -301,6 +305,39 @@ def summarize(rows: list[dict], mechs: list[str]) -> dict:
         "mean_diff_sd": statistics.mean([r["diff_sd"] for r in table if r.get("diff_sd")] or [0.0]),
         "seconds_per_run": statistics.mean(walls) if walls else None,
     }
+
+
+def measured_hash(variant: str, rows: list[dict], protocol, here: bool) -> str:
+    """The protocol hash a variant's rows were measured under: the one every row records, computed
+    where it trained (a GPU preset's hash names the device). Rows from before rows recorded it take
+    this machine's hash, which for a CPU protocol is every machine's; a GPU preset's rows must
+    record theirs. Rows under different hashes are never summarized together (the same preset on
+    a GPU and on a CPU samples differently), and a sweep that trains here (``here``) refuses rows
+    measured under another hash than this machine's: ValueError."""
+    local = protocol.hash()
+    if protocol.accelerator != "cpu" and any("protocol_hash" not in r for r in rows):
+        raise ValueError(
+            f"variant {variant!r}: rows of a {protocol.accelerator!r} protocol that record no "
+            "protocol hash; which device trained them is unknown"
+        )
+    counts: dict[str, int] = {}
+    for r in rows:
+        h = r.get("protocol_hash", local)
+        counts[h] = counts.get(h, 0) + 1
+    if len(counts) > 1:
+        listed = ", ".join(f"{n} under {h[:19]}…" for h, n in sorted(counts.items()))
+        raise ValueError(
+            f"variant {variant!r}: its rows were measured under different protocols "
+            f"({listed}); give each its own --rows"
+        )
+    measured = next(iter(counts), local)
+    if here and measured != local:
+        raise ValueError(
+            f"variant {variant!r}: its rows were measured under protocol {measured[:19]}…, and "
+            f"here it is {local[:19]}… (device {protocol.device()}); train into another --rows, "
+            "or summarize these with --report-only"
+        )
+    return measured
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -382,6 +419,12 @@ def main() -> None:
         check_derived_rows(finished, derived)
     except ValueError as exc:
         sys.exit(str(exc))
+    try:
+        for v, proto in protocols.items():
+            mine = [r for r in finished if r["variant"] == v]
+            measured_hash(v, mine, proto, here=not args.report_only)
+    except ValueError as exc:
+        sys.exit(str(exc))
     done = {(r["variant"], r["mechanism"], r["seed"]) for r in finished}
     jobs = [
         (v, m, s)
@@ -397,7 +440,13 @@ def main() -> None:
         f"load average {loads[0]}",
         flush=True,
     )
-    with ProcessPoolExecutor(max_workers=max(1, args.parallel)) as pool, rows_path.open("a") as out:
+    # spawned, not forked: a GPU preset's hash asks torch about CUDA in this process, and a forked
+    # child cannot use a CUDA driver its parent started
+    ctx = multiprocessing.get_context("spawn")
+    with (
+        ProcessPoolExecutor(max_workers=max(1, args.parallel), mp_context=ctx) as pool,
+        rows_path.open("a") as out,
+    ):
         futures = [pool.submit(run_job, v, protocols[v], m, sources[m], s) for v, m, s in jobs]
         for i, fut in enumerate(as_completed(futures), 1):
             try:
@@ -419,9 +468,14 @@ def main() -> None:
     rows = [r for r in read_rows(rows_path) if r["variant"] in protocols and r["seed"] < args.seeds]
     summaries = {}
     for v, proto in protocols.items():
-        s = summarize([r for r in rows if r["variant"] == v], mechs)
-        s.update(changes=variants[v], protocol_hash=proto.hash(), settings=proto.to_dict())
+        mine = [r for r in rows if r["variant"] == v]
+        s = summarize(mine, mechs)
+        measured = measured_hash(v, mine, proto, here=False)  # checked above
+        s.update(changes=variants[v], protocol_hash=measured, settings=proto.to_dict())
         summaries[v] = s
+        if s["seconds_per_run"] is None:
+            print(f"\n## {v} {json.dumps(variants[v])}: no finished runs")
+            continue
         print(f"\n## {v} {json.dumps(variants[v])}  ({s['seconds_per_run']:.0f} s per run)\n")
         print(
             "| mechanism | Overall | vs GRPO (paired) | 95% interval | SD | verdict | paper | "
@@ -452,10 +506,13 @@ def main() -> None:
     measured_on = [
         json.loads(m) for m in {json.dumps(r.get("machine"), sort_keys=True) for r in rows}
     ]
+    # the preset's hash on the device the rows were trained on (a GPU preset's rows read back here)
+    devices = {r.get("device", "cpu") for r in rows}
     path = write_results(
         args.json,
         args,
         "Overall (fraction)",
+        protocol_hash=base.hash(devices.pop()) if len(devices) == 1 else None,
         machine=measured_on[0] if len(measured_on) == 1 and measured_on[0] else None,
         rows_measured_on=measured_on,
         variants=summaries,

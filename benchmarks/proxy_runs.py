@@ -181,8 +181,8 @@ def machine_info() -> dict:
 
 def write_results(path: str | Path, args, unit: str, **fields) -> Path:
     """A benchmark's JSON: its arguments, the proxy protocol (``args.preset``) with its hash, the
-    unit of its figures, the machine (``fields`` may name another: figures measured elsewhere), then
-    ``fields``."""
+    unit of its figures, the machine (``fields`` may name another, and the hash the protocol has on
+    another's device: figures measured elsewhere), then ``fields``."""
     from trainer_template.proxy.protocol import get_protocol
 
     out = Path(path)
@@ -190,7 +190,7 @@ def write_results(path: str | Path, args, unit: str, **fields) -> Path:
     payload = {
         "args": vars(args),
         "protocol": f"proxy/{args.preset}",
-        "protocol_hash": get_protocol(args.preset).hash(),
+        "protocol_hash": fields.pop("protocol_hash", None) or get_protocol(args.preset).hash(),
         "unit": unit,
         "machine": fields.pop("machine", None) or machine_info(),
         **fields,

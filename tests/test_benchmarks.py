@@ -175,6 +175,10 @@ def test_bench_protocol_sweep_trains_each_variant_resumes_and_refuses_bad_varian
         (v, m, s) for v in ("base", "longer") for m in ("grpo", "sa_grpo") for s in (0, 1)
     }
     assert {r["steps_run"] for r in lines if r["variant"] == "longer"} == {6}
+    # every row names the protocol it was measured under, resolved where it trained
+    for v in ("base", "longer"):
+        mine = {(r["protocol_hash"], r["device"]) for r in lines if r["variant"] == v}
+        assert mine == {(data["variants"][v]["protocol_hash"], "cpu")}
     # every figure names the machine that measured it (some mechanisms' runs differ across machines)
     import torch
 
@@ -190,6 +194,11 @@ def test_bench_protocol_sweep_trains_each_variant_resumes_and_refuses_bad_varian
     # a re-run reads every finished job back and runs none
     again = _bench("bench_protocol_sweep.py", args, tmp_path)
     assert "0 runs to do (8 read back)" in again
+    # a report over a variant no run finished yet (a sweep cut short before its first) says so
+    none = _bench(
+        "bench_protocol_sweep.py", [*args, "--variant", "later:steps=5", "--report-only"], tmp_path
+    )
+    assert "## later" in none and "no finished runs" in none and "| sa_grpo |" in none
     bad = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "bench_protocol_sweep.py"), "--preset", "tiny"]
         + ["--variant", "x:stepz=3", "--json", str(tmp_path / "bad.json")],

@@ -149,6 +149,15 @@ def test_presets_hash_differently():
         get_protocol("huge")
 
 
+def test_a_gpu_presets_hash_names_the_device_it_ran_on():
+    large, default = get_protocol("large"), get_protocol("default")
+    assert large.hash() == large.hash(large.device())  # here: this machine's device
+    assert large.hash("cuda") != large.hash("cpu")  # a run on a GPU samples differently
+    assert default.hash("cpu") == default.hash()
+    with pytest.raises(ValueError, match="accelerator 'cpu' runs on no 'cuda'"):
+        default.hash("cuda")
+
+
 @pytest.fixture(scope="session")
 def smoke_warmstart():
     proto = get_protocol("smoke")

@@ -139,3 +139,25 @@ def test_the_sweep_takes_a_style_mix_as_a_tuple_and_refuses_a_bad_one(sweep):
     ):
         with pytest.raises(ValueError, match=why):
             sweep.parse_variant(bad, base)
+
+
+def test_the_sweep_never_summarizes_rows_of_different_protocols_together(sweep):
+    large, default = get_protocol("large"), get_protocol("default")
+    gpu, cpu = large.hash("cuda"), large.hash("cpu")
+    here = large.hash()
+    rows = [{"mechanism": "grpo", "seed": s, "protocol_hash": gpu} for s in (0, 1)]
+    # a GPU preset's rows summarized elsewhere keep the hash of the device that trained them
+    assert sweep.measured_hash("L", rows, large, here=False) == gpu
+    if here != gpu:  # training here into rows measured on a GPU is refused
+        with pytest.raises(ValueError, match="measured under protocol sha256:"):
+            sweep.measured_hash("L", rows, large, here=True)
+    mixed = [*rows, {"mechanism": "grpo", "seed": 2, "protocol_hash": cpu}]
+    with pytest.raises(ValueError, match="different protocols .*2 under .*1 under"):
+        sweep.measured_hash("L", mixed, large, here=False)
+    with pytest.raises(ValueError, match="record no protocol hash"):
+        sweep.measured_hash("L", [{"mechanism": "grpo", "seed": 0}], large, here=False)
+    # rows from before rows recorded a hash: a CPU protocol's hash is every machine's
+    assert sweep.measured_hash("d", [{"mechanism": "grpo", "seed": 0}], default, True) == (
+        default.hash()
+    )
+    assert sweep.measured_hash("d", [], large, here=True) == here

@@ -152,14 +152,17 @@ class ProxyProtocol:
 
         return "cuda" if torch.cuda.is_available() else "cpu"
 
-    def hash(self) -> str:
+    def hash(self, device: str | None = None) -> str:
         """sha256 of what defines the measurement: every setting (the preset's name excluded; the task
         only where it is not the default, see :meth:`to_dict`), the pinned content hash of the warm
         start's weights (checked against the checkpoint actually loaded, warmstart.verify_warmstart)
-        and, for ``accelerator = "auto"``, the device used here."""
+        and, for ``accelerator = "auto"``, the device used here, or ``device`` (the hash a run on
+        that device records, for results measured elsewhere)."""
+        if device is not None and self.accelerator == "cpu" and device != "cpu":
+            raise ValueError(f"a protocol with accelerator 'cpu' runs on no {device!r}")
         d = self.to_dict()
         d.pop("preset")
-        d["accelerator"] = self.device()
+        d["accelerator"] = device or self.device()
         return "sha256:" + hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
     def warmstart_hash(self) -> str:
