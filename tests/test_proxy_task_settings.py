@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -161,3 +163,79 @@ def test_the_sweep_never_summarizes_rows_of_different_protocols_together(sweep):
         default.hash()
     )
     assert sweep.measured_hash("d", [], large, here=True) == here
+
+
+class _Oracle(torch.nn.Module):
+    """Knows every chain: reads the problem off the prompt and puts its logit mass on the next token
+    of the written chain (``sure``), or on nothing in particular (uniform logits)."""
+
+    def __init__(self, sure: bool):
+        super().__init__()
+        self.sure = sure
+
+    def forward(self, x):
+        logits = torch.zeros(*x.shape, task.VOCAB_SIZE)
+        if not self.sure:
+            return logits
+        for b, row in enumerate(x.tolist()):
+            start = 10 * (row[1] - task.DIGIT0) + row[2] - task.DIGIT0
+            ops = []
+            for op, d in zip(row[3 : 3 + 2 * task.MAX_K : 2], row[4 : 4 + 2 * task.MAX_K : 2]):
+                if op == task.NOOP:
+                    break
+                sign = task.MUL if op == task.TIMES else 1 if op == task.PLUS else -1
+                ops.append((sign, d - task.DIGIT0))
+            p = task.Problem(start, tuple(ops))
+            seq = task.encode_prompt(p) + task.encode_response(p)
+            for t in range(min(len(row), len(seq) - 1)):
+                logits[b, t, seq[t + 1]] = 50.0
+        return logits
+
+
+def test_step_confidence_reads_the_gold_digit_of_every_step(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_step_confidence as bench
+
+    sure = bench.step_confidence(_Oracle(sure=True), chains=3)
+    assert set(sure) == {"easy/+-", "medium/+-", "hard/+-", "hard/*"}
+    # every digit of every step but the first (which also picks the style): 2k - 1 per chain
+    assert sum(c["n"] for c in sure.values()) == 3 * sum(2 * k - 1 for k in range(1, 9))
+    assert all(c["mean_p"] == pytest.approx(1.0) and c["mean_miss"] < 1e-9 for c in sure.values())
+    blind = bench.step_confidence(_Oracle(sure=False), chains=3)
+    assert all(c["mean_p"] == pytest.approx(1 / task.VOCAB_SIZE) for c in blind.values())
+    assert all(c["below_0_9"] == 1.0 for c in blind.values())
+    hard = blind["hard/+-"]["n"], blind["hard/*"]["n"]
+    assert bench.push_share(blind) == pytest.approx(hard[0] / sum(hard))
+    assert bench.push_share({"hard/+-": blind["hard/+-"]}) is None
+
+
+def test_rank_stability_reports_spearman_on_halves_and_a_seed_bootstrap(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import rank_stability as rs
+    from proxy_runs import PAPER_OVERALL
+
+    def rows(sign: float, seeds=range(6), noise=0.0):
+        return [
+            {"variant": "v", "mechanism": m, "seed": s, "overall": sign * p / 100 + noise * (s % 2)}
+            for s in seeds
+            for m, p in PAPER_OVERALL.items()
+        ]
+
+    agree = rs.rank_stability(rows(1.0), list(range(6)), resamples=200)
+    assert agree["spearman"] == pytest.approx(1.0)
+    assert agree["first_half"] == {"seeds": [0, 1, 2], "spearman": pytest.approx(1.0)}
+    assert agree["bootstrap_interval"] == [pytest.approx(1.0)] * 2
+    assert agree["share_at_least_0_6"] == 1.0
+    against = rs.rank_stability(rows(-1.0), list(range(6)), resamples=200)
+    assert against["spearman"] == pytest.approx(-1.0) and against["share_at_least_0_6"] == 0.0
+    # a seed without a run of every mechanism is left out; so is one at or above the limit
+    partial = rows(1.0, seeds=range(8))
+    partial = [r for r in partial if not (r["seed"] == 2 and r["mechanism"] == "sa_grpo")]
+    assert rs.complete_seeds(partial, list(PAPER_OVERALL), below=7) == [0, 1, 3, 4, 5, 6]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in partial))
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "rank_stability.py"), str(path)]
+    ok = subprocess.run([*cmd, "--variant", "v", "--seeds", "8"], capture_output=True, text=True)
+    assert ok.returncode == 0 and "+1.000 over 7 seeds" in ok.stdout, ok.stderr
+    few = subprocess.run([*cmd, "--variant", "v", "--seeds", "3"], capture_output=True, text=True)
+    assert few.returncode != 0 and "at least 4 are needed" in few.stderr

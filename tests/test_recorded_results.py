@@ -45,6 +45,21 @@ def test_every_recorded_sweep_table_is_the_summary_of_its_rows(sweep, path):
             assert _same(recorded[key], value), (path.name, name, key)
         # every seed run names the machine that measured it
         assert all(r.get("machine", {}).get("cpu") for r in mine), (path.name, name)
+        # the table's protocol is the one its rows were measured under (where they record it)
+        assert {r.get("protocol_hash", recorded["protocol_hash"]) for r in mine} == {
+            recorded["protocol_hash"]
+        }, (path.name, name)
+
+
+def test_the_gpu_calibration_records_the_cuda_protocol_it_ran_under():
+    from trainer_template.proxy.protocol import get_protocol
+
+    data = json.loads((RESULTS / "calibration-large-gpu.json").read_text())
+    rows = [json.loads(x) for x in (RESULTS / "calibration-large-gpu.rows.jsonl").open()]
+    cuda = get_protocol("large").hash("cuda")
+    assert data["protocol_hash"] == data["variants"]["large-gpu"]["protocol_hash"] == cuda
+    assert {(r["device"], r["protocol_hash"]) for r in rows} == {("cuda", cuda)}
+    assert data["args"]["seeds"] == 15 and len(data["variants"]["large-gpu"]["table"]) == 11
 
 
 def test_the_rl_budget_figure_is_drawn_from_the_recorded_rows(tmp_path):
