@@ -5,6 +5,7 @@ the settings in training and in scoring."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import subprocess
 import sys
@@ -239,3 +240,55 @@ def test_rank_stability_reports_spearman_on_halves_and_a_seed_bootstrap(monkeypa
     assert ok.returncode == 0 and "+1.000 over 7 seeds" in ok.stdout, ok.stderr
     few = subprocess.run([*cmd, "--variant", "v", "--seeds", "3"], capture_output=True, text=True)
     assert few.returncode != 0 and "at least 4 are needed" in few.stderr
+
+
+def test_a_decomposed_multiplication_step_writes_its_partial_products_and_still_scores():
+    # 47 * 6 = 282 -> 82; + 3 -> 85; 85 * 9 = 765 -> 65
+    p = task.Problem(47, ((task.MUL, 6), (1, 3), (task.MUL, 9)))
+    plain = task.encode_response(p)
+    dec = task.encode_response(p, decompose=[True, True, True])
+    # units 7 * 6 = 42, tens 4 * 6 = 24 -> 4: 40 + 42 = 82; the addition is written at once;
+    # units 5 * 9 = 45, tens 8 * 9 = 72 -> 2: 20 + 45 = 65
+    assert task.decode(dec) == "= 4 2 4 8 2 ; 8 5 ; = 4 5 2 6 5 ; < 6 5 > <eos>"
+    assert len(dec) == len(plain) + 8
+    assert task.encode_response(p, decompose=[False]) == plain  # missing entries: at once
+    assert task.decode(task.encode_response(p, "giveup", stop=1, decompose=[True])) == (
+        "= 4 2 4 8 2 ; <eos>"
+    )
+    out = torch.full((2, task.MAX_RESPONSE), task.PAD)
+    out[0, : len(dec)] = torch.tensor(dec)
+    out[1, : len(plain)] = torch.tensor(plain)
+    valid, correct, lengths = task.score(out, [p, p])
+    assert valid.all() and correct.all() and lengths.tolist() == [len(dec), len(plain)]
+
+
+def test_warm_start_decomposition_is_off_by_default_and_keeps_every_recorded_hash():
+    from trainer_template.proxy import warmstart
+
+    default = get_protocol("default")
+    assert not {"skill_decompose", "habit_decompose"} & set(default.to_dict()["warmstart"])
+    assert warmstart.checkpoint_name(default) == "warmstart-a3556b6cbf685a7d.pt"  # the shipped one
+    dec = dataclasses.replace(
+        default, warmstart=dataclasses.replace(default.warmstart, habit_decompose=0.3)
+    )
+    assert dec.to_dict()["warmstart"]["habit_decompose"] == 0.3
+    assert "skill_decompose" not in dec.to_dict()["warmstart"]
+    assert dec.warmstart_hash() != default.warmstart_hash() and dec.hash() != default.hash()
+    # the habits phase decomposes hard chains' products at its rate; the skill phase at 0 never
+    ws = dataclasses.replace(dec.warmstart, batch=256, habit_hard=(0.0, 1.0, 0.0, 0.0))
+    seqs, mask = warmstart.sft_batch(torch.Generator().manual_seed(0), ws, "habits")
+    eq = (seqs[:, task.PROMPT_LEN :] == task.EQ).any(1)
+    hard_mul = (seqs[:, 3 : task.PROMPT_LEN - 1 : 2] == task.TIMES).any(1)
+    assert eq.any() and not (eq & ~hard_mul).any()  # only chains with a product decompose
+    seqs, _ = warmstart.sft_batch(torch.Generator().manual_seed(0), ws, "skill")
+    assert not (seqs[:, task.PROMPT_LEN :] == task.EQ).any()
+    # the default's batches are the ones the shipped warm start was built from (hashed before
+    # decomposition existed): a setting at rate 0 draws nothing
+    h = hashlib.sha256()
+    for phase, seed in (("skill", 1), ("habits", 2)):
+        gen = torch.Generator().manual_seed(seed)
+        for _ in range(20):
+            seqs, mask = warmstart.sft_batch(gen, default.warmstart, phase)
+            h.update(seqs.numpy().tobytes())
+            h.update(mask.numpy().tobytes())
+    assert h.hexdigest().startswith("f6731b0425e17d7f")

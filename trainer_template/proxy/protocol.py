@@ -53,6 +53,25 @@ class WarmStart:
     filler_max: int = 12
     """a ramble writes 1..filler_max filler tokens before its answer (past the cap: cut off)"""
     seed: int = 1234
+    skill_decompose: float = 0.0
+    """phase 1: probability that a written multiplication step is decomposed (task.py)"""
+    habit_decompose: float = 0.0
+    """phase 2: the same, for the habits the RL start has"""
+
+
+LATER_WARMSTART_FIELDS = ("skill_decompose", "habit_decompose")
+"""warm-start settings added after results were recorded: part of a protocol's identity (its
+dict, its hash, the warm start's settings hash) only where they differ from their defaults, so every
+earlier protocol keeps its hash"""
+
+
+def warmstart_dict(ws: WarmStart) -> dict:
+    """``ws`` as a dict, without the later fields that keep their defaults."""
+    d = dataclasses.asdict(ws)
+    for name in LATER_WARMSTART_FIELDS:
+        if d[name] == WarmStart.__dataclass_fields__[name].default:
+            d.pop(name)
+    return d
 
 
 @dataclass(frozen=True)
@@ -139,7 +158,9 @@ class ProxyProtocol:
     def to_dict(self) -> dict:
         """Every setting as JSON types (tuples as lists), as a result stores and reads it back; the
         task only where it differs from the default task (:class:`Task`)."""
-        d = json.loads(json.dumps(dataclasses.asdict(self)))
+        d = dataclasses.asdict(self)
+        d["warmstart"] = warmstart_dict(self.warmstart)
+        d = json.loads(json.dumps(d))
         if self.task == Task():
             d.pop("task")
         return d
@@ -166,7 +187,7 @@ class ProxyProtocol:
         return "sha256:" + hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
     def warmstart_hash(self) -> str:
-        blob = json.dumps(dataclasses.asdict(self.warmstart), sort_keys=True).encode()
+        blob = json.dumps(warmstart_dict(self.warmstart), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 

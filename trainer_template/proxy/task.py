@@ -15,6 +15,13 @@ A response may take one of several *styles*, and the policy chooses (its first t
     ramble   a chain with filler "." tokens between its steps (longer, same content)
     give-up  a partial chain that stops with EOS and no answer (format-invalid)
 
+A chain may also write a multiplication step *decomposed*: ``= u u t`` before the running result,
+where ``u u`` is the product of the previous result's units digit and d and ``t`` the product of
+its tens digit and d mod 10, so the result is (10 t + u u) mod 100. Four more tokens per step buy a
+step the policy gets right more often than a product mod 100 written at once; a warm start that
+decomposes (``WarmStart.skill_decompose`` / ``habit_decompose``, off by default) makes that a
+graded length-accuracy trade-off, bounded by the cap.
+
 Writing the chain makes every step a one-operation update, so it is accurate on long chains where the
 direct answer is a guess: longer responses help on hard prompts. Filler costs length and, past the
 response cap ``MAX_RESPONSE``, the answer is cut off (format-invalid). A response is *valid* iff it ends
@@ -118,20 +125,31 @@ def encode_prompt(p: Problem) -> list[int]:
 
 
 def encode_response(
-    p: Problem, style: str = "chain", filler: Sequence[int] = (), stop: int = 0
+    p: Problem,
+    style: str = "chain",
+    filler: Sequence[int] = (),
+    stop: int = 0,
+    decompose: Sequence[bool] = (),
 ) -> list[int]:
     """A reference response in ``style`` (untruncated; :data:`MAX_RESPONSE` caps it when sampled).
 
     ramble: ``filler[i]`` "." tokens after running result i (missing entries: none);
-    giveup: the first ``stop`` running results (0 <= stop < k), then EOS without an answer."""
+    giveup: the first ``stop`` running results (0 <= stop < k), then EOS without an answer;
+    decompose: step i written as ``= u u t`` and its result where ``decompose[i]`` is true and step i
+    multiplies (missing entries, and steps that add or subtract: written at once)."""
     if style == "direct":
         return [OPEN, *_two(p.answer), CLOSE, EOS]
     steps = p.running()
     if style == "giveup":
         steps = steps[:stop]
     toks: list[int] = []
+    prev = p.start
     for i, r in enumerate(steps):
+        sign, d = p.ops[i]
+        if sign == MUL and i < len(decompose) and decompose[i]:
+            toks += [EQ, *_two(prev % 10 * d), DIGIT0 + prev // 10 * d % 10]
         toks += [*_two(r), SEP]
+        prev = r
         if style == "ramble" and i < len(filler):
             toks += [NOOP] * int(filler[i])
     if style == "giveup":

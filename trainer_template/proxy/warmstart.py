@@ -63,15 +63,31 @@ def style_weights(ws: WarmStart, k: int) -> list[float]:
     )
 
 
-def _response(gen: torch.Generator, p: task.Problem, weights, ws: WarmStart) -> list[int]:
+def _decompose(gen: torch.Generator, p: task.Problem, rate: float) -> list[bool]:
+    """Which multiplication steps a written chain decomposes; draws nothing at rate 0, so a warm start
+    that never decomposes draws exactly what it drew before decomposition existed."""
+    if rate <= 0:
+        return []
+    return [
+        s == task.MUL and float(torch.rand((), generator=gen, dtype=torch.float64)) < rate
+        for s, _ in p.ops
+    ]
+
+
+def _response(
+    gen: torch.Generator, p: task.Problem, weights, ws: WarmStart, decompose: float = 0.0
+) -> list[int]:
     w = torch.tensor(weights, dtype=torch.float64)
     style = task.STYLES[int(torch.multinomial(w, 1, generator=gen))]
     if style == "ramble":
         n = int(torch.randint(1, ws.filler_max + 1, (1,), generator=gen))
-        return task.encode_response(p, "ramble", filler=[0] * (p.k - 1) + [n])
+        dec = _decompose(gen, p, decompose)
+        return task.encode_response(p, "ramble", filler=[0] * (p.k - 1) + [n], decompose=dec)
     if style == "giveup":
         stop = int(torch.randint(0, p.k, (1,), generator=gen))
-        return task.encode_response(p, "giveup", stop=stop)
+        return task.encode_response(p, "giveup", stop=stop, decompose=_decompose(gen, p, decompose))
+    if style == "chain":
+        return task.encode_response(p, "chain", decompose=_decompose(gen, p, decompose))
     return task.encode_response(p, style)
 
 
@@ -85,7 +101,8 @@ def sft_batch(gen: torch.Generator, ws: WarmStart, phase: str) -> tuple[torch.Te
     for i, k in enumerate(ks):
         p = task.sample_problem(gen, k, ws.skill_mul_rate if phase == "skill" else None)
         weights = style_weights(ws, k) if phase == "habits" else ws.skill_styles
-        resp = _response(gen, p, weights, ws)[: task.MAX_RESPONSE]
+        rate = ws.habit_decompose if phase == "habits" else ws.skill_decompose
+        resp = _response(gen, p, weights, ws, rate)[: task.MAX_RESPONSE]
         toks = task.encode_prompt(p) + resp
         seqs[i, : len(toks)] = torch.tensor(toks)
         mask[i, task.PROMPT_LEN - 1 : task.PROMPT_LEN - 1 + len(resp)] = True
