@@ -14,11 +14,11 @@ correlation over 11 means moves a lot with a few seeds; this says how much.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 from pathlib import Path
 
+from bench_protocol_sweep import read_rows
 from proxy_runs import PAPER_OVERALL, spearman
 
 
@@ -63,8 +63,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, required=True, help="use the seeds below this")
     ap.add_argument("--resamples", type=int, default=2000)
     args = ap.parse_args()
-    rows = [json.loads(x) for x in Path(args.rows).read_text().splitlines() if x.strip()]
-    rows = [r for r in rows if r["variant"] == args.variant]
+    # the sweep's reader: a line cut off by a kill is skipped
+    rows = [r for r in read_rows(Path(args.rows)) if r["variant"] == args.variant]
     seeds = complete_seeds(rows, list(PAPER_OVERALL), args.seeds)
     if len(seeds) < 4:
         raise SystemExit(

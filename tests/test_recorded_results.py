@@ -51,11 +51,11 @@ def test_every_recorded_sweep_table_is_the_summary_of_its_rows(sweep, path):
         }, (path.name, name)
 
 
-def test_the_gpu_calibration_records_the_cuda_protocol_it_ran_under():
+def test_the_gpu_calibration_records_the_cuda_protocol_it_ran_under(sweep):
     from trainer_template.proxy.protocol import get_protocol
 
     data = json.loads((RESULTS / "calibration-large-gpu.json").read_text())
-    rows = [json.loads(x) for x in (RESULTS / "calibration-large-gpu.rows.jsonl").open()]
+    rows = sweep.read_rows(RESULTS / "calibration-large-gpu.rows.jsonl")
     cuda = get_protocol("large").hash("cuda")
     assert data["protocol_hash"] == data["variants"]["large-gpu"]["protocol_hash"] == cuda
     assert {(r["device"], r["protocol_hash"]) for r in rows} == {("cuda", cuda)}
