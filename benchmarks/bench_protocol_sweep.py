@@ -24,6 +24,9 @@ t-interval and the seed-to-seed SD, the verdict (above / below / within), Spearm
 correlation with the paper over the mechanisms run, the calibration targets it meets (SA-GRPO and
 DCBE-GRPO below GRPO; how many of AV, VM-AV, MSA, DACE, FA above it) and the seconds per run.
 ``--report-only`` summarizes the rows a sweep left (one cut short, say) without running any.
+``--score paper32`` compares the paper's weighting instead of the protocol's Overall: pass@32 on
+the hard (0.40) and medium (0.15) splits and greedy acc@1 on each split (0.15 each), as the paper
+weighs AIME and AMC pass@32 and three acc@1 benchmarks; it needs ``eval.samples`` of 32 or more.
 ``--sources DIR`` reads each mechanism's algorithm.py from ``DIR/NAME.py`` (written by
 ``--write-sources DIR``) instead of rendering it from ``trainer_template/priors``.
 ``--mechanism-variant NAME=BASE:FIELD=VALUE,...`` adds a mechanism NAME: BASE's source with those
@@ -270,6 +273,41 @@ def run_job(variant: str, protocol, mech: str, source: str, seed: int) -> dict:
     }
 
 
+# The paper's Overall read on the proxy's splits, fixed before any run scored by it was read: the
+# paper weighs pass@32 on its hardest sets (0.2 AIME24 + 0.2 AIME25), pass@32 on AMC (0.15) and acc@1
+# on MATH-500, Minerva and OlympiadBench (0.15 each); here hard and medium pass@32 and each split's
+# greedy acc@1. It needs an evaluation of at least 32 samples per prompt (``eval.samples=64``).
+PAPER32_WEIGHTS = {
+    "hard/pass@32": 0.40,
+    "medium/pass@32": 0.15,
+    "easy/acc@1": 0.15,
+    "medium/acc@1": 0.15,
+    "hard/acc@1": 0.15,
+}
+SCORES = {"overall": "Overall (fraction)", "paper32": "paper-weighted Overall (fraction)"}
+
+
+def rescore(rows: list[dict], score: str) -> list[dict]:
+    """The rows with ``overall`` read as ``score``: ``overall`` (the protocol's own, as recorded) or
+    ``paper32`` (``PAPER32_WEIGHTS`` over each row's metrics). ValueError for an unknown score or
+    rows whose evaluation has no pass@32."""
+    if score == "overall":
+        return rows
+    if score != "paper32":
+        raise ValueError(f"unknown score {score!r} (known: {', '.join(SCORES)})")
+    out = []
+    for r in rows:
+        m = r.get("metrics", {})
+        missing = [k for k in PAPER32_WEIGHTS if k not in m]
+        if missing:
+            raise ValueError(
+                f"{r['variant']} {r['mechanism']} seed {r['seed']}: no {missing[0]} "
+                "(paper32 needs an evaluation of at least 32 samples, e.g. eval.samples=64)"
+            )
+        out.append({**r, "overall": sum(w * m[k] for k, w in PAPER32_WEIGHTS.items())})
+    return out
+
+
 def summarize(rows: list[dict], mechs: list[str]) -> dict:
     """One variant's table: paired differences to GRPO, Spearman with the paper, targets met."""
     ov = {m: {r["seed"]: r["overall"] for r in rows if r["mechanism"] == m} for m in mechs}
@@ -373,6 +411,13 @@ def main() -> None:
         "--report-only", action="store_true", help="summarize the rows already in --rows, run none"
     )
     ap.add_argument(
+        "--score",
+        default="overall",
+        choices=list(SCORES),
+        help="what the tables compare: the protocol's Overall, or paper32 (the paper's weights: "
+        "pass@32 on hard and medium, acc@1 on every split; needs eval.samples >= 32)",
+    )
+    ap.add_argument(
         "--rows", default=None, help="JSON lines of finished jobs (default: beside --json)"
     )
     ap.add_argument(
@@ -466,6 +511,10 @@ def main() -> None:
             )
     loads.append(load_average())
     rows = [r for r in read_rows(rows_path) if r["variant"] in protocols and r["seed"] < args.seeds]
+    try:
+        rows = rescore(rows, args.score)
+    except ValueError as exc:
+        sys.exit(str(exc))
     summaries = {}
     for v, proto in protocols.items():
         mine = [r for r in rows if r["variant"] == v]
@@ -477,8 +526,9 @@ def main() -> None:
             print(f"\n## {v} {json.dumps(variants[v])}: no finished runs")
             continue
         print(f"\n## {v} {json.dumps(variants[v])}  ({s['seconds_per_run']:.0f} s per run)\n")
+        score = SCORES[args.score].split(" (")[0]
         print(
-            "| mechanism | Overall | vs GRPO (paired) | 95% interval | SD | verdict | paper | "
+            f"| mechanism | {score} | vs GRPO (paired) | 95% interval | SD | verdict | paper | "
             "stopped early |"
         )
         print("|---|---|---|---|---|---|---|---|")
@@ -511,7 +561,7 @@ def main() -> None:
     path = write_results(
         args.json,
         args,
-        "Overall (fraction)",
+        SCORES[args.score],
         protocol_hash=base.hash(devices.pop()) if len(devices) == 1 else None,
         machine=measured_on[0] if len(measured_on) == 1 and measured_on[0] else None,
         rows_measured_on=measured_on,

@@ -2,13 +2,14 @@
 correlation on all paired seeds, on each half of them, and a seed-bootstrap interval.
 
     .venv/bin/python benchmarks/rank_stability.py benchmarks/results/calibration-large-gpu.rows.jsonl \\
-        --variant large-gpu --seeds 15 [--resamples 2000]
+        --variant large-gpu --seeds 15 [--resamples 2000] [--score paper32]
 
 Reads the rows a protocol sweep wrote (``bench_protocol_sweep.py --rows``) and keeps the seeds below
 ``--seeds`` at which every published mechanism has a run. The bootstrap draws seeds with replacement
 (a fixed generator), ranks the mechanisms by their mean Overall over the drawn seeds, and reports the
 2.5 and 97.5 percentiles of Spearman and the share of draws that reach the calibration's 0.6. A
-correlation over 11 means moves a lot with a few seeds; this says how much.
+correlation over 11 means moves a lot with a few seeds; this says how much. ``--score paper32``
+ranks by the paper's weighting, as the sweep's option does.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import random
 import statistics
 from pathlib import Path
 
-from bench_protocol_sweep import read_rows
+from bench_protocol_sweep import SCORES, read_rows, rescore
 from proxy_runs import PAPER_OVERALL, spearman
 
 
@@ -62,9 +63,16 @@ def main() -> None:
     ap.add_argument("--variant", required=True)
     ap.add_argument("--seeds", type=int, required=True, help="use the seeds below this")
     ap.add_argument("--resamples", type=int, default=2000)
+    ap.add_argument(
+        "--score", default="overall", choices=list(SCORES), help="as the sweep's --score"
+    )
     args = ap.parse_args()
     # the sweep's reader: a line cut off by a kill is skipped
     rows = [r for r in read_rows(Path(args.rows)) if r["variant"] == args.variant]
+    try:
+        rows = rescore(rows, args.score)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     seeds = complete_seeds(rows, list(PAPER_OVERALL), args.seeds)
     if len(seeds) < 4:
         raise SystemExit(

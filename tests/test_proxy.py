@@ -16,6 +16,7 @@ from trainer_template.proxy.model import TinyGPT, generate, response_logprobs
 from trainer_template.proxy.protocol import (
     OVERALL_WEIGHTS,
     PRESETS,
+    Eval,
     WarmStart,
     get_protocol,
     overall,
@@ -233,6 +234,20 @@ def test_the_protocol_pins_the_warm_start_it_was_measured_with(tmp_path):
 
 def test_default_and_smoke_share_the_warm_start():
     assert get_protocol("smoke").warmstart_hash() == get_protocol("default").warmstart_hash()
+
+
+def test_an_evaluation_of_32_samples_or_more_reports_pass_at_32(smoke_warmstart):
+    proto, path = smoke_warmstart
+    model = load_warmstart(path, proto.warmstart)
+    wide = evalset.evaluate(model, Eval(prompts_per_split=8, samples=48), seed=0)
+    narrow = evalset.evaluate(model, Eval(prompts_per_split=8, samples=16), seed=0)
+    assert not any(k.endswith("pass@32") for k in narrow)  # the recorded metrics keep their keys
+    for split in task.SPLITS:
+        p1, p8, p32 = (wide[f"{split}/pass@{k}"] for k in (1, 8, 32))
+        assert 0 <= p1 <= p8 <= p32 <= 1, split
+    # the warm start solves a hard prompt now and then: more draws find more of them
+    assert wide["hard/pass@32"] > wide["hard/pass@8"] + 0.05
+    assert wide["overall"] == pytest.approx(overall(wide))  # Overall itself does not read pass@32
 
 
 def _grpo():

@@ -166,6 +166,27 @@ def test_the_sweep_never_summarizes_rows_of_different_protocols_together(sweep):
     assert sweep.measured_hash("d", [], large, here=True) == here
 
 
+def test_the_sweep_reads_rows_by_the_papers_weighting_when_asked(sweep):
+    assert sum(sweep.PAPER32_WEIGHTS.values()) == pytest.approx(1.0)
+    metrics = {
+        "hard/pass@32": 0.5,
+        "medium/pass@32": 1.0,
+        "easy/acc@1": 1.0,
+        "medium/acc@1": 0.8,
+        "hard/acc@1": 0.1,
+    }
+    row = {"variant": "p", "mechanism": "grpo", "seed": 0, "overall": 0.3, "metrics": metrics}
+    assert sweep.rescore([row], "overall") == [row]  # the protocol's Overall, as recorded
+    (got,) = sweep.rescore([row], "paper32")
+    assert got["overall"] == pytest.approx(0.4 * 0.5 + 0.15 * 1.0 + 0.15 * (1.0 + 0.8 + 0.1))
+    assert row["overall"] == 0.3  # the row read is not changed
+    narrow = {**row, "metrics": {k: v for k, v in metrics.items() if "pass@32" not in k}}
+    with pytest.raises(ValueError, match="no hard/pass@32 .*eval.samples=64"):
+        sweep.rescore([narrow], "paper32")
+    with pytest.raises(ValueError, match="unknown score 'best'"):
+        sweep.rescore([row], "best")
+
+
 class _Oracle(torch.nn.Module):
     """Knows every chain: reads the problem off the prompt and puts its logit mass on the next token
     of the written chain (``sure``), or on nothing in particular (uniform logits)."""

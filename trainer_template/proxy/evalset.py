@@ -1,4 +1,5 @@
-"""Held-out evaluation per difficulty split: greedy acc@1, unbiased pass@1/pass@8, length, validity."""
+"""Held-out evaluation per difficulty split: greedy acc@1, unbiased pass@1/pass@8 (and pass@32 when
+the evaluation draws 32 or more samples), length, validity."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from evaluators.metrics import pass_at_k  # unbiased 1 - C(n-c, k) / C(n, k), as
 from trainer_template.proxy import task
 from trainer_template.proxy.model import TinyGPT, generate
 from trainer_template.proxy.protocol import Eval, Task, overall
+
+PASS_K = (1, 8, 32)
+"""pass@k reported per split; pass@32 only where the evaluation draws at least 32 samples"""
 
 
 def heldout(ev: Eval, task_settings: Task | None = None) -> dict[str, list[task.Problem]]:
@@ -46,7 +50,7 @@ def evaluate(
         valid, correct, lengths = task.score(samples, rep_problems)
         c = correct.view(len(problems), n).sum(1).tolist()
         metrics[f"{name}/acc@1"] = float(g_correct.float().mean())
-        for k in (1, 8):
+        for k in PASS_K if n >= 32 else PASS_K[:2]:
             metrics[f"{name}/pass@{k}"] = sum(pass_at_k(n, ci, k) for ci in c) / len(c)
         metrics[f"{name}/valid_rate"] = float(valid.float().mean())
         metrics[f"{name}/mean_length"] = float(lengths.float().mean())
