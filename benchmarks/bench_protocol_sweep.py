@@ -285,6 +285,23 @@ PAPER32_WEIGHTS = {
     "hard/acc@1": 0.15,
 }
 SCORES = {"overall": "Overall (fraction)", "paper32": "paper-weighted Overall (fraction)"}
+PAPER32_MIN_SAMPLES = 32
+"""the fewest evaluation samples per prompt that report pass@32 (``evalset.evaluate``)"""
+
+
+def check_score(score: str, protocols: dict) -> None:
+    """ValueError when ``score`` cannot read every variant's runs: paper32 needs pass@32, so every
+    variant's evaluation must draw at least 32 samples. Checked before the sweep trains anything,
+    so a sweep never runs for minutes to end in a table it cannot print."""
+    if score != "paper32":
+        return
+    narrow = [n for n, p in protocols.items() if p.eval.samples < PAPER32_MIN_SAMPLES]
+    if narrow:
+        raise ValueError(
+            f"--score paper32 reads pass@32, which an evaluation of fewer than "
+            f"{PAPER32_MIN_SAMPLES} samples does not report: variant(s) {', '.join(narrow)} "
+            "(add eval.samples=64)"
+        )
 
 
 def rescore(rows: list[dict], score: str) -> list[dict]:
@@ -447,6 +464,7 @@ def main() -> None:
     try:
         variants = dict(parse_variant(v, base) for v in (args.variant or [f"{args.preset}:"]))
         protocols = {n: variant_protocol(base, c) for n, c in variants.items()}
+        check_score(args.score, protocols)  # before any warm start is built or any run trains
     except (ValueError, TypeError) as exc:
         sys.exit(str(exc))
     for n, proto in protocols.items():

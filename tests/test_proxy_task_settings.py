@@ -185,6 +185,13 @@ def test_the_sweep_reads_rows_by_the_papers_weighting_when_asked(sweep):
         sweep.rescore([narrow], "paper32")
     with pytest.raises(ValueError, match="unknown score 'best'"):
         sweep.rescore([row], "best")
+    # a sweep that could not be read by paper32 is refused before it trains
+    base = get_protocol("default")
+    wide = sweep.variant_protocol(base, sweep.parse_variant("w:eval.samples=64", base)[1])
+    sweep.check_score("paper32", {"w": wide})
+    sweep.check_score("overall", {"d": base})
+    with pytest.raises(ValueError, match="variant\\(s\\) d .*eval.samples=64"):
+        sweep.check_score("paper32", {"w": wide, "d": base})
 
 
 class _Oracle(torch.nn.Module):
