@@ -62,7 +62,7 @@ from proxy_runs import (
     write_results,
 )
 
-from engine.stats import mean_interval, paired_interval
+from engine.stats import mean_interval, paired_interval, seeds_to_resolve
 
 
 def split_items(spec: str) -> list[str]:
@@ -325,6 +325,16 @@ def rescore(rows: list[dict], score: str) -> list[dict]:
     return out
 
 
+def resolve_text(row: dict) -> str:
+    """A table cell: the paired seeds at which a row's difference to GRPO, were it real, would lie
+    beyond its 95% interval in 4 evaluations of 5, at the paired SD measured (``stats.
+    seeds_to_resolve``); '-' for GRPO, '>10000' where no practical number of seeds would."""
+    if row.get("diff") is None or not row.get("diff_sd"):
+        return "-"
+    n = seeds_to_resolve(row["diff"], row["diff_sd"])
+    return str(n) if n else ">10000"
+
+
 def summarize(rows: list[dict], mechs: list[str]) -> dict:
     """One variant's table: paired differences to GRPO, Spearman with the paper, targets met."""
     ov = {m: {r["seed"]: r["overall"] for r in rows if r["mechanism"] == m} for m in mechs}
@@ -546,18 +556,18 @@ def main() -> None:
         print(f"\n## {v} {json.dumps(variants[v])}  ({s['seconds_per_run']:.0f} s per run)\n")
         score = SCORES[args.score].split(" (")[0]
         print(
-            f"| mechanism | {score} | vs GRPO (paired) | 95% interval | SD | verdict | paper | "
-            "stopped early |"
+            f"| mechanism | {score} | vs GRPO (paired) | 95% interval | SD | verdict | "
+            "seeds to resolve | paper | stopped early |"
         )
-        print("|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|")
         for r in sorted(s["table"], key=lambda r: -r["overall"]):
             diff = f"{r['diff']:+.3f}" if "diff" in r else "-"
             sd = f"{r['diff_sd']:.3f}" if r.get("diff_sd") else "-"
             print(
                 f"| {r['mechanism']} | {r['overall']:.3f} | {diff} | "
                 f"{fmt_iv(r.get('diff_interval'), signed=True)} | {sd} | "
-                f"{r.get('verdict', 'reference')} | {PAPER_OVERALL.get(r['mechanism'], '-')} | "
-                f"{r['stopped']} of {r['seeds']} |"
+                f"{r.get('verdict', 'reference')} | {resolve_text(r)} | "
+                f"{PAPER_OVERALL.get(r['mechanism'], '-')} | {r['stopped']} of {r['seeds']} |"
             )
         print(
             f"\nSpearman with the paper {s['spearman']:+.3f}; below GRPO: "

@@ -44,6 +44,25 @@ def t95(df: int) -> float:
     return _T95[df - 1] if 1 <= df <= len(_T95) else 1.96
 
 
+Z80 = 0.8416
+"""the normal quantile of 0.80: the power term of :func:`seeds_to_resolve`"""
+
+
+def seeds_to_resolve(diff: float, sd: float, limit: int = 10_000) -> int | None:
+    """Paired seeds at which a real difference ``diff`` with paired SD ``sd`` comes out beyond the
+    95% Student-t interval in 80% of evaluations: the smallest n >= 2 with
+    (t95(n - 1) + Z80) * sd / sqrt(n) <= |diff| (the power term in its normal approximation). None
+    for a zero difference, or beyond ``limit``; 2 for a zero SD."""
+    if diff == 0:
+        return None
+    if sd <= 0:
+        return 2
+    for n in range(2, limit + 1):
+        if (t95(n - 1) + Z80) * sd / math.sqrt(n) <= abs(diff):
+            return n
+    return None
+
+
 def mean_interval(values: list[float]) -> tuple[float, list[float] | None]:
     """Mean and the 95% Student-t interval of the mean (None for a single value)."""
     n = len(values)

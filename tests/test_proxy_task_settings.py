@@ -221,6 +221,16 @@ class _Oracle(torch.nn.Module):
         return logits
 
 
+def test_the_sweep_table_says_how_many_seeds_would_resolve_each_difference(sweep):
+    from engine.stats import seeds_to_resolve
+
+    assert sweep.resolve_text({"mechanism": "grpo", "overall": 0.5}) == "-"
+    row = {"mechanism": "msa_grpo", "diff": 0.005, "diff_sd": 0.023}
+    assert sweep.resolve_text(row) == str(seeds_to_resolve(0.005, 0.023))
+    assert int(sweep.resolve_text(row)) > int(sweep.resolve_text({**row, "diff": -0.01}))
+    assert sweep.resolve_text({**row, "diff": 1e-7}) == ">10000"
+
+
 def test_step_confidence_reads_the_gold_digit_of_every_step(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import bench_step_confidence as bench

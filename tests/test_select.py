@@ -349,3 +349,59 @@ def test_paired_difference_resolves_what_the_intervals_cannot(archive):
     line = discovery_verdict(archive, None, "child", "grpo")
     assert "DISCOVERY" in line and "beats grpo" in line and "over 6 paired seeds" in line
     assert "does not beat" in discovery_verdict(archive, None, "grpo", "child")
+    assert "paired seeds would show it" not in discovery_verdict(archive, None, "grpo", "child")
+
+
+def test_an_unresolved_gain_is_told_how_many_seeds_would_resolve_it(archive):
+    """A child ahead by +0.01 on average with a paired SD of about 0.02 over 4 seeds is no
+    discovery; the verdict says how many paired seeds a real +0.01 at that SD would need."""
+    import dataclasses
+
+    from results_util import proxy_result
+
+    from engine.cli.run_cmds import discovery_verdict
+    from engine.stats import seeds_to_resolve, t95
+
+    shifts = {"grpo": [0.0] * 4, "child": [0.03, -0.01, 0.03, -0.01]}
+    archive.spawn("grpo", "child", algorithm=archive.algorithm("grpo"))
+    for node, sh in shifts.items():
+        vals = [0.5 + x for x in sh]
+        r = proxy_result({"metrics": {"overall": sum(vals) / 4}})
+        per_seed = tuple(
+            {"seed": s, "status": "evaluated", "metrics": {"overall": v}}
+            for s, v in enumerate(vals)
+        )
+        archive.record_result(
+            node, dataclasses.replace(r, seeds=tuple(range(4)), per_seed=per_seed)
+        )
+    line = discovery_verdict(archive, None, "child", "grpo")
+    assert "no discovery" in line and "+0.0100" in line
+    sd = (4 * 0.02**2 / 3) ** 0.5  # the SD of +0.03, -0.01, +0.03, -0.01
+    need = seeds_to_resolve(0.01, sd)
+    assert need > 4 and f"about {need} paired seeds would show it" in line
+    assert f"paired SD {sd:.4f} over these 4" in line
+    assert (t95(need - 1) + 0.8416) * sd / need**0.5 <= 0.01  # enough seeds
+    assert (t95(need - 2) + 0.8416) * sd / (need - 1) ** 0.5 > 0.01  # and no more
+
+
+def test_seeds_to_resolve_gives_the_power_it_names():
+    """At the seeds it names, simulated paired differences of the given mean and SD put the 95%
+    interval above zero in about 4 evaluations of 5; at a third of them, far fewer."""
+    import numpy as np
+
+    from engine.stats import mean_interval, seeds_to_resolve
+
+    rng = np.random.default_rng(0)
+    n = seeds_to_resolve(0.01, 0.023)
+    assert 35 <= n <= 50  # about 40 paired seeds for +0.01 at the null control's SD
+
+    def power(k: int) -> float:
+        hits = sum(mean_interval(list(rng.normal(0.01, 0.023, k)))[1][0] > 0 for _ in range(2000))
+        return hits / 2000
+
+    assert 0.75 <= power(n) <= 0.86
+    assert power(n // 3) < 0.5
+    assert seeds_to_resolve(-0.01, 0.023) == n  # the sign does not matter
+    assert seeds_to_resolve(0.02, 0.023) < n < seeds_to_resolve(0.01, 0.03)
+    assert seeds_to_resolve(0.0, 0.02) is None and seeds_to_resolve(1e-6, 0.02) is None
+    assert seeds_to_resolve(0.01, 0.0) == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
@@ -16,6 +17,7 @@ from rich.text import Text
 from engine.archive.store import ALGORITHM, Archive
 from engine.cli import ArchiveOpt, console
 from engine.errors import PoiseError
+from engine.stats import seeds_to_resolve, t95
 
 
 class _Display:
@@ -333,11 +335,21 @@ def discovery_verdict(arch, protocol: str, best: str, root: str) -> str:
             "evaluate with --seeds 2 or more to tell a discovery from noise"
         )
     beats = iv[0] > 0
-    return (
+    line = (
         f"[bold]{'DISCOVERY' if beats else 'no discovery'}:[/] {best} "
         f"{'beats' if beats else 'does not beat'} {root} beyond the 95% interval of their paired "
         f"difference ({mean:+.4f} [{iv[0]:+.4f}, {iv[1]:+.4f}] over {n} paired seeds)"
     )
+    if not beats and mean > 0:
+        sd = (iv[1] - iv[0]) / 2 * math.sqrt(n) / t95(n - 1)  # the SD these seeds show
+        need = seeds_to_resolve(mean, sd)
+        line += (
+            f"; were {mean:+.4f} real, about {need} paired seeds would show it in 4 runs of 5 "
+            f"(paired SD {sd:.4f} over these {n})"
+            if need
+            else f"; {mean:+.4f} is too small for any practical number of seeds at SD {sd:.4f}"
+        )
+    return line
 
 
 def report(
