@@ -360,7 +360,7 @@ def test_an_unresolved_gain_is_told_how_many_seeds_would_resolve_it(archive):
     from results_util import proxy_result
 
     from engine.cli.run_cmds import discovery_verdict
-    from engine.stats import seeds_to_resolve, t95
+    from engine.stats import sd_upper90, seeds_to_resolve, t95
 
     shifts = {"grpo": [0.0] * 4, "child": [0.03, -0.01, 0.03, -0.01]}
     archive.spawn("grpo", "child", algorithm=archive.algorithm("grpo"))
@@ -377,9 +377,10 @@ def test_an_unresolved_gain_is_told_how_many_seeds_would_resolve_it(archive):
     line = discovery_verdict(archive, None, "child", "grpo")
     assert "no discovery" in line and "+0.0100" in line
     sd = (4 * 0.02**2 / 3) ** 0.5  # the SD of +0.03, -0.01, +0.03, -0.01
-    need = seeds_to_resolve(0.01, sd)
-    assert need > 4 and f"about {need} paired seeds would show it" in line
-    assert f"paired SD {sd:.4f} over these 4" in line
+    need, high = seeds_to_resolve(0.01, sd), seeds_to_resolve(0.01, sd_upper90(sd, 4))
+    assert 4 < need < high
+    assert f"{need} paired seeds would show it" in line and f"these 4 show ({sd:.4f})" in line
+    assert f", {high} at that SD's 90% upper bound ({sd_upper90(sd, 4):.4f})" in line
     assert (t95(need - 1) + 0.8416) * sd / need**0.5 <= 0.01  # enough seeds
     assert (t95(need - 2) + 0.8416) * sd / (need - 1) ** 0.5 > 0.01  # and no more
 
@@ -405,3 +406,21 @@ def test_seeds_to_resolve_gives_the_power_it_names():
     assert seeds_to_resolve(0.02, 0.023) < n < seeds_to_resolve(0.01, 0.03)
     assert seeds_to_resolve(0.0, 0.02) is None and seeds_to_resolve(1e-6, 0.02) is None
     assert seeds_to_resolve(0.01, 0.0) == 2
+
+
+def test_the_upper_bound_of_a_few_seeds_sd_covers_the_true_sd_nine_times_in_ten():
+    """sd_upper90 from n normal values lies above the true SD in about 90% of draws, for a
+    tabulated and an approximated number of degrees of freedom; from 2 values it is about 8 SDs."""
+    import numpy as np
+
+    from engine.stats import chi2_low10, sd_upper90
+
+    rng = np.random.default_rng(1)
+    for n in (2, 4, 25):
+        draws = rng.normal(0.0, 0.02, (4000, n))
+        cover = np.mean([sd_upper90(float(d.std(ddof=1)), n) >= 0.02 for d in draws])
+        assert 0.88 <= cover <= 0.92, (n, cover)
+    assert sd_upper90(1.0, 2) == pytest.approx(7.96, abs=0.01)
+    assert chi2_low10(11) == pytest.approx(5.5778, abs=0.005)  # the approximation past the table
+    with pytest.raises(ValueError, match="at least 1 degree"):
+        chi2_low10(0)

@@ -17,7 +17,7 @@ from rich.text import Text
 from engine.archive.store import ALGORITHM, Archive
 from engine.cli import ArchiveOpt, console
 from engine.errors import PoiseError
-from engine.stats import seeds_to_resolve, t95
+from engine.stats import sd_upper90, seeds_to_resolve, t95
 
 
 class _Display:
@@ -342,12 +342,16 @@ def discovery_verdict(arch, protocol: str, best: str, root: str) -> str:
     )
     if not beats and mean > 0:
         sd = (iv[1] - iv[0]) / 2 * math.sqrt(n) / t95(n - 1)  # the SD these seeds show
-        need = seeds_to_resolve(mean, sd)
+        high = sd_upper90(sd, n)  # a few seeds' SD is rough: the range runs to its upper bound
+
+        def seeds(at: float) -> str:
+            need = seeds_to_resolve(mean, at)
+            return f"{need}" if need else "over 10,000"
+
         line += (
-            f"; were {mean:+.4f} real, about {need} paired seeds would show it in 4 runs of 5 "
-            f"(paired SD {sd:.4f} over these {n})"
-            if need
-            else f"; {mean:+.4f} is too small for any practical number of seeds at SD {sd:.4f}"
+            f"; were {mean:+.4f} real, {seeds(sd)} paired seeds would show it in 4 evaluations "
+            f"of 5 at the paired SD these {n} show ({sd:.4f}), {seeds(high)} at that SD's 90% "
+            f"upper bound ({high:.4f})"
         )
     return line
 
