@@ -62,7 +62,7 @@ from proxy_runs import (
     write_results,
 )
 
-from engine.stats import mean_interval, paired_interval, seeds_to_resolve
+from engine.stats import SEEDS_LIMIT, mean_interval, paired_interval, seeds_to_resolve
 
 
 def split_items(spec: str) -> list[str]:
@@ -328,11 +328,11 @@ def rescore(rows: list[dict], score: str) -> list[dict]:
 def resolve_text(row: dict) -> str:
     """A table cell: the paired seeds at which a row's difference to GRPO, were it real, would lie
     beyond its 95% interval in 4 evaluations of 5, at the paired SD measured (``stats.
-    seeds_to_resolve``); '-' for GRPO, '>10000' where no practical number of seeds would."""
+    seeds_to_resolve``); '-' for GRPO, '>SEEDS_LIMIT' where no practical number of seeds would."""
     if row.get("diff") is None or not row.get("diff_sd"):
         return "-"
     n = seeds_to_resolve(row["diff"], row["diff_sd"])
-    return str(n) if n else ">10000"
+    return str(n) if n else f">{SEEDS_LIMIT}"
 
 
 def summarize(rows: list[dict], mechs: list[str]) -> dict:

@@ -48,7 +48,11 @@ Z80 = 0.8416
 """the normal quantile of 0.80: the power term of :func:`seeds_to_resolve`"""
 
 
-def seeds_to_resolve(diff: float, sd: float, limit: int = 10_000) -> int | None:
+SEEDS_LIMIT = 10_000
+"""the most paired seeds :func:`seeds_to_resolve` counts to (beyond it: no practical number)"""
+
+
+def seeds_to_resolve(diff: float, sd: float, limit: int = SEEDS_LIMIT) -> int | None:
     """Paired seeds at which a real difference ``diff`` with paired SD ``sd`` comes out beyond the
     95% Student-t interval in 80% of evaluations: the smallest n >= 2 with
     (t95(n - 1) + Z80) * sd / sqrt(n) <= |diff| (the power term in its normal approximation). None

@@ -17,7 +17,7 @@ from rich.text import Text
 from engine.archive.store import ALGORITHM, Archive
 from engine.cli import ArchiveOpt, console
 from engine.errors import PoiseError
-from engine.stats import sd_upper90, seeds_to_resolve, t95
+from engine.stats import SEEDS_LIMIT, sd_upper90, seeds_to_resolve, t95
 
 
 class _Display:
@@ -346,7 +346,7 @@ def discovery_verdict(arch, protocol: str, best: str, root: str) -> str:
 
         def seeds(at: float) -> str:
             need = seeds_to_resolve(mean, at)
-            return f"{need}" if need else "over 10,000"
+            return f"{need}" if need else f"over {SEEDS_LIMIT:,}"
 
         line += (
             f"; were {mean:+.4f} real, {seeds(sd)} paired seeds would show it in 4 evaluations "
