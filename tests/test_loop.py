@@ -133,7 +133,16 @@ def test_run_end_to_end_budget_stop_and_resume(evaluated_root, tmp_path, cli):
     assert all(r.data.tags.get("mlflow.source.git.commit") for r in runs)
     # a larger budget on --resume continues the same run where it stopped
     p = cli(
-        "run", "-C", str(exp), "--resume", "--budget", "candidates=4", "--no-report", timeout=900
+        "run",
+        "-C",
+        str(exp),
+        "--resume",
+        "--budget",
+        "candidates=4",
+        "--no-report",
+        "--confirm-seeds",
+        "1",
+        timeout=900,
     )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "finished 2 round(s)" in p.stdout
@@ -141,6 +150,15 @@ def test_run_end_to_end_budget_stop_and_resume(evaluated_root, tmp_path, cli):
     assert sorted(n.trailer("Poise-Round") for n in kids.values()) == ["1", "1", "2", "2"]
     assert len({n.trailer("Poise-Run") for n in kids.values()}) == 1
     assert all(n.status in ("evaluated", "failed", "rejected") for n in kids.values())
+    # --confirm-seeds: the best candidate and the root measured again at seed 1, which the search
+    # (seed 0 only) never used, recorded on the candidate's branch
+    from engine.archive.confirmation import read_confirmation
+
+    confs = [c for k in kids if (c := read_confirmation(arch, k, "proxy/smoke")) is not None]
+    if any(n.status == "evaluated" for n in kids.values()):
+        assert len(confs) == 1 and confs[0].seeds == (1,) and confs[0].search_seeds == (0,)
+        assert confs[0].against == "grpo" and confs[0].verdict in ("no interval", "failed")
+        assert f"{confs[0].node} vs grpo on 1 held-out seed(s) [1]" in p.stdout
     assert arch.fsck()
 
 

@@ -11,6 +11,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.tree import Tree
 
+from engine.archive.confirmation import read_confirmation
 from engine.archive.edit import apply_edit, check_bounds, decode_source
 from engine.archive.results import from_record
 from engine.archive.store import ALGORITHM, Archive, Node, check_name
@@ -358,6 +359,17 @@ def show(
         console.print(table)
         if not r.ok:
             console.print(f"[red]failed:[/] {r.reason}", highlight=False)
+    for pid in sorted(n.results):
+        try:
+            conf = read_confirmation(arch, node, pid)
+        except ArchiveError as exc:
+            console.print(f"[red]held-out confirmation under {pid}:[/] {exc}", highlight=False)
+            continue
+        if conf is not None:
+            console.print(
+                f"held-out confirmation under {conf.protocol.key}: {conf.describe()}",
+                highlight=False,
+            )
     reflection = arch.read_file(node, "REFLECTION.md")
     if reflection:
         section("REFLECTION.md", reflection, "markdown")

@@ -58,6 +58,11 @@ _EXAMPLES: dict[str, list[str]] = {
         "poise-git run -C exp --rounds 2 --parents 2 --population 2",
         "poise-git run -C exp --budget wall=90m --budget candidates=40",
         "poise-git run -C exp --resume",
+        "poise-git run -C exp --rounds 2 --seeds 2 --confirm-seeds 2",
+    ],
+    "confirm": [
+        "poise-git confirm grpo-entropycontrol-dynamic -C exp",
+        "poise-git confirm clip-wide --against grpo --seeds 4 -C exp",
     ],
     "report": ["poise-git report -C exp", "poise-git report -C exp --out /tmp/report"],
     "ui": ["poise-git ui -C exp --port 5001"],

@@ -16,6 +16,7 @@ from rich.text import Text
 
 from engine.archive.store import ALGORITHM, Archive
 from engine.cli import ArchiveOpt, console
+from engine.cli.confirm_cmds import confirmation_line, run_confirmation
 from engine.errors import PoiseError
 from engine.stats import SEEDS_LIMIT, sd_upper90, seeds_to_resolve, t95
 
@@ -215,6 +216,14 @@ def run(
         "--replay",
         help="Answer LLM calls from the calls recorded in the archive (no endpoint).",
     ),
+    confirm_seeds: int = typer.Option(
+        0,
+        "--confirm-seeds",
+        min=0,
+        help="At the end, measure the best node and the root again on this many held-out seeds "
+        "(seeds the search never used) and record that confirmation; 0: none (`poise-git "
+        "confirm` does it later).",
+    ),
 ) -> None:
     """Run the closed loop: select -> propose -> implement -> verify -> evaluate -> reflect, round after round.
 
@@ -265,10 +274,10 @@ def run(
         arch = Archive(path)
     with _Display(arch.path / ".poise" / "run.log") as display:
         summary = Loop(arch, opts, on_event=display).run()
-    _print_summary(arch, summary, report=not no_report)
+    _print_summary(arch, summary, report=not no_report, confirm_seeds=confirm_seeds)
 
 
-def _print_summary(arch, s, report: bool) -> None:
+def _print_summary(arch, s, report: bool, confirm_seeds: int = 0) -> None:
 
     c = s.counts
     console.print(f"\n[bold]run {s.run_id}[/] rounds {s.rounds[0]}–{s.rounds[1]}: {s.stop_reason}")
@@ -314,6 +323,18 @@ def _print_summary(arch, s, report: bool) -> None:
     console.print(f"MLflow: `poise-git ui -C {arch.path}`")
     if shown and root:
         console.print(discovery_verdict(arch, s.protocol, shown, root))
+    if shown and root and confirm_seeds:
+        protocol_id = s.protocol.split("@")[0]
+        if not protocol_id.startswith("proxy/"):
+            console.print(
+                f"no held-out confirmation: it runs on the CPU proxy, and this run ranked under "
+                f"{s.protocol}"
+            )
+            return
+        conf = run_confirmation(
+            arch, shown, root, confirm_seeds, None, protocol_id.split("/", 1)[1], None
+        )
+        console.print(confirmation_line(conf), highlight=False)
 
 
 def discovery_verdict(arch, protocol: str, best: str, root: str) -> str:

@@ -19,8 +19,10 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import trainer_template
 from engine.archive.results import EvaluationResult, Protocol, now
@@ -114,7 +116,6 @@ def evaluate_node(
     ``seeds``: a count N (seeds 0..N-1) or an explicit list; default ``[evaluation].seeds``.
     ``preset``: the proxy protocol preset (default ``[proxy].preset``). ``on_event``: progress lines.
     """
-    say = _reporter(name, on_event)
     if backend not in ("proxy", "verl"):
         raise EvaluationError(
             f"evaluate: unknown backend {backend!r}; use 'proxy' (CPU) or 'verl' (GPU), "
@@ -129,62 +130,19 @@ def evaluate_node(
             tags=tags,
             on_event=on_event,
         )
-    cfg = archive.config()
-    node = archive.node(name)
-    preset = preset or cfg.proxy.preset
-    if preset not in PRESETS:
-        raise EvaluationError(f"unknown proxy preset {preset!r} (known: {', '.join(PRESETS)})")
-    protocol = get_protocol(preset)
-    seed_list = (
-        list(range(seeds)) if isinstance(seeds, int) else list(seeds or range(cfg.evaluation.seeds))
-    )
-    if not seed_list or any((not isinstance(s, int)) or s < 0 for s in seed_list):
-        raise EvaluationError(
-            f"evaluate: seeds must be a positive count or a list of non-negative integers, got {seeds!r}"
-        )
-    timeout = float(timeout_s or cfg.evaluation.timeout_s)
-    source = archive.algorithm(name)
-    commit = node.commit
-    prior_status = node.status
-    t_start = time.monotonic()
-    base = {
-        "protocol": proxy_protocol(preset, protocol),
-        "seeds": tuple(seed_list),
-        "node_commit": commit,
-        "details": {"versions": _versions(), "machine": machine()},
-    }
-
-    try:
-        compile(source, f"{name}/algorithm.py", "exec")
-    except SyntaxError as exc:
-        result = EvaluationResult(
-            **base,
-            status="failed",
-            reason=f"algorithm.py does not compile: {exc.msg} (line {exc.lineno})",
-            utility=cfg.experiment.objective,
-            recorded_at=now(),
-        )
-        archive.record_result(name, result)
-        return result
-
+    job = _Job.prepare(archive, name, seeds, preset, timeout_s, cache_dir)
+    if job.compile_error is not None:
+        archive.record_result(name, job.compile_error)
+        return job.compile_error
+    prior_status = archive.node(name).status
     archive.set_status(name, "evaluating")
     try:
-        return _run(
-            archive,
-            name,
-            cfg,
-            protocol,
-            preset,
-            seed_list,
-            timeout,
-            source,
-            base,
-            tags,
-            say,
-            cache_dir,
-            prior_status,
-            t_start,
-        )
+        result = _run(job, tags, _reporter(name, on_event))
+        archive.record_result(name, result)
+        return result
+    except WarmStartFailed as exc:
+        archive.set_status(name, prior_status, reason=f"proxy warm start failed: {exc.why}")
+        raise
     except BaseException as exc:  # interrupted or crashed: the node must not stay "evaluating"
         if archive.node(name).status == "evaluating":
             archive.set_status(
@@ -193,27 +151,111 @@ def evaluate_node(
         raise
 
 
+def measure_node(
+    archive,
+    name: str,
+    seeds: list[int],
+    preset: str | None = None,
+    timeout_s: float | None = None,
+    tags: Mapping[str, str] | None = None,
+    *,
+    on_event: Callable[[str], None] | None = None,
+    cache_dir: str | None = None,
+) -> EvaluationResult:
+    """The proxy protocol on ``name`` at ``seeds``, exactly as :func:`evaluate_node` runs it (the same
+    sandbox, limits, warm start and MLflow runs), returned without recording it and without touching
+    the node's status: the node's recorded result, which the selection reads, stays as it was. A
+    held-out confirmation (``engine.operators.confirm``) measures this way."""
+    _require_verified(archive, name)
+    job = _Job.prepare(archive, name, seeds, preset, timeout_s, cache_dir)
+    if job.compile_error is not None:
+        return job.compile_error
+    return _run(job, tags, _reporter(name, on_event))
+
+
+class WarmStartFailed(EvaluationError):
+    """The proxy's warm start (trusted code) failed: no candidate was run."""
+
+    def __init__(self, why: str):
+        super().__init__(f"the proxy's warm start failed: {why}")
+        self.why = why
+
+
+@dataclass
+class _Job:
+    """One proxy evaluation, resolved from the archive: what runs, at which seeds, under which protocol."""
+
+    archive: Any
+    name: str
+    cfg: Any
+    protocol: Any
+    preset: str
+    seeds: list[int]
+    timeout: float
+    source: str
+    base: dict
+    cache_dir: str | None
+    t_start: float
+    compile_error: EvaluationResult | None = None
+
+    @classmethod
+    def prepare(cls, archive, name, seeds, preset, timeout_s, cache_dir) -> _Job:
+        cfg = archive.config()
+        node = archive.node(name)
+        preset = preset or cfg.proxy.preset
+        if preset not in PRESETS:
+            raise EvaluationError(f"unknown proxy preset {preset!r} (known: {', '.join(PRESETS)})")
+        protocol = get_protocol(preset)
+        seed_list = (
+            list(range(seeds))
+            if isinstance(seeds, int)
+            else list(seeds or range(cfg.evaluation.seeds))
+        )
+        if not seed_list or any((not isinstance(s, int)) or s < 0 for s in seed_list):
+            raise EvaluationError(
+                f"evaluate: seeds must be a positive count or a list of non-negative integers, got {seeds!r}"
+            )
+        source = archive.algorithm(name)
+        base = {
+            "protocol": proxy_protocol(preset, protocol),
+            "seeds": tuple(seed_list),
+            "node_commit": node.commit,
+            "details": {"versions": _versions(), "machine": machine()},
+        }
+        job = cls(
+            archive=archive,
+            name=name,
+            cfg=cfg,
+            protocol=protocol,
+            preset=preset,
+            seeds=seed_list,
+            timeout=float(timeout_s or cfg.evaluation.timeout_s),
+            source=source,
+            base=base,
+            cache_dir=cache_dir,
+            t_start=time.monotonic(),
+        )
+        try:
+            compile(source, f"{name}/algorithm.py", "exec")
+        except SyntaxError as exc:
+            job.compile_error = EvaluationResult(
+                **base,
+                status="failed",
+                reason=f"algorithm.py does not compile: {exc.msg} (line {exc.lineno})",
+                utility=cfg.experiment.objective,
+                recorded_at=now(),
+            )
+        return job
+
+
 def _require_verified(archive, name: str) -> None:
     refuse_unverified(archive, name, "evaluate")
 
 
-def _run(
-    archive,
-    name,
-    cfg,
-    protocol,
-    preset,
-    seed_list,
-    timeout,
-    source,
-    base,
-    tags,
-    say,
-    cache_dir,
-    prior_status,
-    t_start,
-) -> EvaluationResult:
-    cache_dir = cache_dir or cfg.proxy.cache_dir or None
+def _run(job: _Job, tags: Mapping[str, str] | None, say: Callable[[str], None]) -> EvaluationResult:
+    archive, name, cfg, protocol, preset = job.archive, job.name, job.cfg, job.protocol, job.preset
+    seed_list, timeout, source, base = job.seeds, job.timeout, job.source, job.base
+    cache_dir = job.cache_dir or cfg.proxy.cache_dir or None
     env = trusted_env({"POISE_CACHE_DIR": str(Path(cache_dir).expanduser())} if cache_dir else None)
     say(f"warm start ({preset}) ...")
     ws = run_limited(  # trusted code (no candidate's): it may write the cache
@@ -224,9 +266,7 @@ def _run(
     lines = ws.stdout.strip().splitlines()
     warmstart = Path(lines[-1]) if ws.ok and lines else None
     if warmstart is None or not warmstart.is_file():
-        why = ws.reason() if not ws.ok else "it printed no checkpoint path"
-        archive.set_status(name, prior_status, reason=f"proxy warm start failed: {why}")
-        raise EvaluationError(f"the proxy's warm start failed: {why}")
+        raise WarmStartFailed(ws.reason() if not ws.ok else "it printed no checkpoint path")
     # the device every seed runs on, decided here (trusted, outside the sandbox) and passed to the
     # children, which fail rather than train elsewhere: inside the sandbox CUDA is visible only when
     # the limits let it in
@@ -316,10 +356,9 @@ def _run(
         per_seed=tuple(json.loads(json.dumps(per_seed, allow_nan=False))),
         trajectory=downsample(trajectory),
         mlflow_run_ids=tuple(run_ids[s] for s in seed_list if run_ids.get(s)),
-        wall_time_s=round(time.monotonic() - t_start, 3),
+        wall_time_s=round(time.monotonic() - job.t_start, 3),
         recorded_at=now(),
     )
-    archive.record_result(name, result)
     return result
 
 

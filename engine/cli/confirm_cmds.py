@@ -1,0 +1,99 @@
+"""``poise-git confirm``: re-measure a node against the root on seeds the search never saw."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from engine.archive.confirmation import CONFIRMED, FAILED
+from engine.archive.store import ROOT_NAME, Archive
+from engine.cli import EXIT_FAILED, ArchiveOpt, console
+
+
+def confirmation_line(conf) -> str:
+    """The closing line of a confirmation, as ``run`` and ``confirm`` print it."""
+    if conf.verdict == CONFIRMED:
+        head = "[bold green]CONFIRMED on held-out seeds:[/]"
+    elif conf.verdict == FAILED:
+        head = "[bold red]confirmation failed:[/]"
+    else:
+        head = f"[bold]held-out seeds: {conf.verdict}:[/]"
+    return f"{head} {conf.describe()}"
+
+
+def run_confirmation(arch, node: str, against: str, seeds: int, first_seed, preset, objective):
+    """Measure, record and return the confirmation, with a spinner and one line per seed."""
+    # lazy: keeps `poise-git --help` fast
+    from engine.operators.confirm import confirm_node
+
+    # lazy: numpy is heavy (only this path needs it)
+    from engine.report.html import report_experiment
+
+    # lazy: numpy is heavy (only this path needs it)
+    from engine.select.objective import with_objective
+
+    exp = report_experiment(arch)
+    if objective:
+        exp = with_objective(exp, objective)
+    with console.status(f"confirming [bold]{node}[/] against [bold]{against}[/] ...") as status:
+
+        def on_event(msg: str) -> None:
+            console.print(f"  {msg}", highlight=False)
+            status.update(f"confirming [bold]{node}[/]: {msg}")
+
+        return confirm_node(
+            arch,
+            node,
+            against,
+            exp,
+            seeds=seeds,
+            first_seed=first_seed,
+            preset=preset,
+            on_event=on_event,
+        )
+
+
+def confirm(
+    node: str = typer.Argument(
+        ..., help="The node whose comparison to confirm (e.g. a run's best)."
+    ),
+    against: str = typer.Option(
+        ROOT_NAME, "--against", help="The node it is compared with (default: the root)."
+    ),
+    seeds: int = typer.Option(
+        2, "--seeds", "-s", min=1, help="Held-out paired seeds to measure both nodes at."
+    ),
+    first_seed: int | None = typer.Option(
+        None,
+        "--first-seed",
+        min=0,
+        help="The first held-out seed (default: one past the largest seed the search used under "
+        "the protocol); seeds the search used are refused.",
+    ),
+    preset: str | None = typer.Option(
+        None, "--preset", help="Proxy protocol preset (default: poise.toml's)."
+    ),
+    objective: str | None = typer.Option(
+        None,
+        "--objective",
+        help="Override the objective (default: the last run's, else poise.toml's).",
+    ),
+    archive: Path = ArchiveOpt,
+) -> None:
+    """Confirm NODE against the root on held-out seeds, and record it on NODE's branch.
+
+    The search picks its best node on the seeds it evaluated every node at, so the difference it reads
+    there leans optimistic. This trains and scores both nodes again, as an evaluation does, at seeds
+    the search never used under the protocol, and records the paired difference there as
+    confirmations/<protocol>.json; the selection never reads it. Exit code 4 when a node fails at a
+    held-out seed."""
+    arch = Archive(archive)
+    conf = run_confirmation(arch, node, against, seeds, first_seed, preset, objective)
+    console.print(confirmation_line(conf), highlight=False)
+    if conf.verdict == FAILED:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(confirm)

@@ -1,0 +1,258 @@
+"""Held-out confirmation: the record's rules, its place in the archive (beside the results, never read
+by the selection), the seeds it may use, and, on the smoke proxy, a real confirmation end to end."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+
+import pytest
+from conftest import mark_verified, run_cli
+
+from engine.archive.confirmation import (
+    CONFIRMED,
+    FAILED,
+    NOT_CONFIRMED,
+    REVERSED,
+    UNRESOLVED,
+    Confirmation,
+    read_confirmation,
+    record_confirmation,
+    verdict_of,
+)
+from engine.archive.results import EvaluationResult, Protocol
+from engine.archive.store import Archive
+from engine.errors import ArchiveError, EvaluationError
+from engine.operators.confirm import heldout_seeds, search_seeds
+from engine.stats import paired_interval
+
+PROTO = Protocol(id="proxy/smoke", hash="sha256:" + "ab" * 32, backend="proxy", preset="smoke")
+DR_GRPO = '''
+def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:
+    """Dr.GRPO: group-centred, not scaled."""
+    stats = group_stats(batch.rewards.to(torch.float32), batch.group)
+    return batch.rewards.to(torch.float32) - stats.mean
+'''
+BROKEN = '''
+def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:
+    """Deliberately broken."""
+    raise RuntimeError("deliberately broken mechanism")
+'''
+
+
+def _conf(values, reference, **kw) -> Confirmation:
+    base = dict(
+        protocol=PROTO,
+        node="child",
+        against="grpo",
+        node_commit="c" * 40,
+        against_commit="d" * 40,
+        objective="overall",
+        seeds=tuple(sorted(values)),
+        search_seeds=(0, 1),
+    )
+    base.update(kw)
+    return Confirmation.measured(values=values, reference=reference, **base)
+
+
+def test_the_verdict_follows_the_held_out_interval():
+    assert verdict_of(0.02, (0.001, 0.04)) == CONFIRMED
+    assert verdict_of(0.02, (-0.001, 0.04)) == NOT_CONFIRMED
+    assert verdict_of(-0.02, (-0.04, -0.001)) == REVERSED
+    assert verdict_of(0.02, None) == UNRESOLVED
+    up = _conf({2: 0.55, 3: 0.56, 4: 0.57}, {2: 0.50, 3: 0.50, 4: 0.51})
+    mean, iv, n = paired_interval(up.values, up.reference)
+    assert up.verdict == CONFIRMED and up.difference == pytest.approx(mean) and n == 3
+    assert up.interval == pytest.approx(tuple(iv))
+    noisy = _conf({2: 0.60, 3: 0.45}, {2: 0.50, 3: 0.50})
+    assert noisy.verdict == NOT_CONFIRMED and noisy.difference == pytest.approx(0.025)
+    one = _conf({2: 0.6}, {2: 0.5})
+    assert one.verdict == UNRESOLVED and one.interval is None
+    assert "held-out seed(s) [2]" in one.describe() and "no interval" in one.describe()
+
+
+def test_a_confirmation_on_seeds_the_search_saw_is_refused():
+    with pytest.raises(ArchiveError, match=r"seeds \[1\] were seen by the search"):
+        _conf({1: 0.6, 2: 0.6}, {1: 0.5, 2: 0.5})
+    with pytest.raises(ArchiveError, match="against itself"):
+        _conf({2: 0.6, 3: 0.6}, {2: 0.5, 3: 0.5}, against="child")
+
+
+def test_a_record_whose_numbers_do_not_follow_from_its_values_is_refused():
+    good = _conf({2: 0.6, 3: 0.61}, {2: 0.5, 3: 0.52})
+    d = json.loads(good.to_json())
+    for field, forged in (
+        ("difference", 0.3),
+        ("interval", [0.2, 0.4]),
+        ("verdict", CONFIRMED if good.verdict != CONFIRMED else NOT_CONFIRMED),
+    ):
+        with pytest.raises(ArchiveError, match="unreadable confirmation|does not follow|is not"):
+            Confirmation.from_json(json.dumps({**d, field: forged}))
+    with pytest.raises(ArchiveError, match="finite"):
+        Confirmation.from_json(json.dumps({**d, "values": {"2": "NaN", "3": 0.61}}))
+    with pytest.raises(ArchiveError, match="both values"):
+        Confirmation.from_json(json.dumps({**d, "reference": {"2": 0.5}}))
+    with pytest.raises(ArchiveError, match="not a poise.confirmation/1"):
+        Confirmation.from_json(json.dumps({**d, "schema": "poise.result/2"}))
+    with pytest.raises(ArchiveError, match="must say why"):
+        Confirmation(
+            protocol=PROTO,
+            node="child",
+            against="grpo",
+            node_commit="",
+            against_commit="",
+            objective="overall",
+            seeds=(2,),
+            search_seeds=(0, 1),
+            verdict=FAILED,
+        )
+    assert Confirmation.from_json(good.to_json()) == good
+
+
+def test_held_out_seeds_start_past_every_seed_the_search_used(archive):
+    def result(seeds):
+        per_seed = tuple(
+            {"seed": s, "status": "evaluated", "metrics": {"overall": 0.5}} for s in seeds
+        )
+        return EvaluationResult(
+            protocol=PROTO,
+            status="evaluated",
+            metrics={"overall": 0.5},
+            units={"overall": "fraction"},
+            seeds=tuple(seeds),
+            per_seed=per_seed,
+        )
+
+    archive.spawn("grpo", "child", edit=DR_GRPO)
+    archive.record_result("grpo", result([0, 1]))
+    archive.record_result("child", result([0, 1, 2, 5]))  # e.g. evaluated again on more seeds
+    nodes = archive.nodes("proxy/smoke")
+    assert search_seeds(nodes, "proxy/smoke") == [0, 1, 2, 5]
+    assert search_seeds(nodes, "proxy/default") == []
+    assert heldout_seeds([0, 1, 2, 5], 2) == [6, 7]
+    assert heldout_seeds([0, 1], 3, first=10) == [10, 11, 12]
+    assert heldout_seeds([], 2) == [0, 1]
+    with pytest.raises(EvaluationError, match=r"seeds \[5\] were used by the search"):
+        heldout_seeds([0, 1, 2, 5], 2, first=4)
+    with pytest.raises(EvaluationError, match="1 or more"):
+        heldout_seeds([0, 1], 0)
+
+
+def test_a_recorded_confirmation_sits_beside_the_results_and_the_selection_never_reads_it(archive):
+    archive.spawn("grpo", "child", edit=DR_GRPO)
+    mark_verified(archive, "child")
+    before = archive.node("child")
+    conf = _conf({2: 0.6, 3: 0.61}, {2: 0.5, 3: 0.52}, node_commit=before.commit)
+    record_confirmation(archive, conf)
+    after = Archive(archive.path).node("child")  # from git alone
+    assert after.status == before.status == "verified" and after.results == before.results
+    assert after.trailer("Poise-Event") == "confirmation"
+    assert read_confirmation(archive, "child", "proxy/smoke") == conf
+    assert read_confirmation(archive, "child", "proxy/default") is None
+    assert read_confirmation(archive, "grpo", "proxy/smoke") is None
+    shown = subprocess.run(
+        ["git", "-C", str(archive.path), "show", "poise/child:confirmations/proxy/smoke.json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert json.loads(shown)["schema"] == "poise.confirmation/1"
+    assert archive.nodes("proxy/smoke")["child"].result is None  # not a result: never ranked
+    assert archive.fsck()
+
+
+def test_confirm_refuses_nodes_without_a_search_result(archive):
+    from engine.operators.confirm import confirm_node
+
+    exp = archive.config().experiment
+    with pytest.raises(EvaluationError, match="unknown node 'ghost'"):
+        confirm_node(archive, "ghost", "grpo", exp, preset="smoke")
+    archive.spawn("grpo", "child", edit=DR_GRPO)
+    with pytest.raises(EvaluationError, match="child has no evaluated result under proxy/smoke"):
+        confirm_node(archive, "child", "grpo", exp, preset="smoke")
+    with pytest.raises(EvaluationError, match="against itself"):
+        confirm_node(archive, "grpo", "grpo", exp, preset="smoke")
+    with pytest.raises(EvaluationError, match="unknown proxy preset"):
+        confirm_node(archive, "child", "grpo", exp, preset="giant")
+    assert archive.fsck()
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    """An archive where a 'search' evaluated grpo and drgrpo on smoke seeds 0 and 1 (and flaky)."""
+    from engine.operators.evaluate import evaluate_node
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("POISE_CACHE_DIR", str(tmp_path_factory.mktemp("proxy-cache")))
+    mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+    mp.delenv("POISE_EVAL_CACHE", raising=False)
+    arch = Archive.init(tmp_path_factory.mktemp("arch") / "exp")
+    arch.spawn("grpo", "drgrpo", edit=DR_GRPO)
+    arch.spawn("grpo", "flaky", edit=DR_GRPO)
+    for name in ("drgrpo", "flaky"):
+        mark_verified(arch, name)
+    for name in ("grpo", "drgrpo"):
+        result = evaluate_node(arch, name, seeds=2, preset="smoke")
+        assert result.ok
+    # flaky's search result is grpo's numbers under its own commit (what matters here is that it
+    # has one: its held-out runs are what fail)
+    arch.record_result("flaky", dataclasses.replace(result, node_commit=arch.node("flaky").commit))
+    yield arch
+    mp.undo()
+
+
+@pytest.mark.slow  # four smoke seed runs (two nodes at two held-out seeds)
+def test_confirm_measures_both_nodes_on_held_out_seeds_and_records_it(searched):
+    from engine.archive.tracking import find_runs
+    from engine.operators.confirm import confirm_node
+    from engine.operators.evaluate import measure_node
+
+    arch = searched
+    before = arch.nodes("proxy/smoke")
+    events: list[str] = []
+    exp = arch.config().experiment
+    conf = confirm_node(arch, "drgrpo", "grpo", exp, preset="smoke", on_event=events.append)
+    assert conf.seeds == (2, 3) and conf.search_seeds == (0, 1)
+    assert conf.verdict in (CONFIRMED, NOT_CONFIRMED, REVERSED)
+    assert set(conf.values) == set(conf.reference) == {2, 3}
+    assert conf.search_difference is not None and conf.search_difference[2] == 2
+    assert any("grpo: seed 3" in e for e in events) and any("drgrpo: seed 2" in e for e in events)
+    # the numbers are the protocol's: measuring grpo at seed 3 again gives the same value
+    again = measure_node(arch, "grpo", [3], preset="smoke")
+    assert again.per_seed[0]["metrics"]["overall"] == pytest.approx(conf.reference[3], abs=1e-9)
+    # the search's results, statuses and ranking are untouched; the record reads back from git
+    after = Archive(arch.path).nodes("proxy/smoke")
+    for name in ("grpo", "drgrpo"):
+        assert after[name].result == before[name].result and after[name].status == "evaluated"
+    assert read_confirmation(arch, "drgrpo", "proxy/smoke") == conf
+    tagged = [r for r in find_runs(arch, "drgrpo") if r.data.tags.get("poise.purpose")]
+    assert len(tagged) == 2 and {r.data.tags["poise.confirms"] for r in tagged} == {
+        "drgrpo vs grpo"
+    }
+    assert set(conf.mlflow_run_ids) >= {r.info.run_id for r in tagged}
+    # the CLI: shown by `show`, and a second confirmation further out replaces it
+    out = run_cli("show", "drgrpo", "-C", str(arch.path))
+    assert "held-out confirmation under proxy/smoke@" in out.stdout
+    with pytest.raises(EvaluationError, match="were used by the search"):
+        confirm_node(arch, "drgrpo", "grpo", exp, preset="smoke", first_seed=1)
+    assert arch.fsck()
+
+
+@pytest.mark.slow  # two smoke seed runs of grpo, one failing run of the broken candidate
+def test_a_candidate_that_fails_on_held_out_seeds_gives_a_failed_confirmation(searched):
+    arch = searched
+    # the same node, edited after its search result: now it raises when trained
+    arch.commit_files(
+        "flaky",
+        {"algorithm.py": arch.algorithm("flaky") + BROKEN},
+        subject="poise: flaky edited (test)",
+    )
+    mark_verified(arch, "flaky")
+    out = run_cli("confirm", "flaky", "--seeds", "1", "--preset", "smoke", "-C", str(arch.path))
+    assert out.returncode == 4, out.stdout + out.stderr
+    assert "confirmation failed" in out.stdout and "deliberately broken" in out.stdout
+    conf = read_confirmation(arch, "flaky", "proxy/smoke")
+    assert conf.verdict == FAILED and "deliberately broken" in conf.reason
+    assert Archive(arch.path).node("flaky").status == "verified"  # its search status stays
+    assert arch.fsck()
