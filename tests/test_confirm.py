@@ -256,3 +256,19 @@ def test_a_candidate_that_fails_on_held_out_seeds_gives_a_failed_confirmation(se
     assert conf.verdict == FAILED and "deliberately broken" in conf.reason
     assert Archive(arch.path).node("flaky").status == "verified"  # its search status stays
     assert arch.fsck()
+
+
+def test_the_report_shows_confirmations_under_its_protocol(archive):
+    from engine.report.html import render_report
+
+    archive.spawn("grpo", "child", edit=DR_GRPO)
+    default = Protocol(id="proxy/default", hash="sha256:" + "cd" * 32, backend="proxy")
+    record_confirmation(
+        archive,
+        _conf({6: 0.61, 7: 0.49}, {6: 0.5, 7: 0.5}, protocol=default, search_seeds=(0, 1, 2)),
+    )
+    record_confirmation(archive, _conf({2: 0.9, 3: 0.9}, {2: 0.5, 3: 0.5}))  # proxy/smoke
+    page = render_report(archive).read_text()
+    assert "Held-out confirmations" in page
+    assert "<td>child</td><td>grpo</td><td>6, 7</td><td>+0.0500 [" in page
+    assert "not confirmed" in page and "+0.4000" not in page  # the smoke one is another protocol

@@ -221,3 +221,20 @@ def read_confirmation(archive, name: str, protocol_id: str) -> Confirmation | No
     if text is None:
         return None
     return Confirmation.from_json(text, f"{name}:{CONFIRMATIONS_DIR}/{protocol_id}.json")
+
+
+def read_confirmations(archive, nodes, protocol_id: str) -> dict[str, Confirmation]:
+    """Every node's confirmation under ``protocol_id`` (one batched read); unreadable ones are left out
+    (``poise-git show NODE`` says why)."""
+    names = list(nodes)
+    path = f"{CONFIRMATIONS_DIR}/{protocol_id}.json"
+    blobs = archive.git.cat_blobs([f"{nodes[k].commit}:{path}" for k in names])
+    out = {}
+    for name, blob in zip(names, blobs):
+        if blob is None:
+            continue
+        try:
+            out[name] = Confirmation.from_json(blob)
+        except ArchiveError:
+            continue
+    return out

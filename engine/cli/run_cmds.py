@@ -335,6 +335,11 @@ def _print_summary(arch, s, report: bool, confirm_seeds: int = 0) -> None:
             arch, shown, root, confirm_seeds, None, protocol_id.split("/", 1)[1], None
         )
         console.print(confirmation_line(conf), highlight=False)
+        if report:  # the report, written before, gains the confirmation
+            # lazy: numpy is heavy (only this path needs it)
+            from engine.report.html import render_report
+
+            render_report(arch)
 
 
 def discovery_verdict(arch, protocol: str, best: str, root: str) -> str:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine.archive.confirmation import read_confirmations
 from engine.archive.results import configured_protocol
 from engine.archive.store import ALGORITHM, ROOT_NAME, Archive
 from engine.config import ExperimentConfig
@@ -223,6 +224,9 @@ def render_report(
         "interval lies wholly above the parent's (<i>within noise</i> otherwise; <i>no interval</i> with one seed).</p>"
     )
     parts.append(_table(rows, exp))
+    confirmations = read_confirmations(archive, nodes, report_protocol(archive).id)
+    if confirmations:
+        parts.append(_confirmations(confirmations))
     shown = best if best != root else next((k for k, _ in ranked if k != root), None)
     if shown and root:
         what = "the best node" if shown == best else "the best candidate (the root remains best)"
@@ -235,6 +239,37 @@ def render_report(
     page = out / "index.html"
     page.write_text("\n".join(parts), encoding="utf-8")
     return page
+
+
+def _confirmations(confs: dict[str, Any]) -> str:
+    """Held-out confirmations: each node against its reference at seeds the search never used."""
+
+    def span(mean, iv) -> str:
+        return (
+            f"{mean:+.4f}" + (f" [{iv[0]:+.4f}, {iv[1]:+.4f}]" if iv else "")
+            if mean is not None
+            else "—"
+        )
+
+    out = [
+        "<h2>Held-out confirmations</h2><p class='sub'>Each node and its reference trained and scored "
+        "again at seeds the search never used (<code>poise-git confirm</code>): the paired difference "
+        "of U there with its 95% interval, beside the one the search read. The selection never reads "
+        "these.</p>",
+        "<table><tr><th>node</th><th>against</th><th>held-out seeds</th><th>held-out difference</th>"
+        "<th>verdict</th><th>the search's difference (seeds)</th></tr>",
+    ]
+    for name, c in sorted(confs.items()):
+        sd = c.search_difference
+        search = f"{span(sd[0], sd[1])} ({sd[2]})" if sd else "—"
+        verdict = c.verdict + (f": {c.reason}" if c.reason else "")
+        out.append(
+            f"<tr><td>{html.escape(name)}</td><td>{html.escape(c.against)}</td>"
+            f"<td>{', '.join(map(str, c.seeds))}</td><td>{span(c.difference, c.interval)}</td>"
+            f"<td>{html.escape(verdict)}</td><td>{search}</td></tr>"
+        )
+    out.append("</table>")
+    return "".join(out)
 
 
 def _legend(nodes, exp: ExperimentConfig) -> str:
