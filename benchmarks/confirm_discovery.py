@@ -7,8 +7,10 @@ computed on, so "beats the root beyond its interval" is biased upwards (the winn
 16 candidates whose true effect is zero, one clears a 95% interval by chance far more often than
 1 time in 40. This script re-measures each finished search of ``bench_discovery.py`` (its archive
 and ``<method>-s<seed>.json`` under ``--workdir``) on fresh seeds the search never saw: the root and
-the best node at seeds ``first_seed .. first_seed+seeds-1``, paired. It evaluates in a throwaway copy
-of each archive, so the search's own records stay as they were. Per-seed results are cached like
+the best node at seeds ``first_seed .. first_seed+seeds-1``, paired, with the product's own
+confirmation (``engine.operators.confirm.confirm_node``, what ``poise-git confirm`` runs): it refuses
+seeds the search used, leaves the search's results as they were, and records the confirmation on the
+best node's branch (``poise-git show NODE -C ARCHIVE`` prints it). Per-seed results are cached like
 the benchmark's (``$POISE_EVAL_CACHE``, default ``.cache/poise-eval``), so the root's held-out seeds
 are trained once. Prints the table and writes JSON (``--json``).
 """
@@ -18,37 +20,35 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
-from bench_discovery import per_seed_overall
-from proxy_runs import ROOT, fmt_iv, load_average, mean_interval, paired, stamp, write_results
+from proxy_runs import ROOT, fmt_iv, load_average, mean_interval, stamp, write_results
+
+from engine.errors import PoiseError
 
 
 def confirm(archive_dir: Path, best: str, seeds: list[int], preset: str) -> dict:
-    """Root and ``best`` evaluated at ``seeds`` in a copy of ``archive_dir``; their paired difference."""
+    """``best`` confirmed against the root at ``seeds`` in ``archive_dir``; their paired difference."""
+    from engine.archive.confirmation import CONFIRMED, FAILED
     from engine.archive.store import Archive
-    from engine.operators.evaluate import evaluate_node
+    from engine.operators.confirm import confirm_node
 
-    with tempfile.TemporaryDirectory(prefix="poise-confirm-") as tmp:
-        copy = Path(tmp) / "archive"
-        shutil.copytree(archive_dir, copy, symlinks=True)
-        archive = Archive(copy)
-        for name in ("grpo", best):
-            evaluate_node(archive, name, seeds=seeds, preset=preset)
-        nodes = archive.nodes(f"proxy/{preset}")
-        root, node = per_seed_overall(nodes["grpo"]), per_seed_overall(nodes[best])
-    d, iv = paired(node, root)
+    archive = Archive(archive_dir)
+    exp = archive.config().experiment
+    conf = confirm_node(
+        archive, best, "grpo", exp, seeds=len(seeds), first_seed=seeds[0], preset=preset
+    )
+    if conf.verdict == FAILED:
+        raise PoiseError(f"{best}: {conf.reason}")
     return {
         "best": best,
-        "seeds": seeds,
-        "root_overall": sum(root.values()) / len(root),
-        "best_overall": sum(node.values()) / len(node),
-        "diff": d,
-        "diff_interval": iv,
-        "beats_root": bool(iv and iv[0] > 0),
+        "seeds": list(conf.seeds),
+        "root_overall": sum(conf.reference.values()) / len(conf.reference),
+        "best_overall": sum(conf.values.values()) / len(conf.values),
+        "diff": conf.difference,
+        "diff_interval": list(conf.interval) if conf.interval else None,
+        "beats_root": conf.verdict == CONFIRMED,
     }
 
 
@@ -103,18 +103,23 @@ def main() -> None:
             continue
         res = json.loads(done.read_text())
         archive_dir = work / done.stem
-        if not res.get("best"):
+        if not res.get("best") or res["best"] == "grpo":
             continue
         if not (archive_dir / ".git").exists():
             print(f"{stamp()} {done.stem}: no archive at {archive_dir}; skipped", flush=True)
             continue
         t = time.monotonic()
+        try:
+            measured = confirm(archive_dir, res["best"], seeds, args.preset)
+        except PoiseError as exc:  # a node failed at a held-out seed, or seeds the search used
+            print(f"{stamp()} {done.stem}: not confirmed: {exc}", flush=True)
+            continue
         row = {
             "method": method,
             "search_seed": int(s),
             "search_diff": res.get("best_diff"),
             "search_diff_interval": res.get("best_diff_interval"),
-            **confirm(archive_dir, res["best"], seeds, args.preset),
+            **measured,
             "wall_s": round(time.monotonic() - t, 1),
         }
         rows.append(row)

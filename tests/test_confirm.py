@@ -251,7 +251,8 @@ def test_a_candidate_that_fails_on_held_out_seeds_gives_a_failed_confirmation(se
     mark_verified(arch, "flaky")
     out = run_cli("confirm", "flaky", "--seeds", "1", "--preset", "smoke", "-C", str(arch.path))
     assert out.returncode == 4, out.stdout + out.stderr
-    assert "confirmation failed" in out.stdout and "deliberately broken" in out.stdout
+    assert "held-out confirmation: flaky vs grpo on 1 held-out seed(s) [2]: failed (" in out.stdout
+    assert "deliberately broken" in out.stdout
     conf = read_confirmation(arch, "flaky", "proxy/smoke")
     assert conf.verdict == FAILED and "deliberately broken" in conf.reason
     assert Archive(arch.path).node("flaky").status == "verified"  # its search status stays

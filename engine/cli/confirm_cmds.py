@@ -6,20 +6,21 @@ from pathlib import Path
 
 import typer
 
-from engine.archive.confirmation import CONFIRMED, FAILED
+from engine.archive.confirmation import CONFIRMED, FAILED, REVERSED
 from engine.archive.store import ROOT_NAME, Archive
 from engine.cli import EXIT_FAILED, ArchiveOpt, console
 
 
 def confirmation_line(conf) -> str:
-    """The closing line of a confirmation, as ``run`` and ``confirm`` print it."""
-    if conf.verdict == CONFIRMED:
-        head = "[bold green]CONFIRMED on held-out seeds:[/]"
-    elif conf.verdict == FAILED:
-        head = "[bold red]confirmation failed:[/]"
-    else:
-        head = f"[bold]held-out seeds: {conf.verdict}:[/]"
-    return f"{head} {conf.describe()}"
+    """The closing line of a confirmation, as ``run`` and ``confirm`` print it: green when confirmed,
+    red when the held-out seeds reverse the difference or a node failed there."""
+    colour = {CONFIRMED: "green", REVERSED: "red", FAILED: "red"}.get(conf.verdict)
+    head = "held-out confirmation:"
+    return (
+        f"[bold {colour}]{head}[/] {conf.describe()}"
+        if colour
+        else f"[bold]{head}[/] {conf.describe()}"
+    )
 
 
 def run_confirmation(arch, node: str, against: str, seeds: int, first_seed, preset, objective):
