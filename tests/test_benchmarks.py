@@ -128,11 +128,19 @@ def test_bench_discovery_runs_both_searches_resumes_and_confirms_on_held_out_see
         assert r["diff_interval"] is not None and r["search_diff"] == pytest.approx(
             data["results"][r["method"]]["0"]["best_diff"]
         )
-    # the searches' own archives still hold the results of the search's seeds only
+    # the searches' own archives still hold the results of the search's seeds only, and the
+    # confirmation (the product's, as `poise-git confirm` records it) beside them
+    from engine.archive.confirmation import read_confirmation
+
     for method in ("loop", "random"):
-        nodes = Archive(work / f"{method}-s0").nodes("proxy/tiny")
-        best = nodes[data["results"][method]["0"]["best"]]
+        arch = Archive(work / f"{method}-s0")
+        name = data["results"][method]["0"]["best"]
+        best = arch.nodes("proxy/tiny")[name]
         assert sorted(int(p["seed"]) for p in best.result.per_seed) == [0, 1]
+        conf = read_confirmation(arch, name, "proxy/tiny")
+        (r,) = (r for r in rows if r["method"] == method)
+        assert conf.seeds == (2, 3) and conf.search_seeds == (0, 1)
+        assert conf.difference == pytest.approx(r["diff"]) and arch.fsck()
 
 
 def test_bench_eval_noise_scores_each_policy_as_the_protocol_does_and_under_larger_evaluations(
