@@ -7,6 +7,7 @@ import dataclasses
 import json
 import subprocess
 
+import numpy as np
 import pytest
 from conftest import mark_verified, run_cli
 
@@ -273,3 +274,22 @@ def test_the_report_shows_confirmations_under_its_protocol(archive):
     assert "Held-out confirmations" in page
     assert "<td>child</td><td>grpo</td><td>6, 7</td><td>+0.0500 [" in page
     assert "not confirmed" in page and "+0.4000" not in page  # the smoke one is another protocol
+
+
+def test_an_unconfirmed_gain_is_told_how_many_held_out_seeds_would_confirm_it():
+    from engine.cli.confirm_cmds import confirmation_line, resolve_hint
+    from engine.stats import seeds_to_resolve
+
+    ahead = _conf({2: 0.53, 3: 0.49, 4: 0.52}, {2: 0.50, 3: 0.50, 4: 0.50})  # +0.0133, SD ~0.021
+    assert ahead.verdict == NOT_CONFIRMED and ahead.difference > 0
+    line = confirmation_line(ahead)
+    hint = resolve_hint(ahead.difference, ahead.interval, 3)
+    assert line.endswith("; " + hint) and "[bold]held-out confirmation:[/]" in line
+    sd = float(np.std([0.03, -0.01, 0.02], ddof=1))
+    assert f"{seeds_to_resolve(ahead.difference, sd)} paired seeds would show it" in hint
+    assert f"these 3 show ({sd:.4f})" in hint
+    behind = _conf({2: 0.47, 3: 0.51, 4: 0.48}, {2: 0.50, 3: 0.50, 4: 0.50})
+    confirmed = _conf({2: 0.55, 3: 0.56, 4: 0.57}, {2: 0.50, 3: 0.50, 4: 0.51})
+    for c in (behind, confirmed):
+        assert "would show it" not in confirmation_line(c)
+    assert confirmation_line(confirmed).startswith("[bold green]held-out confirmation:[/]")

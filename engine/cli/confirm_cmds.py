@@ -2,25 +2,46 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import typer
 
-from engine.archive.confirmation import CONFIRMED, FAILED, REVERSED
+from engine.archive.confirmation import CONFIRMED, FAILED, NOT_CONFIRMED, REVERSED
 from engine.archive.store import ROOT_NAME, Archive
 from engine.cli import EXIT_FAILED, ArchiveOpt, console
+from engine.stats import SEEDS_LIMIT, sd_upper90, seeds_to_resolve, t95
+
+
+def resolve_hint(mean: float, iv: tuple[float, float], n: int) -> str:
+    """For a positive paired difference whose 95% interval over ``n`` seeds holds zero: how many
+    paired seeds would show a real difference of that size in 4 evaluations of 5, at the SD these
+    seeds show and at that SD's one-sided 90% upper bound (a few seeds' SD is rough)."""
+    sd = (iv[1] - iv[0]) / 2 * math.sqrt(n) / t95(n - 1)  # the SD these seeds show
+    high = sd_upper90(sd, n)
+
+    def seeds(at: float) -> str:
+        need = seeds_to_resolve(mean, at)
+        return f"{need}" if need else f"over {SEEDS_LIMIT:,}"
+
+    return (
+        f"were {mean:+.4f} real, {seeds(sd)} paired seeds would show it in 4 evaluations "
+        f"of 5 at the paired SD these {n} show ({sd:.4f}), {seeds(high)} at that SD's 90% "
+        f"upper bound ({high:.4f})"
+    )
 
 
 def confirmation_line(conf) -> str:
     """The closing line of a confirmation, as ``run`` and ``confirm`` print it: green when confirmed,
-    red when the held-out seeds reverse the difference or a node failed there."""
+    red when the held-out seeds reverse the difference or a node failed there; a positive difference
+    the held-out seeds do not resolve is told how many seeds would (:func:`resolve_hint`)."""
     colour = {CONFIRMED: "green", REVERSED: "red", FAILED: "red"}.get(conf.verdict)
     head = "held-out confirmation:"
-    return (
-        f"[bold {colour}]{head}[/] {conf.describe()}"
-        if colour
-        else f"[bold]{head}[/] {conf.describe()}"
-    )
+    line = f"[bold {colour}]{head}[/]" if colour else f"[bold]{head}[/]"
+    line += f" {conf.describe()}"
+    if conf.verdict == NOT_CONFIRMED and conf.difference > 0:
+        line += "; " + resolve_hint(conf.difference, conf.interval, len(conf.seeds))
+    return line
 
 
 def run_confirmation(arch, node: str, against: str, seeds: int, first_seed, preset, objective):

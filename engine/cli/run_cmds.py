@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import signal
@@ -16,9 +15,8 @@ from rich.text import Text
 
 from engine.archive.store import ALGORITHM, Archive
 from engine.cli import ArchiveOpt, console
-from engine.cli.confirm_cmds import confirmation_line, run_confirmation
+from engine.cli.confirm_cmds import confirmation_line, resolve_hint, run_confirmation
 from engine.errors import PoiseError
-from engine.stats import SEEDS_LIMIT, sd_upper90, seeds_to_resolve, t95
 
 
 class _Display:
@@ -367,18 +365,7 @@ def discovery_verdict(arch, protocol: str, best: str, root: str) -> str:
         f"difference ({mean:+.4f} [{iv[0]:+.4f}, {iv[1]:+.4f}] over {n} paired seeds)"
     )
     if not beats and mean > 0:
-        sd = (iv[1] - iv[0]) / 2 * math.sqrt(n) / t95(n - 1)  # the SD these seeds show
-        high = sd_upper90(sd, n)  # a few seeds' SD is rough: the range runs to its upper bound
-
-        def seeds(at: float) -> str:
-            need = seeds_to_resolve(mean, at)
-            return f"{need}" if need else f"over {SEEDS_LIMIT:,}"
-
-        line += (
-            f"; were {mean:+.4f} real, {seeds(sd)} paired seeds would show it in 4 evaluations "
-            f"of 5 at the paired SD these {n} show ({sd:.4f}), {seeds(high)} at that SD's 90% "
-            f"upper bound ({high:.4f})"
-        )
+        line += "; " + resolve_hint(mean, iv, n)
     return line
 
 
