@@ -180,13 +180,7 @@ class Confirmation:
             p = d["protocol"]
             known = {f.name for f in dataclasses.fields(cls)}
             kw = {k: v for k, v in d.items() if k in known}
-            kw["protocol"] = Protocol(
-                **{
-                    k: v
-                    for k, v in p.items()
-                    if k in {"id", "hash", "backend", "preset", "settings"}
-                }
-            )
+            kw["protocol"] = Protocol.from_dict(p)
             kw["seeds"] = tuple(kw["seeds"])
             kw["search_seeds"] = tuple(kw["search_seeds"])
             kw["mlflow_run_ids"] = tuple(kw.get("mlflow_run_ids") or ())

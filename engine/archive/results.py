@@ -85,6 +85,11 @@ class Protocol:
     def path(self) -> str:
         return f"{RESULTS_DIR}/{self.id}.json"
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Protocol:
+        """From its JSON form; keys it does not know (written by a later version) are left out."""
+        return cls(**{k: v for k, v in d.items() if k in {f.name for f in dataclasses.fields(cls)}})
+
 
 @dataclass(frozen=True)
 class EvaluationResult:
@@ -210,16 +215,13 @@ class EvaluationResult:
             raise ArchiveError("a result needs its protocol")
         known = {f.name for f in dataclasses.fields(cls)} - {"legacy"}
         kw = {k: v for k, v in d.items() if k in known}
-        kw["protocol"] = Protocol(**{k: v for k, v in p.items() if k in _PROTOCOL_FIELDS})
+        kw["protocol"] = Protocol.from_dict(p)
         for k in ("seeds", "per_seed", "mlflow_run_ids"):
             kw[k] = tuple(kw.get(k) or ())
         kw["intervals"] = {
             k: (float(v[0]), float(v[1])) for k, v in (kw.get("intervals") or {}).items()
         }
         return cls(**kw)
-
-
-_PROTOCOL_FIELDS = {f.name for f in dataclasses.fields(Protocol)}
 
 
 class _Checker:

@@ -13,10 +13,10 @@ from collections.abc import Callable
 
 from engine.archive.confirmation import FAILED, Confirmation, record_confirmation
 from engine.archive.results import EvaluationResult
-from engine.config import ExperimentConfig, utility
+from engine.config import ExperimentConfig
 from engine.errors import EvaluationError
 from engine.operators.evaluate import measure_node, proxy_protocol
-from engine.stats import paired_interval
+from engine.select.objective import describe_objective, paired_difference, seed_utilities
 from trainer_template.proxy.protocol import PRESETS, get_protocol
 
 TAG = "confirmation"
@@ -50,21 +50,6 @@ def heldout_seeds(seen: list[int], count: int, first: int | None = None) -> list
             "past them"
         )
     return seeds
-
-
-def objective_text(exp: ExperimentConfig) -> str:
-    return exp.objective + (f" - {exp.length_penalty:g}*mean_length" if exp.length_penalty else "")
-
-
-def _per_seed(result: EvaluationResult, exp: ExperimentConfig) -> dict[int, float]:
-    out = {}
-    for row in result.per_seed:
-        if row.get("status", "evaluated") != "evaluated":
-            continue
-        u = utility(dict(row.get("metrics") or {}), exp)
-        if u is not None:
-            out[int(row["seed"])] = u
-    return out
 
 
 def confirm_node(
@@ -103,11 +88,7 @@ def confirm_node(
             )
     seen = search_seeds(nodes, protocol.id)
     held = heldout_seeds(seen, seeds, first_seed)
-    m_node, m_ref = nodes[name].result, nodes[against].result
-    search = paired_interval(_per_seed(m_node, exp), _per_seed(m_ref, exp))
-    search_diff = (
-        (search[0], tuple(search[1]) if search[1] else None, search[2]) if search else None
-    )
+    search = paired_difference(nodes[name], nodes[against], exp)
     tags = {"poise.purpose": TAG, "poise.confirms": f"{name} vs {against}"}
     measured: dict[str, EvaluationResult] = {}
     for n in (name, against):
@@ -127,10 +108,10 @@ def confirm_node(
         against=against,
         node_commit=measured[name].node_commit,
         against_commit=measured[against].node_commit,
-        objective=objective_text(exp),
+        objective=describe_objective(exp),
         seeds=tuple(held),
         search_seeds=tuple(seen),
-        search_difference=search_diff,
+        search_difference=search,
         mlflow_run_ids=tuple(i for r in measured.values() for i in r.mlflow_run_ids),
         wall_time_s=round(time.monotonic() - t0, 3),
     )
@@ -139,7 +120,7 @@ def confirm_node(
         reason = "; ".join(f"{n}: {r.reason}" for n, r in failed.items())[:1000]
         conf = Confirmation(verdict=FAILED, reason=reason, recorded_at=time.time(), **base)
     else:
-        values, reference = _per_seed(measured[name], exp), _per_seed(measured[against], exp)
+        values, reference = (seed_utilities(measured[n], exp) for n in (name, against))
         missing = sorted(set(held) - (set(values) & set(reference)))
         if missing:
             conf = Confirmation(

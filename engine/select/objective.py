@@ -136,18 +136,23 @@ def paired_difference(
     def per_seed(node) -> dict[int, float]:
         if node is None or node.result is None or not node.evaluated:
             return {}
-        out = {}
-        for row in node.result.per_seed:
-            m = row.get("metrics") or {}
-            if exp.objective in m and row.get("status", "evaluated") == "evaluated":
-                out[int(row["seed"])] = utility(m, exp)
-        return {k: v for k, v in out.items() if v is not None}
+        return seed_utilities(node.result, exp)
 
     d = paired_interval(per_seed(child), per_seed(parent))
     if d is None:
         return None
     mean, iv, n = d
     return mean, (tuple(iv) if iv else None), n
+
+
+def seed_utilities(result: Any, exp: ExperimentConfig) -> dict[int, float]:
+    """seed -> U at that seed, over a result's evaluated per-seed rows that measured the objective."""
+    out = {}
+    for row in result.per_seed:
+        m = row.get("metrics") or {}
+        if exp.objective in m and row.get("status", "evaluated") == "evaluated":
+            out[int(row["seed"])] = utility(m, exp)
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def ranked(nodes: Mapping[str, Any], exp: ExperimentConfig) -> list[tuple[str, float]]:
