@@ -111,6 +111,56 @@ def test_a_record_whose_numbers_do_not_follow_from_its_values_is_refused():
     assert Confirmation.from_json(good.to_json()) == good
 
 
+def _result(seeds, overall=0.5, protocol=PROTO) -> EvaluationResult:
+    per_seed = tuple(
+        {"seed": s, "status": "evaluated", "metrics": {"overall": overall}} for s in seeds
+    )
+    return EvaluationResult(
+        protocol=protocol,
+        status="evaluated",
+        metrics={"overall": overall},
+        units={"overall": "fraction"},
+        seeds=tuple(seeds),
+        per_seed=per_seed,
+    )
+
+
+def test_log_marks_each_confirmed_node_under_the_compared_protocol(archive):
+    archive.spawn("grpo", "child", edit=DR_GRPO)
+    archive.spawn("grpo", "other", edit=DR_GRPO)
+    for name in ("grpo", "child", "other"):
+        archive.record_result(name, _result([0, 1]))
+    record_confirmation(archive, _conf({2: 0.6, 3: 0.63}, {2: 0.5, 3: 0.52}))
+    record_confirmation(archive, _conf({2: 0.4, 3: 0.41}, {2: 0.5, 3: 0.52}, node="other"))
+    out = run_cli("log", "--protocol", "proxy/smoke", "-C", str(archive.path))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    child = next(ln for ln in lines if "child" in ln)
+    other = next(ln for ln in lines if "other" in ln)
+    assert "held out vs grpo: confirmed +0.1050 (2 seeds)" in child
+    assert "held out vs grpo: reversed -0.1050 (2 seeds)" in other
+    (root,) = (ln for ln in lines if "grpo" in ln and "held out" not in ln)
+    assert "evaluated" in root
+    rows = {
+        r["node"]: r
+        for r in json.loads(
+            run_cli("log", "--json", "--protocol", "proxy/smoke", "-C", str(archive.path)).stdout
+        )
+    }
+    assert rows["child"]["confirmation"] == {
+        "against": "grpo",
+        "verdict": CONFIRMED,
+        "difference": pytest.approx(0.105),
+        "interval": rows["child"]["confirmation"]["interval"],
+        "seeds": [2, 3],
+    }
+    assert rows["other"]["confirmation"]["verdict"] == REVERSED
+    assert rows["grpo"]["confirmation"] is None
+    # under another protocol the smoke confirmations are not shown
+    other_proto = run_cli("log", "--json", "--protocol", "proxy/default", "-C", str(archive.path))
+    assert all(r["confirmation"] is None for r in json.loads(other_proto.stdout))
+
+
 def test_held_out_seeds_start_past_every_seed_the_search_used(archive):
     def result(seeds):
         per_seed = tuple(

@@ -11,7 +11,14 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.tree import Tree
 
-from engine.archive.confirmation import read_confirmation
+from engine.archive.confirmation import (
+    CONFIRMED,
+    FAILED,
+    REVERSED,
+    Confirmation,
+    read_confirmation,
+    read_confirmations,
+)
 from engine.archive.edit import apply_edit, check_bounds, decode_source
 from engine.archive.results import from_record
 from engine.archive.store import ALGORITHM, Archive, Node, check_name
@@ -42,7 +49,33 @@ _STATUS_STYLE = {
 }
 
 
-def _label(n: Node, full: bool = False) -> str:
+_VERDICT_STYLE = {CONFIRMED: "green", REVERSED: "red", FAILED: "red"}
+
+
+def _held_out(c: Confirmation | None) -> str:
+    """The label's held-out mark: the confirmation's verdict and difference against its reference."""
+    if c is None:
+        return ""
+    style = _VERDICT_STYLE.get(c.verdict, "yellow")
+    diff = "" if c.difference is None else f" {c.difference:+.4f}"
+    return (
+        f"  held out vs {escape(c.against)}: [{style}]{c.verdict}{diff}[/] ({len(c.seeds)} seeds)"
+    )
+
+
+def _confirmation_json(c: Confirmation | None) -> dict | None:
+    if c is None:
+        return None
+    return {
+        "against": c.against,
+        "verdict": c.verdict,
+        "difference": c.difference,
+        "interval": list(c.interval) if c.interval else None,
+        "seeds": list(c.seeds),
+    }
+
+
+def _label(n: Node, full: bool = False, confirmation: Confirmation | None = None) -> str:
     style = _STATUS_STYLE.get(n.status, "white")
     r, extra = n.result, ""
     if r is not None and r.ok:
@@ -60,7 +93,8 @@ def _label(n: Node, full: bool = False) -> str:
     if reason and not full:
         reason = reason[:60] + ("…" if len(reason) > 60 else "")
     why = f"  [dim]({escape(reason)})[/]" if reason and n.status in ("rejected", "failed") else ""
-    return f"[bold]{escape(n.name)}[/]  [{style}]{n.status}[/]{extra}{why}"
+    held = _held_out(confirmation)
+    return f"[bold]{escape(n.name)}[/]  [{style}]{n.status}[/]{extra}{held}{why}"
 
 
 ProtocolOpt = typer.Option(
@@ -272,8 +306,12 @@ def log(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     protocol: str | None = ProtocolOpt,
 ) -> None:
-    """Draw the lineage tree: node, status and its utility under the compared protocol."""
-    nodes = Archive(archive).nodes(protocol)
+    """Draw the lineage tree: node, status, its utility under the compared protocol and, where it has
+    one, its held-out confirmation under that protocol."""
+    arch = Archive(archive)
+    nodes = arch.nodes(protocol)
+    compared = next((n.result.protocol.id for n in nodes.values() if n.result is not None), None)
+    confs = read_confirmations(arch, nodes, compared) if compared else {}
     if as_json:
         rows = [
             {
@@ -287,6 +325,7 @@ def log(
                     pid: {"status": r.status, r.utility: r.value}
                     for pid, r in sorted(n.results.items())
                 },
+                "confirmation": _confirmation_json(confs.get(n.name)),
                 "commit": n.commit,
             }
             for n in sorted(nodes.values(), key=lambda n: n.created)
@@ -302,13 +341,13 @@ def log(
             roots.append(n)
     full = not console.is_terminal  # piped: reasons in full, nothing wrapped
     for root in roots:
-        tree = Tree(_label(root, full))
+        tree = Tree(_label(root, full, confs.get(root.name)))
         stack = [(root, tree)]
         while stack:
             n, t = stack.pop()
             for c in kids.get(n.name, []):
                 extra = f"  [dim](× {', '.join(c.parents[1:])})[/]" if len(c.parents) > 1 else ""
-                stack.append((c, t.add(_label(c, full) + extra)))
+                stack.append((c, t.add(_label(c, full, confs.get(c.name)) + extra)))
         console.print(tree)
 
 

@@ -24,7 +24,10 @@ _EXAMPLES: dict[str, list[str]] = {
         "poise-git spawn grpo --name again --edit clip.py --force   # same mechanism as a node",
         "poise-git spawn grpo --auto --proposer offline -C exp",
     ],
-    "log": ["poise-git log -C exp", "poise-git log --json -C exp | jq '.[].node'"],
+    "log": [
+        "poise-git log -C exp",
+        "poise-git log --json -C exp | jq '.[] | select(.confirmation) | .node'",
+    ],
     "show": ["poise-git show clip-wide -C exp", "poise-git show clip-wide > clip-wide.txt"],
     "diff": ["poise-git diff grpo clip-wide", "poise-git diff grpo clip-wide --all | less"],
     "compare": [
