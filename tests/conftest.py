@@ -54,7 +54,33 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = 1
 
 
+# The files whose tests take minutes, longest first. They start first, so that under
+# ``-n N --dist loadfile`` no worker begins a long file when the others are nearly done.
+_LONG_FILES = (
+    "test_verl_smoke.py",
+    "test_loop.py",
+    "test_benchmarks.py",
+    "test_hostile.py",
+    "test_loop_inprocess.py",
+    "test_confirm.py",
+    "test_proxy.py",
+    "test_evaluate.py",
+    "test_verify.py",
+    "test_hostile_flows.py",
+    "test_propose.py",
+)
+
+
+def _long_first(items) -> None:
+    """Reorder ``items`` in place: the files of ``_LONG_FILES`` first (in that order), then the rest
+    in collection order. Every worker sorts the same collection the same way."""
+    rank = {name: i for i, name in enumerate(_LONG_FILES)}
+    order = {id(it): i for i, it in enumerate(items)}
+    items.sort(key=lambda it: (rank.get(it.path.name, len(rank)), order[id(it)]))
+
+
 def pytest_collection_modifyitems(config, items):
+    _long_first(items)
     try:
         import torch
 

@@ -1,5 +1,5 @@
 """Held-out confirmation: the record's rules, its place in the archive (beside the results, never read
-by the selection), the seeds it may use, and, on the smoke proxy, a real confirmation end to end."""
+by the selection), the seeds it may use, and, on the tiny proxy preset, a real confirmation end to end."""
 
 from __future__ import annotations
 
@@ -231,7 +231,7 @@ def test_confirm_refuses_nodes_without_a_search_result(archive):
 
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory):
-    """An archive where a 'search' evaluated grpo and drgrpo on smoke seeds 0 and 1 (and flaky)."""
+    """An archive where a 'search' evaluated grpo and drgrpo on tiny-preset seeds 0 and 1 (and flaky)."""
     from engine.operators.evaluate import evaluate_node
 
     mp = pytest.MonkeyPatch()
@@ -244,7 +244,7 @@ def searched(tmp_path_factory):
     for name in ("drgrpo", "flaky"):
         mark_verified(arch, name)
     for name in ("grpo", "drgrpo"):
-        result = evaluate_node(arch, name, seeds=2, preset="smoke")
+        result = evaluate_node(arch, name, seeds=2, preset="tiny")
         assert result.ok
     # flaky's search result is grpo's numbers under its own commit (what matters here is that it
     # has one: its held-out runs are what fail)
@@ -253,30 +253,30 @@ def searched(tmp_path_factory):
     mp.undo()
 
 
-@pytest.mark.slow  # four smoke seed runs (two nodes at two held-out seeds)
+@pytest.mark.slow  # four tiny-preset seed runs (two nodes at two held-out seeds)
 def test_confirm_measures_both_nodes_on_held_out_seeds_and_records_it(searched):
     from engine.archive.tracking import find_runs
     from engine.operators.confirm import confirm_node
     from engine.operators.evaluate import measure_node
 
     arch = searched
-    before = arch.nodes("proxy/smoke")
+    before = arch.nodes("proxy/tiny")
     events: list[str] = []
     exp = arch.config().experiment
-    conf = confirm_node(arch, "drgrpo", "grpo", exp, preset="smoke", on_event=events.append)
+    conf = confirm_node(arch, "drgrpo", "grpo", exp, preset="tiny", on_event=events.append)
     assert conf.seeds == (2, 3) and conf.search_seeds == (0, 1)
     assert conf.verdict in (CONFIRMED, NOT_CONFIRMED, REVERSED)
     assert set(conf.values) == set(conf.reference) == {2, 3}
     assert conf.search_difference is not None and conf.search_difference[2] == 2
     assert any("grpo: seed 3" in e for e in events) and any("drgrpo: seed 2" in e for e in events)
     # the numbers are the protocol's: measuring grpo at seed 3 again gives the same value
-    again = measure_node(arch, "grpo", [3], preset="smoke")
+    again = measure_node(arch, "grpo", [3], preset="tiny")
     assert again.per_seed[0]["metrics"]["overall"] == pytest.approx(conf.reference[3], abs=1e-9)
     # the search's results, statuses and ranking are untouched; the record reads back from git
-    after = Archive(arch.path).nodes("proxy/smoke")
+    after = Archive(arch.path).nodes("proxy/tiny")
     for name in ("grpo", "drgrpo"):
         assert after[name].result == before[name].result and after[name].status == "evaluated"
-    assert read_confirmation(arch, "drgrpo", "proxy/smoke") == conf
+    assert read_confirmation(arch, "drgrpo", "proxy/tiny") == conf
     tagged = [r for r in find_runs(arch, "drgrpo") if r.data.tags.get("poise.purpose")]
     assert len(tagged) == 2 and {r.data.tags["poise.confirms"] for r in tagged} == {
         "drgrpo vs grpo"
@@ -284,13 +284,13 @@ def test_confirm_measures_both_nodes_on_held_out_seeds_and_records_it(searched):
     assert set(conf.mlflow_run_ids) >= {r.info.run_id for r in tagged}
     # the CLI: shown by `show`, and a second confirmation further out replaces it
     out = run_cli("show", "drgrpo", "-C", str(arch.path))
-    assert "held-out confirmation under proxy/smoke@" in out.stdout
+    assert "held-out confirmation under proxy/tiny@" in out.stdout
     with pytest.raises(EvaluationError, match="were used by the search"):
-        confirm_node(arch, "drgrpo", "grpo", exp, preset="smoke", first_seed=1)
+        confirm_node(arch, "drgrpo", "grpo", exp, preset="tiny", first_seed=1)
     assert arch.fsck()
 
 
-@pytest.mark.slow  # two smoke seed runs of grpo, one failing run of the broken candidate
+@pytest.mark.slow  # two tiny-preset seed runs of grpo, one failing run of the broken candidate
 def test_a_candidate_that_fails_on_held_out_seeds_gives_a_failed_confirmation(searched):
     arch = searched
     # the same node, edited after its search result: now it raises when trained
@@ -300,11 +300,11 @@ def test_a_candidate_that_fails_on_held_out_seeds_gives_a_failed_confirmation(se
         subject="poise: flaky edited (test)",
     )
     mark_verified(arch, "flaky")
-    out = run_cli("confirm", "flaky", "--seeds", "1", "--preset", "smoke", "-C", str(arch.path))
+    out = run_cli("confirm", "flaky", "--seeds", "1", "--preset", "tiny", "-C", str(arch.path))
     assert out.returncode == 4, out.stdout + out.stderr
     assert "held-out confirmation: flaky vs grpo on 1 held-out seed(s) [2]: failed (" in out.stdout
     assert "deliberately broken" in out.stdout
-    conf = read_confirmation(arch, "flaky", "proxy/smoke")
+    conf = read_confirmation(arch, "flaky", "proxy/tiny")
     assert conf.verdict == FAILED and "deliberately broken" in conf.reason
     assert Archive(arch.path).node("flaky").status == "verified"  # its search status stays
     assert arch.fsck()

@@ -163,15 +163,15 @@ def test_evaluate_refuses_a_node_that_is_not_verified(exp, cli):
     assert exp.node("unverified").status != "evaluating" and exp.fsck()
 
 
-@pytest.mark.slow  # the CLI evaluates on the smoke preset
-def test_cli_evaluate_smoke(exp, cli):
+@pytest.mark.slow  # the CLI evaluates on the tiny preset
+def test_cli_evaluate_tiny(exp, cli):
     import os
 
     out = cli(
         "evaluate",
         "drgrpo",
         "--preset",
-        "smoke",
+        "tiny",
         "--seeds",
         "1",
         "-C",
@@ -180,19 +180,19 @@ def test_cli_evaluate_smoke(exp, cli):
     )
     assert out.returncode == 0, out.stderr + out.stdout
     assert "drgrpo evaluated" in out.stdout and "overall" in out.stdout
-    node = Archive(exp.path).nodes("proxy/smoke")["drgrpo"]
+    node = Archive(exp.path).nodes("proxy/tiny")["drgrpo"]
     assert node.status == "evaluated" and node.overall is not None
     bad = cli(
         "evaluate",
         "broken",
         "--preset",
-        "smoke",
+        "tiny",
         "-C",
         str(exp.path),
         env={"POISE_CACHE_DIR": os.environ["POISE_CACHE_DIR"]},
     )
     assert bad.returncode == 4 and "reason" in bad.stdout
-    nope = cli("evaluate", "nosuch", "--preset", "smoke", "-C", str(exp.path))
+    nope = cli("evaluate", "nosuch", "--preset", "tiny", "-C", str(exp.path))
     assert nope.returncode == 1 and "unknown node" in nope.stderr
 
 

@@ -1,5 +1,6 @@
-"""`poise-git run` end to end on the CPU proxy's smoke preset with the offline proposer: a tiny run, budgets,
-kill -9 then --resume, a hung candidate cut off, a Ray-backed run."""
+"""`poise-git run` end to end on the CPU proxy's tiny preset (the real code path in seconds) with the
+offline proposer: a tiny run, budgets, kill -9 then --resume, a hung candidate cut off, a Ray-backed
+run."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ pytestmark = (
     pytest.mark.slow
 )  # every test here runs `poise-git run` end to end (minutes on 2 cores)
 
-SMALL = ["--preset", "smoke", "--seeds", "1", "--proposer", "offline", "--eval-timeout", "240"]
+SMALL = ["--preset", "tiny", "--seeds", "1", "--proposer", "offline", "--eval-timeout", "240"]
 
 
 def _final(nodes) -> dict[str, str]:
@@ -59,7 +60,7 @@ def _events(arch, name: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def evaluated_root(tmp_path_factory):
-    """An archive whose root is already evaluated (really, on the smoke preset), copied by each test."""
+    """An archive whose root is already evaluated (really, on the tiny preset), copied by each test."""
     path = tmp_path_factory.mktemp("root") / "exp"
     env = dict(
         os.environ,
@@ -67,7 +68,7 @@ def evaluated_root(tmp_path_factory):
     )
     for args in (
         ["init", str(path)],
-        ["evaluate", "grpo", "-C", str(path), "--preset", "smoke", "--seeds", "1"],
+        ["evaluate", "grpo", "-C", str(path), "--preset", "tiny", "--seeds", "1"],
     ):
         p = subprocess.run(
             [sys.executable, "-m", "engine", *args],
@@ -154,7 +155,7 @@ def test_run_end_to_end_budget_stop_and_resume(evaluated_root, tmp_path, cli):
     # (seed 0 only) never used, recorded on the candidate's branch
     from engine.archive.confirmation import read_confirmation
 
-    confs = [c for k in kids if (c := read_confirmation(arch, k, "proxy/smoke")) is not None]
+    confs = [c for k in kids if (c := read_confirmation(arch, k, "proxy/tiny")) is not None]
     if any(n.status == "evaluated" for n in kids.values()):
         assert len(confs) == 1 and confs[0].seeds == (1,) and confs[0].search_seeds == (0,)
         assert confs[0].against == "grpo" and confs[0].verdict in ("no interval", "failed")
