@@ -263,7 +263,7 @@ class Archive:
             except (ArchiveError, KeyError, TypeError, ValueError, RecursionError):
                 continue  # unreadable: the node shows as not evaluated, `poise-git show` says why
             n.results[r.protocol.id] = r
-        ref = self._protocol_ref(protocol)
+        ref = self.protocol_ref(protocol)
         for n in nodes.values():
             r = n.results.get(ref.id)
             if r is not None and not ref.matches(r.protocol):
@@ -272,7 +272,9 @@ class Archive:
         _assign_depths(nodes)
         return nodes
 
-    def _protocol_ref(self, protocol: ProtocolRef | str | None) -> ProtocolRef:
+    def protocol_ref(self, protocol: ProtocolRef | str | None = None) -> ProtocolRef:
+        """The protocol ``protocol`` names (a :class:`ProtocolRef`, ``id`` or ``id@hash``), else the
+        experiment's configured one: the protocol :meth:`nodes` compares results under."""
         if isinstance(protocol, ProtocolRef):
             return protocol
         if isinstance(protocol, str) and protocol:

@@ -11,18 +11,12 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.tree import Tree
 
-from engine.archive.confirmation import (
-    CONFIRMED,
-    FAILED,
-    REVERSED,
-    Confirmation,
-    read_confirmation,
-    read_confirmations,
-)
+from engine.archive.confirmation import Confirmation, read_confirmation, read_confirmations
 from engine.archive.edit import apply_edit, check_bounds, decode_source
 from engine.archive.results import from_record
 from engine.archive.store import ALGORITHM, Archive, Node, check_name
 from engine.cli import EXIT_REJECTED, ArchiveOpt, console, fail
+from engine.cli.confirm_cmds import VERDICT_COLOURS
 from engine.cli.operator_cmds import make_llm, print_usage, report_verification
 from engine.config import parse_config
 from engine.errors import ArchiveError, EditError, PoiseError
@@ -49,14 +43,11 @@ _STATUS_STYLE = {
 }
 
 
-_VERDICT_STYLE = {CONFIRMED: "green", REVERSED: "red", FAILED: "red"}
-
-
 def _held_out(c: Confirmation | None) -> str:
     """The label's held-out mark: the confirmation's verdict and difference against its reference."""
     if c is None:
         return ""
-    style = _VERDICT_STYLE.get(c.verdict, "yellow")
+    style = VERDICT_COLOURS.get(c.verdict, "yellow")
     diff = "" if c.difference is None else f" {c.difference:+.4f}"
     return (
         f"  held out vs {escape(c.against)}: [{style}]{c.verdict}{diff}[/] ({len(c.seeds)} seeds)"
@@ -310,8 +301,7 @@ def log(
     one, its held-out confirmation under that protocol."""
     arch = Archive(archive)
     nodes = arch.nodes(protocol)
-    compared = next((n.result.protocol.id for n in nodes.values() if n.result is not None), None)
-    confs = read_confirmations(arch, nodes, compared) if compared else {}
+    confs = read_confirmations(arch, nodes, arch.protocol_ref(protocol).id)
     if as_json:
         rows = [
             {

@@ -12,6 +12,10 @@ from engine.archive.store import ROOT_NAME, Archive
 from engine.cli import EXIT_FAILED, ArchiveOpt, console
 from engine.stats import SEEDS_LIMIT, sd_upper90, seeds_to_resolve, t95
 
+VERDICT_COLOURS = {CONFIRMED: "green", REVERSED: "red", FAILED: "red"}
+"""The colour of a confirmation's verdict wherever the CLI prints it; a verdict not here takes the
+caller's default."""
+
 
 def resolve_hint(mean: float, iv: tuple[float, float], n: int) -> str:
     """For a positive paired difference whose 95% interval over ``n`` seeds holds zero: how many
@@ -35,7 +39,7 @@ def confirmation_line(conf) -> str:
     """The closing line of a confirmation, as ``run`` and ``confirm`` print it: green when confirmed,
     red when the held-out seeds reverse the difference or a node failed there; a positive difference
     the held-out seeds do not resolve is told how many seeds would (:func:`resolve_hint`)."""
-    colour = {CONFIRMED: "green", REVERSED: "red", FAILED: "red"}.get(conf.verdict)
+    colour = VERDICT_COLOURS.get(conf.verdict)
     head = "held-out confirmation:"
     line = f"[bold {colour}]{head}[/]" if colour else f"[bold]{head}[/]"
     line += f" {conf.describe()}"
