@@ -111,14 +111,13 @@ def test_a_record_whose_numbers_do_not_follow_from_its_values_is_refused():
     assert Confirmation.from_json(good.to_json()) == good
 
 
-def _result(seeds, overall=0.5, protocol=PROTO) -> EvaluationResult:
-    per_seed = tuple(
-        {"seed": s, "status": "evaluated", "metrics": {"overall": overall}} for s in seeds
-    )
+def _result(seeds) -> EvaluationResult:
+    """An evaluated PROTO result of Overall 0.5 at each of ``seeds``."""
+    per_seed = tuple({"seed": s, "status": "evaluated", "metrics": {"overall": 0.5}} for s in seeds)
     return EvaluationResult(
-        protocol=protocol,
+        protocol=PROTO,
         status="evaluated",
-        metrics={"overall": overall},
+        metrics={"overall": 0.5},
         units={"overall": "fraction"},
         seeds=tuple(seeds),
         per_seed=per_seed,
@@ -162,22 +161,9 @@ def test_log_marks_each_confirmed_node_under_the_compared_protocol(archive):
 
 
 def test_held_out_seeds_start_past_every_seed_the_search_used(archive):
-    def result(seeds):
-        per_seed = tuple(
-            {"seed": s, "status": "evaluated", "metrics": {"overall": 0.5}} for s in seeds
-        )
-        return EvaluationResult(
-            protocol=PROTO,
-            status="evaluated",
-            metrics={"overall": 0.5},
-            units={"overall": "fraction"},
-            seeds=tuple(seeds),
-            per_seed=per_seed,
-        )
-
     archive.spawn("grpo", "child", edit=DR_GRPO)
-    archive.record_result("grpo", result([0, 1]))
-    archive.record_result("child", result([0, 1, 2, 5]))  # e.g. evaluated again on more seeds
+    archive.record_result("grpo", _result([0, 1]))
+    archive.record_result("child", _result([0, 1, 2, 5]))  # e.g. evaluated again on more seeds
     nodes = archive.nodes("proxy/smoke")
     assert search_seeds(nodes, "proxy/smoke") == [0, 1, 2, 5]
     assert search_seeds(nodes, "proxy/default") == []
