@@ -211,6 +211,50 @@ def test_tracking_never_leaks_the_store_into_the_environment(tmp_path, monkeypat
     assert (tmp_path / "a" / "mlflow.db").is_file()
 
 
+_OPEN_AT = """
+import sys, time
+from engine.archive.store import Archive
+from engine.archive.tracking import find_runs, node_run
+archive, start = Archive(sys.argv[1]), float(sys.argv[2])
+import mlflow  # imported before the start line, so the processes open the store together
+time.sleep(max(0.0, start - time.time()))
+with node_run(archive, "grpo"):
+    pass
+"""
+
+
+@pytest.mark.slow  # three processes importing MLflow
+def test_processes_opening_a_new_store_at_once_all_record_their_runs(tmp_path, monkeypatch):
+    """MLflow builds a new SQLite store's schema on first use; evaluations that start together on a
+    fresh archive take turns at it (engine.archive.tracking.open_store) instead of all failing."""
+    import sys
+    import time
+
+    from engine.archive.tracking import STORE_LOCK, find_runs
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    arch = Archive.init(tmp_path / "exp")
+    start = str(time.time() + 8)  # past the three interpreters' imports
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _OPEN_AT, str(arch.path), start],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], "\n".join(e[-800:] for e in errors)
+    assert len(find_runs(arch, "grpo")) == 3
+    assert (arch.path / STORE_LOCK).is_file() and arch.fsck()
+    status = subprocess.run(
+        ["git", "-C", str(arch.path), "status", "--porcelain"], capture_output=True, text=True
+    )
+    assert status.returncode == 0 and status.stdout == ""  # the lock never shows in git
+
+
 def test_the_seed_cache_is_keyed_by_the_harness_as_well_as_the_code(tmp_path, monkeypatch):
     """A cached per-seed result is only reused by the same candidate code under the same protocol
     and the same trainer/scorer sources: an edit of the harness never serves the old one's numbers."""

@@ -7,6 +7,7 @@ artifacts (``mlruns/``) inside the archive by default; nothing is written to the
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 from collections.abc import Iterator, Mapping
@@ -17,6 +18,8 @@ from engine import secrets
 log = logging.getLogger(__name__)
 MLFLOW_DB = "mlflow.db"
 ARTIFACTS = "mlruns"
+STORE_LOCK = ".poise/mlflow.lock"  # beside the archive's other local state, excluded from git
+_opened: set[str] = set()  # SQLite stores this process has opened (created or migrated) already
 
 
 def tracking_uri(archive_path: str | Path) -> str:
@@ -32,11 +35,33 @@ def artifact_root(archive_path: str | Path) -> str:
     return (Path(archive_path).resolve() / ARTIFACTS).as_uri()
 
 
+def open_store(archive_path: str | Path) -> str:
+    """The archive's tracking URI, its SQLite store created (or migrated) by this process under a
+    file lock first: MLflow builds a new store's schema on first use, and two processes doing it at
+    once (two evaluations starting on a fresh archive) both run the migrations and fail. Opened once
+    per process; a tracking server needs no lock."""
+    uri = tracking_uri(archive_path)
+    if uri in _opened or not uri.startswith("sqlite:"):
+        return uri
+    from mlflow.tracking import MlflowClient  # lazy: mlflow is heavy (only this path needs it)
+
+    lock = Path(archive_path) / STORE_LOCK
+    with contextlib.ExitStack() as held:
+        try:
+            lock.parent.mkdir(exist_ok=True)
+            fcntl.flock(held.enter_context(open(lock, "a")), fcntl.LOCK_EX)  # released on close
+        except OSError:  # a read-only archive: no process can create its store there either
+            pass
+        MlflowClient(uri).search_experiments(max_results=1)  # builds the store and its schema
+    _opened.add(uri)
+    return uri
+
+
 def mlflow_client(archive_path: str | Path):
     """An ``MlflowClient`` on the archive's store (a bare ``MlflowClient()`` would open ./mlflow.db)."""
     from mlflow.tracking import MlflowClient  # lazy: mlflow is heavy (only this path needs it)
 
-    return MlflowClient(tracking_uri(archive_path))
+    return MlflowClient(open_store(archive_path))
 
 
 def experiment_name(archive) -> str:
@@ -68,7 +93,7 @@ def _client_setup(archive):
     import mlflow  # lazy: mlflow is heavy (only this path needs it)
     from mlflow.exceptions import MlflowException  # lazy: mlflow is heavy (only this path needs it)
 
-    uri = tracking_uri(archive.path)
+    uri = open_store(archive.path)
     set_uri(uri)
     name = experiment_name(archive)
     c = mlflow.MlflowClient(uri)
