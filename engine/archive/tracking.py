@@ -10,6 +10,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -55,6 +56,21 @@ def open_store(archive_path: str | Path) -> str:
         MlflowClient(uri).search_experiments(max_results=1)  # builds the store and its schema
     _opened.add(uri)
     return uri
+
+
+def open_store_meanwhile(archive_path: str | Path) -> threading.Thread:
+    """:func:`open_store` in a thread started now, so that MLflow's import and a new store's schema
+    (5-10 s on a small CPU) overlap work that needs no tracking, such as training; ``join()`` it
+    before logging. An error there is left to the logging, which opens the store again and reports
+    it. Not a daemon: a store being migrated is never cut off by the process exiting."""
+
+    def opening() -> None:
+        with contextlib.suppress(Exception):
+            open_store(archive_path)
+
+    thread = threading.Thread(target=opening, name="poise-mlflow-open")
+    thread.start()
+    return thread
 
 
 def mlflow_client(archive_path: str | Path):

@@ -26,7 +26,7 @@ from typing import Any
 
 import trainer_template
 from engine.archive.results import EvaluationResult, Protocol, now
-from engine.archive.tracking import node_run
+from engine.archive.tracking import node_run, open_store_meanwhile
 from engine.errors import EvaluationError
 from engine.operators.evaluate_seed import run_seed
 from engine.operators.evaluate_verl import evaluate_node_verl
@@ -257,6 +257,7 @@ def _run(job: _Job, tags: Mapping[str, str] | None, say: Callable[[str], None]) 
     seed_list, timeout, source, base = job.seeds, job.timeout, job.source, job.base
     cache_dir = job.cache_dir or cfg.proxy.cache_dir or None
     env = trusted_env({"POISE_CACHE_DIR": str(Path(cache_dir).expanduser())} if cache_dir else None)
+    store = open_store_meanwhile(archive.path)  # ready by the time the seeds are
     say(f"warm start ({preset}) ...")
     ws = run_limited(  # trusted code (no candidate's): it may write the cache
         [_python(), "-m", "trainer_template.proxy.worker", "warmstart", "--preset", preset],
@@ -317,6 +318,7 @@ def _run(job: _Job, tags: Mapping[str, str] | None, say: Callable[[str], None]) 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         runs = list(pool.map(one, seed_list))
 
+    store.join()
     run_ids = _log_mlflow(archive, name, runs, base, tags, say)
     failed = [r for r in runs if r["status"] != "ok"]
     with_metrics = [r for r in runs if r.get("metrics")]
