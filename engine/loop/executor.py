@@ -1,6 +1,6 @@
 """Parallel evaluation of candidates: a local pool of worker processes (default) or Ray tasks.
 
-Every evaluation runs ``python -m engine.loop.executor JOB`` — a fresh process (one torch thread) calling
+Every evaluation runs ``python -m engine.loop.executor JOB`` — a fresh process (one thread for torch) calling
 ``engine.evaluate.evaluate_node`` — in its own session with a hard wall-clock limit: past the limit the
 whole process tree is killed (its descendants too, even those that started their own process groups)
 and the node is recorded as ``failed`` with the reason. A worker also dies with the process that
@@ -339,9 +339,10 @@ def _die_with_parent() -> None:
 
 def _worker(job: EvalJob) -> None:
     _die_with_parent()
-    import torch  # lazy: torch is heavy (only this path needs it)
-
-    torch.set_num_threads(1)
+    # one thread for any torch this process might load; it loads none on the proxy path (every seed
+    # trains in children that set their own), so it does not pay torch's import (3 s of CPU here)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
 
     result = evaluate_node(
         Archive(job.archive),
