@@ -380,6 +380,14 @@ class ProtocolRef:
         return f"{self.id}@{short_hash(self.hash)}" if self.hash else self.id
 
 
+def named_protocol(protocol: ProtocolRef | str | None) -> ProtocolRef | None:
+    """``protocol`` as a :class:`ProtocolRef` (given as one, or as ``id`` / ``id@hash``); None when it
+    names none, where the experiment's :func:`configured_protocol` applies."""
+    if isinstance(protocol, ProtocolRef):
+        return protocol
+    return ProtocolRef.parse(protocol) if protocol else None
+
+
 def configured_protocol(cfg) -> ProtocolRef:
     """The protocol the experiment ranks under: ``[evaluation].protocol`` when set, else the one its
     backend and preset define (``proxy/<preset>`` with the proxy protocol's current hash)."""

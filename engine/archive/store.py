@@ -29,6 +29,7 @@ from engine.archive.results import (
     EvaluationResult,
     ProtocolRef,
     configured_protocol,
+    named_protocol,
     parse_result,
 )
 from engine.config import DEFAULT_TOML, parse_config
@@ -275,11 +276,7 @@ class Archive:
     def protocol_ref(self, protocol: ProtocolRef | str | None = None) -> ProtocolRef:
         """The protocol ``protocol`` names (a :class:`ProtocolRef`, ``id`` or ``id@hash``), else the
         experiment's configured one: the protocol :meth:`nodes` compares results under."""
-        if isinstance(protocol, ProtocolRef):
-            return protocol
-        if isinstance(protocol, str) and protocol:
-            return ProtocolRef.parse(protocol)
-        return configured_protocol(self.config())
+        return named_protocol(protocol) or configured_protocol(self.config())
 
     def node(self, name: str) -> Node:
         nodes = self.nodes()

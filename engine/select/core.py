@@ -16,7 +16,12 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from engine.archive.results import ProtocolRef, configured_protocol, require_comparable
+from engine.archive.results import (
+    ProtocolRef,
+    configured_protocol,
+    named_protocol,
+    require_comparable,
+)
 from engine.config import Config, SelectConfig, metric_direction, utility
 from engine.errors import ConfigError, PoiseError
 from engine.select import pareto
@@ -190,7 +195,7 @@ def select_parents(
     other protocols are listed with the reason, never ranked against them."""
     if cfg is None:
         cfg = archive.config() if not isinstance(archive, Mapping) else Config()
-    ref = ProtocolRef.parse(protocol) if protocol else configured_protocol(cfg)
+    ref = named_protocol(protocol) or configured_protocol(cfg)
     nodes, src, fps = _read(archive, ref)
     sc, exp = cfg.select, cfg.experiment
     _check(sc)
