@@ -214,7 +214,7 @@ def test_tracking_never_leaks_the_store_into_the_environment(tmp_path, monkeypat
 _OPEN_AT = """
 import sys, time
 from engine.archive.store import Archive
-from engine.archive.tracking import find_runs, node_run
+from engine.archive.tracking import node_run
 archive, start = Archive(sys.argv[1]), float(sys.argv[2])
 import mlflow  # imported before the start line, so the processes open the store together
 time.sleep(max(0.0, start - time.time()))
