@@ -62,6 +62,7 @@ def check_reflections_logged_inside(arch: Archive, kids: dict) -> None:
         assert arch.read_file(n.name, "REFLECTION.md")
 
 
+@pytest.mark.slow  # a real loop with tiny evaluations: 20-40 s in the suite
 def test_resume_after_an_interrupted_round(tmp_path):
     arch = archive_with_root(tmp_path)
 
@@ -157,6 +158,7 @@ class ScriptedProposer:
         return None
 
 
+@pytest.mark.slow  # a real loop with tiny evaluations: 20-40 s in the suite
 def test_a_failed_candidate_does_not_stop_the_round_and_a_budget_stops_the_run(tmp_path):
     arch = archive_with_root(tmp_path)
     summary = run(
