@@ -339,10 +339,8 @@ def _die_with_parent() -> None:
 
 def _worker(job: EvalJob) -> None:
     _die_with_parent()
-    # one thread for any torch this process might load; it loads none on the proxy path (every seed
-    # trains in children that set their own), so it does not pay torch's import (3 s of CPU here)
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(var, "1")
+    # no torch here: the seeds train in sandboxed children, and child_env() already gives this
+    # process one OMP/MKL thread for anything that loads it
 
     result = evaluate_node(
         Archive(job.archive),
