@@ -127,6 +127,41 @@ def test_broken_candidate_is_recorded_as_failed(exp):
     assert exp.fsck()
 
 
+@pytest.mark.slow  # three smoke evaluations in this process
+def test_a_process_asks_for_the_warm_start_once_until_its_checkpoint_changes(exp, monkeypatch):
+    import engine.operators.evaluate as ev
+
+    asked = []
+
+    def counted(argv, **kw):  # the real trusted child, counted
+        if "warmstart" in argv:
+            asked.append(argv)
+        return real(argv, **kw)
+
+    real = ev.run_limited
+    monkeypatch.setattr(ev, "run_limited", counted)
+    monkeypatch.setattr(ev, "_WARM", {})
+    exp.spawn("grpo", "twice", edit=DR_GRPO)
+    mark_verified(exp, "twice")
+    first = ev.evaluate_node(exp, "twice", seeds=1, preset="smoke")
+    again = ev.evaluate_node(exp, "twice", seeds=1, preset="smoke")
+    assert first.status == again.status == "evaluated" and len(asked) == 1
+    # the same identity both times: the pinned weights' hash, the device, the CPU's kernels
+    for key in ("warmstart_sha256", "device", "machine"):
+        assert first.details[key] == again.details[key]
+    assert first.metrics == again.metrics  # same code, same seed
+    # a checkpoint that is no longer the file it was (rewritten, replaced) is asked about again
+    ckpt = next(iter(ev._WARM.values()))[1][-1]
+    st = os.stat(ckpt)
+    os.utime(ckpt, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    try:
+        third = ev.evaluate_node(exp, "twice", seeds=1, preset="smoke")
+    finally:  # the shipped checkpoint's time stamp as it was
+        os.utime(ckpt, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert third.status == "evaluated" and len(asked) == 2
+    assert third.details["warmstart_sha256"] == first.details["warmstart_sha256"]
+
+
 def test_unknown_preset_and_backend_are_clear_errors(exp):
     from engine.errors import EvaluationError
     from engine.operators.evaluate import evaluate_node

@@ -16,6 +16,7 @@ import logging
 import os
 import platform
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -173,6 +174,45 @@ def measure_node(
     return _run(job, tags, _reporter(name, on_event))
 
 
+_WARM: dict[tuple[str, str], tuple[tuple[int, ...], list[str]]] = {}
+_WARM_LOCK = threading.Lock()
+
+
+def _stat_key(path: Path) -> tuple[int, ...] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _warm_start(preset: str, env: Mapping[str, str], timeout_s: float) -> list[str]:
+    """The lines the trusted ``worker warmstart`` printed for ``preset``: [capability,] content hash,
+    device, checkpoint path (last). It imports torch (about 3 s of CPU), so a process that evaluates
+    again asks once per preset, cache directory and visible GPUs, and asks again when the checkpoint file is not
+    the one it was told of (another inode, size or time stamp: rebuilt, replaced or removed)."""
+    # what the child's answer depends on: the preset, where the cache is, which GPUs it may see
+    seen = {k: v for k, v in env.items() if k.startswith(("POISE_", "CUDA_")) or k == "PYTHONPATH"}
+    memo_key = (preset, json.dumps(sorted(seen.items())))
+    with _WARM_LOCK:
+        known = _WARM.get(memo_key)
+    if known is not None and _stat_key(Path(known[1][-1])) == known[0]:
+        return known[1]
+    ws = run_limited(  # trusted code (no candidate's): it may write the cache
+        [_python(), "-m", "trainer_template.proxy.worker", "warmstart", "--preset", preset],
+        timeout_s=timeout_s,
+        env=env,
+    )
+    lines = ws.stdout.strip().splitlines()
+    path = Path(lines[-1]) if ws.ok and lines else None
+    stat = _stat_key(path) if path is not None else None
+    if path is None or stat is None or not path.is_file():
+        raise WarmStartFailed(ws.reason() if not ws.ok else "it printed no checkpoint path")
+    with _WARM_LOCK:
+        _WARM[memo_key] = (stat, lines)
+    return lines
+
+
 class WarmStartFailed(EvaluationError):
     """The proxy's warm start (trusted code) failed: no candidate was run."""
 
@@ -259,15 +299,8 @@ def _run(job: _Job, tags: Mapping[str, str] | None, say: Callable[[str], None]) 
     env = trusted_env({"POISE_CACHE_DIR": str(Path(cache_dir).expanduser())} if cache_dir else None)
     store = open_store_meanwhile(archive.path)  # ready by the time the seeds are
     say(f"warm start ({preset}) ...")
-    ws = run_limited(  # trusted code (no candidate's): it may write the cache
-        [_python(), "-m", "trainer_template.proxy.worker", "warmstart", "--preset", preset],
-        timeout_s=max(timeout, 600.0),
-        env=env,
-    )
-    lines = ws.stdout.strip().splitlines()
-    warmstart = Path(lines[-1]) if ws.ok and lines else None
-    if warmstart is None or not warmstart.is_file():
-        raise WarmStartFailed(ws.reason() if not ws.ok else "it printed no checkpoint path")
+    lines = _warm_start(preset, env, max(timeout, 600.0))
+    warmstart = Path(lines[-1])
     # the device every seed runs on, decided here (trusted, outside the sandbox) and passed to the
     # children, which fail rather than train elsewhere: inside the sandbox CUDA is visible only when
     # the limits let it in
