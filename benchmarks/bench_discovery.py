@@ -195,7 +195,7 @@ def figure(results: dict, path: Path, candidates: int) -> None:
         ax.axhline(roots[0], color="gray", ls="--", lw=1, label="GRPO root")
     ax.set_xlabel("candidates evaluated")
     ax.set_ylabel("best Overall so far (proxy)")
-    ax.set_xlim(1, candidates)
+    ax.set_xlim(1, max(candidates, 2))  # one candidate: a point, not an empty range
     ax.legend(loc="lower right", fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
