@@ -127,39 +127,38 @@ def test_broken_candidate_is_recorded_as_failed(exp):
     assert exp.fsck()
 
 
-@pytest.mark.slow  # three smoke evaluations in this process
+@pytest.mark.slow  # two trusted warm-start children (torch imports)
 def test_a_process_asks_for_the_warm_start_once_until_its_checkpoint_changes(exp, monkeypatch):
     import engine.operators.evaluate as ev
+    from engine.sandbox.process import trusted_env
 
     asked = []
 
     def counted(argv, **kw):  # the real trusted child, counted
-        if "warmstart" in argv:
-            asked.append(argv)
+        asked.append(argv)
         return real(argv, **kw)
 
     real = ev.run_limited
     monkeypatch.setattr(ev, "run_limited", counted)
     monkeypatch.setattr(ev, "_WARM", {})
-    exp.spawn("grpo", "twice", edit=DR_GRPO)
-    mark_verified(exp, "twice")
-    first = ev.evaluate_node(exp, "twice", seeds=1, preset="smoke")
-    again = ev.evaluate_node(exp, "twice", seeds=1, preset="smoke")
-    assert first.status == again.status == "evaluated" and len(asked) == 1
-    # the same identity both times: the pinned weights' hash, the device, the CPU's kernels
-    for key in ("warmstart_sha256", "device", "machine"):
-        assert first.details[key] == again.details[key]
-    assert first.metrics == again.metrics  # same code, same seed
+    env = trusted_env()
+    first = ev._warm_start("smoke", env, 600.0)
+    assert ev._warm_start("smoke", env, 600.0) == first and len(asked) == 1
+    capability, content, device, ckpt = first[-4:]
+    import torch
+
+    assert capability == torch.backends.cpu.get_cpu_capability() and device == "cpu"
+    assert content.startswith("sha256:") and os.path.isfile(ckpt)
+    # another cache directory is another question
+    other = {**env, "POISE_CACHE_DIR": str(exp.path.parent / "elsewhere")}
+    assert ev._warm_start("smoke", other, 600.0)[-3] == content and len(asked) == 2
     # a checkpoint that is no longer the file it was (rewritten, replaced) is asked about again
-    ckpt = next(iter(ev._WARM.values()))[1][-1]
     st = os.stat(ckpt)
     os.utime(ckpt, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     try:
-        third = ev.evaluate_node(exp, "twice", seeds=1, preset="smoke")
+        assert ev._warm_start("smoke", env, 600.0)[-3] == content and len(asked) == 3
     finally:  # the shipped checkpoint's time stamp as it was
         os.utime(ckpt, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert third.status == "evaluated" and len(asked) == 2
-    assert third.details["warmstart_sha256"] == first.details["warmstart_sha256"]
 
 
 def test_unknown_preset_and_backend_are_clear_errors(exp):
