@@ -8,7 +8,11 @@ Interleaved, ``--repeats`` times (medians printed):
   committed to the node's branch;
 - ``evaluate, existing store``: the same on an archive whose MLflow store another evaluation made;
 - ``reference``: the seed alone, ``python -m trainer_template.proxy.worker run`` (one plain process
-  that trains and scores, no sandbox, no tracking, no git).
+  that trains and scores, no sandbox, no tracking, no git);
+- ``in one process``: evaluations after the first in one Python process (what the loop's final
+  confirmation, ``confirm`` and the benchmarks' in-process searches do), once with the warm start
+  already known to the process and once made to ask the trusted warm-start child again, which
+  imports torch: the difference is what the process's memory of the warm start saves per evaluation.
 
 Every evaluation gets an empty per-seed cache, so each one trains. The ratios against the reference
 are the overhead a candidate pays per evaluation; at the ``tiny`` preset (the tests' and the
@@ -43,6 +47,24 @@ def _timed(cmd: list[str], env: dict[str, str], cwd: Path) -> float:
             f"{' '.join(cmd[:6])} ... failed:\n{res.stdout[-2000:]}{res.stderr[-2000:]}"
         )
     return time.perf_counter() - t
+
+
+IN_PROCESS = """
+import json, sys, time
+from engine.archive.store import Archive
+import engine.operators.evaluate as ev
+arch, preset, repeats = Archive.init(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+ev.evaluate_node(arch, "grpo", seeds=[0], preset=preset)  # imports, store, warm start: not counted
+out = {"known": [], "asked": []}
+for i in range(repeats):
+    for key in (("known", "asked") if i % 2 == 0 else ("asked", "known")):
+        if key == "asked":
+            ev._WARM.clear()
+        t = time.perf_counter()
+        ev.evaluate_node(arch, "grpo", seeds=[0], preset=preset)
+        out[key].append(time.perf_counter() - t)
+print(json.dumps(out))
+"""
 
 
 def main() -> None:
@@ -94,6 +116,17 @@ def main() -> None:
                 times["new"].append(new)
                 times["existing"].append(existing)
                 times["reference"].append(ref)
+        res = subprocess.run(
+            [sys.executable, "-c", IN_PROCESS, str(work / "inproc"), args.preset]
+            + [str(args.repeats)],
+            cwd=ROOT,
+            env={k: v for k, v in env.items() if k != "POISE_EVAL_CACHE"},
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            check=True,
+        )
+        times.update(json.loads(res.stdout.strip().splitlines()[-1]))
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"one evaluation at the {args.preset} preset, 1 seed, median of {args.repeats}:")
     print("| what | wall s (median) | min | max | vs reference |")
@@ -102,6 +135,8 @@ def main() -> None:
         ("new", "evaluate, new store"),
         ("existing", "evaluate, existing store"),
         ("reference", "reference: the seed alone"),
+        ("known", "in one process, warm start known"),
+        ("asked", "in one process, warm start asked again"),
     ):
         v = times[key]
         print(
@@ -110,6 +145,8 @@ def main() -> None:
         )
     overhead = med["new"] - med["reference"]
     print(f"overhead of a first evaluation over its seed: {overhead:.2f} s")
+    saved = med["asked"] - med["known"]
+    print(f"saved per evaluation by a process that knows its warm start: {saved:.2f} s")
     if args.json:
         args.json.write_text(
             json.dumps(
