@@ -184,7 +184,7 @@ def test_kill_9_then_resume_finishes_without_duplicates(evaluated_root, tmp_path
         "--parents",
         "1",
         "--population",
-        "2",
+        "1",
         *SMALL,
         "--no-report",
     ]
@@ -226,7 +226,7 @@ def test_kill_9_then_resume_finishes_without_duplicates(evaluated_root, tmp_path
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     nodes = arch.nodes()
     kids = [n for n in nodes.values() if n.parents]
-    assert len(kids) == 2, _final(nodes)
+    assert len(kids) == 1, _final(nodes)
     assert all(n.status in ("evaluated", "failed", "rejected") for n in nodes.values()), _final(
         nodes
     )
@@ -234,7 +234,7 @@ def test_kill_9_then_resume_finishes_without_duplicates(evaluated_root, tmp_path
         assert (
             _events(arch, n.name).count("results") + _events(arch, n.name).count("failed") <= 1
         ), (n.name, _events(arch, n.name))
-    assert sorted(n.trailer("Poise-Round") for n in kids) == ["1", "1"]
+    assert [n.trailer("Poise-Round") for n in kids] == ["1"]
     assert "finishing" in p.stdout  # the pending node was picked up, not re-proposed
     assert arch.fsck()
 
