@@ -188,16 +188,16 @@ def _stat_key(path: Path) -> tuple[int, ...] | None:
 
 def _warm_start(preset: str, env: Mapping[str, str], timeout_s: float) -> list[str]:
     """The lines the trusted ``worker warmstart`` printed for ``preset``: [capability,] content hash,
-    device, checkpoint path (last). It imports torch (about 3 s of CPU), so a process that evaluates
-    again asks once per preset, cache directory and visible GPUs, and asks again when the checkpoint file is not
-    the one it was told of (another inode, size or time stamp: rebuilt, replaced or removed)."""
+    device, checkpoint path (last). That child imports torch (about 3 s of CPU), so a process asks
+    once per preset, cache directory and visible GPUs, and again when the checkpoint file is not the
+    one it was told of (another inode, size or time stamp: rebuilt, replaced or removed)."""
     # what the child's answer depends on: the preset, where the cache is, which GPUs it may see
     seen = {k: v for k, v in env.items() if k.startswith(("POISE_", "CUDA_")) or k == "PYTHONPATH"}
     memo_key = (preset, json.dumps(sorted(seen.items())))
     with _WARM_LOCK:
         known = _WARM.get(memo_key)
     if known is not None and _stat_key(Path(known[1][-1])) == known[0]:
-        return known[1]
+        return list(known[1])
     ws = run_limited(  # trusted code (no candidate's): it may write the cache
         [_python(), "-m", "trainer_template.proxy.worker", "warmstart", "--preset", preset],
         timeout_s=timeout_s,
@@ -209,7 +209,7 @@ def _warm_start(preset: str, env: Mapping[str, str], timeout_s: float) -> list[s
     if path is None or stat is None or not path.is_file():
         raise WarmStartFailed(ws.reason() if not ws.ok else "it printed no checkpoint path")
     with _WARM_LOCK:
-        _WARM[memo_key] = (stat, lines)
+        _WARM[memo_key] = (stat, list(lines))
     return lines
 
 
