@@ -17,7 +17,7 @@ if [ ! -f "$stamp" ]; then
   fi
   "$VPY" -m pip install -q --no-compile -e ".[verl,dev]"
   "$VPY" -m compileall -q -j 0 "$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
-    >/dev/null || true  # a few vendored files are not Python 3 and never imported: left as they are
+    >/dev/null || true  # one torch test file is Python 3.12 syntax (pip skips it too): left as it is
   # Headless Chromium renders the HTML report in its test; installed only as root with apt
   # (set POISE_NO_APT=1 to skip). Without it that one test skips with its reason.
   if [ -z "${POISE_NO_APT:-}" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null \

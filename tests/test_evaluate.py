@@ -127,7 +127,7 @@ def test_broken_candidate_is_recorded_as_failed(exp):
     assert exp.fsck()
 
 
-@pytest.mark.slow  # two trusted warm-start children (torch imports)
+@pytest.mark.slow  # three trusted warm-start children (torch imports)
 def test_a_process_asks_for_the_warm_start_once_until_its_checkpoint_changes(exp, monkeypatch):
     import engine.operators.evaluate as ev
     from engine.sandbox.process import trusted_env

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import platform
+import stat
 import sys
 import threading
 import time
@@ -179,9 +180,12 @@ _WARM_LOCK = threading.Lock()
 
 
 def _stat_key(path: Path) -> tuple[int, ...] | None:
+    """The identity of the regular file at ``path`` (None when there is none)."""
     try:
         st = path.stat()
     except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
         return None
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
@@ -204,12 +208,11 @@ def _warm_start(preset: str, env: Mapping[str, str], timeout_s: float) -> list[s
         env=env,
     )
     lines = ws.stdout.strip().splitlines()
-    path = Path(lines[-1]) if ws.ok and lines else None
-    stat = _stat_key(path) if path is not None else None
-    if path is None or stat is None or not path.is_file():
+    ident = _stat_key(Path(lines[-1])) if ws.ok and lines else None
+    if ident is None:
         raise WarmStartFailed(ws.reason() if not ws.ok else "it printed no checkpoint path")
     with _WARM_LOCK:
-        _WARM[memo_key] = (stat, list(lines))
+        _WARM[memo_key] = (ident, list(lines))
     return lines
 
 
