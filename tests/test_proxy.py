@@ -333,3 +333,43 @@ def test_collapse_is_detected_from_the_rolling_window():
             traj["train/reward_mean"].append(0.0)
             traj["train/valid_rate"].append(0.9)
             rl._check_collapse(traj, cfg, step, first)
+
+
+def test_a_tail_averaged_run_ends_with_the_mean_of_its_last_steps_weights(smoke_warmstart):
+    proto, path = smoke_warmstart
+    module, cfg = _grpo()
+    short = dataclasses.replace(get_protocol("tiny").rl, steps=4, tail_average=3)
+    seen: list[dict[str, torch.Tensor]] = []
+    model = load_warmstart(path, proto.warmstart)
+
+    def snapshot(_step: int) -> None:  # the weights after each step, as trained
+        seen.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+
+    ended = rl.train(model, module, cfg, short, seed=0, trajectory={}, on_step=snapshot)
+    assert len(seen) == 4
+    for k, v in ended.state_dict().items():
+        mean = torch.stack([s[k] for s in seen[1:]]).mean(0)
+        assert torch.allclose(v, mean, atol=1e-6), k
+    assert not torch.equal(seen[3]["head.weight"], ended.state_dict()["head.weight"])
+    plain = rl.train(
+        load_warmstart(path, proto.warmstart),
+        module,
+        cfg,
+        dataclasses.replace(short, tail_average=0),
+        seed=0,
+        trajectory={},
+    )
+    assert all(torch.equal(v, seen[3][k]) for k, v in plain.state_dict().items())  # last step's
+
+
+def test_tail_averaging_is_off_by_default_and_keeps_every_recorded_hash():
+    default = get_protocol("default")
+    assert "tail_average" not in default.to_dict()["rl"]
+    for preset in ("default", "smoke", "large", "tiny"):
+        assert get_protocol(preset).rl.tail_average == 0
+    tailed = dataclasses.replace(default, rl=dataclasses.replace(default.rl, tail_average=50))
+    assert tailed.to_dict()["rl"]["tail_average"] == 50 and tailed.hash() != default.hash()
+    assert tailed.warmstart_hash() == default.warmstart_hash()  # the same starting policy
+    for bad in (-1, default.rl.steps + 1):
+        with pytest.raises(ValueError, match="tail_average must be in"):
+            dataclasses.replace(default.rl, tail_average=bad)

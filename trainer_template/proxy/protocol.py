@@ -67,9 +67,14 @@ earlier protocol keeps its hash"""
 
 def warmstart_dict(ws: WarmStart) -> dict:
     """``ws`` as a dict, without the later fields that keep their defaults."""
-    d = dataclasses.asdict(ws)
-    for name in LATER_WARMSTART_FIELDS:
-        if d[name] == WarmStart.__dataclass_fields__[name].default:
+    return _without_later_defaults(ws, LATER_WARMSTART_FIELDS)
+
+
+def _without_later_defaults(settings, later: tuple[str, ...]) -> dict:
+    """``settings`` (a dataclass) as a dict, without the ``later`` fields that keep their defaults."""
+    d = dataclasses.asdict(settings)
+    for name in later:
+        if d[name] == type(settings).__dataclass_fields__[name].default:
             d.pop(name)
     return d
 
@@ -94,6 +99,21 @@ class RL:
     """steps of the rolling window the collapse check compares with the first window"""
     collapse_ratio: float = 0.2
     """collapsed when the rolling reward (or valid rate) falls below this fraction of the first window's"""
+    tail_average: int = 0
+    """the policy a run ends with, and is scored on, is the mean of its weights after each of its last
+    ``tail_average`` steps (tail averaging); 0: its weights after the last step. A run that stops early
+    ends with its weights at that step"""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.tail_average <= self.steps:
+            raise ValueError(
+                f"rl.tail_average must be in [0, steps = {self.steps}], got {self.tail_average}"
+            )
+
+
+LATER_RL_FIELDS = ("tail_average",)
+"""RL settings added after results were recorded: in a protocol's dict and hash only where they
+differ from their defaults, so every earlier protocol keeps its hash"""
 
 
 @dataclass(frozen=True)
@@ -160,6 +180,7 @@ class ProxyProtocol:
         task only where it differs from the default task (:class:`Task`)."""
         d = dataclasses.asdict(self)
         d["warmstart"] = warmstart_dict(self.warmstart)
+        d["rl"] = _without_later_defaults(self.rl, LATER_RL_FIELDS)
         d = json.loads(json.dumps(d))
         if self.task == Task():
             d.pop("task")

@@ -5,6 +5,8 @@ the KL reference.
 Seeds are paired: seed s fixes the prompt stream and the sampling generator of every step, so two
 candidates share the initial checkpoint, the prompts and the sampling noise (until their policies
 differ). A candidate that raises, produces NaN/inf or collapses stops the run with ``CandidateFailure``.
+With ``RL.tail_average`` = N > 0 a run that completes ends with the mean of its weights after each of
+its last N steps (tail averaging), which is what its evaluation scores.
 """
 
 from __future__ import annotations
@@ -142,6 +144,8 @@ def train(
     warmup = max(1, rl.warmup_steps * rl.minibatches)
     updates = 0
     first: dict[str, float] = {}
+    # the mean of the weights after each of the last rl.tail_average steps
+    tail: dict[str, torch.Tensor] | None = None
     for step, problems in zip(range(rl.steps), prompt_stream(rl, seed, tk)):
         t0 = time.perf_counter()
         rep_problems = [p for p in problems for _ in range(rl.group)]
@@ -243,6 +247,8 @@ def train(
             clipfracs.append(float(cf))
             gnorms.append(float(gn))
             losses.append(float(loss.detach()))
+        if step >= rl.steps - rl.tail_average:
+            tail = _tail_mean(tail, model, step - (rl.steps - rl.tail_average) + 1)
         with torch.no_grad():
             kl = float(((old_logp - ref_logp) * mf).sum() / mf.sum().clamp(min=1))
         a = adv[:, 0] if adv_raw.dim() == 1 else (adv * mf).sum(1) / mf.sum(1).clamp(min=1)
@@ -270,7 +276,23 @@ def train(
         _check_collapse(trajectory, rl, step, first)
         if on_step:
             on_step(step)
+    if tail is not None:
+        model.load_state_dict(tail)
     return model
+
+
+@torch.no_grad()
+def _tail_mean(
+    mean: dict[str, torch.Tensor] | None, model: TinyGPT, n: int
+) -> dict[str, torch.Tensor]:
+    """The running mean of ``model``'s weights, ``mean`` over n - 1 steps, updated with the n-th."""
+    state = model.state_dict()
+    if mean is None:
+        return {k: v.detach().clone() for k, v in state.items()}
+    for k, v in state.items():
+        if v.is_floating_point():
+            mean[k] += (v - mean[k]) / n
+    return mean
 
 
 def _check_collapse(traj: dict[str, list], rl: RL, step: int, first: dict[str, float]) -> None:
