@@ -559,3 +559,62 @@ def test_screening_ranks_distinct_proposals_by_expected_gain_not_by_distance(arc
     assert min(nov.values()) >= NOVELTY_FULL and nov["radical"] > 2 * nov["mild"]
     assert by["radical"].score == by["mild"].score == 0.7
     assert kept[0].name == "backed" and by["backed"].score > by["radical"].score
+
+
+def test_offline_proposer_acts_on_the_parents_diagnosis(archive):
+    """A parent whose recorded trajectory shows an entropy collapse (the reflection's finding) gets
+    its remedies: about half the mutations apply one (a KL anchor one to two orders of magnitude
+    stronger, an entropy controller, a larger entropy bonus, clip-higher), and a proposal that applies
+    one is credited the remedy prior in its expected gain. Without the finding nothing is directed."""
+    from engine.operators.proposers.offline import (
+        REMEDY_PRIOR,
+        OfflineProposer,
+        parent_findings,
+        remedies_applied,
+        remedies_for,
+    )
+
+    cfg = archive.config()
+    base = normalize(None)
+    flat = {
+        "step": list(range(9)),
+        "train/entropy": [0.7, 0.6, 0.6, 0.55, 0.5, 0.5, 0.5, 0.5, 0.45],
+    }
+    record(archive, "grpo", {"metrics": {"overall": 0.5}, "trajectory": flat})
+    assert parent_findings(archive, "grpo", cfg) == []
+
+    def offered():
+        ctx = build_context(archive, "grpo", cfg, seed=0)
+        return [
+            p
+            for seed in range(6)
+            for p in OfflineProposer().propose(archive, "grpo", ctx, cfg, 4, seed)
+        ]
+
+    undirected = offered()
+    moves = ("kl", "entropy_control", "entropy", "clip_higher")
+    assert not [p for p in undirected if "against" in p.motivation]
+    assert all(p.expected_gain == 0.5 for p in undirected if not p.parents)
+
+    collapse = {**flat, "train/entropy": [0.75, 0.44, 0.18, 0.17, 0.21, 0.19, 0.08, 0.15, 0.1]}
+    record(archive, "grpo", {"metrics": {"overall": 0.5}, "trajectory": collapse})
+    findings = parent_findings(archive, "grpo", cfg)
+    assert findings and findings[0].startswith("entropy collapse")
+    assert remedies_for(findings, base) == moves
+    # an anchor already at the range's top has no room to be strengthened
+    assert "kl" not in remedies_for(findings, normalize({"hp": {"kl_coef": 0.1}}))
+
+    directed = offered()
+    treated = [p for p in directed if "against its entropy collapse" in p.motivation]
+    assert len(treated) >= 0.4 * len(directed) > 0
+    for p in treated:
+        if not p.parents:
+            assert p.expected_gain > 0.5  # the prior, no archive evidence on these options yet
+    anchors = [p.hyperparameters["kl_coef"] for p in treated if "kl_coef" in p.hyperparameters]
+    assert anchors and all(0.01 <= k <= 0.1 for k in anchors)  # 10x to 100x GRPO's 0.001
+    assert REMEDY_PRIOR > 0
+    assert remedies_applied(normalize({"hp": {"kl_coef": 0.05}}), base, moves) == ("kl",)
+    assert remedies_applied(normalize({"hp": {"kl_coef": 0.0}}), base, moves) == ()
+    # a directed proposal ranks above an untried undirected one in screening
+    kept, _ = screen(archive, "grpo", directed, cfg)
+    assert kept and "against its entropy collapse" in kept[0].motivation

@@ -12,6 +12,12 @@ option to its own parent (:func:`component_effects`); an untested option that a 
 tries is not proposed again before that node has a result (:func:`options_in_flight`). The code is
 rendered by
 :mod:`engine.operators.proposers.codegen` and applied through LibCST.
+
+The search reads the parent's diagnosis: the reflection's findings on its recorded training trajectory
+(:func:`engine.operators.reflect.trajectory_diagnostics`). A finding with known remedies (an entropy
+collapse: a stronger anchor to the reference, an entropy controller, a larger entropy bonus, a higher
+upper clip bound) directs half the mutations to one of them, and a proposal that applies one is
+credited a prior expected effect (:data:`REMEDY_PRIOR`) until the archive has evidence of its own.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from engine.operators.proposers.codegen import (
     owns,
 )
 from engine.operators.proposers.edit_plan import class_defaults, plan_edit
+from engine.operators.reflect import trajectory_diagnostics
 from trainer_template.interface import LOSS_AGG_MODES
 
 MUTABLE = tuple(OPTIONS) + LOSS_KNOBS
@@ -61,6 +68,84 @@ def parent_ratios(archive, parent: str, cfg=None) -> tuple[float, float] | None:
     if cf and max(cf) == 0.0:
         return 0.8, 1.2
     return None
+
+
+REMEDIES: dict[str, tuple[str, ...]] = {
+    "entropy collapse": ("kl", "entropy_control", "entropy", "clip_higher"),
+}
+"""the reflection's trajectory findings (by their first words) the offline search acts on, and the
+moves that counter each: a policy sharpening until its entropy collapses is held back by a stronger
+anchor to the reference policy (``kl``), an entropy controller, a larger entropy bonus, or a higher
+upper clip bound (DAPO's clip-higher)"""
+DIRECTED = 0.5
+"""the share of a diagnosed parent's mutations that apply one of its remedies (the rest stay uniform
+over every component, so the search still explores)"""
+REMEDY_PRIOR = 0.5
+"""the expected effect credited to a proposal that applies a remedy of its parent's diagnosis, in
+units of ``[select].beta``: before evidence it ranks above an untried option, and an option the archive
+has seen fail (a fitted effect below ``-REMEDY_PRIOR * beta``) still sinks it"""
+STRONGER = (10.0, 100.0)
+"""a strengthened coefficient is drawn log-uniformly between these multiples of the parent's value
+(at least the range's lower end), capped at the range's upper end: one to two orders of magnitude"""
+
+
+def parent_findings(archive, parent: str, cfg=None) -> list[str]:
+    """The parent's diagnosis: the reflection's findings on its recorded training trajectory under the
+    experiment's protocol ([] when it has no result there)."""
+    protocol = configured_protocol(cfg or archive.config())
+    node = archive.nodes(protocol).get(parent)
+    traj = dict(node.result.trajectory) if node is not None and node.result is not None else {}
+    return trajectory_diagnostics(traj) if traj else []
+
+
+def _has_room(move: str, base: dict) -> bool:
+    hp = base["hp"]
+    if move == "kl":
+        return hp.get("kl_coef", 0.0) < CONTINUOUS["kl_coef"][1]
+    if move == "entropy":
+        return (
+            base["entropy_control"] == "none"
+            and hp.get("entropy_coef", 0.0) < CONTINUOUS["entropy_coef"][1]
+        )
+    if move == "entropy_control":
+        return base["entropy_control"] == "none"
+    if move == "clip_higher":
+        return hp.get("clip_ratio_high", 0.2) < CONTINUOUS["clip_ratio_high"][1]
+    return False
+
+
+def remedies_for(findings: list[str], base: dict) -> tuple[str, ...]:
+    """The moves that counter the parent's findings (:data:`REMEDIES`) and that its spec leaves room
+    for (an anchor already at the range's top cannot be strengthened)."""
+    out: list[str] = []
+    for finding in findings:
+        for key, moves in REMEDIES.items():
+            if finding.startswith(key):
+                out += [m for m in moves if m not in out and _has_room(m, base)]
+    return tuple(out)
+
+
+def remedies_applied(spec: dict, base: dict, remedies: tuple[str, ...]) -> tuple[str, ...]:
+    """Which of ``remedies`` the move from ``base`` to ``spec`` applies, however it was drawn."""
+    a, b = spec["hp"], base["hp"]
+    done = {
+        "kl": a.get("kl_coef", 0.0) > b.get("kl_coef", 0.0),
+        "entropy": a.get("entropy_coef", 0.0) > b.get("entropy_coef", 0.0),
+        "entropy_control": spec["entropy_control"] != "none" == base["entropy_control"],
+        "clip_higher": a.get("clip_ratio_high", 0.2) > b.get("clip_ratio_high", 0.2)
+        and a.get("clip_ratio_high", 0.2) > a.get("clip_ratio_low", 0.2),
+    }
+    return tuple(m for m in remedies if done.get(m))
+
+
+def stronger(value: float, name: str, rng: random.Random) -> float:
+    """``value`` strengthened by one to two orders of magnitude (:data:`STRONGER`) inside the range
+    of the continuous hyperparameter ``name``."""
+    lo, hi = CONTINUOUS[name][:2]
+    start = max(value, lo)
+    a, b = min(STRONGER[0] * start, hi), min(STRONGER[1] * start, hi)
+    v = math.exp(rng.uniform(math.log(a), math.log(b))) if b > a else b
+    return round(v, 4 if v >= 0.01 else 6)
 
 
 def clip_is_inert(old: dict, new: dict, ratios: tuple[float, float] | None) -> str:
@@ -233,12 +318,17 @@ def options_in_flight(
 
 
 def expected_gain(
-    spec: dict, base: dict, effects: dict[tuple[str, str], float], beta: float
+    spec: dict,
+    base: dict,
+    effects: dict[tuple[str, str], float],
+    beta: float,
+    prior: float = 0.0,
 ) -> float:
-    """0.5 + 0.5 tanh(sum of the fitted effects of the options ``spec`` changes from ``base`` / beta):
-    an option never tried counts 0 (neutral), so the search stays willing to explore; one that
-    collapsed the nodes it was introduced in sinks the proposal."""
-    total = sum(effects.get((k, spec[k]), 0.0) for k in OPTIONS if spec[k] != base[k])
+    """0.5 + 0.5 tanh((sum of the fitted effects of the options ``spec`` changes from ``base`` +
+    ``prior``) / beta): an option never tried counts 0 (neutral), so the search stays willing to
+    explore; one that collapsed the nodes it was introduced in sinks the proposal. ``prior`` is what
+    the parent's diagnosis expects of the move (:data:`REMEDY_PRIOR`)."""
+    total = prior + sum(effects.get((k, spec[k]), 0.0) for k in OPTIONS if spec[k] != base[k])
     return round(0.5 + 0.5 * math.tanh(total / beta), 4)
 
 
@@ -325,6 +415,16 @@ class OfflineProposer:
         parent_src = context.parent_code or archive.algorithm(parent)
         base = mutation_base(context.parent.components, parent_src)
         ratios = parent_ratios(archive, parent, cfg)
+        findings = parent_findings(archive, parent, cfg)
+        remedies = remedies_for(findings, base)
+        treated = [k for k in REMEDIES if any(f.startswith(k) for f in findings)]
+        if remedies:
+            log.info(
+                "offline proposer: %s's diagnosis (%s) directs its mutations to %s",
+                parent,
+                " and ".join(treated),
+                ", ".join(remedies),
+            )
         known = archived_code(archive)
         partners = crossover_partners(context, cfg.select.beta)
         in_flight = options_in_flight(evidence, effects)
@@ -349,7 +449,7 @@ class OfflineProposer:
                 )
                 extra = (partner.name,)
             else:
-                spec, what = self._mutate(base, rng, sample), ""
+                spec, what = self._mutate(base, rng, sample, remedies), ""
                 extra = ()
             spec = normalize(spec)
             inert = clip_is_inert(base["hp"], spec["hp"], ratios)
@@ -394,6 +494,9 @@ class OfflineProposer:
                 if spec["hp"].get(k) != base["hp"].get(k) and k not in owned | {"eps"}
             )
             what = what or ("mutate " + ", ".join(changed) if changed else "retune")
+            applied = remedies_applied(spec, base, remedies)
+            if applied:
+                what += f" (against its {' and '.join(treated)}: {', '.join(applied)})"
             out.append(
                 Proposal(
                     name=f"{parent}-{_short(spec, base, changed, extra)}",
@@ -406,7 +509,13 @@ class OfflineProposer:
                     proposer="offline",
                     parents=extra,
                     intents=intents_for(spec),
-                    expected_gain=expected_gain(spec, base, effects, cfg.select.beta),
+                    expected_gain=expected_gain(
+                        spec,
+                        base,
+                        effects,
+                        cfg.select.beta,
+                        REMEDY_PRIOR * cfg.select.beta if applied else 0.0,
+                    ),
                     components=spec
                     if rendered or any(spec[k] != base[k] for k in OPTIONS)
                     else None,
@@ -419,9 +528,32 @@ class OfflineProposer:
 
     # -- operators -------------------------------------------------------------------------------
     @staticmethod
-    def _mutate(base: dict, rng: random.Random, sample) -> dict:
+    def _mutate(base: dict, rng: random.Random, sample, remedies: tuple[str, ...] = ()) -> dict:
+        """One component of ``base`` changed; with ``remedies`` (the parent's diagnosis), a share
+        :data:`DIRECTED` of the calls applies one of them instead."""
         spec = {k: v for k, v in base.items() if k != "hp"}
         hp = dict(base["hp"])
+        if remedies and rng.random() < DIRECTED:
+            move = rng.choice(remedies)
+            if move == "kl":
+                hp["kl_coef"] = stronger(hp.get("kl_coef", 0.0), "kl_coef", rng)
+            elif move == "entropy":
+                hp["entropy_coef"] = stronger(hp.get("entropy_coef", 0.0), "entropy_coef", rng)
+            elif move == "clip_higher":
+                lo, hi = (
+                    max(hp.get("clip_ratio_high", 0.2), hp.get("clip_ratio_low", 0.2)),
+                    (CONTINUOUS["clip_ratio_high"][1]),
+                )
+                hp["clip_ratio_high"] = round(rng.uniform(min(lo + 0.04, hi), hi), 4)
+            else:
+                spec["entropy_control"] = rng.choice(
+                    [o for o in OPTIONS["entropy_control"] if o != "none"]
+                )
+                for name, (_lo, _hi, _log, _d, owner) in CONTINUOUS.items():
+                    if owner is not None and owner[0] == "entropy_control" and owns(owner, spec):
+                        hp[name] = sample(name)
+            spec["hp"] = hp
+            return spec
         knob = rng.choice(MUTABLE)
         if knob in OPTIONS:
             choices = [o for o in OPTIONS[knob] if o != base[knob]]
