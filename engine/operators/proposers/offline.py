@@ -53,13 +53,24 @@ RATIO_MARGIN = 0.02
 """a clip bound counts as inert only if every recorded ratio stayed this far inside it"""
 
 
-def parent_ratios(archive, parent: str, cfg=None) -> tuple[float, float] | None:
-    """(min, max) importance ratio over the parent's recorded training trajectory (its result under
-    the experiment's protocol), or None when unknown. Results without ratio extremes: a clip fraction
-    of 0 at every recorded step means every ratio stayed inside the harness's [0.8, 1.2]."""
+def parent_trajectory(archive, parent: str, cfg=None) -> dict:
+    """The parent's recorded training trajectory: its result under the experiment's protocol ({}
+    when it has none there)."""
     protocol = configured_protocol(cfg or archive.config())
     node = archive.nodes(protocol).get(parent)
-    traj = dict(node.result.trajectory) if node is not None and node.result is not None else {}
+    return dict(node.result.trajectory) if node is not None and node.result is not None else {}
+
+
+def parent_ratios(archive, parent: str, cfg=None) -> tuple[float, float] | None:
+    """(min, max) importance ratio over the parent's recorded training trajectory, or None when
+    unknown (:func:`trajectory_ratios`)."""
+    return trajectory_ratios(parent_trajectory(archive, parent, cfg))
+
+
+def trajectory_ratios(traj: dict) -> tuple[float, float] | None:
+    """(min, max) importance ratio over a recorded training trajectory, or None when unknown. Results
+    without ratio extremes: a clip fraction of 0 at every recorded step means every ratio stayed
+    inside the harness's [0.8, 1.2]."""
     hi = [v for v in traj.get("train/ratio_max") or [] if isinstance(v, (int, float))]
     lo = [v for v in traj.get("train/ratio_min") or [] if isinstance(v, (int, float))]
     if hi and lo:
@@ -92,10 +103,7 @@ STRONGER = (10.0, 100.0)
 def parent_findings(archive, parent: str, cfg=None) -> list[str]:
     """The parent's diagnosis: the reflection's findings on its recorded training trajectory under the
     experiment's protocol ([] when it has no result there)."""
-    protocol = configured_protocol(cfg or archive.config())
-    node = archive.nodes(protocol).get(parent)
-    traj = dict(node.result.trajectory) if node is not None and node.result is not None else {}
-    return trajectory_diagnostics(traj) if traj else []
+    return trajectory_diagnostics(parent_trajectory(archive, parent, cfg))
 
 
 def _has_room(move: str, base: dict) -> bool:
@@ -414,8 +422,9 @@ class OfflineProposer:
         rendered = bool(context.parent.components)
         parent_src = context.parent_code or archive.algorithm(parent)
         base = mutation_base(context.parent.components, parent_src)
-        ratios = parent_ratios(archive, parent, cfg)
-        findings = parent_findings(archive, parent, cfg)
+        traj = parent_trajectory(archive, parent, cfg)  # one read of the archive for both
+        ratios = trajectory_ratios(traj)
+        findings = trajectory_diagnostics(traj)
         remedies = remedies_for(findings, base)
         treated = [k for k in REMEDIES if any(f.startswith(k) for f in findings)]
         if remedies:
@@ -540,27 +549,16 @@ class OfflineProposer:
             elif move == "entropy":
                 hp["entropy_coef"] = stronger(hp.get("entropy_coef", 0.0), "entropy_coef", rng)
             elif move == "clip_higher":
-                lo, hi = (
-                    max(hp.get("clip_ratio_high", 0.2), hp.get("clip_ratio_low", 0.2)),
-                    (CONTINUOUS["clip_ratio_high"][1]),
-                )
+                lo = max(hp.get("clip_ratio_high", 0.2), hp.get("clip_ratio_low", 0.2))
+                hi = CONTINUOUS["clip_ratio_high"][1]
                 hp["clip_ratio_high"] = round(rng.uniform(min(lo + 0.04, hi), hi), 4)
-            else:
-                spec["entropy_control"] = rng.choice(
-                    [o for o in OPTIONS["entropy_control"] if o != "none"]
-                )
-                for name, (_lo, _hi, _log, _d, owner) in CONTINUOUS.items():
-                    if owner is not None and owner[0] == "entropy_control" and owns(owner, spec):
-                        hp[name] = sample(name)
+            else:  # an entropy controller, for a parent without one (remedies_for's rule)
+                _switch_option(spec, hp, "entropy_control", rng, sample)
             spec["hp"] = hp
             return spec
         knob = rng.choice(MUTABLE)
         if knob in OPTIONS:
-            choices = [o for o in OPTIONS[knob] if o != base[knob]]
-            spec[knob] = rng.choice(choices)
-            for name, (_lo, _hi, _log, _d, owner) in CONTINUOUS.items():
-                if owner is not None and owner[0] == knob and owns(owner, spec):
-                    hp[name] = sample(name)
+            _switch_option(spec, hp, knob, rng, sample)
         elif knob == "clip":
             hp["clip_ratio_low"], hp["clip_ratio_high"] = (
                 sample("clip_ratio_low"),
@@ -632,6 +630,15 @@ class OfflineProposer:
         if spec["hp"].get("entropy_coef", 0) > 0 and not base["hp"].get("entropy_coef", 0):
             out.append("entropy bonus: later entropy collapse")
         return "; ".join(out) or "a local variation of the parent; effect to be measured"
+
+
+def _switch_option(spec: dict, hp: dict, knob: str, rng: random.Random, sample) -> None:
+    """Set the component ``knob`` of ``spec`` to another of its options, drawn uniformly, and sample
+    the continuous hyperparameters the new option's code reads into ``hp``."""
+    spec[knob] = rng.choice([o for o in OPTIONS[knob] if o != spec[knob]])
+    for name, (_lo, _hi, _log, _d, owner) in CONTINUOUS.items():
+        if owner is not None and owner[0] == knob and owns(owner, spec):
+            hp[name] = sample(name)
 
 
 def _short(spec: dict, base: dict, changed: list[str], extra: tuple) -> str:
