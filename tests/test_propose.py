@@ -618,3 +618,32 @@ def test_offline_proposer_acts_on_the_parents_diagnosis(archive):
     # a directed proposal ranks above an untried undirected one in screening
     kept, _ = screen(archive, "grpo", directed, cfg)
     assert kept and "against its entropy collapse" in kept[0].motivation
+
+
+@pytest.mark.slow  # four interpreter starts
+def test_offline_crossover_is_the_same_in_every_process():
+    """Two processes with the same seed cross the same specs alike: the crossover draws per
+    hyperparameter in a fixed order, not in a set's, which varies with the process's hash seed."""
+    import os
+    import sys
+
+    code = (
+        "import random, json\n"
+        "from engine.operators.proposers.codegen import normalize\n"
+        "from engine.operators.proposers.offline import OfflineProposer\n"
+        "a = normalize({'entropy_control': 'adaptive', 'hp': {'kl_coef': 0.05, 'clip_ratio_high': 0.3}})\n"
+        "b = normalize({'scale': 'analytic', 'hp': {'entropy_coef': 0.004, 'clip_ratio_low': 0.15}})\n"
+        "out = [OfflineProposer._cross(a, b, random.Random(s)) for s in range(20)]\n"
+        "print(json.dumps(out, sort_keys=True))\n"
+    )
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": str(h)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for h in (0, 1, 2, 3)
+    ]
+    assert runs[0] and all(r == runs[0] for r in runs)

@@ -578,7 +578,7 @@ class OfflineProposer:
     def _cross(a: dict, b: dict, rng: random.Random) -> dict:
         spec = {k: (a[k] if rng.random() < 0.5 else b[k]) for k in OPTIONS}
         hp = {}
-        for k in set(a["hp"]) | set(b["hp"]):
+        for k in sorted(set(a["hp"]) | set(b["hp"])):  # sorted: a set's order varies by process
             hp[k] = (
                 a["hp"].get(k, b["hp"].get(k))
                 if rng.random() < 0.5
