@@ -82,12 +82,28 @@ def trace(archive, root: str, preset: str) -> dict:
     return out
 
 
+def loop_config(args) -> str | None:
+    """The loop archive's poise.toml: the default one, with ``--remedies`` / ``--directed`` (an
+    ablation of the proposer's diagnosis) written into ``[propose]``; None when neither is given."""
+    from engine.config import DEFAULT_TOML
+
+    lines = []
+    if args.remedies is not None:
+        moves = [m for m in args.remedies.split(",") if m]
+        lines.append(f"remedies = {json.dumps(moves)}")
+    if args.directed is not None:
+        lines.append(f"directed = {args.directed}")
+    if not lines:
+        return None
+    return DEFAULT_TOML.replace("[propose]\n", "[propose]\n" + "\n".join(lines) + "\n", 1)
+
+
 def run_loop(path: Path, search_seed: int, args) -> dict:
     from engine.archive.store import Archive
     from engine.loop.budget import Budget
     from engine.loop.core import Loop, RunOptions
 
-    archive = Archive.init(path)
+    archive = Archive.init(path, config_toml=loop_config(args))
     per_round = args.parents * args.population
     opts = RunOptions(
         plan={
@@ -212,6 +228,19 @@ def main() -> None:
     ap.add_argument("--population", type=int, default=2, help="loop: candidates per parent")
     ap.add_argument("--preset", default="default")
     ap.add_argument("--methods", default="loop,random")
+    ap.add_argument(
+        "--remedies",
+        default=None,
+        help="loop: the remedies its proposer may direct a diagnosed parent to, comma-separated "
+        "([propose].remedies; default all: kl,entropy_control,entropy,clip_higher)",
+    )
+    ap.add_argument(
+        "--directed",
+        type=float,
+        default=None,
+        help="loop: the share of a diagnosed parent's mutations directed to a remedy "
+        "([propose].directed; default 0.5, 0 turns the diagnosis off)",
+    )
     ap.add_argument("--workdir", default=str(ROOT / ".cache" / "discovery"))
     ap.add_argument(
         "--fresh", action="store_true", help="redo searches that finished in an earlier invocation"

@@ -84,6 +84,11 @@ class SelectConfig:
     """over-expansion discount of U_div: 1 / (1 + children / expansion_half)"""
 
 
+REMEDY_MOVES = ("kl", "entropy_control", "entropy", "clip_higher")
+"""the offline proposer's remedies: a stronger KL anchor, an entropy controller, a larger entropy
+bonus, a higher upper clip bound (engine.operators.proposers.offline.REMEDIES)"""
+
+
 @dataclass(frozen=True)
 class ProposeConfig:
     proposer: str = "offline"
@@ -94,6 +99,11 @@ class ProposeConfig:
     """R: bounded implement -> verify correction rounds"""
     context_tokens: int = 12000
     """token budget of the proposal context (engine.operators.context; the parent is never cut)"""
+    directed: float = 0.5
+    """offline proposer: the share of a diagnosed parent's mutations that apply a remedy of its
+    diagnosis (0: the diagnosis directs and credits nothing)"""
+    remedies: tuple[str, ...] = REMEDY_MOVES
+    """offline proposer: the remedies it may direct a diagnosed parent to (:data:`REMEDY_MOVES`)"""
 
 
 @dataclass(frozen=True)
@@ -218,6 +228,16 @@ def validate(cfg: Config) -> None:
         raise ConfigError("poise.toml: [select].gamma must lie in (0, 1]")
     if cfg.select.beta <= 0:
         raise ConfigError("poise.toml: [select].beta must be > 0")
+    if not 0 <= cfg.propose.directed <= 1:
+        raise ConfigError(
+            f"poise.toml: [propose].directed must lie in [0, 1], got {cfg.propose.directed!r}"
+        )
+    unknown = [m for m in cfg.propose.remedies if m not in REMEDY_MOVES]
+    if unknown:
+        raise ConfigError(
+            f"poise.toml: [propose].remedies: unknown remedy {unknown[0]!r} "
+            f"(known: {', '.join(REMEDY_MOVES)})"
+        )
     if cfg.propose.proposer not in ("offline", "llm"):
         raise ConfigError(
             f"poise.toml: [propose].proposer must be offline or llm, got {cfg.propose.proposer!r}"

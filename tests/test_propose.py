@@ -620,6 +620,47 @@ def test_offline_proposer_acts_on_the_parents_diagnosis(archive):
     assert kept and "against its entropy collapse" in kept[0].motivation
 
 
+def test_propose_config_chooses_the_remedies_and_their_share(archive):
+    """``[propose].remedies`` limits the remedies a diagnosis directs to, ``directed = 0`` turns the
+    direction (and its prior) off, and a setting out of range or an unknown remedy is refused."""
+    import dataclasses
+
+    from engine.config import parse_config
+    from engine.errors import ConfigError
+    from engine.operators.proposers.offline import OfflineProposer
+
+    collapse = {
+        "step": list(range(9)),
+        "train/entropy": [0.75, 0.44, 0.18, 0.17, 0.21, 0.19, 0.08, 0.15, 0.1],
+    }
+    record(archive, "grpo", {"metrics": {"overall": 0.5}, "trajectory": collapse})
+    cfg = archive.config()
+
+    def offered(**propose):
+        c = dataclasses.replace(cfg, propose=dataclasses.replace(cfg.propose, **propose))
+        ctx = build_context(archive, "grpo", c, seed=0)
+        return [
+            p
+            for seed in range(3)
+            for p in OfflineProposer().propose(archive, "grpo", ctx, c, 4, seed)
+        ]
+
+    only = [p for p in offered(remedies=("entropy_control",)) if "against" in p.motivation]
+    assert len(only) >= 4
+    assert all("(against its entropy collapse: entropy_control)" in p.motivation for p in only)
+    assert not [p for p in offered(directed=0.0) if "against" in p.motivation]
+    every = [p for p in offered(directed=1.0) if not p.parents]
+    assert every and all("against its entropy collapse" in p.motivation for p in every)
+
+    assert parse_config("[propose]\ndirected = 0.25\nremedies = ['kl']\n").propose.remedies == (
+        "kl",
+    )
+    with pytest.raises(ConfigError, match=r"\[propose\]\.directed must lie in \[0, 1\]"):
+        parse_config("[propose]\ndirected = 1.5\n")
+    with pytest.raises(ConfigError, match="unknown remedy 'anchor'.*known: kl, entropy_control"):
+        parse_config("[propose]\nremedies = ['kl', 'anchor']\n")
+
+
 @pytest.mark.slow  # four interpreter starts
 def test_offline_crossover_is_the_same_in_every_process():
     """Two processes with the same seed cross the same specs alike: the crossover draws per

@@ -16,8 +16,10 @@ rendered by
 The search reads the parent's diagnosis: the reflection's findings on its recorded training trajectory
 (:func:`engine.operators.reflect.trajectory_diagnostics`). A finding with known remedies (an entropy
 collapse: a stronger anchor to the reference, an entropy controller, a larger entropy bonus, a higher
-upper clip bound) directs half the mutations to one of them, and a proposal that applies one is
-credited a prior expected effect (:data:`REMEDY_PRIOR`) until the archive has evidence of its own.
+upper clip bound) directs a share of the mutations to one of them (``[propose].directed``, default half), and a proposal
+that applies one is credited a prior expected effect (:data:`REMEDY_PRIOR`) until the archive has
+evidence of its own. ``[propose].remedies`` names the remedies it may use; ``directed = 0`` turns the
+direction off.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.archive.results import configured_protocol
-from engine.config import utility
+from engine.config import REMEDY_MOVES, ProposeConfig, utility
 from engine.errors import PoiseError
 from engine.operators.propose import Proposal, archived_code, code_key
 from engine.operators.proposers import register
@@ -88,9 +90,9 @@ REMEDIES: dict[str, tuple[str, ...]] = {
 moves that counter each: a policy sharpening until its entropy collapses is held back by a stronger
 anchor to the reference policy (``kl``), an entropy controller, a larger entropy bonus, or a higher
 upper clip bound (DAPO's clip-higher)"""
-DIRECTED = 0.5
-"""the share of a diagnosed parent's mutations that apply one of its remedies (the rest stay uniform
-over every component, so the search still explores)"""
+DIRECTED = ProposeConfig.directed
+"""the default share of a diagnosed parent's mutations that apply one of its remedies
+(``[propose].directed``; the rest stay uniform over every component, so the search still explores)"""
 REMEDY_PRIOR = 0.5
 """the expected effect credited to a proposal that applies a remedy of its parent's diagnosis, in
 units of ``[select].beta``: before evidence it ranks above an untried option, and an option the archive
@@ -122,14 +124,17 @@ def _has_room(move: str, base: dict) -> bool:
     return False
 
 
-def remedies_for(findings: list[str], base: dict) -> tuple[str, ...]:
-    """The moves that counter the parent's findings (:data:`REMEDIES`) and that its spec leaves room
-    for (an anchor already at the range's top cannot be strengthened)."""
+def remedies_for(
+    findings: list[str], base: dict, allowed: tuple[str, ...] = REMEDY_MOVES
+) -> tuple[str, ...]:
+    """The moves among ``allowed`` (``[propose].remedies``) that counter the parent's findings
+    (:data:`REMEDIES`) and that its spec leaves room for (an anchor already at the range's top cannot
+    be strengthened)."""
     out: list[str] = []
     for finding in findings:
         for key, moves in REMEDIES.items():
             if finding.startswith(key):
-                out += [m for m in moves if m not in out and _has_room(m, base)]
+                out += [m for m in moves if m in allowed and m not in out and _has_room(m, base)]
     return tuple(out)
 
 
@@ -425,7 +430,8 @@ class OfflineProposer:
         traj = parent_trajectory(archive, parent, cfg)  # one read of the archive for both
         ratios = trajectory_ratios(traj)
         findings = trajectory_diagnostics(traj)
-        remedies = remedies_for(findings, base)
+        directed = cfg.propose.directed
+        remedies = remedies_for(findings, base, cfg.propose.remedies) if directed > 0 else ()
         treated = [k for k in REMEDIES if any(f.startswith(k) for f in findings)]
         if remedies:
             log.info(
@@ -458,7 +464,7 @@ class OfflineProposer:
                 )
                 extra = (partner.name,)
             else:
-                spec, what = self._mutate(base, rng, sample, remedies), ""
+                spec, what = self._mutate(base, rng, sample, remedies, directed), ""
                 extra = ()
             spec = normalize(spec)
             inert = clip_is_inert(base["hp"], spec["hp"], ratios)
@@ -537,12 +543,18 @@ class OfflineProposer:
 
     # -- operators -------------------------------------------------------------------------------
     @staticmethod
-    def _mutate(base: dict, rng: random.Random, sample, remedies: tuple[str, ...] = ()) -> dict:
+    def _mutate(
+        base: dict,
+        rng: random.Random,
+        sample,
+        remedies: tuple[str, ...] = (),
+        directed: float = DIRECTED,
+    ) -> dict:
         """One component of ``base`` changed; with ``remedies`` (the parent's diagnosis), a share
-        :data:`DIRECTED` of the calls applies one of them instead."""
+        ``directed`` of the calls applies one of them instead."""
         spec = {k: v for k, v in base.items() if k != "hp"}
         hp = dict(base["hp"])
-        if remedies and rng.random() < DIRECTED:
+        if remedies and rng.random() < directed:
             move = rng.choice(remedies)
             if move == "kl":
                 hp["kl_coef"] = stronger(hp.get("kl_coef", 0.0), "kl_coef", rng)
