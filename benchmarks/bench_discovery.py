@@ -188,27 +188,40 @@ def run_random(path: Path, search_seed: int, args) -> dict:
 
 
 def figure(results: dict, path: Path, candidates: int) -> None:
+    """The best-so-far curves of ``results`` (method -> search seed -> search) as a PNG."""
+    labels = {"loop": "closed loop (offline proposer)", "random": "random search"}
+    series = [
+        (labels[m], [r["curve"] for r in results[m].values() if r.get("curve")])
+        for m in labels
+        if results.get(m)
+    ]
+    roots = [
+        r["root_overall"] for m in results.values() for r in m.values() if r.get("root_overall")
+    ]
+    draw(series, roots[0] if roots else None, path, candidates)
+
+
+def draw(
+    series: list[tuple[str, list[list[float]]]], root: float | None, path: Path, candidates: int
+) -> None:
+    """Best-so-far curves, one colour per labelled method: each search seed thin, their mean bold;
+    the root's Overall dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    colors = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    for method, color in (("loop", "tab:blue"), ("random", "tab:orange")):
-        runs = results.get(method) or {}
-        curves = [r["curve"] for r in runs.values() if r.get("curve")]
+    for (label, curves), color in zip(series, colors):
         for c in curves:
             ax.plot(range(1, len(c) + 1), c, color=color, alpha=0.3, lw=1)
         if curves:
             n = min(len(c) for c in curves)
             mean = [sum(c[i] for c in curves) / len(curves) for i in range(n)]
-            label = "closed loop (offline proposer)" if method == "loop" else "random search"
             ax.plot(range(1, n + 1), mean, color=color, lw=2.5, label=f"{label}, mean")
-    roots = [
-        r["root_overall"] for m in results.values() for r in m.values() if r.get("root_overall")
-    ]
-    if roots:
-        ax.axhline(roots[0], color="gray", ls="--", lw=1, label="GRPO root")
+    if root is not None:
+        ax.axhline(root, color="gray", ls="--", lw=1, label="GRPO root")
     ax.set_xlabel("candidates evaluated")
     ax.set_ylabel("best Overall so far (proxy)")
     ax.set_xlim(1, max(candidates, 2))  # one candidate: a point, not an empty range

@@ -111,6 +111,16 @@ def test_bench_discovery_runs_both_searches_resumes_and_confirms_on_held_out_see
     again = _bench("bench_discovery.py", args, tmp_path)
     assert again.count("finished earlier") == 2
     assert json.loads(out.read_text())["results"] == data["results"]
+    # the searches drawn together, with their table; a search under another protocol is refused
+    plot, other = tmp_path / "p.png", tmp_path / "other.json"
+    text = _bench(
+        "plot_discovery.py", ["--figure", str(plot), f"a={out}", f"b={out}:random"], tmp_path
+    )
+    assert "| a | 1 |" in text and "| b | 1 |" in text and plot.read_bytes()[:4] == b"\x89PNG"
+    other.write_text(json.dumps({**data, "protocol_hash": "sha256:" + "0" * 64}))
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "plot_discovery.py"), "--figure", str(plot)]
+    res = subprocess.run(cmd + [f"a={out}", f"b={other}"], capture_output=True, text=True)
+    assert res.returncode == 1 and "different protocols" in res.stderr
     # held-out confirmation: the best nodes re-measured on seeds the searches never saw, in copies
     conf = tmp_path / "c.json"
     args = ["--preset", "tiny", "--seeds", "2", "--first-seed", "2", "--workdir", str(work)]
