@@ -625,9 +625,12 @@ def test_propose_config_chooses_the_remedies_and_their_share(archive):
     direction (and its prior) off, and a setting out of range or an unknown remedy is refused."""
     import dataclasses
 
-    from engine.config import parse_config
+    from engine.config import REMEDY_MOVES, parse_config
     from engine.errors import ConfigError
-    from engine.operators.proposers.offline import OfflineProposer
+    from engine.operators.proposers.offline import REMEDIES, OfflineProposer
+
+    # every remedy a finding names is one the setting can name
+    assert {m for moves in REMEDIES.values() for m in moves} <= set(REMEDY_MOVES)
 
     collapse = {
         "step": list(range(9)),

@@ -16,10 +16,10 @@ rendered by
 The search reads the parent's diagnosis: the reflection's findings on its recorded training trajectory
 (:func:`engine.operators.reflect.trajectory_diagnostics`). A finding with known remedies (an entropy
 collapse: a stronger anchor to the reference, an entropy controller, a larger entropy bonus, a higher
-upper clip bound) directs a share of the mutations to one of them (``[propose].directed``, default half), and a proposal
-that applies one is credited a prior expected effect (:data:`REMEDY_PRIOR`) until the archive has
-evidence of its own. ``[propose].remedies`` names the remedies it may use; ``directed = 0`` turns the
-direction off.
+upper clip bound) directs a share of the mutations to one of them (``[propose].directed``, default
+half), and a proposal that applies one is credited a prior expected effect (:data:`REMEDY_PRIOR`)
+until the archive has evidence of its own. ``[propose].remedies`` names the remedies it may use;
+``directed = 0`` turns the direction off.
 """
 
 from __future__ import annotations
