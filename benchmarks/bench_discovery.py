@@ -82,6 +82,19 @@ def trace(archive, root: str, preset: str) -> dict:
     return out
 
 
+def summarize(runs: dict) -> dict:
+    """One method's searches (search seed -> search): the mean best Overall with its 95% interval over
+    the search seeds, and in how many of them the best node beats the root beyond its interval."""
+    bests = [r["best_overall"] for r in runs.values() if r.get("best_overall") is not None]
+    m, iv = mean_interval(bests) if bests else (float("nan"), None)
+    return {
+        "mean_best_overall": m,
+        "interval": iv,
+        "beats_root_in": sum(1 for r in runs.values() if r.get("beats_root")),
+        "search_seeds": len(runs),
+    }
+
+
 def loop_config(args) -> str | None:
     """The loop archive's poise.toml: the default one, with ``--remedies`` / ``--directed`` (an
     ablation of the proposer's diagnosis) written into ``[propose]``; None when neither is given."""
@@ -313,19 +326,12 @@ def main() -> None:
                 f"{r['root_overall']:.3f} | {r.get('best_diff', float('nan')):+.3f} | {ivs} | "
                 f"{'yes' if r.get('beats_root') else 'no'} |"
             )
-    summary = {}
-    for method, runs in results.items():
-        bests = [r["best_overall"] for r in runs.values() if r.get("best_overall") is not None]
-        m, iv = mean_interval(bests) if bests else (float("nan"), None)
-        summary[method] = {
-            "mean_best_overall": m,
-            "interval": iv,
-            "beats_root_in": sum(1 for r in runs.values() if r.get("beats_root")),
-            "search_seeds": len(runs),
-        }
+    summary = {method: summarize(runs) for method, runs in results.items()}
+    for method, v in summary.items():
+        found = sum(1 for r in results[method].values() if r.get("best_overall") is not None)
         print(
-            f"{method}: mean best Overall {m:.3f} over {len(bests)} search seeds; beats the root "
-            f"beyond its interval in {summary[method]['beats_root_in']} of {len(runs)}"
+            f"{method}: mean best Overall {v['mean_best_overall']:.3f} over {found} search seeds; "
+            f"beats the root beyond its interval in {v['beats_root_in']} of {v['search_seeds']}"
         )
     wall = time.monotonic() - t0
     searched = sum(r.get("wall_s", 0.0) for runs in results.values() for r in runs.values())

@@ -16,8 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from bench_discovery import best_so_far, draw
-from proxy_runs import mean_interval
+from bench_discovery import best_so_far, draw, summarize
 
 
 def load(spec: str) -> tuple[str, dict, dict]:
@@ -59,11 +58,12 @@ def main() -> None:
         series.append((label, curves))
         roots += [r["root_overall"] for r in runs.values()]
         candidates = max([candidates] + [len(c) for c in curves])
-        bests = [r["best_overall"] for r in runs.values() if r.get("best_overall") is not None]
-        m, iv = mean_interval(bests) if bests else (float("nan"), None)
-        beats = sum(1 for r in runs.values() if r.get("beats_root"))
+        v = summarize(runs)
+        iv, n = v["interval"], v["search_seeds"]
         ivs = f"[{iv[0]:.3f}, {iv[1]:.3f}]" if iv else "-"
-        print(f"| {label} | {len(runs)} | {m:.3f} | {ivs} | {beats} of {len(runs)} |")
+        print(
+            f"| {label} | {n} | {v['mean_best_overall']:.3f} | {ivs} | {v['beats_root_in']} of {n} |"
+        )
     draw(series, roots[0] if roots else None, Path(args.figure), candidates)
     print(f"figure: {args.figure} ({next(iter(protocols))[0]})")
 

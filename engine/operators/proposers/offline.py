@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.archive.results import configured_protocol
-from engine.config import REMEDY_MOVES, ProposeConfig, utility
+from engine.config import REMEDY_MOVES, utility
 from engine.errors import PoiseError
 from engine.operators.propose import Proposal, archived_code, code_key
 from engine.operators.proposers import register
@@ -90,9 +90,6 @@ REMEDIES: dict[str, tuple[str, ...]] = {
 moves that counter each: a policy sharpening until its entropy collapses is held back by a stronger
 anchor to the reference policy (``kl``), an entropy controller, a larger entropy bonus, or a higher
 upper clip bound (DAPO's clip-higher)"""
-DIRECTED = ProposeConfig.directed
-"""the default share of a diagnosed parent's mutations that apply one of its remedies
-(``[propose].directed``; the rest stay uniform over every component, so the search still explores)"""
 REMEDY_PRIOR = 0.5
 """the expected effect credited to a proposal that applies a remedy of its parent's diagnosis, in
 units of ``[select].beta``: before evidence it ranks above an untried option, and an option the archive
@@ -548,10 +545,11 @@ class OfflineProposer:
         rng: random.Random,
         sample,
         remedies: tuple[str, ...] = (),
-        directed: float = DIRECTED,
+        directed: float = 0.0,
     ) -> dict:
         """One component of ``base`` changed; with ``remedies`` (the parent's diagnosis), a share
-        ``directed`` of the calls applies one of them instead."""
+        ``directed`` (``[propose].directed``) of the calls applies one of them instead; the rest stay
+        uniform over every component, so the search still explores."""
         spec = {k: v for k, v in base.items() if k != "hp"}
         hp = dict(base["hp"])
         if remedies and rng.random() < directed:
