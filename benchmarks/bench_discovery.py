@@ -97,7 +97,8 @@ def summarize(runs: dict) -> dict:
 
 def loop_config(args) -> str | None:
     """The loop archive's poise.toml: the default one, with ``--remedies`` / ``--directed`` (an
-    ablation of the proposer's diagnosis) written into ``[propose]``; None when neither is given."""
+    ablation of the proposer's diagnosis) and ``--learned`` (its direction by the archive's evidence)
+    written into ``[propose]``; None when none is given."""
     from engine.config import DEFAULT_TOML
 
     lines = []
@@ -106,6 +107,8 @@ def loop_config(args) -> str | None:
         lines.append(f"remedies = {json.dumps(moves)}")
     if args.directed is not None:
         lines.append(f"directed = {args.directed}")
+    if getattr(args, "learned", None) is not None:
+        lines.append(f"learned = {args.learned}")
     if not lines:
         return None
     return DEFAULT_TOML.replace("[propose]\n", "[propose]\n" + "\n".join(lines) + "\n", 1)
@@ -266,6 +269,13 @@ def main() -> None:
         default=None,
         help="loop: the share of a diagnosed parent's mutations directed to a remedy "
         "([propose].directed; default 0.5, 0 turns the diagnosis off)",
+    )
+    ap.add_argument(
+        "--learned",
+        type=float,
+        default=None,
+        help="loop: the share of mutations that make the move the archive's evidence favours "
+        "([propose].learned; default 0, off)",
     )
     ap.add_argument("--workdir", default=str(ROOT / ".cache" / "discovery"))
     ap.add_argument(

@@ -104,6 +104,9 @@ class ProposeConfig:
     diagnosis (0: the diagnosis directs and credits nothing)"""
     remedies: tuple[str, ...] = REMEDY_MOVES
     """offline proposer: the remedies it may direct a diagnosed parent to (:data:`REMEDY_MOVES`)"""
+    learned: float = 0.0
+    """offline proposer: the share of mutations that make the move the archive's evidence favours
+    (engine.operators.proposers.moves; 0: off)"""
 
 
 @dataclass(frozen=True)
@@ -231,6 +234,10 @@ def validate(cfg: Config) -> None:
     if not 0 <= cfg.propose.directed <= 1:
         raise ConfigError(
             f"poise.toml: [propose].directed must lie in [0, 1], got {cfg.propose.directed!r}"
+        )
+    if not 0 <= cfg.propose.learned <= 1:
+        raise ConfigError(
+            f"poise.toml: [propose].learned must lie in [0, 1], got {cfg.propose.learned!r}"
         )
     unknown = [m for m in cfg.propose.remedies if m not in REMEDY_MOVES]
     if unknown:

@@ -43,9 +43,16 @@ from engine.operators.proposers.codegen import (
     PRIOR_SPECS,
     describe,
     normalize,
-    owns,
 )
 from engine.operators.proposers.edit_plan import class_defaults, plan_edit
+from engine.operators.proposers.moves import (
+    apply_move,
+    features,
+    fit_moves,
+    learned_move,
+    set_option,
+    stronger,
+)
 from engine.operators.reflect import trajectory_diagnostics
 from trainer_template.interface import LOSS_AGG_MODES
 
@@ -94,9 +101,6 @@ REMEDY_PRIOR = 0.5
 """the expected effect credited to a proposal that applies a remedy of its parent's diagnosis, in
 units of ``[select].beta``: before evidence it ranks above an untried option, and an option the archive
 has seen fail (a fitted effect below ``-REMEDY_PRIOR * beta``) still sinks it"""
-STRONGER = (10.0, 100.0)
-"""a strengthened coefficient is drawn log-uniformly between these multiples of the parent's value
-(at least the range's lower end), capped at the range's upper end: one to two orders of magnitude"""
 
 
 def parent_findings(archive, parent: str, cfg=None) -> list[str]:
@@ -146,16 +150,6 @@ def remedies_applied(spec: dict, base: dict, remedies: tuple[str, ...]) -> tuple
         and a.get("clip_ratio_high", 0.2) > a.get("clip_ratio_low", 0.2),
     }
     return tuple(m for m in remedies if done.get(m))
-
-
-def stronger(value: float, name: str, rng: random.Random) -> float:
-    """``value`` strengthened by one to two orders of magnitude (:data:`STRONGER`) inside the range
-    of the continuous hyperparameter ``name``."""
-    lo, hi = CONTINUOUS[name][:2]
-    start = max(value, lo)
-    a, b = min(STRONGER[0] * start, hi), min(STRONGER[1] * start, hi)
-    v = math.exp(rng.uniform(math.log(a), math.log(b))) if b > a else b
-    return round(v, 4 if v >= 0.01 else 6)
 
 
 def clip_is_inert(old: dict, new: dict, ratios: tuple[float, float] | None) -> str:
@@ -333,12 +327,18 @@ def expected_gain(
     effects: dict[tuple[str, str], float],
     beta: float,
     prior: float = 0.0,
+    fit=None,
 ) -> float:
     """0.5 + 0.5 tanh((sum of the fitted effects of the options ``spec`` changes from ``base`` +
     ``prior``) / beta): an option never tried counts 0 (neutral), so the search stays willing to
     explore; one that collapsed the nodes it was introduced in sinks the proposal. ``prior`` is what
-    the parent's diagnosis expects of the move (:data:`REMEDY_PRIOR`)."""
-    total = prior + sum(effects.get((k, spec[k]), 0.0) for k in OPTIONS if spec[k] != base[k])
+    the parent's diagnosis expects of the move (:data:`REMEDY_PRIOR`). With ``fit`` (a
+    :class:`~engine.operators.proposers.moves.MoveFit`, when ``[propose].learned`` is on), the
+    change's effect is its posterior mean, knob moves included."""
+    if fit is not None:
+        total = prior + fit.effect(features(spec, base))
+    else:
+        total = prior + sum(effects.get((k, spec[k]), 0.0) for k in OPTIONS if spec[k] != base[k])
     return round(0.5 + 0.5 * math.tanh(total / beta), 4)
 
 
@@ -427,7 +427,8 @@ class OfflineProposer:
         traj = parent_trajectory(archive, parent, cfg)  # one read of the archive for both
         ratios = trajectory_ratios(traj)
         findings = trajectory_diagnostics(traj)
-        directed = cfg.propose.directed
+        directed, learned = cfg.propose.directed, cfg.propose.learned
+        fit = fit_moves(evidence) if learned > 0 else None
         remedies = remedies_for(findings, base, cfg.propose.remedies) if directed > 0 else ()
         treated = [k for k in REMEDIES if any(f.startswith(k) for f in findings)]
         if remedies:
@@ -459,10 +460,15 @@ class OfflineProposer:
                     self._cross(base, normalize(partner.components), rng),
                     f"crossover with {partner.name}",
                 )
-                extra = (partner.name,)
+                extra, favoured = (partner.name,), None
             else:
-                spec, what = self._mutate(base, rng, sample, remedies, directed), ""
-                extra = ()
+                extra, favoured = (), None
+                if learned > 0 and rng.random() < learned:
+                    favoured = learned_move(fit, base, rng)
+                if favoured is not None:
+                    spec, what = apply_move(base, favoured[0], rng, sample), ""
+                else:
+                    spec, what = self._mutate(base, rng, sample, remedies, directed), ""
             spec = normalize(spec)
             inert = clip_is_inert(base["hp"], spec["hp"], ratios)
             if inert:
@@ -509,6 +515,12 @@ class OfflineProposer:
             applied = remedies_applied(spec, base, remedies)
             if applied:
                 what += f" (against its {' and '.join(treated)}: {', '.join(applied)})"
+            if favoured is not None and not extra:
+                move, gain = favoured
+                what += (
+                    f" (the move the archive's evidence favours: {' '.join(move)}, a sampled gain "
+                    f"of {gain:+.4f})"
+                )
             out.append(
                 Proposal(
                     name=f"{parent}-{_short(spec, base, changed, extra)}",
@@ -527,6 +539,7 @@ class OfflineProposer:
                         effects,
                         cfg.select.beta,
                         REMEDY_PRIOR * cfg.select.beta if applied else 0.0,
+                        fit,
                     ),
                     components=spec
                     if rendered or any(spec[k] != base[k] for k in OPTIONS)
@@ -645,10 +658,7 @@ class OfflineProposer:
 def _switch_option(spec: dict, hp: dict, knob: str, rng: random.Random, sample) -> None:
     """Set the component ``knob`` of ``spec`` to another of its options, drawn uniformly, and sample
     the continuous hyperparameters the new option's code reads into ``hp``."""
-    spec[knob] = rng.choice([o for o in OPTIONS[knob] if o != spec[knob]])
-    for name, (_lo, _hi, _log, _d, owner) in CONTINUOUS.items():
-        if owner is not None and owner[0] == knob and owns(owner, spec):
-            hp[name] = sample(name)
+    set_option(spec, hp, knob, rng.choice([o for o in OPTIONS[knob] if o != spec[knob]]), sample)
 
 
 def _short(spec: dict, base: dict, changed: list[str], extra: tuple) -> str:

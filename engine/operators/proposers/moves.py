@@ -1,0 +1,237 @@
+"""Moves the archive's evidence favours: the offline proposer's learned direction.
+
+A *move* is one change the offline search can make to a parent's component spec: switch a component
+to an option, switch the loss aggregation, or push one loss knob up or down (the KL anchor's weight,
+the entropy bonus, the upper and lower clip bounds). Every evaluated node that changed its own parent
+is one observation of the moves it made: its utility change over that parent, explained as a linear
+model over *features* of the change, an indicator per option it introduced and, per knob, how far it
+moved (in decades for the two coefficients, in tenths for the clip bounds). The fit is Bayesian ridge
+regression, so an effect seen once is shrunk and carries its uncertainty.
+
+:func:`learned_move` draws one weight vector from that posterior (Thompson sampling) and returns the
+move with the largest predicted gain among the moves whose features the archive has observed, when
+that gain is positive. Nothing here names a remedy: which moves help is what the archive has measured.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from engine.errors import PoiseError
+from engine.operators.proposers.codegen import CONTINUOUS, OPTIONS, normalize, owns
+from trainer_template.interface import LOSS_AGG_MODES
+
+KNOBS: dict[str, float | None] = {
+    "kl_coef": None,
+    "entropy_coef": None,
+    "clip_ratio_high": 0.1,
+    "clip_ratio_low": 0.1,
+}
+"""the loss knobs a move pushes, and the unit of their feature: None for decades (a log-scale
+coefficient; 0 counts as the range's lower end), a number for a linear step of that size"""
+PRIOR = 0.5
+"""the posterior's prior precision per feature, in units of one observation (:data:`offline.RIDGE`)"""
+NOISE = (0.015, 4)
+"""the residual noise's prior: a standard deviation (utility units; the default protocol's paired
+difference at 6 seeds is about this) worth this many observations, pooled with the fit's residuals"""
+STEP = 1.5
+"""decades a coefficient move is expected to travel (:data:`STRONGER`: one to two)"""
+STRONGER = (10.0, 100.0)
+"""a strengthened coefficient is drawn log-uniformly between these multiples of the parent's value
+(at least the range's lower end), capped at the range's upper end: one to two orders of magnitude"""
+
+
+def stronger(value: float, name: str, rng: random.Random) -> float:
+    """``value`` strengthened by one to two orders of magnitude (:data:`STRONGER`) inside the range
+    of the continuous hyperparameter ``name``."""
+    lo, hi = CONTINUOUS[name][:2]
+    start = max(value, lo)
+    a, b = min(STRONGER[0] * start, hi), min(STRONGER[1] * start, hi)
+    v = math.exp(rng.uniform(math.log(a), math.log(b))) if b > a else b
+    return round(v, 4 if v >= 0.01 else 6)
+
+
+def set_option(spec: dict, hp: dict, knob: str, option: str, sample) -> None:
+    """Set the component ``knob`` of ``spec`` to ``option`` and sample the continuous
+    hyperparameters the option's code reads into ``hp``."""
+    spec[knob] = option
+    for name, (_lo, _hi, _log, _d, owner) in CONTINUOUS.items():
+        if owner is not None and owner[0] == knob and owns(owner, spec):
+            hp[name] = sample(name)
+
+
+def _level(knob: str, v: float) -> float:
+    lo, hi = CONTINUOUS[knob][:2]
+    unit = KNOBS[knob]
+    if unit is None:
+        return math.log10(min(max(v, lo), hi))
+    return v / unit
+
+
+def features(spec: dict[str, Any], base: dict[str, Any]) -> dict[tuple[str, str], float]:
+    """The features of the change from ``base`` to ``spec`` (both normalized component specs)."""
+    out: dict[tuple[str, str], float] = {}
+    for k in OPTIONS:
+        if spec[k] != base[k]:
+            out[(k, spec[k])] = 1.0
+    a, b = spec["hp"], base["hp"]
+    mode = a.get("loss_agg_mode", "token-mean")
+    if mode != b.get("loss_agg_mode", "token-mean"):
+        out[("loss_agg_mode", mode)] = 1.0
+    for knob in KNOBS:
+        d = CONTINUOUS[knob][3]
+        delta = _level(knob, a.get(knob, d)) - _level(knob, b.get(knob, d))
+        if abs(delta) > 1e-9:
+            out[("knob", knob)] = round(delta, 6)
+    return out
+
+
+@dataclass(frozen=True)
+class MoveFit:
+    """The posterior over the features' effects on utility."""
+
+    names: tuple[tuple[str, str], ...]
+    mean: tuple[float, ...]
+    cov: tuple[tuple[float, ...], ...]
+    """the posterior covariance (noise variance times the inverse precision)"""
+    seen: dict[tuple[str, str], int]
+    """how many observations each feature appears in"""
+    noise: float
+
+    def effect(self, feats: dict[tuple[str, str], float]) -> float:
+        """The posterior mean of a change's effect (unobserved features count 0)."""
+        idx = {n: i for i, n in enumerate(self.names)}
+        return sum(self.mean[idx[f]] * x for f, x in feats.items() if f in idx)
+
+
+def _spec(components) -> dict[str, Any] | None:
+    try:
+        return normalize(components)
+    except PoiseError:
+        return None
+
+
+def fit_moves(evidence: dict) -> MoveFit | None:
+    """The posterior over the features' effects, from every evaluated node with a readable spec whose
+    (first) parent is evaluated (a parent without recorded components counts as the default spec);
+    None when the archive has no such node."""
+    rows: list[tuple[dict[tuple[str, str], float], float]] = []
+    for ev in evidence.values():
+        par = evidence.get(ev.parent) if ev.parent else None
+        if ev.utility is None or ev.components is None or par is None or par.utility is None:
+            continue
+        mine, theirs = _spec(ev.components), _spec(par.components)
+        if mine is None or theirs is None:
+            continue
+        feats = features(mine, theirs)
+        if feats:
+            rows.append((feats, ev.utility - par.utility))
+    if not rows:
+        return None
+    import numpy as np  # lazy: only this path needs it (optuna brings it)
+
+    names = sorted({f for feats, _ in rows for f in feats})
+    col = {f: i for i, f in enumerate(names)}
+    x = np.zeros((len(rows), len(names)))
+    y = np.array([d for _, d in rows])
+    for r, (feats, _) in enumerate(rows):
+        for f, v in feats.items():
+            x[r, col[f]] = v
+    inv = np.linalg.inv(x.T @ x + PRIOR * np.eye(len(names)))
+    w = inv @ x.T @ y
+    resid = y - x @ w
+    dof = max(len(rows) - len(names), 0)
+    noise = math.sqrt((float(resid @ resid) + NOISE[1] * NOISE[0] ** 2) / (dof + NOISE[1]))
+    seen = {f: sum(1 for feats, _ in rows if f in feats) for f in names}
+    return MoveFit(
+        tuple(names),
+        tuple(float(v) for v in w),
+        tuple(tuple(float(v) for v in row) for row in noise**2 * inv),
+        seen,
+        noise,
+    )
+
+
+def candidate_moves(base: dict[str, Any]) -> list[tuple[str, str]]:
+    """Every move the search can make from ``base``: (component, option), ("loss_agg_mode", mode),
+    (knob, "up" | "down") where the knob's range leaves room."""
+    out = [(k, o) for k in OPTIONS for o in OPTIONS[k] if o != base[k]]
+    mode = base["hp"].get("loss_agg_mode", "token-mean")
+    out += [("loss_agg_mode", m) for m in LOSS_AGG_MODES if m != mode]
+    for knob in KNOBS:
+        lo, hi, _log, d, _o = CONTINUOUS[knob]
+        v = base["hp"].get(knob, d)
+        if v < hi:
+            out.append((knob, "up"))
+        if v > lo:
+            out.append((knob, "down"))
+    return out
+
+
+def move_features(move: tuple[str, str], base: dict[str, Any]) -> dict[tuple[str, str], float]:
+    """The features a move is expected to have (a knob travels :data:`STEP` decades or half its
+    room)."""
+    what, how = move
+    if what not in KNOBS:
+        return {move: 1.0}
+    lo, hi, _log, d, _o = CONTINUOUS[what]
+    v = base["hp"].get(what, d)
+    now = _level(what, v)
+    if KNOBS[what] is None:
+        end = now + STEP if how == "up" else now - STEP
+        end = min(max(end, _level(what, lo)), _level(what, hi))
+    else:
+        end = (now + _level(what, hi if how == "up" else lo)) / 2
+    return {("knob", what): end - now}
+
+
+def learned_move(fit: MoveFit | None, base: dict[str, Any], rng: random.Random):
+    """(move, its sampled gain) with the largest gain under one draw from the posterior, among the
+    moves whose features the archive has observed; None without a fit or a positive gain."""
+    if fit is None:
+        return None
+    import numpy as np  # lazy: only this path needs it (optuna brings it)
+
+    w = np.random.default_rng(rng.randrange(2**32)).multivariate_normal(
+        np.array(fit.mean), np.array(fit.cov), method="eigh"
+    )
+    idx = {n: i for i, n in enumerate(fit.names)}
+    best = None
+    for move in candidate_moves(base):
+        feats = move_features(move, base)
+        if not all(f in idx for f in feats):
+            continue
+        gain = float(sum(w[idx[f]] * x for f, x in feats.items()))
+        if gain > 0 and (best is None or gain > best[1]):
+            best = (move, gain)
+    return best
+
+
+def apply_move(base: dict[str, Any], move: tuple[str, str], rng: random.Random, sample) -> dict:
+    """``base`` with ``move`` made: an option switched (its hyperparameters sampled), the loss
+    aggregation switched, or a knob pushed: a coefficient one to two decades up (``stronger``) or
+    down (off below the range), a clip bound into the upper or lower part of its remaining range."""
+    spec = {k: v for k, v in base.items() if k != "hp"}
+    hp = dict(base["hp"])
+    what, how = move
+    if what in OPTIONS:
+        set_option(spec, hp, what, how, sample)
+    elif what == "loss_agg_mode":
+        hp["loss_agg_mode"] = how
+    else:
+        lo, hi, _log, d, _o = CONTINUOUS[what]
+        v = hp.get(what, d)
+        if KNOBS[what] is None:
+            if how == "up":
+                hp[what] = stronger(v, what, rng)
+            else:
+                w = v / math.exp(rng.uniform(math.log(10.0), math.log(100.0)))
+                hp[what] = 0.0 if w < lo else round(w, 4 if w >= 0.01 else 6)
+        else:
+            a, b = (min(v + 0.01, hi), hi) if how == "up" else (lo, max(v - 0.01, lo))
+            hp[what] = round(rng.uniform(a, b), 4)
+    spec["hp"] = hp
+    return spec
