@@ -691,3 +691,122 @@ def test_offline_crossover_is_the_same_in_every_process():
         for h in (0, 1, 2, 3)
     ]
     assert runs[0] and all(r == runs[0] for r in runs)
+
+
+def test_learned_moves_follow_the_archive_evidence():
+    """The move fit reads knob moves (in decades for a coefficient) as well as option switches, a
+    Thompson draw favours the move that raised utility where it was made, and a move whose features
+    the archive never observed is never chosen: nothing names a remedy."""
+    import random
+
+    from engine.operators.proposers.moves import (
+        apply_move,
+        candidate_moves,
+        features,
+        fit_moves,
+        learned_move,
+        move_features,
+    )
+    from engine.operators.proposers.offline import expected_gain
+
+    base = normalize(None)  # kl_coef 0.001
+    assert features(normalize({"hp": {"kl_coef": 0.1}}), base) == {("knob", "kl_coef"): 2.0}
+    assert features(normalize({"scale": "none", "hp": {"clip_ratio_high": 0.3}}), base) == {
+        ("scale", "none"): 1.0,
+        ("knob", "clip_ratio_high"): 1.0,
+    }
+
+    ev = {
+        e.name: e
+        for e in (
+            _evidence("grpo", None, 0.50),
+            _evidence("kl-a", "grpo", 0.52, hp={"kl_coef": 0.01}),
+            _evidence("kl-b", "grpo", 0.535, hp={"kl_coef": 0.1}),
+            _evidence("kl-a-2", "kl-a", 0.53, hp={"kl_coef": 0.05}),
+            _evidence("annealed", "grpo", 0.49, entropy_control="annealed"),
+            _evidence("scale", "grpo", 0.495, scale="none"),
+            _evidence("pending", "grpo", None, baseline="loo"),
+        )
+    }
+    fit = fit_moves(ev)
+    means = dict(zip(fit.names, fit.mean))
+    assert means[("knob", "kl_coef")] > 0.005 > 0 > means[("entropy_control", "annealed")]
+    assert fit.seen[("knob", "kl_coef")] == 3 and ("baseline", "loo") not in means
+    rng = random.Random(0)
+    drawn = [learned_move(fit, base, rng) for _ in range(60)]
+    moves = [d[0] for d in drawn if d is not None]
+    assert all(d is None or d[1] > 0 for d in drawn)
+    assert moves.count(("kl_coef", "up")) > len(drawn) / 2
+    observed = {("kl_coef", "up"), ("kl_coef", "down"), ("entropy_control", "annealed")}
+    assert set(moves) <= observed | {("scale", "none")}  # never an unobserved option
+    assert ("baseline", "loo") in candidate_moves(base)
+    assert fit_moves({"grpo": ev["grpo"]}) is None
+    # its posterior mean ranks a proposal: a kl move above an annealed controller
+    up = normalize({"hp": {"kl_coef": 0.02}})
+    annealed = normalize({"entropy_control": "annealed"})
+    assert (
+        expected_gain(up, base, {}, 0.05, fit=fit)
+        > 0.5
+        > expected_gain(annealed, base, {}, 0.05, fit=fit)
+    )
+    assert move_features(("kl_coef", "up"), base) == {("knob", "kl_coef"): 1.5}
+    # the moves themselves, inside their ranges
+    sample = lambda name: 0.123  # noqa: E731
+    for seed in range(20):
+        r = random.Random(seed)
+        assert 0.01 <= apply_move(base, ("kl_coef", "up"), r, sample)["hp"]["kl_coef"] <= 0.1
+        down = apply_move(base, ("kl_coef", "down"), r, sample)["hp"]["kl_coef"]
+        assert down == 0.0  # 0.001 / 10..100 is below the range: the anchor is dropped
+        hi = apply_move(base, ("clip_ratio_high", "up"), r, sample)["hp"]["clip_ratio_high"]
+        assert 0.21 <= hi <= 0.4
+        lo = apply_move(base, ("clip_ratio_low", "down"), r, sample)["hp"]["clip_ratio_low"]
+        assert 0.1 <= lo <= 0.19
+    ctl = apply_move(base, ("entropy_control", "adaptive"), random.Random(0), sample)
+    assert ctl["entropy_control"] == "adaptive" and ctl["hp"]["entropy_target"] == 0.123
+    agg = apply_move(base, ("loss_agg_mode", "seq-mean-token-mean"), random.Random(0), sample)
+    assert agg["hp"]["loss_agg_mode"] == "seq-mean-token-mean"
+
+
+def test_propose_learned_share_makes_the_favoured_move(archive):
+    """With ``[propose].learned`` the proposer makes the move the archive's evidence favours (and
+    says so), with the diagnosis off; ``learned = 0`` makes none; a share out of range is refused."""
+    import dataclasses
+
+    from engine.config import parse_config
+    from engine.errors import ConfigError
+    from engine.operators.proposers.offline import OfflineProposer
+
+    src = archive.algorithm("grpo")
+    record(archive, "grpo", {"overall": 0.50})
+    for name, overall, kl in (("kl-a", 0.53, 0.02), ("kl-b", 0.52, 0.01)):
+        archive.spawn(
+            "grpo",
+            name,
+            algorithm=src,
+            files={
+                "records/proposal.json": json.dumps(
+                    {"components": normalize({"hp": {"kl_coef": kl}})}
+                )
+            },
+        )
+        record(archive, name, {"overall": overall})
+    cfg = archive.config()
+
+    def offered(**propose):
+        c = dataclasses.replace(cfg, propose=dataclasses.replace(cfg.propose, **propose))
+        ctx = build_context(archive, "grpo", c, seed=0)
+        return [
+            p
+            for seed in range(3)
+            for p in OfflineProposer().propose(archive, "grpo", ctx, c, 4, seed)
+        ]
+
+    favoured = [p for p in offered(directed=0.0, learned=1.0) if "favours" in p.motivation]
+    assert len(favoured) >= 4
+    assert all("favours: kl_coef" in p.motivation for p in favoured)
+    ups = [p for p in favoured if "kl_coef up" in p.motivation]
+    assert ups and all(p.hyperparameters["kl_coef"] > 0.001 for p in ups)
+    assert not [p for p in offered(directed=0.0) if "favours" in p.motivation]
+    assert parse_config("[propose]\nlearned = 0.5\n").propose.learned == 0.5
+    with pytest.raises(ConfigError, match=r"\[propose\]\.learned must lie in \[0, 1\]"):
+        parse_config("[propose]\nlearned = -0.1\n")
