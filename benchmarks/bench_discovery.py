@@ -107,7 +107,7 @@ def loop_config(args) -> str | None:
         lines.append(f"remedies = {json.dumps(moves)}")
     if args.directed is not None:
         lines.append(f"directed = {args.directed}")
-    if getattr(args, "learned", None) is not None:
+    if args.learned is not None:
         lines.append(f"learned = {args.learned}")
     if not lines:
         return None

@@ -620,14 +620,28 @@ def test_offline_proposer_acts_on_the_parents_diagnosis(archive):
     assert kept and "against its entropy collapse" in kept[0].motivation
 
 
+def _offered_from_root(archive, **propose) -> list:
+    """The offline proposer's proposals for the root, over three seeds, with ``[propose]`` set to
+    ``propose``."""
+    import dataclasses
+
+    from engine.operators.proposers.offline import OfflineProposer
+
+    cfg = archive.config()
+    c = dataclasses.replace(cfg, propose=dataclasses.replace(cfg.propose, **propose))
+    ctx = build_context(archive, "grpo", c, seed=0)
+    return [
+        p for seed in range(3) for p in OfflineProposer().propose(archive, "grpo", ctx, c, 4, seed)
+    ]
+
+
 def test_propose_config_chooses_the_remedies_and_their_share(archive):
     """``[propose].remedies`` limits the remedies a diagnosis directs to, ``directed = 0`` turns the
     direction (and its prior) off, and a setting out of range or an unknown remedy is refused."""
-    import dataclasses
 
     from engine.config import REMEDY_MOVES, parse_config
     from engine.errors import ConfigError
-    from engine.operators.proposers.offline import REMEDIES, OfflineProposer
+    from engine.operators.proposers.offline import REMEDIES
 
     # every remedy a finding names is one the setting can name
     assert {m for moves in REMEDIES.values() for m in moves} <= set(REMEDY_MOVES)
@@ -637,22 +651,16 @@ def test_propose_config_chooses_the_remedies_and_their_share(archive):
         "train/entropy": [0.75, 0.44, 0.18, 0.17, 0.21, 0.19, 0.08, 0.15, 0.1],
     }
     record(archive, "grpo", {"metrics": {"overall": 0.5}, "trajectory": collapse})
-    cfg = archive.config()
 
-    def offered(**propose):
-        c = dataclasses.replace(cfg, propose=dataclasses.replace(cfg.propose, **propose))
-        ctx = build_context(archive, "grpo", c, seed=0)
-        return [
-            p
-            for seed in range(3)
-            for p in OfflineProposer().propose(archive, "grpo", ctx, c, 4, seed)
-        ]
-
-    only = [p for p in offered(remedies=("entropy_control",)) if "against" in p.motivation]
+    only = [
+        p
+        for p in _offered_from_root(archive, remedies=("entropy_control",))
+        if "against" in p.motivation
+    ]
     assert len(only) >= 4
     assert all("(against its entropy collapse: entropy_control)" in p.motivation for p in only)
-    assert not [p for p in offered(directed=0.0) if "against" in p.motivation]
-    every = [p for p in offered(directed=1.0) if not p.parents]
+    assert not [p for p in _offered_from_root(archive, directed=0.0) if "against" in p.motivation]
+    every = [p for p in _offered_from_root(archive, directed=1.0) if not p.parents]
     assert every and all("against its entropy collapse" in p.motivation for p in every)
 
     assert parse_config("[propose]\ndirected = 0.25\nremedies = ['kl']\n").propose.remedies == (
@@ -770,11 +778,9 @@ def test_learned_moves_follow_the_archive_evidence():
 def test_propose_learned_share_makes_the_favoured_move(archive):
     """With ``[propose].learned`` the proposer makes the move the archive's evidence favours (and
     says so), with the diagnosis off; ``learned = 0`` makes none; a share out of range is refused."""
-    import dataclasses
 
     from engine.config import parse_config
     from engine.errors import ConfigError
-    from engine.operators.proposers.offline import OfflineProposer
 
     src = archive.algorithm("grpo")
     record(archive, "grpo", {"overall": 0.50})
@@ -790,23 +796,17 @@ def test_propose_learned_share_makes_the_favoured_move(archive):
             },
         )
         record(archive, name, {"overall": overall})
-    cfg = archive.config()
 
-    def offered(**propose):
-        c = dataclasses.replace(cfg, propose=dataclasses.replace(cfg.propose, **propose))
-        ctx = build_context(archive, "grpo", c, seed=0)
-        return [
-            p
-            for seed in range(3)
-            for p in OfflineProposer().propose(archive, "grpo", ctx, c, 4, seed)
-        ]
-
-    favoured = [p for p in offered(directed=0.0, learned=1.0) if "favours" in p.motivation]
+    favoured = [
+        p
+        for p in _offered_from_root(archive, directed=0.0, learned=1.0)
+        if "favours" in p.motivation
+    ]
     assert len(favoured) >= 4
     assert all("favours: kl_coef" in p.motivation for p in favoured)
     ups = [p for p in favoured if "kl_coef up" in p.motivation]
     assert ups and all(p.hyperparameters["kl_coef"] > 0.001 for p in ups)
-    assert not [p for p in offered(directed=0.0) if "favours" in p.motivation]
+    assert not [p for p in _offered_from_root(archive, directed=0.0) if "favours" in p.motivation]
     assert parse_config("[propose]\nlearned = 0.5\n").propose.learned == 0.5
     with pytest.raises(ConfigError, match=r"\[propose\]\.learned must lie in \[0, 1\]"):
         parse_config("[propose]\nlearned = -0.1\n")

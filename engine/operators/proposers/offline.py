@@ -515,7 +515,7 @@ class OfflineProposer:
             applied = remedies_applied(spec, base, remedies)
             if applied:
                 what += f" (against its {' and '.join(treated)}: {', '.join(applied)})"
-            if favoured is not None and not extra:
+            if favoured is not None:  # a crossover has none
                 move, gain = favoured
                 what += (
                     f" (the move the archive's evidence favours: {' '.join(move)}, a sampled gain "
