@@ -1,7 +1,8 @@
 """Test helper: record a typed proxy result on a node from a plain dict (as the old untyped writer took).
 
 ``record(archive, node, {"overall": 0.5})`` or ``record(archive, node, {"metrics": {...},
-"intervals": {...}, "trajectory": {...}, "mlflow_run_ids": [...], "status": "failed", "reason": ...})``
+"intervals": {...}, "trajectory": {...}, "mlflow_run_ids": [...], "per_seed": [{"seed": 0, "metrics":
+{...}}, ...], "status": "failed", "reason": ...})``
 records under ``proxy/<preset>`` at the current proxy protocol hash, so selection, reflection and the
 report compare it like a real evaluation."""
 
@@ -31,6 +32,7 @@ def proxy_result(payload: Mapping[str, Any], preset: str = "default") -> Evaluat
         reason=get("reason") or ("" if status == "evaluated" else "failed"),
         trajectory=dict(get("trajectory") or {}),
         mlflow_run_ids=tuple(get("mlflow_run_ids") or ()),
+        per_seed=tuple(get("per_seed") or ()),
         recorded_at=now(),
     )
 

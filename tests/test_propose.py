@@ -702,18 +702,21 @@ def test_offline_crossover_is_the_same_in_every_process():
 
 
 def test_learned_moves_follow_the_archive_evidence():
-    """The move fit reads knob moves (in decades for a coefficient) as well as option switches, a
-    Thompson draw favours the move that raised utility where it was made, and a move whose features
-    the archive never observed is never chosen: nothing names a remedy."""
+    """The move fit reads knob moves (in decades for a coefficient) as well as option switches and
+    weights each observation by its paired seeds' spread; the learned direction makes a move only
+    where its posterior probability of a gain is high, never a move the archive has not observed,
+    and leaves a knob whose effect is near zero where it is: nothing names a remedy."""
     import random
 
     from engine.operators.proposers.moves import (
+        CONFIDENCE,
         apply_move,
         candidate_moves,
         features,
         fit_moves,
         learned_move,
         move_features,
+        observation_sd,
     )
     from engine.operators.proposers.offline import expected_gain
 
@@ -723,6 +726,11 @@ def test_learned_moves_follow_the_archive_evidence():
         ("scale", "none"): 1.0,
         ("knob", "clip_ratio_high"): 1.0,
     }
+    # the measurement noise: a tight paired difference is a precise observation, a spread one is not
+    par = {s: 0.5 + 0.03 * (s % 3) for s in range(6)}
+    tight = observation_sd({s: v + 0.02 for s, v in par.items()}, par)
+    loose = observation_sd({s: v + (0.1 if s % 2 else -0.06) for s, v in par.items()}, par)
+    assert tight < observation_sd({0: 0.52}, {0: 0.5}) and tight < loose
 
     ev = {
         e.name: e
@@ -733,6 +741,8 @@ def test_learned_moves_follow_the_archive_evidence():
             _evidence("kl-a-2", "kl-a", 0.53, hp={"kl_coef": 0.05}),
             _evidence("annealed", "grpo", 0.49, entropy_control="annealed"),
             _evidence("scale", "grpo", 0.495, scale="none"),
+            _evidence("ent-up", "grpo", 0.502, hp={"entropy_coef": 0.01}),
+            _evidence("ent-down", "ent-up", 0.499, hp={"entropy_coef": 0.0001}),
             _evidence("pending", "grpo", None, baseline="loo"),
         )
     }
@@ -740,13 +750,21 @@ def test_learned_moves_follow_the_archive_evidence():
     means = dict(zip(fit.names, fit.mean))
     assert means[("knob", "kl_coef")] > 0.005 > 0 > means[("entropy_control", "annealed")]
     assert fit.seen[("knob", "kl_coef")] == 3 and ("baseline", "loo") not in means
+    up, down = (move_features(("kl_coef", m), base) for m in ("up", "down"))
+    assert fit.probability(up) > CONFIDENCE > 1 - CONFIDENCE > fit.probability(down)
+    ent = normalize({"hp": {"entropy_coef": 0.001}})
+    assert 1 - CONFIDENCE < fit.probability(move_features(("entropy_coef", "up"), ent)) < CONFIDENCE
     rng = random.Random(0)
     drawn = [learned_move(fit, base, rng) for _ in range(60)]
-    moves = [d[0] for d in drawn if d is not None]
-    assert all(d is None or d[1] > 0 for d in drawn)
+    assert all(d is not None and d[2] >= CONFIDENCE and d[1] > 0 for d in drawn)
+    moves = [d[0] for d in drawn]
     assert moves.count(("kl_coef", "up")) > len(drawn) / 2
-    observed = {("kl_coef", "up"), ("kl_coef", "down"), ("entropy_control", "annealed")}
-    assert set(moves) <= observed | {("scale", "none")}  # never an unobserved option
+    assert not {m for m in moves if m[0] == "entropy_coef"}  # near zero: left where it is
+    observed = {("kl_coef", "up"), ("entropy_control", "annealed"), ("scale", "none")}
+    assert set(moves) <= observed  # never an unobserved option
+    # an archive with only a near-zero knob offers no confident move: the mutation is the usual one
+    flat = {k: ev[k] for k in ("grpo", "ent-up", "ent-down")}
+    assert all(learned_move(fit_moves(flat), ent, rng) is None for _ in range(20))
     assert ("baseline", "loo") in candidate_moves(base)
     assert fit_moves({"grpo": ev["grpo"]}) is None
     # its posterior mean ranks a proposal: a kl move above an annealed controller
@@ -781,10 +799,18 @@ def test_propose_learned_share_makes_the_favoured_move(archive):
 
     from engine.config import parse_config
     from engine.errors import ConfigError
+    from engine.operators.proposers.offline import archive_evidence
+
+    def per_seed(means):
+        rows = [{"seed": s, "metrics": {"overall": m}} for s, m in enumerate(means)]
+        return {"metrics": {"overall": sum(means) / 3}, "seeds": [0, 1, 2], "per_seed": rows}
 
     src = archive.algorithm("grpo")
-    record(archive, "grpo", {"overall": 0.50})
-    for name, overall, kl in (("kl-a", 0.53, 0.02), ("kl-b", 0.52, 0.01)):
+    record(archive, "grpo", per_seed([0.49, 0.50, 0.51]))
+    for name, gains, kl in (
+        ("kl-a", (0.03, 0.028, 0.032), 0.02),
+        ("kl-b", (0.02, 0.018, 0.022), 0.01),
+    ):
         archive.spawn(
             "grpo",
             name,
@@ -795,7 +821,10 @@ def test_propose_learned_share_makes_the_favoured_move(archive):
                 )
             },
         )
-        record(archive, name, {"overall": overall})
+        record(archive, name, per_seed([u + g for u, g in zip((0.49, 0.50, 0.51), gains)]))
+    ev = archive_evidence(archive, archive.config())
+    assert ev["grpo"].seeds == {0: 0.49, 1: 0.50, 2: 0.51}  # the fit's measurement noise
+    assert ev["kl-a"].seeds == pytest.approx({0: 0.52, 1: 0.528, 2: 0.542})
 
     favoured = [
         p

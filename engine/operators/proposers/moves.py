@@ -5,12 +5,18 @@ to an option, switch the loss aggregation, or push one loss knob up or down (the
 the entropy bonus, the upper and lower clip bounds). Every evaluated node that changed its own parent
 is one observation of the moves it made: its utility change over that parent, explained as a linear
 model over *features* of the change, an indicator per option it introduced and, per knob, how far it
-moved (in decades for the two coefficients, in tenths for the clip bounds). The fit is Bayesian ridge
-regression, so an effect seen once is shrunk and carries its uncertainty.
+moved (in decades for the two coefficients, in tenths for the clip bounds). The fit is Bayesian
+linear regression with a Gaussian prior on every effect (:data:`EFFECT_SD`), so an effect seen once
+is shrunk and carries its uncertainty. Each observation is weighted by its own measurement noise: the
+spread of its paired seeds' differences to its parent (:data:`SEED_SD` is that spread's prior), plus
+what a linear model of the effects misses (:data:`MODEL_SD`); a collapse is thus one precise
+observation of its cause, and does not widen the uncertainty of every other effect.
 
-:func:`learned_move` draws one weight vector from that posterior (Thompson sampling) and returns the
-move with the largest predicted gain among the moves whose features the archive has observed, when
-that gain is positive. Nothing here names a remedy: which moves help is what the archive has measured.
+:func:`learned_move` makes a move only where the evidence favours it with confidence: among the moves
+whose features the archive has observed, those whose posterior probability of a gain reaches
+:data:`CONFIDENCE` are eligible, and one draw from the posterior (Thompson sampling) picks among them.
+A knob whose effect is near zero is left where it is, in either direction. Nothing here names a
+remedy: which moves help is what the archive has measured.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from engine.errors import PoiseError
@@ -32,11 +39,20 @@ KNOBS: dict[str, float | None] = {
 }
 """the loss knobs a move pushes, and the unit of their feature: None for decades (a log-scale
 coefficient; 0 counts as the range's lower end), a number for a linear step of that size"""
-PRIOR = 0.5
-"""the posterior's prior precision per feature, in units of one observation (:data:`offline.RIDGE`)"""
-NOISE = (0.015, 4)
-"""the residual noise's prior: a standard deviation (utility units; the default protocol's paired
-difference at 6 seeds is about this) worth this many observations, pooled with the fit's residuals"""
+EFFECT_SD = 0.01
+"""the prior standard deviation of every effect (utility per option switched, per decade of a
+coefficient, per tenth of a clip bound): the published mechanisms' effects on the default protocol lie
+within about twice this (calibration.md); a collapse, far outside it, is measured precisely enough to
+outweigh it"""
+SEED_SD = (0.02, 4)
+"""the prior of one seed's paired difference spread (utility units; the default protocol's paired
+differences spread about this much per seed), worth this many seeds, pooled with the observed spread"""
+MODEL_SD = 0.005
+"""added to every observation's noise: what a linear, additive model of the effects cannot explain
+(interactions between the moves a lineage stacks), so that many seeds never make one observation
+certain"""
+CONFIDENCE = 0.8
+"""the posterior probability of a gain a move needs before the learned direction makes it"""
 STEP = 1.5
 """decades a coefficient move is expected to travel (:data:`STRONGER`: one to two)"""
 STRONGER = (10.0, 100.0)
@@ -96,15 +112,39 @@ class MoveFit:
     names: tuple[tuple[str, str], ...]
     mean: tuple[float, ...]
     cov: tuple[tuple[float, ...], ...]
-    """the posterior covariance (noise variance times the inverse precision)"""
+    """the posterior covariance"""
     seen: dict[tuple[str, str], int]
     """how many observations each feature appears in"""
-    noise: float
+    noise: tuple[float, ...]
+    """each observation's noise standard deviation (measurement and model), in fit order"""
+
+    @cached_property
+    def index(self) -> dict[tuple[str, str], int]:
+        return {n: i for i, n in enumerate(self.names)}
 
     def effect(self, feats: dict[tuple[str, str], float]) -> float:
         """The posterior mean of a change's effect (unobserved features count 0)."""
-        idx = {n: i for i, n in enumerate(self.names)}
-        return sum(self.mean[idx[f]] * x for f, x in feats.items() if f in idx)
+        return sum(self.mean[self.index[f]] * x for f, x in feats.items() if f in self.index)
+
+    def gain(self, feats: dict[tuple[str, str], float]) -> tuple[float, float] | None:
+        """(posterior mean, posterior standard deviation) of a change's effect; None when the change
+        has a feature the archive never observed."""
+        if not all(f in self.index for f in feats):
+            return None
+        ix = [(self.index[f], x) for f, x in feats.items()]
+        mean = sum(self.mean[i] * x for i, x in ix)
+        var = sum(self.cov[i][j] * x * y for i, x in ix for j, y in ix)
+        return mean, math.sqrt(max(var, 0.0))
+
+    def probability(self, feats: dict[tuple[str, str], float]) -> float | None:
+        """The posterior probability that a change gains utility; None as :meth:`gain`."""
+        g = self.gain(feats)
+        if g is None:
+            return None
+        mean, sd = g
+        if sd == 0.0:
+            return 1.0 if mean > 0 else 0.0
+        return 0.5 * (1.0 + math.erf(mean / (sd * math.sqrt(2.0))))
 
 
 def _spec(components) -> dict[str, Any] | None:
@@ -114,11 +154,28 @@ def _spec(components) -> dict[str, Any] | None:
         return None
 
 
+def observation_sd(child: dict[int, float] | None, parent: dict[int, float] | None) -> float:
+    """The noise standard deviation of one observation: the standard error of the mean paired
+    difference over the seeds child and parent share (their spread pooled with :data:`SEED_SD`; one
+    seed's worth when they share fewer than two), with :data:`MODEL_SD` added in quadrature."""
+    common = sorted(set(child or {}) & set(parent or {}))
+    n = len(common)
+    s0, k = SEED_SD
+    if n < 2:
+        return math.sqrt(s0**2 + MODEL_SD**2)
+    d = [child[s] - parent[s] for s in common]
+    m = sum(d) / n
+    ss = sum((v - m) ** 2 for v in d)
+    per_seed = (ss + k * s0**2) / (n - 1 + k)
+    return math.sqrt(per_seed / n + MODEL_SD**2)
+
+
 def fit_moves(evidence: dict) -> MoveFit | None:
     """The posterior over the features' effects, from every evaluated node with a readable spec whose
     (first) parent is evaluated (a parent without recorded components counts as the default spec);
-    None when the archive has no such node."""
-    rows: list[tuple[dict[tuple[str, str], float], float]] = []
+    None when the archive has no such node. Each observation is weighted by :func:`observation_sd`
+    of its recorded per-seed utilities."""
+    rows: list[tuple[dict[tuple[str, str], float], float, float]] = []
     for ev in evidence.values():
         par = evidence.get(ev.parent) if ev.parent else None
         if ev.utility is None or ev.components is None or par is None or par.utility is None:
@@ -128,30 +185,29 @@ def fit_moves(evidence: dict) -> MoveFit | None:
             continue
         feats = features(mine, theirs)
         if feats:
-            rows.append((feats, ev.utility - par.utility))
+            rows.append((feats, ev.utility - par.utility, observation_sd(ev.seeds, par.seeds)))
     if not rows:
         return None
     import numpy as np  # lazy: only this path needs it (optuna brings it)
 
-    names = sorted({f for feats, _ in rows for f in feats})
+    names = sorted({f for feats, _, _ in rows for f in feats})
     col = {f: i for i, f in enumerate(names)}
     x = np.zeros((len(rows), len(names)))
-    y = np.array([d for _, d in rows])
-    for r, (feats, _) in enumerate(rows):
+    y = np.array([d for _, d, _ in rows])
+    sd = np.array([s for _, _, s in rows])
+    for r, (feats, _, _) in enumerate(rows):
         for f, v in feats.items():
             x[r, col[f]] = v
-    inv = np.linalg.inv(x.T @ x + PRIOR * np.eye(len(names)))
-    w = inv @ x.T @ y
-    resid = y - x @ w
-    dof = max(len(rows) - len(names), 0)
-    noise = math.sqrt((float(resid @ resid) + NOISE[1] * NOISE[0] ** 2) / (dof + NOISE[1]))
-    seen = {f: sum(1 for feats, _ in rows if f in feats) for f in names}
+    xw = x / sd[:, None] ** 2
+    cov = np.linalg.inv(xw.T @ x + np.eye(len(names)) / EFFECT_SD**2)
+    w = cov @ xw.T @ y
+    seen = {f: sum(1 for feats, _, _ in rows if f in feats) for f in names}
     return MoveFit(
         tuple(names),
         tuple(float(v) for v in w),
-        tuple(tuple(float(v) for v in row) for row in noise**2 * inv),
+        tuple(tuple(float(v) for v in row) for row in cov),
         seen,
-        noise,
+        tuple(float(v) for v in sd),
     )
 
 
@@ -189,8 +245,10 @@ def move_features(move: tuple[str, str], base: dict[str, Any]) -> dict[tuple[str
 
 
 def learned_move(fit: MoveFit | None, base: dict[str, Any], rng: random.Random):
-    """(move, its sampled gain) with the largest gain under one draw from the posterior, among the
-    moves whose features the archive has observed; None without a fit or a positive gain."""
+    """(move, its posterior mean gain, its posterior probability of a gain) for the move with the
+    largest gain under one draw from the posterior, among the moves whose features the archive has
+    observed and whose probability of a gain reaches :data:`CONFIDENCE`; None without a fit or such
+    a move."""
     if fit is None:
         return None
     import numpy as np  # lazy: only this path needs it (optuna brings it)
@@ -198,16 +256,16 @@ def learned_move(fit: MoveFit | None, base: dict[str, Any], rng: random.Random):
     w = np.random.default_rng(rng.randrange(2**32)).multivariate_normal(
         np.array(fit.mean), np.array(fit.cov), method="eigh"
     )
-    idx = {n: i for i, n in enumerate(fit.names)}
     best = None
     for move in candidate_moves(base):
         feats = move_features(move, base)
-        if not all(f in idx for f in feats):
+        p = fit.probability(feats)
+        if p is None or p < CONFIDENCE:
             continue
-        gain = float(sum(w[idx[f]] * x for f, x in feats.items()))
-        if gain > 0 and (best is None or gain > best[1]):
-            best = (move, gain)
-    return best
+        drawn = float(sum(w[fit.index[f]] * x for f, x in feats.items()))
+        if best is None or drawn > best[0]:
+            best = (drawn, move, fit.effect(feats), p)
+    return None if best is None else best[1:]
 
 
 def apply_move(base: dict[str, Any], move: tuple[str, str], rng: random.Random, sample) -> dict:

@@ -54,6 +54,7 @@ from engine.operators.proposers.moves import (
     stronger,
 )
 from engine.operators.reflect import trajectory_diagnostics
+from engine.select.objective import seed_utilities
 from trainer_template.interface import LOSS_AGG_MODES
 
 MUTABLE = tuple(OPTIONS) + LOSS_KNOBS
@@ -226,6 +227,9 @@ class Evidence:
     """its recorded component spec (None: not written by the component catalog)"""
     pending: bool = False
     """verified or under evaluation, no result yet: what it introduced is being tried"""
+    seeds: dict[int, float] | None = None
+    """seed -> utility at that seed, where its result recorded per-seed rows (the learned
+    direction's measurement noise, :func:`~engine.operators.proposers.moves.observation_sd`)"""
 
 
 PENDING = ("verified", "evaluating")
@@ -251,7 +255,15 @@ def archive_evidence(archive, cfg) -> dict[str, Evidence]:
         except (ValueError, AttributeError):
             comps[n] = None
     return {
-        n: Evidence(n, x.parent, u[n], comps.get(n) or None, n in pending) for n, x in nodes.items()
+        n: Evidence(
+            n,
+            x.parent,
+            u[n],
+            comps.get(n) or None,
+            n in pending,
+            seed_utilities(x.result, cfg.experiment) if u[n] is not None else None,
+        )
+        for n, x in nodes.items()
     }
 
 
@@ -516,10 +528,10 @@ class OfflineProposer:
             if applied:
                 what += f" (against its {' and '.join(treated)}: {', '.join(applied)})"
             if favoured is not None:  # a crossover has none
-                move, gain = favoured
+                move, gain, p = favoured
                 what += (
-                    f" (the move the archive's evidence favours: {' '.join(move)}, a sampled gain "
-                    f"of {gain:+.4f})"
+                    f" (the move the archive's evidence favours: {' '.join(move)}, an expected gain "
+                    f"of {gain:+.4f}, probability {p:.2f})"
                 )
             out.append(
                 Proposal(
