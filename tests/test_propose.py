@@ -750,6 +750,11 @@ def test_learned_moves_follow_the_archive_evidence():
     means = dict(zip(fit.names, fit.mean))
     assert means[("knob", "kl_coef")] > 0.005 > 0 > means[("entropy_control", "annealed")]
     assert fit.seen[("knob", "kl_coef")] == 3 and ("baseline", "loo") not in means
+    # a collapsed child charges its cause and leaves every other effect's uncertainty as it was
+    collapsed = fit_moves({**ev, "bayes": _evidence("bayes", "grpo", 0.25, baseline="valid_bayes")})
+    k, c = fit.names.index(("knob", "kl_coef")), collapsed.names.index(("knob", "kl_coef"))
+    assert collapsed.cov[c][c] == pytest.approx(fit.cov[k][k])
+    assert dict(zip(collapsed.names, collapsed.mean))[("baseline", "valid_bayes")] < -0.01
     up, down = (move_features(("kl_coef", m), base) for m in ("up", "down"))
     assert fit.probability(up) > CONFIDENCE > 1 - CONFIDENCE > fit.probability(down)
     ent = normalize({"hp": {"entropy_coef": 0.001}})
