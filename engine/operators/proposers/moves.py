@@ -9,8 +9,8 @@ moved (in decades for the two coefficients, in tenths for the clip bounds). The 
 linear regression with a Gaussian prior on every effect (:data:`EFFECT_SD`), so an effect seen once
 is shrunk and carries its uncertainty. Each observation is weighted by its own measurement noise: the
 spread of its paired seeds' differences to its parent (:data:`SEED_SD` is that spread's prior), plus
-what a linear model of the effects misses (:data:`MODEL_SD`); a collapse is thus one precise
-observation of its cause, and does not widen the uncertainty of every other effect.
+what a linear model of the effects misses (:data:`MODEL_SD`); a collapse is thus one observation
+of its cause, and does not widen the uncertainty of every other effect.
 
 :func:`learned_move` makes a move only where the evidence favours it with confidence: among the moves
 whose features the archive has observed, those whose posterior probability of a gain reaches
@@ -42,8 +42,9 @@ coefficient; 0 counts as the range's lower end), a number for a linear step of t
 EFFECT_SD = 0.01
 """the prior standard deviation of every effect (utility per option switched, per decade of a
 coefficient, per tenth of a clip bound): the published mechanisms' effects on the default protocol lie
-within about twice this (calibration.md); a collapse, far outside it, is measured precisely enough to
-outweigh it"""
+within about twice this (calibration.md). A collapse lies far outside it and is shrunk toward it (a
+-0.26 collapse measured at +-0.03 is charged -0.025), yet it stays the archive's most confidently
+negative effect, which is what the direction and the ranking read"""
 SEED_SD = (0.02, 4)
 """the prior of one seed's paired difference spread (utility units; the default protocol's paired
 differences spread about this much per seed), worth this many seeds, pooled with the observed spread"""
