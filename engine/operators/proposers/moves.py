@@ -116,8 +116,6 @@ class MoveFit:
     """the posterior covariance"""
     seen: dict[tuple[str, str], int]
     """how many observations each feature appears in"""
-    noise: tuple[float, ...]
-    """each observation's noise standard deviation (measurement and model), in fit order"""
 
     @cached_property
     def index(self) -> dict[tuple[str, str], int]:
@@ -140,12 +138,14 @@ class MoveFit:
     def probability(self, feats: dict[tuple[str, str], float]) -> float | None:
         """The posterior probability that a change gains utility; None as :meth:`gain`."""
         g = self.gain(feats)
-        if g is None:
-            return None
-        mean, sd = g
-        if sd == 0.0:
-            return 1.0 if mean > 0 else 0.0
-        return 0.5 * (1.0 + math.erf(mean / (sd * math.sqrt(2.0))))
+        return None if g is None else _above_zero(*g)
+
+
+def _above_zero(mean: float, sd: float) -> float:
+    """P(X > 0) for X ~ Normal(mean, sd**2)."""
+    if sd == 0.0:
+        return 1.0 if mean > 0 else 0.0
+    return 0.5 * (1.0 + math.erf(mean / (sd * math.sqrt(2.0))))
 
 
 def _spec(components) -> dict[str, Any] | None:
@@ -208,7 +208,6 @@ def fit_moves(evidence: dict) -> MoveFit | None:
         tuple(float(v) for v in w),
         tuple(tuple(float(v) for v in row) for row in cov),
         seen,
-        tuple(float(v) for v in sd),
     )
 
 
@@ -260,12 +259,12 @@ def learned_move(fit: MoveFit | None, base: dict[str, Any], rng: random.Random):
     best = None
     for move in candidate_moves(base):
         feats = move_features(move, base)
-        p = fit.probability(feats)
-        if p is None or p < CONFIDENCE:
+        g = fit.gain(feats)
+        if g is None or (p := _above_zero(*g)) < CONFIDENCE:
             continue
         drawn = float(sum(w[fit.index[f]] * x for f, x in feats.items()))
         if best is None or drawn > best[0]:
-            best = (drawn, move, fit.effect(feats), p)
+            best = (drawn, move, g[0], p)
     return None if best is None else best[1:]
 
 
