@@ -97,8 +97,9 @@ def summarize(runs: dict) -> dict:
 
 def loop_config(args) -> str | None:
     """The loop archive's poise.toml: the default one, with ``--remedies`` / ``--directed`` (an
-    ablation of the proposer's diagnosis) and ``--learned`` (its direction by the archive's evidence)
-    written into ``[propose]``; None when none is given."""
+    ablation of the proposer's diagnosis), ``--learned`` (its direction by the archive's evidence) and
+    ``--explore`` (that direction's untried moves) written into ``[propose]``; None when none is
+    given."""
     from engine.config import DEFAULT_TOML
 
     lines = []
@@ -109,6 +110,8 @@ def loop_config(args) -> str | None:
         lines.append(f"directed = {args.directed}")
     if args.learned is not None:
         lines.append(f"learned = {args.learned}")
+    if args.explore:
+        lines.append("explore = true")
     if not lines:
         return None
     return DEFAULT_TOML.replace("[propose]\n", "[propose]\n" + "\n".join(lines) + "\n", 1)
@@ -276,6 +279,12 @@ def main() -> None:
         default=None,
         help="loop: the share of mutations that make the move the archive's evidence favours "
         "([propose].learned; default 0, off)",
+    )
+    ap.add_argument(
+        "--explore",
+        action="store_true",
+        help="loop, with --learned: where no move is favoured with confidence, make the untried "
+        "move the prior is least sure of ([propose].explore; default off)",
     )
     ap.add_argument("--workdir", default=str(ROOT / ".cache" / "discovery"))
     ap.add_argument(

@@ -107,6 +107,9 @@ class ProposeConfig:
     learned: float = 0.0
     """offline proposer: the share of mutations that make the move the archive's evidence favours
     (engine.operators.proposers.moves; 0: off)"""
+    explore: bool = False
+    """offline proposer, with ``learned`` on: where no move is favoured with confidence, make the
+    untried move the prior is least sure of instead of the usual mutation"""
 
 
 @dataclass(frozen=True)

@@ -710,6 +710,7 @@ def test_learned_moves_follow_the_archive_evidence():
 
     from engine.operators.proposers.moves import (
         CONFIDENCE,
+        EFFECT_SD,
         apply_move,
         candidate_moves,
         features,
@@ -717,6 +718,7 @@ def test_learned_moves_follow_the_archive_evidence():
         learned_move,
         move_features,
         observation_sd,
+        prior_gain,
     )
     from engine.operators.proposers.offline import expected_gain
 
@@ -761,8 +763,9 @@ def test_learned_moves_follow_the_archive_evidence():
     assert 1 - CONFIDENCE < fit.probability(move_features(("entropy_coef", "up"), ent)) < CONFIDENCE
     rng = random.Random(0)
     drawn = [learned_move(fit, base, rng) for _ in range(60)]
-    assert all(d is not None and d[2] >= CONFIDENCE and d[1] > 0 for d in drawn)
-    moves = [d[0] for d in drawn]
+    assert all(d is not None and d.probability >= CONFIDENCE and d.gain > 0 for d in drawn)
+    assert not any(d.explored for d in drawn)
+    moves = [d.move for d in drawn]
     assert moves.count(("kl_coef", "up")) > len(drawn) / 2
     assert not {m for m in moves if m[0] == "entropy_coef"}  # near zero: left where it is
     observed = {("kl_coef", "up"), ("entropy_control", "annealed"), ("scale", "none")}
@@ -770,6 +773,21 @@ def test_learned_moves_follow_the_archive_evidence():
     # an archive with only a near-zero knob offers no confident move: the mutation is the usual one
     flat = {k: ev[k] for k in ("grpo", "ent-up", "ent-down")}
     assert all(learned_move(fit_moves(flat), ent, rng) is None for _ in range(20))
+    # ... unless it explores: then it tries what nobody tried, the widest prior spread first (a
+    # coefficient pushed 1.5 decades before an option switch), never the observed entropy knob
+    tried = [learned_move(fit_moves(flat), ent, rng, explore=True) for _ in range(40)]
+    assert all(d.explored and d.gain == 0.0 and d.probability == 0.5 for d in tried)
+    assert {d.move for d in tried} == {("kl_coef", "up")}
+    assert tried[0].spread == pytest.approx(1.5 * EFFECT_SD)
+    first = {learned_move(None, base, rng, explore=True).move for _ in range(60)}
+    assert first == {("kl_coef", "up"), ("entropy_coef", "up")}  # nothing observed: both tie
+    # an untried move with an observed part: that part's posterior, the rest at the prior
+    mixed = {("knob", "kl_coef"): 1.0, ("baseline", "loo"): 1.0}
+    m, sd = prior_gain(fit, mixed)
+    k_mean, k_sd = fit.gain({("knob", "kl_coef"): 1.0})
+    assert m == pytest.approx(k_mean) and sd == pytest.approx((k_sd**2 + EFFECT_SD**2) ** 0.5)
+    # confident moves come first; exploring changes nothing where one exists
+    assert not any(learned_move(fit, base, rng, explore=True).explored for _ in range(20))
     assert ("baseline", "loo") in candidate_moves(base)
     assert fit_moves({"grpo": ev["grpo"]}) is None
     # its posterior mean ranks a proposal: a kl move above an annealed controller
@@ -800,7 +818,8 @@ def test_learned_moves_follow_the_archive_evidence():
 
 def test_propose_learned_share_makes_the_favoured_move(archive):
     """With ``[propose].learned`` the proposer makes the move the archive's evidence favours (and
-    says so), with the diagnosis off; ``learned = 0`` makes none; a share out of range is refused."""
+    says so), with the diagnosis off; with ``explore`` and nothing favoured it makes an untried move
+    (and says so); ``learned = 0`` makes none; a share out of range is refused."""
 
     from engine.config import parse_config
     from engine.errors import ConfigError
@@ -812,6 +831,21 @@ def test_propose_learned_share_makes_the_favoured_move(archive):
 
     src = archive.algorithm("grpo")
     record(archive, "grpo", per_seed([0.49, 0.50, 0.51]))
+    # nothing observed yet: no move is favoured; exploring, it tries the widest untried moves
+    assert not [
+        p for p in _offered_from_root(archive, directed=0.0, learned=1.0) if "move" in p.motivation
+    ]
+    explored = [
+        p
+        for p in _offered_from_root(archive, directed=0.0, learned=1.0, explore=True)
+        if "untried move" in p.motivation
+    ]
+    assert len(explored) >= 4
+    assert {p.motivation.split("judge yet: ")[1].split(",")[0] for p in explored} <= {
+        "kl_coef up",
+        "entropy_coef up",
+    }
+    assert all("+- 0.0150 under the prior" in p.motivation for p in explored)
     for name, gains, kl in (
         ("kl-a", (0.03, 0.028, 0.032), 0.02),
         ("kl-b", (0.02, 0.018, 0.022), 0.01),

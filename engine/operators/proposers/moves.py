@@ -15,8 +15,13 @@ of its cause, and does not widen the uncertainty of every other effect.
 :func:`learned_move` makes a move only where the evidence favours it with confidence: among the moves
 whose features the archive has observed, those whose posterior probability of a gain reaches
 :data:`CONFIDENCE` are eligible, and one draw from the posterior (Thompson sampling) picks among them.
-A knob whose effect is near zero is left where it is, in either direction. Nothing here names a
-remedy: which moves help is what the archive has measured.
+A knob whose effect is near zero is left where it is, in either direction. With ``explore`` and no
+confident move, it tries a move the archive has never observed instead: the untried move whose gain
+the prior is least sure of (the widest prior spread: a coefficient pushed :data:`STEP` decades before
+an option switch, before a clip bound nudged), ties drawn at random. Confidence alone only exploits
+what a uniform mutation happened to try; this reaches the moves nobody tried. Nothing here names a
+remedy: which moves help is what the archive has measured, and which to try first is what its prior
+is least sure of.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import math
 import random
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 from engine.errors import PoiseError
 from engine.operators.proposers.codegen import CONTINUOUS, OPTIONS, normalize, owns
@@ -244,28 +249,63 @@ def move_features(move: tuple[str, str], base: dict[str, Any]) -> dict[tuple[str
     return {("knob", what): end - now}
 
 
-def learned_move(fit: MoveFit | None, base: dict[str, Any], rng: random.Random):
-    """(move, its posterior mean gain, its posterior probability of a gain) for the move with the
-    largest gain under one draw from the posterior, among the moves whose features the archive has
-    observed and whose probability of a gain reaches :data:`CONFIDENCE`; None without a fit or such
-    a move."""
-    if fit is None:
-        return None
-    import numpy as np  # lazy: only this path needs it (optuna brings it)
+class Favoured(NamedTuple):
+    """A move the learned direction makes, and why."""
 
-    w = np.random.default_rng(rng.randrange(2**32)).multivariate_normal(
-        np.array(fit.mean), np.array(fit.cov), method="eigh"
-    )
+    move: tuple[str, str]
+    gain: float
+    """its posterior mean gain (an untried move: the part its observed features explain, else 0)"""
+    spread: float
+    """its posterior standard deviation (an untried move: its unobserved features at the prior)"""
+    probability: float
+    """its posterior probability of a gain"""
+    explored: bool = False
+    """an untried move (``explore``), made for what the archive would learn, not for its gain"""
+
+
+def prior_gain(fit: MoveFit | None, feats: dict[tuple[str, str], float]) -> tuple[float, float]:
+    """(mean, standard deviation) of a change's gain with every feature ``fit`` never observed at its
+    prior (mean 0, :data:`EFFECT_SD` per unit), independent of the observed ones."""
+    seen = {f: x for f, x in feats.items() if fit is not None and f in fit.index}
+    mean, sd = fit.gain(seen) if seen else (0.0, 0.0)
+    unseen = sum((EFFECT_SD * x) ** 2 for f, x in feats.items() if f not in seen)
+    return mean, math.sqrt(sd**2 + unseen)
+
+
+def learned_move(
+    fit: MoveFit | None, base: dict[str, Any], rng: random.Random, explore: bool = False
+) -> Favoured | None:
+    """The move with the largest gain under one draw from the posterior, among the moves whose
+    features the archive has observed and whose probability of a gain reaches :data:`CONFIDENCE`.
+    With none such: None, or with ``explore`` the untried move (a feature the archive never observed)
+    with the widest :func:`prior_gain` spread, ties drawn at random (None when every move was tried)."""
     best = None
+    if fit is not None:
+        import numpy as np  # lazy: only this path needs it (optuna brings it)
+
+        w = np.random.default_rng(rng.randrange(2**32)).multivariate_normal(
+            np.array(fit.mean), np.array(fit.cov), method="eigh"
+        )
+        for move in candidate_moves(base):
+            feats = move_features(move, base)
+            g = fit.gain(feats)
+            if g is None or (p := _above_zero(*g)) < CONFIDENCE:
+                continue
+            drawn = float(sum(w[fit.index[f]] * x for f, x in feats.items()))
+            if best is None or drawn > best[0]:
+                best = (drawn, Favoured(move, g[0], g[1], p))
+    if best is not None or not explore:
+        return None if best is None else best[1]
+    untried = []
     for move in candidate_moves(base):
         feats = move_features(move, base)
-        g = fit.gain(feats)
-        if g is None or (p := _above_zero(*g)) < CONFIDENCE:
-            continue
-        drawn = float(sum(w[fit.index[f]] * x for f, x in feats.items()))
-        if best is None or drawn > best[0]:
-            best = (drawn, move, g[0], p)
-    return None if best is None else best[1:]
+        if fit is None or not all(f in fit.index for f in feats):
+            untried.append((move, *prior_gain(fit, feats)))
+    if not untried:
+        return None
+    widest = max(sd for _, _, sd in untried)
+    move, mean, sd = rng.choice([u for u in untried if u[2] >= widest - 1e-12])
+    return Favoured(move, mean, sd, _above_zero(mean, sd), explored=True)
 
 
 def apply_move(base: dict[str, Any], move: tuple[str, str], rng: random.Random, sample) -> dict:

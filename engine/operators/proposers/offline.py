@@ -476,9 +476,9 @@ class OfflineProposer:
             else:
                 extra, favoured = (), None
                 if learned > 0 and rng.random() < learned:
-                    favoured = learned_move(fit, base, rng)
+                    favoured = learned_move(fit, base, rng, cfg.propose.explore)
                 if favoured is not None:
-                    spec, what = apply_move(base, favoured[0], rng, sample), ""
+                    spec, what = apply_move(base, favoured.move, rng, sample), ""
                 else:
                     spec, what = self._mutate(base, rng, sample, remedies, directed), ""
             spec = normalize(spec)
@@ -527,11 +527,16 @@ class OfflineProposer:
             applied = remedies_applied(spec, base, remedies)
             if applied:
                 what += f" (against its {' and '.join(treated)}: {', '.join(applied)})"
-            if favoured is not None:  # a crossover has none
-                move, gain, p = favoured
+            if favoured is not None and favoured.explored:
                 what += (
-                    f" (the move the archive's evidence favours: {' '.join(move)}, an expected gain "
-                    f"of {gain:+.4f}, probability {p:.2f})"
+                    f" (an untried move the archive's evidence cannot judge yet: "
+                    f"{' '.join(favoured.move)}, a gain of {favoured.gain:+.4f} +- "
+                    f"{favoured.spread:.4f} under the prior)"
+                )
+            elif favoured is not None:  # a crossover has none
+                what += (
+                    f" (the move the archive's evidence favours: {' '.join(favoured.move)}, an "
+                    f"expected gain of {favoured.gain:+.4f}, probability {favoured.probability:.2f})"
                 )
             out.append(
                 Proposal(
