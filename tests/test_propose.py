@@ -3,6 +3,7 @@ proposer end to end with no network, the LLM proposer end to end, and --replay w
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 from pathlib import Path
@@ -823,6 +824,7 @@ def test_propose_learned_share_makes_the_favoured_move(archive):
 
     from engine.config import parse_config
     from engine.errors import ConfigError
+    from engine.operators.proposers.moves import fit_moves
     from engine.operators.proposers.offline import archive_evidence
 
     def per_seed(means):
@@ -846,24 +848,32 @@ def test_propose_learned_share_makes_the_favoured_move(archive):
         "entropy_coef up",
     }
     assert all("+- 0.0150 under the prior" in p.motivation for p in explored)
-    for name, gains, kl in (
-        ("kl-a", (0.03, 0.028, 0.032), 0.02),
-        ("kl-b", (0.02, 0.018, 0.022), 0.01),
+    # kl-b is a knob-only mutation of the root: it records no components, only its code says what
+    # it moved
+    for name, gains, kl, comps in (
+        ("kl-a", (0.03, 0.028, 0.032), 0.02, normalize({"hp": {"kl_coef": 0.02}})),
+        ("kl-b", (0.02, 0.018, 0.022), 0.01, None),
     ):
+        code = src.replace("kl_coef: float = 0.001", f"kl_coef: float = {kl}")
+        assert code != src
         archive.spawn(
             "grpo",
             name,
-            algorithm=src,
-            files={
-                "records/proposal.json": json.dumps(
-                    {"components": normalize({"hp": {"kl_coef": kl}})}
-                )
-            },
+            algorithm=code,
+            files={"records/proposal.json": json.dumps({"components": comps})},
         )
         record(archive, name, per_seed([u + g for u, g in zip((0.49, 0.50, 0.51), gains)]))
     ev = archive_evidence(archive, archive.config())
     assert ev["grpo"].seeds == {0: 0.49, 1: 0.50, 2: 0.51}  # the fit's measurement noise
     assert ev["kl-a"].seeds == pytest.approx({0: 0.52, 1: 0.528, 2: 0.542})
+    assert ev["kl-b"].hp is None  # the code is read only with the learned direction on
+    on = dataclasses.replace(
+        archive.config(),
+        propose=dataclasses.replace(archive.config().propose, learned=0.5),
+    )
+    ev = archive_evidence(archive, on)
+    assert ev["kl-b"].components is None and ev["kl-b"].hp["kl_coef"] == 0.01
+    assert fit_moves(ev).seen[("knob", "kl_coef")] == 2  # both observed, kl-b through its code
 
     favoured = [
         p

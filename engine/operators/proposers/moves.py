@@ -153,11 +153,15 @@ def _above_zero(mean: float, sd: float) -> float:
     return 0.5 * (1.0 + math.erf(mean / (sd * math.sqrt(2.0))))
 
 
-def _spec(components) -> dict[str, Any] | None:
+def _spec(components, hp: dict | None = None) -> dict[str, Any] | None:
+    """The normalized ``components`` (None: the default spec) with the hyperparameters ``hp`` the
+    node's code sets; None when unreadable."""
     try:
-        return normalize(components)
+        spec = normalize(components)
     except PoiseError:
         return None
+    spec["hp"].update({k: v for k, v in (hp or {}).items() if k in spec["hp"]})
+    return spec
 
 
 def observation_sd(child: dict[int, float] | None, parent: dict[int, float] | None) -> float:
@@ -178,15 +182,18 @@ def observation_sd(child: dict[int, float] | None, parent: dict[int, float] | No
 
 def fit_moves(evidence: dict) -> MoveFit | None:
     """The posterior over the features' effects, from every evaluated node with a readable spec whose
-    (first) parent is evaluated (a parent without recorded components counts as the default spec);
-    None when the archive has no such node. Each observation is weighted by :func:`observation_sd`
+    (first) parent is evaluated (a node without recorded components counts as the default spec;
+    either way the hyperparameters its code sets, where the evidence read them, override the
+    recorded ones); None when the archive has no such node. Each observation is weighted by :func:`observation_sd`
     of its recorded per-seed utilities."""
     rows: list[tuple[dict[tuple[str, str], float], float, float]] = []
     for ev in evidence.values():
         par = evidence.get(ev.parent) if ev.parent else None
-        if ev.utility is None or ev.components is None or par is None or par.utility is None:
+        if ev.utility is None or par is None or par.utility is None:
             continue
-        mine, theirs = _spec(ev.components), _spec(par.components)
+        if ev.components is None and ev.hp is None:  # nothing says what it changed
+            continue
+        mine, theirs = _spec(ev.components, ev.hp), _spec(par.components, par.hp)
         if mine is None or theirs is None:
             continue
         feats = features(mine, theirs)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.archive.results import configured_protocol
+from engine.archive.store import ALGORITHM
 from engine.config import REMEDY_MOVES, utility
 from engine.errors import PoiseError
 from engine.operators.propose import Proposal, archived_code, code_key
@@ -230,6 +231,10 @@ class Evidence:
     seeds: dict[int, float] | None = None
     """seed -> utility at that seed, where its result recorded per-seed rows (the learned
     direction's measurement noise, :func:`~engine.operators.proposers.moves.observation_sd`)"""
+    hp: dict | None = None
+    """the hyperparameters its ``algorithm.py`` sets, read only with the learned direction on (the
+    spec its fit reads: a knob-only mutation of a parent without components records none, yet moved
+    a knob)"""
 
 
 PENDING = ("verified", "evaluating")
@@ -239,7 +244,8 @@ PENDING = ("verified", "evaluating")
 def archive_evidence(archive, cfg) -> dict[str, Evidence]:
     """Every node under the experiment's protocol with its utility and, for the nodes that have a
     utility (the only ones the fit and the TPE warm start read) or are pending, its recorded
-    components: their records/proposal.json files are read in one git call."""
+    components and, with ``[propose].learned`` on, the hyperparameters its code sets: their
+    records/proposal.json (and algorithm.py) files are read in one git call."""
     nodes = archive.nodes(configured_protocol(cfg))
     u = {
         n: utility(x.metrics, cfg.experiment) if x.evaluated and x.metrics else None
@@ -247,7 +253,12 @@ def archive_evidence(archive, cfg) -> dict[str, Evidence]:
     }
     pending = {n for n, x in nodes.items() if u[n] is None and x.status in PENDING}
     read = [n for n in nodes if u[n] is not None or n in pending]
-    blobs = archive.git.cat_blobs([f"{nodes[n].commit}:records/proposal.json" for n in read])
+    code = read if cfg.propose.learned > 0 else []
+    blobs = archive.git.cat_blobs(
+        [f"{nodes[n].commit}:records/proposal.json" for n in read]
+        + [f"{nodes[n].commit}:{ALGORITHM}" for n in code]
+    )
+    hps = {n: class_defaults(src) for n, src in zip(code, blobs[len(read) :]) if src}
     comps: dict[str, dict | None] = {}
     for n, blob in zip(read, blobs):
         try:
@@ -262,6 +273,7 @@ def archive_evidence(archive, cfg) -> dict[str, Evidence]:
             comps.get(n) or None,
             n in pending,
             seed_utilities(x.result, cfg.experiment) if u[n] is not None else None,
+            hps.get(n),
         )
         for n, x in nodes.items()
     }
