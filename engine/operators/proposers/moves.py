@@ -184,8 +184,8 @@ def fit_moves(evidence: dict) -> MoveFit | None:
     """The posterior over the features' effects, from every evaluated node with a readable spec whose
     (first) parent is evaluated (a node without recorded components counts as the default spec;
     either way the hyperparameters its code sets, where the evidence read them, override the
-    recorded ones); None when the archive has no such node. Each observation is weighted by :func:`observation_sd`
-    of its recorded per-seed utilities."""
+    recorded ones); None when the archive has no such node. Each observation is weighted by
+    :func:`observation_sd` of its recorded per-seed utilities."""
     rows: list[tuple[dict[tuple[str, str], float], float, float]] = []
     for ev in evidence.values():
         par = evidence.get(ev.parent) if ev.parent else None
