@@ -835,7 +835,9 @@ def test_propose_learned_share_makes_the_favoured_move(archive):
     record(archive, "grpo", per_seed([0.49, 0.50, 0.51]))
     # nothing observed yet: no move is favoured; exploring, it tries the widest untried moves
     assert not [
-        p for p in _offered_from_root(archive, directed=0.0, learned=1.0) if "move" in p.motivation
+        p
+        for p in _offered_from_root(archive, directed=0.0, learned=1.0)
+        if "favours" in p.motivation or "untried" in p.motivation
     ]
     explored = [
         p

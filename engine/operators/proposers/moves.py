@@ -153,15 +153,20 @@ def _above_zero(mean: float, sd: float) -> float:
     return 0.5 * (1.0 + math.erf(mean / (sd * math.sqrt(2.0))))
 
 
-def _spec(components, hp: dict | None = None) -> dict[str, Any] | None:
-    """The normalized ``components`` (None: the default spec) with the hyperparameters ``hp`` the
-    node's code sets; None when unreadable."""
-    try:
-        spec = normalize(components)
-    except PoiseError:
-        return None
+def code_spec(components: dict | None, hp: dict | None) -> dict[str, Any]:
+    """The spec a node's code realises: its normalized ``components`` (None: the default spec) with
+    the hyperparameters ``hp`` its ``algorithm.py`` sets; raises PoiseError as ``normalize``."""
+    spec = normalize(components)
     spec["hp"].update({k: v for k, v in (hp or {}).items() if k in spec["hp"]})
     return spec
+
+
+def _spec(components, hp: dict | None = None) -> dict[str, Any] | None:
+    """:func:`code_spec`, None when unreadable."""
+    try:
+        return code_spec(components, hp)
+    except PoiseError:
+        return None
 
 
 def observation_sd(child: dict[int, float] | None, parent: dict[int, float] | None) -> float:
@@ -286,6 +291,7 @@ def learned_move(
     features the archive has observed and whose probability of a gain reaches :data:`CONFIDENCE`.
     With none such: None, or with ``explore`` the untried move (a feature the archive never observed)
     with the widest :func:`prior_gain` spread, ties drawn at random (None when every move was tried)."""
+    moves = [(move, move_features(move, base)) for move in candidate_moves(base)]
     best = None
     if fit is not None:
         import numpy as np  # lazy: only this path needs it (optuna brings it)
@@ -293,8 +299,7 @@ def learned_move(
         w = np.random.default_rng(rng.randrange(2**32)).multivariate_normal(
             np.array(fit.mean), np.array(fit.cov), method="eigh"
         )
-        for move in candidate_moves(base):
-            feats = move_features(move, base)
+        for move, feats in moves:
             g = fit.gain(feats)
             if g is None or (p := _above_zero(*g)) < CONFIDENCE:
                 continue
@@ -303,11 +308,11 @@ def learned_move(
                 best = (drawn, Favoured(move, g[0], g[1], p))
     if best is not None or not explore:
         return None if best is None else best[1]
-    untried = []
-    for move in candidate_moves(base):
-        feats = move_features(move, base)
-        if fit is None or not all(f in fit.index for f in feats):
-            untried.append((move, *prior_gain(fit, feats)))
+    untried = [
+        (move, *prior_gain(fit, feats))
+        for move, feats in moves
+        if fit is None or not all(f in fit.index for f in feats)
+    ]
     if not untried:
         return None
     widest = max(sd for _, _, sd in untried)

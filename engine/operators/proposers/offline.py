@@ -48,6 +48,7 @@ from engine.operators.proposers.codegen import (
 from engine.operators.proposers.edit_plan import class_defaults, plan_edit
 from engine.operators.proposers.moves import (
     apply_move,
+    code_spec,
     features,
     fit_moves,
     learned_move,
@@ -178,10 +179,7 @@ def clip_is_inert(old: dict, new: dict, ratios: tuple[float, float] | None) -> s
 def mutation_base(components: dict | None, parent_src: str) -> dict[str, Any]:
     """The parent's component spec to mutate from: its recorded components (normalized) with the
     hyperparameters its ``algorithm.py`` actually sets."""
-    base = normalize(components)
-    have = class_defaults(parent_src)
-    base["hp"].update({k: v for k, v in have.items() if k in base["hp"]})
-    return base
+    return code_spec(components, class_defaults(parent_src))
 
 
 def intents_for(spec: dict[str, Any]) -> tuple[str, ...]:
@@ -232,9 +230,9 @@ class Evidence:
     """seed -> utility at that seed, where its result recorded per-seed rows (the learned
     direction's measurement noise, :func:`~engine.operators.proposers.moves.observation_sd`)"""
     hp: dict | None = None
-    """the hyperparameters its ``algorithm.py`` sets, read only with the learned direction on (the
-    spec its fit reads: a knob-only mutation of a parent without components records none, yet moved
-    a knob)"""
+    """the hyperparameters its ``algorithm.py`` sets, read only for an evaluated node with the learned
+    direction on (the spec its fit reads: a knob-only mutation of a parent without components
+    records none, yet moved a knob)"""
 
 
 PENDING = ("verified", "evaluating")
@@ -244,8 +242,9 @@ PENDING = ("verified", "evaluating")
 def archive_evidence(archive, cfg) -> dict[str, Evidence]:
     """Every node under the experiment's protocol with its utility and, for the nodes that have a
     utility (the only ones the fit and the TPE warm start read) or are pending, its recorded
-    components and, with ``[propose].learned`` on, the hyperparameters its code sets: their
-    records/proposal.json (and algorithm.py) files are read in one git call."""
+    components and, with ``[propose].learned`` on, for the evaluated ones (all the fit reads), the
+    hyperparameters its code sets: their records/proposal.json (and algorithm.py) files are read in
+    one git call."""
     nodes = archive.nodes(configured_protocol(cfg))
     u = {
         n: utility(x.metrics, cfg.experiment) if x.evaluated and x.metrics else None
@@ -253,7 +252,7 @@ def archive_evidence(archive, cfg) -> dict[str, Evidence]:
     }
     pending = {n for n, x in nodes.items() if u[n] is None and x.status in PENDING}
     read = [n for n in nodes if u[n] is not None or n in pending]
-    code = read if cfg.propose.learned > 0 else []
+    code = [n for n in read if u[n] is not None] if cfg.propose.learned > 0 else []
     blobs = archive.git.cat_blobs(
         [f"{nodes[n].commit}:records/proposal.json" for n in read]
         + [f"{nodes[n].commit}:{ALGORITHM}" for n in code]
