@@ -32,7 +32,8 @@ def evaluate(
     preset: str | None = typer.Option(
         None,
         "--preset",
-        help="Protocol preset: default | smoke | tiny (default: poise.toml); with --suite: paper (default) | "
+        help="Protocol preset: default | large (a GPU when torch sees one) | smoke | tiny (default: "
+        "poise.toml); with --suite: paper (default) | "
         "smoke (2 samples, 24 tokens: a CPU smoke run, not comparable).",
     ),
     suite: str | None = typer.Option(

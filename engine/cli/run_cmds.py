@@ -167,7 +167,8 @@ def run(
     preset: str | None = typer.Option(
         None,
         "--preset",
-        help="Proxy protocol preset: default | smoke | tiny (default: \\[proxy].preset).",
+        help="Proxy protocol preset: default | large (a GPU when torch sees one) | smoke | tiny "
+        "(default: \\[proxy].preset).",
     ),
     workers: int | None = typer.Option(
         None, "--workers", "-w", min=1, help="Evaluations at once (default: CPU cores / seeds)."
