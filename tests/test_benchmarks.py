@@ -158,6 +158,27 @@ def test_bench_discovery_runs_both_searches_resumes_and_confirms_on_held_out_see
         (r,) = (r for r in rows if r["method"] == method)
         assert conf.seeds == (2, 3) and conf.search_seeds == (0, 1)
         assert conf.difference == pytest.approx(r["diff"]) and arch.fsck()
+    # the best nodes as sweep sources for the transfer check: their code byte for byte, the root's
+    # once, a provenance line each; a second run finds the same code, other code is refused
+    src = tmp_path / "sources"
+    args = ["--workdir", str(work), "--label", "t", "--out", str(src), "--methods", "loop,random"]
+    text = _bench("transfer_sources.py", args, tmp_path)
+    assert "| t_s0.py |" in text and "| t_random_s0.py |" in text
+    assert sorted(p.name for p in src.glob("*.py")) == ["grpo.py", "t_random_s0.py", "t_s0.py"]
+    prov = {}
+    for line in (src / "provenance.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        prov[rec["file"]] = rec
+    for method, file in (("loop", "t_s0.py"), ("random", "t_random_s0.py")):
+        arch, name = Archive(work / f"{method}-s0"), data["results"][method]["0"]["best"]
+        assert (src / file).read_text() == arch.algorithm(name)
+        assert prov[file]["node"] == name and prov[file]["commit"] == arch.nodes()[name].commit
+        assert (src / "grpo.py").read_text() == arch.algorithm("grpo")
+    assert _bench("transfer_sources.py", args, tmp_path).count("| same code |") == 2
+    (src / "t_s0.py").write_text("# other code\n")
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "transfer_sources.py"), *args]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 1 and "already holds other code" in res.stderr
 
 
 def test_bench_eval_noise_scores_each_policy_as_the_protocol_does_and_under_larger_evaluations(
