@@ -21,6 +21,8 @@ import argparse
 import json
 from pathlib import Path
 
+from proxy_runs import fmt_iv, verdict
+
 from engine.stats import paired_interval
 
 COLOURS = ("tab:gray", "tab:blue", "tab:green", "tab:orange", "tab:purple")
@@ -67,12 +69,6 @@ def group_effects(rows: list[dict], seeds: int, only: set[str] | None) -> tuple[
         diff, iv, n = paired_interval(values, grpo)
         effects.append({"mechanism": mech, "diff": diff, "interval": iv, "seeds": n})
     return sorted(effects, key=lambda e: e["diff"], reverse=True), missing
-
-
-def verdict(iv: list[float] | None) -> str:
-    if iv is None:
-        return "no interval"
-    return "above" if iv[0] > 0 else "below" if iv[1] < 0 else "within"
 
 
 def draw(groups: list[tuple[str, list[dict]]], names: dict, title: str, path: Path) -> None:
@@ -146,10 +142,9 @@ def main() -> None:
         effects, missing = group_effects(rows, args.seeds, only.get(label))
         for e in effects:
             iv = e["interval"]
-            ivs = f"[{iv[0]:+.3f}, {iv[1]:+.3f}]" if iv else "-"
             print(
-                f"| {label} | {e['mechanism']} | {e['diff']:+.3f} | {ivs} | {verdict(iv)} | "
-                f"{e['seeds']} |"
+                f"| {label} | {e['mechanism']} | {e['diff']:+.3f} | {fmt_iv(iv, signed=True)} | "
+                f"{verdict(iv)} | {e['seeds']} |"
             )
         for mech, n in missing:
             print(f"(left out of {label}: {mech}, {n} of {args.seeds} seeds)")

@@ -21,6 +21,8 @@ import argparse
 import json
 from pathlib import Path
 
+from proxy_runs import fmt_iv
+
 from engine.archive.store import ROOT_NAME, Archive
 
 
@@ -95,8 +97,7 @@ def main() -> None:
             "best_diff": res.get("best_diff"),
             "best_diff_interval": res.get("best_diff_interval"),
         }
-        iv = res.get("best_diff_interval")
-        ivs = f"[{iv[0]:+.3f}, {iv[1]:+.3f}]" if iv else "-"
+        ivs = fmt_iv(res.get("best_diff_interval"), signed=True)
         print(
             f"| {name}.py | {best} | {path.name} | {res.get('best_overall', float('nan')):.3f} | "
             f"{res.get('best_diff', float('nan')):+.3f} {ivs} | {'yes' if written else 'same code'} |"
