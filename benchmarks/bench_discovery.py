@@ -41,6 +41,18 @@ def per_seed_overall(node) -> dict[int, float]:
     }
 
 
+def finished_searches(work: Path, methods: list[str]) -> list[tuple[str, int, Path, dict]]:
+    """(method, search seed, archive directory, the search's JSON) for every search of ``methods``
+    finished in ``work``: the ``METHOD-sSEED.json`` :func:`main` writes beside the archive
+    ``METHOD-sSEED`` (which a caller should check is still there)."""
+    out = []
+    for done in sorted(work.glob("*-s*.json")):
+        method, _, seed = done.stem.rpartition("-s")
+        if method in methods and seed.isdigit():
+            out.append((method, int(seed), work / done.stem, json.loads(done.read_text())))
+    return out
+
+
 def best_so_far(rows: list[dict], root_overall: float) -> list[float]:
     """The best Overall in the archive after each candidate: the root counts (it is the search's
     starting point), a failed or worse candidate leaves the curve where it was."""

@@ -18,11 +18,11 @@ are trained once. Prints the table and writes JSON (``--json``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from pathlib import Path
 
+from bench_discovery import finished_searches
 from proxy_runs import ROOT, fmt_iv, load_average, mean_interval, stamp, write_results
 
 from engine.errors import PoiseError
@@ -97,33 +97,30 @@ def main() -> None:
     t0, loads = time.monotonic(), [load_average()]
     print(f"{stamp()} held-out seeds {seeds[0]}..{seeds[-1]}; load average {loads[0]}", flush=True)
     rows: list[dict] = []
-    for done in sorted(work.glob("*-s*.json")):
-        method, _, s = done.stem.rpartition("-s")
-        if method not in args.methods.split(",") or not s.isdigit():
-            continue
-        res = json.loads(done.read_text())
-        archive_dir = work / done.stem
+    for method, s, archive_dir, res in finished_searches(work, args.methods.split(",")):
         if not res.get("best") or res["best"] == "grpo":
             continue
         if not (archive_dir / ".git").exists():
-            print(f"{stamp()} {done.stem}: no archive at {archive_dir}; skipped", flush=True)
+            print(f"{stamp()} {archive_dir.name}: no archive at {archive_dir}; skipped", flush=True)
             continue
         t = time.monotonic()
         try:
             measured = confirm(archive_dir, res["best"], seeds, args.preset)
         except PoiseError as exc:  # a node failed at a held-out seed, or seeds the search used
-            print(f"{stamp()} {done.stem}: not confirmed: {exc}", flush=True)
+            print(f"{stamp()} {archive_dir.name}: not confirmed: {exc}", flush=True)
             continue
         row = {
             "method": method,
-            "search_seed": int(s),
+            "search_seed": s,
             "search_diff": res.get("best_diff"),
             "search_diff_interval": res.get("best_diff_interval"),
             **measured,
             "wall_s": round(time.monotonic() - t, 1),
         }
         rows.append(row)
-        print(f"{stamp()} {done.stem}: {row['best']} {row['diff']:+.3f} {row['diff_interval']}")
+        print(
+            f"{stamp()} {archive_dir.name}: {row['best']} {row['diff']:+.3f} {row['diff_interval']}"
+        )
     loads.append(load_average())
     print()
     print(

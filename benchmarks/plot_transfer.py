@@ -18,9 +18,9 @@ draws; trains nothing.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
+from bench_protocol_sweep import read_rows
 from proxy_runs import fmt_iv, verdict
 
 from engine.stats import paired_interval
@@ -33,17 +33,10 @@ def read_group(spec: str, variant: str) -> tuple[str, list[dict]]:
     label, sep, path = spec.partition("=")
     if not sep or not label or not path:
         raise SystemExit(f"plot_transfer: {spec!r} is not LABEL=ROWS")
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise SystemExit(f"plot_transfer: cannot read {path}: {exc}") from exc
-    rows = []
-    for line in lines:
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut off by a kill, as the sweep itself reads it
-    rows = [r for r in rows if r.get("variant") == variant]
+    if not Path(path).is_file():
+        raise SystemExit(f"plot_transfer: cannot read {path}: no such file")
+    # the sweep's own reader: a line cut off by a kill is skipped
+    rows = [r for r in read_rows(Path(path)) if r.get("variant") == variant]
     if not rows:
         raise SystemExit(f"plot_transfer: {path} has no rows of variant {variant!r}")
     return label, rows

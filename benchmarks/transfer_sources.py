@@ -21,20 +21,10 @@ import argparse
 import json
 from pathlib import Path
 
+from bench_discovery import finished_searches
 from proxy_runs import fmt_iv
 
 from engine.archive.store import ROOT_NAME, Archive
-
-
-def finished_searches(work: Path, methods: list[str]) -> list[tuple[str, int, Path, dict]]:
-    """(method, search seed, archive path, the search's JSON) for every finished search."""
-    out = []
-    for done in sorted(work.glob("*-s*.json")):
-        method, _, seed = done.stem.rpartition("-s")
-        if method not in methods or not seed.isdigit() or not (work / done.stem).is_dir():
-            continue
-        out.append((method, int(seed), work / done.stem, json.loads(done.read_text())))
-    return out
 
 
 def write_source(out: Path, name: str, source: str) -> bool:
@@ -78,6 +68,9 @@ def main() -> None:
         best = res.get("best")
         if not best:
             print(f"({path.name}: no best node, skipped)")
+            continue
+        if not (path / ".git").exists():
+            print(f"({path.name}: no archive at {path}, skipped)")
             continue
         archive = Archive(path)
         nodes = archive.nodes()
