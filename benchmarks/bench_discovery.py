@@ -110,7 +110,8 @@ def summarize(runs: dict) -> dict:
 def loop_config(args) -> str | None:
     """The loop archive's poise.toml: the default one, with ``--remedies`` / ``--directed`` (an
     ablation of the proposer's diagnosis), ``--learned`` (its direction by the archive's evidence) and
-    ``--explore`` (that direction's untried moves) written into ``[propose]``; None when none is
+    ``--explore`` (that direction's untried moves) and ``--min-gain`` (the expected gain its favoured
+    moves need) written into ``[propose]``; None when none is
     given."""
     from engine.config import DEFAULT_TOML
 
@@ -124,6 +125,8 @@ def loop_config(args) -> str | None:
         lines.append(f"learned = {args.learned}")
     if args.explore:
         lines.append("explore = true")
+    if args.min_gain is not None:
+        lines.append(f"min_gain = {args.min_gain}")
     if not lines:
         return None
     return DEFAULT_TOML.replace("[propose]\n", "[propose]\n" + "\n".join(lines) + "\n", 1)
@@ -297,6 +300,13 @@ def main() -> None:
         action="store_true",
         help="loop, with --learned: where no move is favoured with confidence, make the untried "
         "move the prior is least sure of ([propose].explore; default off)",
+    )
+    ap.add_argument(
+        "--min-gain",
+        type=float,
+        default=None,
+        help="loop, with --learned: the expected utility gain a favoured move needs besides its "
+        "confidence ([propose].min_gain; default 0)",
     )
     ap.add_argument("--workdir", default=str(ROOT / ".cache" / "discovery"))
     ap.add_argument(

@@ -109,7 +109,12 @@ class ProposeConfig:
     (engine.operators.proposers.moves; 0: off)"""
     explore: bool = False
     """offline proposer, with ``learned`` on: where no move is favoured with confidence, make the
-    untried move the prior is least sure of instead of the usual mutation"""
+    untried move the prior is least sure of instead of the usual mutation (one no
+    pending node is already trying)"""
+    min_gain: float = 0.0
+    """offline proposer, with ``learned`` on: the expected utility gain a favoured move needs besides
+    its confidence (0: confidence alone; a move the evidence is sure gains next to nothing, such as a
+    coefficient pushed against its range's end, is then left to ``explore`` or the usual mutation)"""
 
 
 @dataclass(frozen=True)
@@ -241,6 +246,10 @@ def validate(cfg: Config) -> None:
     if not 0 <= cfg.propose.learned <= 1:
         raise ConfigError(
             f"poise.toml: [propose].learned must lie in [0, 1], got {cfg.propose.learned!r}"
+        )
+    if not 0 <= cfg.propose.min_gain < 1:
+        raise ConfigError(
+            f"poise.toml: [propose].min_gain must lie in [0, 1), got {cfg.propose.min_gain!r}"
         )
     unknown = [m for m in cfg.propose.remedies if m not in REMEDY_MOVES]
     if unknown:

@@ -817,6 +817,75 @@ def test_learned_moves_follow_the_archive_evidence():
     assert agg["hp"]["loss_agg_mode"] == "seq-mean-token-mean"
 
 
+def test_learned_move_needs_a_minimum_gain_and_does_not_explore_what_is_in_flight():
+    """``min_gain`` leaves a confident move whose expected gain is too small to be worth a candidate
+    to ``explore`` (or the usual mutation); a move a pending node is already trying, or this propose
+    call already explored, is not explored again before its result is in."""
+    import random
+
+    from engine.operators.proposers.moves import (
+        EFFECT_SD,
+        features_in_flight,
+        fit_moves,
+        learned_move,
+    )
+
+    base = normalize(None)
+    ev = {
+        e.name: e
+        for e in (
+            _evidence("grpo", None, 0.50),
+            _evidence("kl-a", "grpo", 0.52, hp={"kl_coef": 0.01}),
+            _evidence("kl-b", "grpo", 0.535, hp={"kl_coef": 0.1}),
+        )
+    }
+    fit = fit_moves(ev)
+    rng = random.Random(0)
+    gains = [learned_move(fit, base, rng) for _ in range(20)]
+    assert all(g is not None and not g.explored and g.move == ("kl_coef", "up") for g in gains)
+    smallest = min(g.gain for g in gains)
+    kept = [learned_move(fit, base, rng, min_gain=smallest * 0.99) for _ in range(20)]
+    assert all(k is not None and k.move == ("kl_coef", "up") for k in kept)
+    # above the favoured move's expected gain: nothing is favoured, and exploring tries the untried
+    assert all(learned_move(fit, base, rng, min_gain=smallest * 1.01) is None for _ in range(20))
+    instead = [learned_move(fit, base, rng, True, smallest * 1.01) for _ in range(40)]
+    assert all(d.explored for d in instead)
+    assert {d.move for d in instead} == {("entropy_coef", "up")}  # kl_coef was observed
+    # a pending node already tries the entropy bonus: the next widest untried moves instead
+    pending = dataclasses.replace(
+        _evidence("ent", "grpo", None, hp={"entropy_coef": 0.01}), pending=True
+    )
+    trying = features_in_flight({**ev, "ent": pending})
+    assert trying == {("knob", "entropy_coef")}
+    assert features_in_flight(ev) == set()  # nothing pending
+    later = [learned_move(fit, base, rng, True, smallest * 1.01, trying) for _ in range(60)]
+    assert all(d.explored and d.spread == pytest.approx(EFFECT_SD) for d in later)
+    assert not {d.move for d in later} & {("entropy_coef", "up"), ("kl_coef", "up")}
+    assert len({d.move for d in later}) > 3  # ties drawn at random
+
+
+def test_propose_explores_an_untried_move_once_per_call(archive):
+    """Within one propose call, an explored move counts as tried: the call's proposals explore
+    different moves, not the widest one over and over before its first result is in."""
+    from engine.operators.proposers.offline import OfflineProposer
+
+    record(archive, "grpo", {"metrics": {"overall": 0.5}, "seeds": [0]})
+    cfg = archive.config()
+    c = dataclasses.replace(
+        cfg, propose=dataclasses.replace(cfg.propose, directed=0.0, learned=1.0, explore=True)
+    )
+    ctx = build_context(archive, "grpo", c, seed=0)
+    for seed in range(3):
+        moves = [
+            p.motivation.split("judge yet: ")[1].split(",")[0]
+            for p in OfflineProposer().propose(archive, "grpo", ctx, c, 4, seed)
+            if "untried move" in p.motivation
+        ]
+        assert len(moves) >= 3 and len(set(moves)) == len(moves), moves
+        # the two widest first (kl_coef and entropy_coef up, at 1.5 decades), then the rest
+        assert set(moves[:2]) == {"kl_coef up", "entropy_coef up"}
+
+
 def test_propose_learned_share_makes_the_favoured_move(archive):
     """With ``[propose].learned`` the proposer makes the move the archive's evidence favours (and
     says so), with the diagnosis off; with ``explore`` and nothing favoured it makes an untried move
@@ -845,11 +914,12 @@ def test_propose_learned_share_makes_the_favoured_move(archive):
         if "untried move" in p.motivation
     ]
     assert len(explored) >= 4
-    assert {p.motivation.split("judge yet: ")[1].split(",")[0] for p in explored} <= {
-        "kl_coef up",
-        "entropy_coef up",
-    }
-    assert all("+- 0.0150 under the prior" in p.motivation for p in explored)
+    moves = {p.motivation.split("judge yet: ")[1].split(",")[0]: p for p in explored}
+    assert {"kl_coef up", "entropy_coef up"} <= set(moves)  # the widest first, then the rest
+    assert all(
+        "+- 0.0150 under the prior" in moves[m].motivation
+        for m in ("kl_coef up", "entropy_coef up")
+    )
     # kl-b is a knob-only mutation of the root: it records no components, only its code says what
     # it moved
     for name, gains, kl, comps in (
@@ -890,3 +960,6 @@ def test_propose_learned_share_makes_the_favoured_move(archive):
     assert parse_config("[propose]\nlearned = 0.5\n").propose.learned == 0.5
     with pytest.raises(ConfigError, match=r"\[propose\]\.learned must lie in \[0, 1\]"):
         parse_config("[propose]\nlearned = -0.1\n")
+    assert parse_config("[propose]\nmin_gain = 0.005\n").propose.min_gain == 0.005
+    with pytest.raises(ConfigError, match=r"\[propose\]\.min_gain must lie in \[0, 1\)"):
+        parse_config("[propose]\nmin_gain = -0.01\n")

@@ -14,11 +14,13 @@ of its cause, and does not widen the uncertainty of every other effect.
 
 :func:`learned_move` makes a move only where the evidence favours it with confidence: among the moves
 whose features the archive has observed, those whose posterior probability of a gain reaches
-:data:`CONFIDENCE` are eligible, and one draw from the posterior (Thompson sampling) picks among them.
+:data:`CONFIDENCE` (and, with ``[propose].min_gain``, whose expected gain reaches it) are eligible,
+and one draw from the posterior (Thompson sampling) picks among them.
 A knob whose effect is near zero is left where it is, in either direction. With ``explore`` and no
 confident move, it tries a move the archive has never observed instead: the untried move whose gain
 the prior is least sure of (the widest prior spread: a coefficient pushed :data:`STEP` decades before
-an option switch, before a clip bound nudged), ties drawn at random. Confidence alone only exploits
+an option switch, before a clip bound nudged), ties drawn at random; a move a pending node is
+already trying counts as tried. Confidence alone only exploits
 what a uniform mutation happened to try; this reaches the moves nobody tried. Nothing here names a
 remedy: which moves help is what the archive has measured, and which to try first is what its prior
 is least sure of.
@@ -284,13 +286,34 @@ def prior_gain(fit: MoveFit | None, feats: dict[tuple[str, str], float]) -> tupl
     return mean, math.sqrt(sd**2 + unseen)
 
 
+def features_in_flight(evidence: dict) -> set[tuple[str, str]]:
+    """The features the pending nodes (verified or under evaluation, no result yet) change relative to
+    their own parents: what the archive is already trying, so ``explore`` does not try it twice
+    before the first result is in (a loop round expands its parents one after another)."""
+    out: set[tuple[str, str]] = set()
+    for ev in evidence.values():
+        par = evidence.get(ev.parent) if ev.parent else None
+        if not ev.pending or par is None or (ev.components is None and ev.hp is None):
+            continue
+        mine, theirs = _spec(ev.components, ev.hp), _spec(par.components, par.hp)
+        if mine is not None and theirs is not None:
+            out.update(features(mine, theirs))
+    return out
+
+
 def learned_move(
-    fit: MoveFit | None, base: dict[str, Any], rng: random.Random, explore: bool = False
+    fit: MoveFit | None,
+    base: dict[str, Any],
+    rng: random.Random,
+    explore: bool = False,
+    min_gain: float = 0.0,
+    in_flight: set[tuple[str, str]] | frozenset = frozenset(),
 ) -> Favoured | None:
     """The move with the largest gain under one draw from the posterior, among the moves whose
-    features the archive has observed and whose probability of a gain reaches :data:`CONFIDENCE`.
-    With none such: None, or with ``explore`` the untried move (a feature the archive never observed)
-    with the widest :func:`prior_gain` spread, ties drawn at random (None when every move was tried)."""
+    features the archive has observed, whose probability of a gain reaches :data:`CONFIDENCE` and
+    whose expected gain reaches ``min_gain``. With none such: None, or with ``explore`` the untried
+    move (a feature the archive never observed and no pending node in ``in_flight`` is trying) with
+    the widest :func:`prior_gain` spread, ties drawn at random (None when every move was tried)."""
     moves = [(move, move_features(move, base)) for move in candidate_moves(base)]
     best = None
     if fit is not None:
@@ -301,17 +324,18 @@ def learned_move(
         )
         for move, feats in moves:
             g = fit.gain(feats)
-            if g is None or (p := _above_zero(*g)) < CONFIDENCE:
+            if g is None or (p := _above_zero(*g)) < CONFIDENCE or g[0] < min_gain:
                 continue
             drawn = float(sum(w[fit.index[f]] * x for f, x in feats.items()))
             if best is None or drawn > best[0]:
                 best = (drawn, Favoured(move, g[0], g[1], p))
     if best is not None or not explore:
         return None if best is None else best[1]
+    known = set(fit.index if fit is not None else ()) | set(in_flight)
     untried = [
         (move, *prior_gain(fit, feats))
         for move, feats in moves
-        if fit is None or not all(f in fit.index for f in feats)
+        if not all(f in known for f in feats)
     ]
     if not untried:
         return None

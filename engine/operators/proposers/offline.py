@@ -50,8 +50,10 @@ from engine.operators.proposers.moves import (
     apply_move,
     code_spec,
     features,
+    features_in_flight,
     fit_moves,
     learned_move,
+    move_features,
     set_option,
     stronger,
 )
@@ -230,9 +232,9 @@ class Evidence:
     """seed -> utility at that seed, where its result recorded per-seed rows (the learned
     direction's measurement noise, :func:`~engine.operators.proposers.moves.observation_sd`)"""
     hp: dict | None = None
-    """the hyperparameters its ``algorithm.py`` sets, read only for an evaluated node with the learned
-    direction on (the spec its fit reads: a knob-only mutation of a parent without components
-    records none, yet moved a knob)"""
+    """the hyperparameters its ``algorithm.py`` sets, read only for an evaluated or pending node with
+    the learned direction on (the spec its fit and ``explore`` read: a knob-only mutation of a parent
+    without components records none, yet moved a knob)"""
 
 
 PENDING = ("verified", "evaluating")
@@ -242,9 +244,9 @@ PENDING = ("verified", "evaluating")
 def archive_evidence(archive, cfg) -> dict[str, Evidence]:
     """Every node under the experiment's protocol with its utility and, for the nodes that have a
     utility (the only ones the fit and the TPE warm start read) or are pending, its recorded
-    components and, with ``[propose].learned`` on, for the evaluated ones (all the fit reads), the
-    hyperparameters its code sets: their records/proposal.json (and algorithm.py) files are read in
-    one git call."""
+    components and, with ``[propose].learned`` on, the hyperparameters its code sets (what the fit
+    reads of the evaluated ones, and ``explore`` of the pending ones): their records/proposal.json
+    (and algorithm.py) files are read in one git call."""
     nodes = archive.nodes(configured_protocol(cfg))
     u = {
         n: utility(x.metrics, cfg.experiment) if x.evaluated and x.metrics else None
@@ -252,7 +254,7 @@ def archive_evidence(archive, cfg) -> dict[str, Evidence]:
     }
     pending = {n for n, x in nodes.items() if u[n] is None and x.status in PENDING}
     read = [n for n in nodes if u[n] is not None or n in pending]
-    code = [n for n in read if u[n] is not None] if cfg.propose.learned > 0 else []
+    code = read if cfg.propose.learned > 0 else []
     blobs = archive.git.cat_blobs(
         [f"{nodes[n].commit}:records/proposal.json" for n in read]
         + [f"{nodes[n].commit}:{ALGORITHM}" for n in code]
@@ -452,6 +454,10 @@ class OfflineProposer:
         findings = trajectory_diagnostics(traj)
         directed, learned = cfg.propose.directed, cfg.propose.learned
         fit = fit_moves(evidence) if learned > 0 else None
+        # the moves pending nodes are trying, and those this call explores: not explored twice
+        trying_moves = (
+            features_in_flight(evidence) if learned > 0 and cfg.propose.explore else set()
+        )
         remedies = remedies_for(findings, base, cfg.propose.remedies) if directed > 0 else ()
         treated = [k for k in REMEDIES if any(f.startswith(k) for f in findings)]
         if remedies:
@@ -487,7 +493,9 @@ class OfflineProposer:
             else:
                 extra, favoured = (), None
                 if learned > 0 and rng.random() < learned:
-                    favoured = learned_move(fit, base, rng, cfg.propose.explore)
+                    favoured = learned_move(
+                        fit, base, rng, cfg.propose.explore, cfg.propose.min_gain, trying_moves
+                    )
                 if favoured is not None:
                     spec, what = apply_move(base, favoured.move, rng, sample), ""
                 else:
@@ -539,6 +547,7 @@ class OfflineProposer:
             if applied:
                 what += f" (against its {' and '.join(treated)}: {', '.join(applied)})"
             if favoured is not None and favoured.explored:
+                trying_moves.update(move_features(favoured.move, base))
                 what += (
                     f" (an untried move the archive's evidence cannot judge yet: "
                     f"{' '.join(favoured.move)}, a gain of {favoured.gain:+.4f} +- "
