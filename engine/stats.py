@@ -99,17 +99,22 @@ def mean_interval(values: list[float]) -> tuple[float, list[float] | None]:
     return m, [m - h, m + h]
 
 
+def paired_differences(values: Mapping[int, float], ref: Mapping[int, float]) -> list[float]:
+    """``values[s] - ref[s]`` over the seeds both have, in seed order."""
+    return [values[s] - ref[s] for s in sorted(set(values) & set(ref))]
+
+
 def paired_interval(
     values: Mapping[int, float], ref: Mapping[int, float]
 ) -> tuple[float, list[float] | None, int] | None:
     """Mean and 95% interval of ``values[s] - ref[s]`` over the seeds both have, with the number of
     those seeds; None when they share none. Paired seeds share prompts and sampling noise, so this
     resolves far smaller differences than the two means' own intervals."""
-    common = sorted(set(values) & set(ref))
-    if not common:
+    diffs = paired_differences(values, ref)
+    if not diffs:
         return None
-    mean, iv = mean_interval([values[s] - ref[s] for s in common])
-    return mean, iv, len(common)
+    mean, iv = mean_interval(diffs)
+    return mean, iv, len(diffs)
 
 
 def ranks(xs: list[float]) -> list[float]:

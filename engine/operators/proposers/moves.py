@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 
 from engine.errors import PoiseError
 from engine.operators.proposers.codegen import CONTINUOUS, OPTIONS, normalize, owns
+from engine.stats import paired_differences
 from trainer_template.interface import LOSS_AGG_MODES
 
 KNOBS: dict[str, float | None] = {
@@ -175,16 +176,32 @@ def observation_sd(child: dict[int, float] | None, parent: dict[int, float] | No
     """The noise standard deviation of one observation: the standard error of the mean paired
     difference over the seeds child and parent share (their spread pooled with :data:`SEED_SD`; one
     seed's worth when they share fewer than two), with :data:`MODEL_SD` added in quadrature."""
-    common = sorted(set(child or {}) & set(parent or {}))
-    n = len(common)
+    d = paired_differences(child or {}, parent or {})
+    n = len(d)
     s0, k = SEED_SD
     if n < 2:
         return math.sqrt(s0**2 + MODEL_SD**2)
-    d = [child[s] - parent[s] for s in common]
     m = sum(d) / n
     ss = sum((v - m) ** 2 for v in d)
     per_seed = (ss + k * s0**2) / (n - 1 + k)
     return math.sqrt(per_seed / n + MODEL_SD**2)
+
+
+def design(rows: list[tuple[dict[Any, float], float]]):
+    """(names, X, y) of a linear fit over ``rows`` of (features, outcome): the sorted feature names,
+    the design matrix (one row per observation, a feature's value in its name's column, 0 where
+    absent) and the outcomes; the learned direction's move fit and the offline search's component
+    effects both read an archive's changes this way."""
+    import numpy as np  # lazy: only this path needs it (optuna brings it)
+
+    names = sorted({f for feats, _ in rows for f in feats})
+    col = {f: i for i, f in enumerate(names)}
+    x = np.zeros((len(rows), len(names)))
+    y = np.array([d for _, d in rows])
+    for r, (feats, _) in enumerate(rows):
+        for f, v in feats.items():
+            x[r, col[f]] = v
+    return names, x, y
 
 
 def fit_moves(evidence: dict) -> MoveFit | None:
@@ -210,14 +227,8 @@ def fit_moves(evidence: dict) -> MoveFit | None:
         return None
     import numpy as np  # lazy: only this path needs it (optuna brings it)
 
-    names = sorted({f for feats, _, _ in rows for f in feats})
-    col = {f: i for i, f in enumerate(names)}
-    x = np.zeros((len(rows), len(names)))
-    y = np.array([d for _, d, _ in rows])
+    names, x, y = design([(feats, d) for feats, d, _ in rows])
     sd = np.array([s for _, _, s in rows])
-    for r, (feats, _, _) in enumerate(rows):
-        for f, v in feats.items():
-            x[r, col[f]] = v
     xw = x / sd[:, None] ** 2
     cov = np.linalg.inv(xw.T @ x + np.eye(len(names)) / EFFECT_SD**2)
     w = cov @ xw.T @ y

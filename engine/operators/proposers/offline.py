@@ -49,6 +49,7 @@ from engine.operators.proposers.edit_plan import class_defaults, plan_edit
 from engine.operators.proposers.moves import (
     apply_move,
     code_spec,
+    design,
     features,
     features_in_flight,
     fit_moves,
@@ -307,27 +308,21 @@ def component_effects(evidence: dict[str, Evidence]) -> dict[tuple[str, str], fl
     default spec). The effects are a ridge least-squares fit, so a crossover that brought a
     collapsing baseline together with a harmless option charges the collapse to the baseline, which
     collapsed wherever else it was introduced, and not to what came along with it."""
-    rows: list[tuple[list[tuple[str, str]], float]] = []
+    rows: list[tuple[dict[tuple[str, str], float], float]] = []
     for ev in evidence.values():
         par = evidence.get(ev.parent) if ev.parent else None
         if ev.utility is None or par is None or par.utility is None:
             continue
         changed = _introduced(ev, evidence)
         if changed:
-            rows.append((changed, ev.utility - par.utility))
+            rows.append((dict.fromkeys(changed, 1.0), ev.utility - par.utility))
     if not rows:
         return {}
     import numpy as np  # lazy: only this path needs it (optuna brings it)
 
-    names = sorted({o for changed, _ in rows for o in changed})
-    col = {o: i for i, o in enumerate(names)}
-    x = np.zeros((len(rows), len(names)))
-    y = np.array([d for _, d in rows])
-    for r, (changed, _) in enumerate(rows):
-        for o in changed:
-            x[r, col[o]] = 1.0
+    names, x, y = design(rows)
     w = np.linalg.solve(x.T @ x + RIDGE * np.eye(len(names)), x.T @ y)
-    return {o: float(w[col[o]]) for o in names}
+    return {o: float(v) for o, v in zip(names, w)}
 
 
 def options_in_flight(
