@@ -10,7 +10,12 @@ from results_util import proxy_result, record
 from engine.config import LLMConfig
 from engine.errors import PoiseError
 from engine.operators.llm import LLMClient
-from engine.operators.reflect import metric_diagnostics, reflect_node, trajectory_diagnostics
+from engine.operators.reflect import (
+    metric_diagnostics,
+    reflect_node,
+    trajectory_diagnostics,
+    trajectory_vs_parent,
+)
 
 STEPS = list(range(0, 100, 10))
 HEALTHY = {
@@ -54,6 +59,41 @@ def test_trajectory_diagnostics():
         assert what in found, found
 
 
+def test_trajectory_vs_parent_says_what_the_child_changed():
+    """An entropy collapse fires on a parent and its child alike; against the parent's trajectory
+    the reflection says which of them collapsed further, and by how much, over the last third."""
+    assert trajectory_diagnostics(SICK) and trajectory_diagnostics(HEALTHY) == []
+    # the child keeps twice the entropy of a collapsing parent: still an absolute collapse
+    kid = {**SICK, "train/entropy": [2 * v for v in SICK["train/entropy"]]}
+    assert any("entropy collapse" in f for f in trajectory_diagnostics(kid))
+    found, rows = trajectory_vs_parent(kid, SICK)
+    assert found == [
+        "vs parent: kept more entropy (policy entropy x2.00 over the last third of training: "
+        "0.055 -> 0.11)"
+    ]
+    assert ("policy entropy", pytest.approx(0.11), pytest.approx(0.055), "x2.00") in rows
+    assert {r[0] for r in rows} == {
+        "policy entropy",
+        "KL to the reference",
+        "response length",
+        "valid rate",
+        "reward",
+    }  # no clip fraction recorded: no row
+    assert all(r[3] in ("x1.00", "+0") for r in rows if r[0] != "policy entropy")
+    # every series moved, each beyond what its finding needs, both ways
+    found, _ = trajectory_vs_parent(SICK, HEALTHY)
+    text = "\n".join(found)
+    for what in (
+        "lost more entropy (policy entropy x0.07 over the last third of training: 0.775 -> 0.055)",
+        "longer (response length x2.04",
+        "fewer valid (valid rate -0.165",
+    ):
+        assert what in text, text
+    assert "reward" not in text and len(found) == 3  # -0.014 is below the 0.02 a finding needs
+    assert trajectory_vs_parent(SICK, SICK)[0] == []
+    assert trajectory_vs_parent({}, SICK) == ([], [])  # nothing recorded: nothing compared
+
+
 def test_metric_diagnostics_intervals():
     findings, rows = metric_diagnostics(
         proxy_result(results(0.60, 0.57, 0.63, {})), proxy_result(results(0.50, 0.47, 0.53, {}))
@@ -82,6 +122,10 @@ def test_reflect_command_commits_reflection(archive, cli):
     assert (
         "entropy collapse" in text and "overall 0.5 -> 0.4" in text and "mean length x2.20" in text
     )
+    # the trajectory against the parent's: a table and what the child changed
+    assert "## Training trajectory vs parent grpo" in text
+    assert "| policy entropy | 0.055 | 0.775 | x0.07 |" in text
+    assert "- vs parent: lost more entropy (policy entropy x0.07" in text
     assert archive.node("kid").trailer("Poise-Event") == "reflection"
     r = cli("reflect", "grpo", "--no-llm", "-C", str(archive.path))
     assert r.returncode == 0 and "no evaluated parent" in archive.read_file("grpo", "REFLECTION.md")

@@ -1,7 +1,9 @@
 """Reflection (operator A): a diagnosis of a node from its trajectory and metrics against its parent's.
 
 Computed diagnostics (always): entropy collapse, KL spikes, reward plateau, length drift, valid-rate
-change, gradient-norm spikes, and which metrics moved beyond their 95% intervals. With an LLM client, a
+change, gradient-norm spikes, which metrics moved beyond their 95% intervals, and what the training
+trajectory did differently from the parent's (more or less entropy, KL, length, validity, reward,
+clipping over the last third of training). With an LLM client, a
 mechanism-level narrative is added. Committed as ``REFLECTION.md``; logged to the node's MLflow runs.
 """
 
@@ -82,6 +84,63 @@ def trajectory_diagnostics(traj: dict[str, Any]) -> list[str]:
     return out
 
 
+TRAJECTORY_VS_PARENT: tuple[tuple[str, str, str, float, tuple[str, str]], ...] = (
+    ("train/entropy", "policy entropy", "ratio", 1.2, ("kept more entropy", "lost more entropy")),
+    (
+        "train/kl",
+        "KL to the reference",
+        "ratio",
+        2.0,
+        ("drifted further from the reference", "stayed closer to the reference"),
+    ),
+    ("train/response_length", "response length", "ratio", 1.2, ("longer", "shorter")),
+    ("train/valid_rate", "valid rate", "diff", 0.02, ("more valid", "fewer valid")),
+    ("train/reward_mean", "reward", "diff", 0.02, ("higher reward", "lower reward")),
+    ("train/clipfrac", "clip fraction", "diff", 0.05, ("clipped more", "clipped less")),
+)
+"""the trajectory series the reflection compares with the parent's: (key, label, how: the node's
+over the parent's value or their difference, the change a finding needs, its words up and down)"""
+TAIL = "the last third of training"
+
+
+def _tail_mean(traj: dict[str, Any], key: str) -> float | None:
+    vals = _series(traj, key)
+    return statistics.fmean(vals[len(vals) * 2 // 3 :]) if len(vals) >= 3 else None
+
+
+def trajectory_vs_parent(
+    traj: dict[str, Any], parent_traj: dict[str, Any]
+) -> tuple[list[str], list[tuple[str, float, float, str]]]:
+    """(findings, table rows ``(series, node, parent, change)``) of a node's training trajectory
+    against its parent's over :data:`TAIL` (the mean of each series there; both trajectories are
+    means over the same paired seeds). Absolute findings such as an entropy collapse fire on a
+    parent and its child alike; this says what the child's mechanism changed. One trajectory each,
+    so a reading, with no interval: :data:`TRAJECTORY_VS_PARENT` sets how large a change a finding
+    needs."""
+    findings: list[str] = []
+    rows: list[tuple[str, float, float, str]] = []
+    for key, label, how, needs, (up, down) in TRAJECTORY_VS_PARENT:
+        a, b = _tail_mean(traj, key), _tail_mean(parent_traj, key)
+        if a is None or b is None:
+            continue
+        if how == "ratio":
+            if b <= 1e-9:
+                continue
+            r = a / b
+            change, moved = f"x{r:.2f}", r >= needs or r <= 1 / needs
+            words = up if r > 1 else down
+        else:
+            d = a - b
+            change, moved = f"{d:+.3g}", abs(d) >= needs
+            words = up if d > 0 else down
+        rows.append((label, a, b, change))
+        if moved:
+            findings.append(
+                f"vs parent: {words} ({label} {change} over {TAIL}: {b:.3g} -> {a:.3g})"
+            )
+    return findings, rows
+
+
 def metric_diagnostics(
     node_res: EvaluationResult, parent_res: EvaluationResult | None
 ) -> tuple[list[str], list[tuple]]:
@@ -142,7 +201,12 @@ def render_reflection(
     traj_findings: Sequence[str],
     rows,
     narrative: str = "",
+    traj_rows: Sequence[tuple[str, float, float, str]] = (),
+    relative: Sequence[str] = (),
 ) -> str:
+    """REFLECTION.md: the metrics and the training trajectory against the parent's, then the
+    diagnostics (metric findings, trajectory findings, ``relative`` ones against the parent's
+    trajectory) and the narrative."""
     lines = [f"# Reflection on {name}", ""]
     if rows:
         lines += [
@@ -156,14 +220,24 @@ def render_reflection(
             for k, a, b, d, s in rows
         ]
         lines.append("")
-    lines += (
-        ["## Diagnostics", ""] + [f"- {f}" for f in (list(findings) + list(traj_findings))] + [""]
+    if traj_rows:
+        lines += [
+            f"## Training trajectory vs parent {parent or '—'}",
+            "",
+            f"Each series' mean over {TAIL}, averaged over the seeds; one trajectory each, so a "
+            "reading, not a test.",
+            "",
+            "| series | node | parent | change |",
+            "|---|---|---|---|",
+        ]
+        lines += [f"| {k} | {_fmt(a)} | {_fmt(b)} | {c} |" for k, a, b, c in traj_rows]
+        lines.append("")
+    quiet = (
+        "trajectory: no entropy collapse, KL spike, plateau or length drift detected (or no "
+        "trajectory recorded)"
     )
-    if not traj_findings:
-        lines.insert(
-            -1,
-            "- trajectory: no entropy collapse, KL spike, plateau or length drift detected (or no trajectory recorded)",
-        )
+    diagnosed = list(findings) + (list(traj_findings) or [quiet]) + list(relative)
+    lines += ["## Diagnostics", ""] + [f"- {f}" for f in diagnosed] + [""]
     if narrative:
         lines += ["## Mechanism-level analysis", "", narrative.strip(), ""]
     return "\n".join(lines)
@@ -195,13 +269,19 @@ def reflect_node(archive, name: str, cfg, llm=None) -> str:
     parent_res = parent_node.results.get(result.protocol.id) if parent_node is not None else None
     findings, rows = metric_diagnostics(result, parent_res)
     traj = trajectory_diagnostics(dict(result.trajectory))
+    relative: list[str] = []
+    traj_rows: list[tuple[str, float, float, str]] = []
+    if parent_res is not None and parent_res.ok and comparable(result, parent_res):
+        relative, traj_rows = trajectory_vs_parent(
+            dict(result.trajectory), dict(parent_res.trajectory)
+        )
     narrative = ""
     if llm is not None:
         diff = archive.diff(parent, name, ["algorithm.py"]) if parent else archive.algorithm(name)
         prompt = (
             f"Node `{name}` (parent `{parent}`).\n\nProposal:\n{archive.read_file(name, 'PROPOSAL.md') or '(none)'}\n\n"
             f"Mechanism diff vs parent:\n```diff\n{diff[:6000]}\n```\n\nComputed diagnostics:\n"
-            + "\n".join(f"- {f}" for f in findings + traj)
+            + "\n".join(f"- {f}" for f in findings + traj + relative)
             + "\n\nWrite a short mechanism-level analysis (<= 200 words): which part of the mechanism most likely "
             "caused each finding, and one concrete next step. Plain Markdown, no headings."
         )
@@ -216,7 +296,7 @@ def reflect_node(archive, name: str, cfg, llm=None) -> str:
             node=name,
             purpose="reflect",
         ).text
-    text = render_reflection(name, parent, findings, traj, rows, narrative)
+    text = render_reflection(name, parent, findings, traj, rows, narrative, traj_rows, relative)
     archive.record_reflection(name, text)
     _log_mlflow(archive, result, text)
     return text
