@@ -32,8 +32,11 @@ REFLECTION = (
     "# Reflection on p\n\n## Metrics vs parent grpo\n\n| metric | node | parent | delta | beyond interval |\n"
     "|---|---|---|---|---|\n"
     + "".join(f"| {s}/{k} | 0.5 | 0.4 | 0.1 | yes |\n" for s in SPLITS for k in KINDS)
+    + "\n## Training trajectory vs parent grpo\n\n| series | node | parent | change |\n"
+    "|---|---|---|---|\n| policy entropy | 0.3 | 0.2 | x1.50 |\n"
     + "\n## Diagnostics\n\n- hard/pass@8 0.21 -> 0.26 (+0.05), beyond its 95% interval\n"
-    "- entropy collapse: policy entropy fell from 1.4 to 0.3 (21% of its start)\n\n"
+    "- entropy collapse: policy entropy fell from 1.4 to 0.3 (21% of its start)\n"
+    "- vs parent: kept more entropy (policy entropy x1.50 over the last third of training)\n\n"
     "## Mechanism-level analysis\n\nTHE-LAST-SENTENCE of a long diagnosis is kept.\n"
 )
 
@@ -86,6 +89,10 @@ def test_budget_trims_the_others_never_the_parent(arch):
     ctx = build_context(arch, "p", arch.config(), seed=0)
     full = ctx.render()
     assert "OTHER-0" in full or "OTHER-1" in full  # other nodes' analyses fit by default
+    # the other nodes' reflections without their tables; their findings, whole
+    others = full[full.index("### Parent's algorithm.py") :]
+    others = others[others.index("\n## ") :]
+    assert "kept more entropy" in others and "| policy entropy |" not in others
     ctx.budget_tokens = tokens.count_tokens(full) - 200
     small = ctx.render()
     assert tokens.count_tokens(small) <= ctx.budget_tokens

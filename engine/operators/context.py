@@ -44,14 +44,15 @@ def metrics_line(
 
 
 def reflection_digest(text: str) -> str:
-    """A reflection without its metrics table (the metrics are listed with their intervals anyway):
-    the diagnostics and the mechanism-level analysis, whole."""
+    """A reflection without its metrics table (the metrics are listed with their intervals anyway)
+    and its trajectory table (what stands out in it is a finding): the diagnostics and the
+    mechanism-level analysis, whole."""
     keep, skip = [], False
     for line in text.splitlines():
         if line.startswith("# "):
             continue
         if line.startswith("## "):
-            skip = line.startswith("## Metrics vs parent")
+            skip = line.startswith(("## Metrics vs parent", "## Training trajectory vs parent"))
             if skip:
                 continue
         if not skip and line.strip():
