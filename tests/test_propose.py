@@ -395,29 +395,40 @@ def _evidence(name, parent, u, **options):
     return Evidence(name, parent, u, normalize(options) if options else None)
 
 
+def _by_name(*evidence) -> dict:
+    """Evidence records keyed by node name, as ``archive_evidence`` returns them."""
+    return {e.name: e for e in evidence}
+
+
+def _kl_moves() -> tuple:
+    """The root and two knob-only children that raised the KL anchor and gained."""
+    return (
+        _evidence("grpo", None, 0.50),
+        _evidence("kl-a", "grpo", 0.52, hp={"kl_coef": 0.01}),
+        _evidence("kl-b", "grpo", 0.535, hp={"kl_coef": 0.1}),
+    )
+
+
 def test_component_effects_charge_a_collapse_to_its_cause():
     from engine.operators.proposers.offline import component_effects, expected_gain
 
-    ev = {
-        e.name: e
-        for e in (
-            _evidence("grpo", None, 0.50),
-            _evidence("bayes", "grpo", 0.25, baseline="valid_bayes"),
-            _evidence("adapt", "grpo", 0.52, entropy_control="adaptive"),
-            _evidence("adapt-2", "adapt", 0.53, entropy_control="adaptive", invalid="mask"),
-            # a crossover that brought the collapsing baseline along with a harmless option
-            _evidence(
-                "adapt-x-bayes",
-                "adapt",
-                0.27,
-                entropy_control="adaptive",
-                baseline="valid_bayes",
-                length="negative_scale",
-            ),
-            _evidence("unevaluated", "grpo", None, scale="none"),
-            _evidence("orphan", "gone", 0.9, scale="batch"),
-        )
-    }
+    ev = _by_name(
+        _evidence("grpo", None, 0.50),
+        _evidence("bayes", "grpo", 0.25, baseline="valid_bayes"),
+        _evidence("adapt", "grpo", 0.52, entropy_control="adaptive"),
+        _evidence("adapt-2", "adapt", 0.53, entropy_control="adaptive", invalid="mask"),
+        # a crossover that brought the collapsing baseline along with a harmless option
+        _evidence(
+            "adapt-x-bayes",
+            "adapt",
+            0.27,
+            entropy_control="adaptive",
+            baseline="valid_bayes",
+            length="negative_scale",
+        ),
+        _evidence("unevaluated", "grpo", None, scale="none"),
+        _evidence("orphan", "gone", 0.9, scale="batch"),
+    )
     eff = component_effects(ev)
     assert eff[("baseline", "valid_bayes")] < -0.15  # charged with both collapses
     assert abs(eff[("length", "negative_scale")]) < abs(eff[("baseline", "valid_bayes")]) / 3
@@ -735,20 +746,15 @@ def test_learned_moves_follow_the_archive_evidence():
     loose = observation_sd({s: v + (0.1 if s % 2 else -0.06) for s, v in par.items()}, par)
     assert tight < observation_sd({0: 0.52}, {0: 0.5}) and tight < loose
 
-    ev = {
-        e.name: e
-        for e in (
-            _evidence("grpo", None, 0.50),
-            _evidence("kl-a", "grpo", 0.52, hp={"kl_coef": 0.01}),
-            _evidence("kl-b", "grpo", 0.535, hp={"kl_coef": 0.1}),
-            _evidence("kl-a-2", "kl-a", 0.53, hp={"kl_coef": 0.05}),
-            _evidence("annealed", "grpo", 0.49, entropy_control="annealed"),
-            _evidence("scale", "grpo", 0.495, scale="none"),
-            _evidence("ent-up", "grpo", 0.502, hp={"entropy_coef": 0.01}),
-            _evidence("ent-down", "ent-up", 0.499, hp={"entropy_coef": 0.0001}),
-            _evidence("pending", "grpo", None, baseline="loo"),
-        )
-    }
+    ev = _by_name(
+        *_kl_moves(),
+        _evidence("kl-a-2", "kl-a", 0.53, hp={"kl_coef": 0.05}),
+        _evidence("annealed", "grpo", 0.49, entropy_control="annealed"),
+        _evidence("scale", "grpo", 0.495, scale="none"),
+        _evidence("ent-up", "grpo", 0.502, hp={"entropy_coef": 0.01}),
+        _evidence("ent-down", "ent-up", 0.499, hp={"entropy_coef": 0.0001}),
+        _evidence("pending", "grpo", None, baseline="loo"),
+    )
     fit = fit_moves(ev)
     means = dict(zip(fit.names, fit.mean))
     assert means[("knob", "kl_coef")] > 0.005 > 0 > means[("entropy_control", "annealed")]
@@ -831,14 +837,7 @@ def test_learned_move_needs_a_minimum_gain_and_does_not_explore_what_is_in_fligh
     )
 
     base = normalize(None)
-    ev = {
-        e.name: e
-        for e in (
-            _evidence("grpo", None, 0.50),
-            _evidence("kl-a", "grpo", 0.52, hp={"kl_coef": 0.01}),
-            _evidence("kl-b", "grpo", 0.535, hp={"kl_coef": 0.1}),
-        )
-    }
+    ev = _by_name(*_kl_moves())
     fit = fit_moves(ev)
     rng = random.Random(0)
     gains = [learned_move(fit, base, rng) for _ in range(20)]

@@ -141,13 +141,18 @@ def trajectory_vs_parent(
     return findings, rows
 
 
+def comparable_parent(node_res: EvaluationResult, parent_res: EvaluationResult | None) -> bool:
+    """The parent has a successful result under the node's protocol: the only one compared with."""
+    return parent_res is not None and parent_res.ok and comparable(node_res, parent_res)
+
+
 def metric_diagnostics(
     node_res: EvaluationResult, parent_res: EvaluationResult | None
 ) -> tuple[list[str], list[tuple]]:
     """(findings, table rows ``(metric, node, parent, delta, significant)``) of node vs parent metrics;
     the parent is compared only when its result is under the same protocol."""
     nm = dict(node_res.metrics)
-    if parent_res is None or not parent_res.ok or not comparable(node_res, parent_res):
+    if not comparable_parent(node_res, parent_res):
         why = (
             "no evaluated parent to compare with"
             if parent_res is None or not parent_res.ok
@@ -271,7 +276,7 @@ def reflect_node(archive, name: str, cfg, llm=None) -> str:
     traj = trajectory_diagnostics(dict(result.trajectory))
     relative: list[str] = []
     traj_rows: list[tuple[str, float, float, str]] = []
-    if parent_res is not None and parent_res.ok and comparable(result, parent_res):
+    if comparable_parent(result, parent_res):
         relative, traj_rows = trajectory_vs_parent(
             dict(result.trajectory), dict(parent_res.trajectory)
         )

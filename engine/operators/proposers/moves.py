@@ -204,6 +204,16 @@ def design(rows: list[tuple[dict[Any, float], float]]):
     return names, x, y
 
 
+def change_features(ev, par) -> dict[tuple[str, str], float]:
+    """The :func:`features` of the change an evidence record ``ev`` made from its parent's ``par``
+    (a record without recorded components counts as the default spec, its code's hyperparameters
+    over it); {} when nothing says what it changed or either spec is unreadable."""
+    if ev.components is None and ev.hp is None:  # nothing says what it changed
+        return {}
+    mine, theirs = _spec(ev.components, ev.hp), _spec(par.components, par.hp)
+    return {} if mine is None or theirs is None else features(mine, theirs)
+
+
 def fit_moves(evidence: dict) -> MoveFit | None:
     """The posterior over the features' effects, from every evaluated node with a readable spec whose
     (first) parent is evaluated (a node without recorded components counts as the default spec;
@@ -215,12 +225,7 @@ def fit_moves(evidence: dict) -> MoveFit | None:
         par = evidence.get(ev.parent) if ev.parent else None
         if ev.utility is None or par is None or par.utility is None:
             continue
-        if ev.components is None and ev.hp is None:  # nothing says what it changed
-            continue
-        mine, theirs = _spec(ev.components, ev.hp), _spec(par.components, par.hp)
-        if mine is None or theirs is None:
-            continue
-        feats = features(mine, theirs)
+        feats = change_features(ev, par)
         if feats:
             rows.append((feats, ev.utility - par.utility, observation_sd(ev.seeds, par.seeds)))
     if not rows:
@@ -304,11 +309,8 @@ def features_in_flight(evidence: dict) -> set[tuple[str, str]]:
     out: set[tuple[str, str]] = set()
     for ev in evidence.values():
         par = evidence.get(ev.parent) if ev.parent else None
-        if not ev.pending or par is None or (ev.components is None and ev.hp is None):
-            continue
-        mine, theirs = _spec(ev.components, ev.hp), _spec(par.components, par.hp)
-        if mine is not None and theirs is not None:
-            out.update(features(mine, theirs))
+        if ev.pending and par is not None:
+            out.update(change_features(ev, par))
     return out
 
 
