@@ -117,6 +117,31 @@ def paired_interval(
     return mean, iv, len(diffs)
 
 
+def tail_mean(values) -> float | None:
+    """The mean of a training series over its last third (its finite numbers from index
+    ``2 n // 3`` on), where a run has settled; None for fewer than 3 numbers."""
+    vals = [
+        float(v)
+        for v in values or ()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    ]
+    if len(vals) < 3:
+        return None
+    tail = vals[len(vals) * 2 // 3 :]
+    return math.fsum(tail) / len(tail)
+
+
+def tail_means(trajectory: Mapping[str, object]) -> dict[str, float]:
+    """:func:`tail_mean` of every series of a training trajectory (``step`` aside) that has one."""
+    out = {}
+    for key, vals in trajectory.items():
+        if key != "step" and isinstance(vals, (list, tuple)):
+            m = tail_mean(vals)
+            if m is not None:
+                out[key] = m
+    return out
+
+
 def ranks(xs: list[float]) -> list[float]:
     """Average ranks (1 = smallest), ties sharing their mean rank."""
     order = sorted(range(len(xs)), key=lambda i: xs[i])

@@ -108,6 +108,16 @@ def test_evaluate_records_results_on_the_branch_and_mlflow(exp):
         runs[0].info.run_id, "train/reward_mean"
     )
     assert len(hist) == proto["settings"]["rl"]["steps"]
+    # each seed's row carries its training series' means over the last third: the same numbers as
+    # that seed's MLflow history (what the reflection pairs with the parent's seeds)
+    from engine.stats import tail_mean
+
+    row = next(r for r in res["per_seed"] if r["mlflow_run_id"] == runs[0].info.run_id)
+    assert row["trajectory_tail"]["train/reward_mean"] == pytest.approx(
+        tail_mean([m.value for m in sorted(hist, key=lambda m: m.step)])
+    )
+    assert {"train/entropy", "train/kl"} <= set(row["trajectory_tail"])
+    assert "step" not in row["trajectory_tail"]
 
 
 @pytest.mark.slow  # warm start + seed workers + a new MLflow store

@@ -71,7 +71,7 @@ def test_trajectory_vs_parent_says_what_the_child_changed():
         "vs parent: kept more entropy (policy entropy x2.00 over the last third of training: "
         "0.055 -> 0.11)"
     ]
-    assert ("policy entropy", pytest.approx(0.11), pytest.approx(0.055), "x2.00") in rows
+    assert ("policy entropy", pytest.approx(0.11), pytest.approx(0.055), "x2.00", None, 0) in rows
     assert {r[0] for r in rows} == {
         "policy entropy",
         "KL to the reference",
@@ -92,6 +92,40 @@ def test_trajectory_vs_parent_says_what_the_child_changed():
     assert "reward" not in text and len(found) == 3  # -0.014 is below the 0.02 a finding needs
     assert trajectory_vs_parent(SICK, SICK)[0] == []
     assert trajectory_vs_parent({}, SICK) == ([], [])  # nothing recorded: nothing compared
+
+
+def tails(entropy: list[float], reward: float = 0.46) -> dict[int, dict[str, float]]:
+    """Per-seed tail means, as an evaluation records them: seed -> {series: mean}."""
+    return {s: {"train/entropy": e, "train/reward_mean": reward} for s, e in enumerate(entropy)}
+
+
+def test_trajectory_vs_parent_pairs_the_seeds():
+    """With per-seed tails for both, a change is compared seed by seed: a finding needs its size
+    and a paired difference beyond its 95% interval; the table carries that interval."""
+    parent = tails([0.05, 0.06, 0.055, 0.05])
+    steady = tails([0.10, 0.12, 0.11, 0.10])  # twice the entropy at every seed
+    found, rows = trajectory_vs_parent(SICK, SICK, steady, parent)
+    assert len(found) == 1 and found[0].startswith(
+        "vs parent: kept more entropy (policy entropy x2.00 over the last third of training: "
+        "0.0537 -> 0.107; paired difference +0.0537 ["
+    ), found
+    assert found[0].endswith("] over 4 seeds)")
+    ent = next(r for r in rows if r[0] == "policy entropy")
+    assert ent[1:4] == (pytest.approx(0.1075), pytest.approx(0.05375), "x2.00")
+    assert ent[5] == 4 and 0 < ent[4][0] < 0.05375 < ent[4][1]
+    # the reward is compared at the seeds too: no change, an interval of zero width, no finding
+    assert next(r for r in rows if r[0] == "reward")[3:] == ("+0", (0.0, 0.0), 4)
+    # the same x2 on average, from one seed that rose sharply while the others fell: no finding
+    erratic = tails([0.29, 0.03, 0.04, 0.07])
+    found, rows = trajectory_vs_parent(SICK, SICK, erratic, parent)
+    ent = next(r for r in rows if r[0] == "policy entropy")
+    assert ent[3] == "x2.00" and ent[4][0] < 0 < ent[4][1] and found == []
+    # series the tails lack, or one shared seed, fall back to the mean trajectories' reading
+    _, rows = trajectory_vs_parent(
+        SICK, HEALTHY, {0: {"train/entropy": 0.1}}, {0: {"train/entropy": 0.2}}
+    )
+    assert all(r[4] is None and r[5] == 0 for r in rows)
+    assert next(r for r in rows if r[0] == "policy entropy")[1] == pytest.approx(0.055)
 
 
 def test_metric_diagnostics_intervals():
@@ -133,6 +167,37 @@ def test_reflect_command_commits_reflection(archive, cli):
     r = cli("reflect", "fresh", "-C", str(archive.path))
     assert r.returncode == 1 and "evaluate it first" in r.stderr and "Traceback" not in r.stderr
     assert archive.fsck()
+
+
+def test_reflection_table_carries_the_paired_intervals(archive):
+    """Results that carry per-seed tails (as evaluations now record them) get a table of paired
+    differences with their intervals, and findings only where the seeds agree."""
+
+    def with_seeds(overall, traj, entropy):
+        rows = [
+            {
+                "seed": s,
+                "status": "evaluated",
+                "metrics": {"overall": overall},
+                "trajectory_tail": {"train/entropy": e, "train/reward_mean": 0.46},
+            }
+            for s, e in enumerate(entropy)
+        ]
+        return {
+            **results(overall, overall - 0.03, overall + 0.03, traj),
+            "per_seed": rows,
+            "seeds": list(range(len(entropy))),
+        }
+
+    record(archive, "grpo", with_seeds(0.50, SICK, [0.05, 0.06, 0.055, 0.05]))
+    archive.spawn("grpo", "kid", proposal="# kid\n")
+    record(archive, "kid", with_seeds(0.51, SICK, [0.10, 0.12, 0.11, 0.10]))
+    text = reflect_node(archive, "kid", archive.config())
+    assert "at each of 4 paired seeds, with the 95% interval of the paired difference" in text
+    assert "| policy entropy | 0.1075 | 0.05375 | x2.00 | +0.0537 [+0.0" in text
+    assert "| response length | 422.5 | 422.5 | x1.00 | — |" in text  # not in the tails: read
+    assert "- vs parent: kept more entropy (policy entropy x2.00" in text
+    assert "over 4 seeds)" in text
 
 
 @pytest.mark.slow

@@ -424,3 +424,16 @@ def test_the_upper_bound_of_a_few_seeds_sd_covers_the_true_sd_nine_times_in_ten(
     assert chi2_low10(11) == pytest.approx(5.5778, abs=0.005)  # the approximation past the table
     with pytest.raises(ValueError, match="at least 1 degree"):
         chi2_low10(0)
+
+
+def test_tail_mean_is_the_last_third_of_a_series():
+    """A training series' settled value: the mean over its last third, skipping what is not a
+    finite number; the ``step`` column and short series have none."""
+    from engine.stats import tail_mean, tail_means
+
+    assert tail_mean([1, 2, 3, 4, 5, 6, 7, 8, 9]) == 8.0  # indices 6..8
+    assert tail_mean([0.0, 1.0, 2.0, 3.0]) == 2.5  # 4 * 2 // 3 = 2: the last two
+    assert tail_mean([1.0, float("nan"), 2.0, None, 3.0]) == 3.0  # three finite numbers: the last
+    assert tail_mean([1.0, 2.0]) is None and tail_mean(None) is None
+    traj = {"step": [0, 1, 2], "train/kl": [0.0, 0.1, 0.2], "train/x": [1.0], "note": "text"}
+    assert tail_means(traj) == {"train/kl": 0.2}

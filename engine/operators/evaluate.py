@@ -36,7 +36,7 @@ from engine.operators.verify import refuse_unverified
 from engine.sandbox.limits import Limits
 from engine.sandbox.process import run_limited, trusted_env
 from engine.secrets import scrub
-from engine.stats import mean_interval
+from engine.stats import mean_interval, tail_means
 from trainer_template.proxy.protocol import PRESETS, get_protocol, metric_unit
 
 log = logging.getLogger(__name__)
@@ -379,6 +379,7 @@ def _run(job: _Job, tags: Mapping[str, str] | None, say: Callable[[str], None]) 
             "wall_s": round(r["wall_s"], 3),
             "timings": r.get("timings", {}),
             "peak_rss_mb": r.get("peak_rss_mb"),
+            **_trajectory_tail(r),
         }
         for r in runs
     )
@@ -398,6 +399,14 @@ def _run(job: _Job, tags: Mapping[str, str] | None, say: Callable[[str], None]) 
         recorded_at=now(),
     )
     return result
+
+
+def _trajectory_tail(run: dict) -> dict:
+    """``{"trajectory_tail": {series: mean over its last third}}`` of one seed's run ({} without a
+    trajectory): what the reflection pairs with the parent's seeds, since the recorded trajectory
+    is the seeds' mean."""
+    tail = tail_means(run.get("trajectory") or {})
+    return {"trajectory_tail": tail} if tail else {}
 
 
 def _reporter(name: str, on_event: Callable[[str], None] | None) -> Callable[[str], None]:

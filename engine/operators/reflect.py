@@ -18,6 +18,7 @@ from typing import Any
 from engine.archive.results import EvaluationResult, comparable, configured_protocol
 from engine.archive.tracking import mlflow_client
 from engine.errors import PoiseError
+from engine.stats import paired_interval, tail_mean
 
 log = logging.getLogger(__name__)
 
@@ -103,24 +104,63 @@ over the parent's value or their difference, the change a finding needs, its wor
 TAIL = "the last third of training"
 
 
-def _tail_mean(traj: dict[str, Any], key: str) -> float | None:
-    vals = _series(traj, key)
-    return statistics.fmean(vals[len(vals) * 2 // 3 :]) if len(vals) >= 3 else None
+def seed_tails(result: EvaluationResult | None) -> dict[int, dict[str, float]]:
+    """seed -> each training series' mean over :data:`TAIL` at that seed, from a result's evaluated
+    per-seed rows ({} for results recorded without them)."""
+    out: dict[int, dict[str, float]] = {}
+    for row in result.per_seed if result is not None else ():
+        tail = row.get("trajectory_tail")
+        if isinstance(tail, dict) and row.get("status", "evaluated") == "evaluated":
+            out[int(row["seed"])] = {
+                k: float(v) for k, v in tail.items() if isinstance(v, (int, float))
+            }
+    return out
+
+
+def _paired_tails(
+    key: str, tails: dict[int, dict[str, float]], parent_tails: dict[int, dict[str, float]]
+) -> tuple[float, float, tuple[float, float], int] | None:
+    """(node mean, parent mean, 95% interval of the paired difference, seeds) of one series' tail
+    means over the seeds both have it at; None for fewer than 2 such seeds."""
+    mine = {s: t[key] for s, t in tails.items() if key in t}
+    theirs = {s: t[key] for s, t in parent_tails.items() if key in t}
+    shared = sorted(set(mine) & set(theirs))
+    d = paired_interval(mine, theirs)
+    if d is None or d[1] is None:
+        return None
+    a = statistics.fmean(mine[s] for s in shared)
+    b = statistics.fmean(theirs[s] for s in shared)
+    return a, b, (d[1][0], d[1][1]), d[2]
+
+
+TrajectoryRow = tuple[str, float, float, str, tuple[float, float] | None, int]
+"""one row of the trajectory comparison: (series, node, parent, change, 95% interval of the paired
+difference or None, paired seeds behind the interval)"""
 
 
 def trajectory_vs_parent(
-    traj: dict[str, Any], parent_traj: dict[str, Any]
-) -> tuple[list[str], list[tuple[str, float, float, str]]]:
-    """(findings, table rows ``(series, node, parent, change)``) of a node's training trajectory
-    against its parent's over :data:`TAIL` (the mean of each series there; both trajectories are
-    means over the same paired seeds). Absolute findings such as an entropy collapse fire on a
-    parent and its child alike; this says what the child's mechanism changed. One trajectory each,
-    so a reading, with no interval: :data:`TRAJECTORY_VS_PARENT` sets how large a change a finding
-    needs."""
+    traj: dict[str, Any],
+    parent_traj: dict[str, Any],
+    tails: dict[int, dict[str, float]] | None = None,
+    parent_tails: dict[int, dict[str, float]] | None = None,
+) -> tuple[list[str], list[TrajectoryRow]]:
+    """(findings, table rows) of a node's training trajectory against its parent's over
+    :data:`TAIL`. Absolute findings such as an entropy collapse fire on a parent and its child
+    alike; this says what the child's mechanism changed. With per-seed ``tails`` for both
+    (:func:`seed_tails`) on at least 2 shared seeds, each series is compared seed by seed: the
+    means are over those seeds, and a change is a finding only if it is as large as
+    :data:`TRAJECTORY_VS_PARENT` asks *and* its paired difference's 95% interval excludes zero.
+    Without them (results recorded before per-seed tails, or one seed) the two mean trajectories
+    are compared: a reading, with no interval, and the size alone makes a finding."""
     findings: list[str] = []
-    rows: list[tuple[str, float, float, str]] = []
+    rows: list[TrajectoryRow] = []
     for key, label, how, needs, (up, down) in TRAJECTORY_VS_PARENT:
-        a, b = _tail_mean(traj, key), _tail_mean(parent_traj, key)
+        paired = _paired_tails(key, tails or {}, parent_tails or {})
+        if paired is not None:
+            a, b, iv, n = paired
+        else:
+            a, b = tail_mean(_series(traj, key)), tail_mean(_series(parent_traj, key))
+            iv, n = None, 0
         if a is None or b is None:
             continue
         if how == "ratio":
@@ -133,10 +173,17 @@ def trajectory_vs_parent(
             d = a - b
             change, moved = f"{d:+.3g}", abs(d) >= needs
             words = up if d > 0 else down
-        rows.append((label, a, b, change))
+        rows.append((label, a, b, change, iv, n))
+        if iv is not None:
+            moved = moved and (iv[0] > 0 or iv[1] < 0)
         if moved:
             findings.append(
-                f"vs parent: {words} ({label} {change} over {TAIL}: {b:.3g} -> {a:.3g})"
+                f"vs parent: {words} ({label} {change} over {TAIL}: {b:.3g} -> {a:.3g}"
+                + (
+                    f"; paired difference {a - b:+.3g} [{iv[0]:+.3g}, {iv[1]:+.3g}] over {n} seeds)"
+                    if iv
+                    else ")"
+                )
             )
     return findings, rows
 
@@ -206,7 +253,7 @@ def render_reflection(
     traj_findings: Sequence[str],
     rows,
     narrative: str = "",
-    traj_rows: Sequence[tuple[str, float, float, str]] = (),
+    traj_rows: Sequence[TrajectoryRow] = (),
     relative: Sequence[str] = (),
 ) -> str:
     """REFLECTION.md: the metrics and the training trajectory against the parent's, then the
@@ -226,16 +273,27 @@ def render_reflection(
         ]
         lines.append("")
     if traj_rows:
+        n = max(r[5] for r in traj_rows)
+        how = (
+            f"at each of {n} paired seeds, with the 95% interval of the paired difference; a "
+            "change is a finding when it is large enough and beyond that interval"
+            if n
+            else "averaged over the seeds; one trajectory each, so a reading, not a test"
+        )
         lines += [
             f"## Training trajectory vs parent {parent or '—'}",
             "",
-            f"Each series' mean over {TAIL}, averaged over the seeds; one trajectory each, so a "
-            "reading, not a test.",
+            f"Each series' mean over {TAIL}, {how}.",
             "",
-            "| series | node | parent | change |",
-            "|---|---|---|---|",
+            "| series | node | parent | change | paired difference [95% interval] |",
+            "|---|---|---|---|---|",
         ]
-        lines += [f"| {k} | {_fmt(a)} | {_fmt(b)} | {c} |" for k, a, b, c in traj_rows]
+        lines += [
+            f"| {k} | {_fmt(a)} | {_fmt(b)} | {c} | "
+            + (f"{a - b:+.3g} [{iv[0]:+.3g}, {iv[1]:+.3g}]" if iv else "—")
+            + " |"
+            for k, a, b, c, iv, _n in traj_rows
+        ]
         lines.append("")
     quiet = (
         "trajectory: no entropy collapse, KL spike, plateau or length drift detected (or no "
@@ -275,10 +333,13 @@ def reflect_node(archive, name: str, cfg, llm=None) -> str:
     findings, rows = metric_diagnostics(result, parent_res)
     traj = trajectory_diagnostics(dict(result.trajectory))
     relative: list[str] = []
-    traj_rows: list[tuple[str, float, float, str]] = []
+    traj_rows: list[TrajectoryRow] = []
     if comparable_parent(result, parent_res):
         relative, traj_rows = trajectory_vs_parent(
-            dict(result.trajectory), dict(parent_res.trajectory)
+            dict(result.trajectory),
+            dict(parent_res.trajectory),
+            seed_tails(result),
+            seed_tails(parent_res),
         )
     narrative = ""
     if llm is not None:
