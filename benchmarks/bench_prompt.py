@@ -40,6 +40,7 @@ def proxy_results(rng: random.Random, level: float):
     """A typed proxy result (``proxy/default`` at the current protocol hash)."""
     from engine.archive.results import EvaluationResult, now
     from engine.operators.evaluate import proxy_protocol
+    from engine.stats import tail_means
     from trainer_template.proxy.protocol import get_protocol, metric_unit
 
     d = _proxy_payload(rng, level)
@@ -52,6 +53,19 @@ def proxy_results(rng: random.Random, level: float):
         interval_kind="95% Student-t over paired seeds",
         seeds=(0, 1),
         trajectory=d["trajectory"],
+        per_seed=tuple(
+            {
+                "seed": s,
+                "status": "evaluated",
+                "metrics": {"overall": d["metrics"]["overall"] + rng.uniform(-0.01, 0.01)},
+                # each series' last-third mean at this seed, as an evaluation records it
+                "trajectory_tail": {
+                    k: v * (1 + rng.uniform(-0.05, 0.05))
+                    for k, v in tail_means(d["trajectory"]).items()
+                },
+            }
+            for s in (0, 1)
+        ),
         recorded_at=now(),
     )
 
