@@ -119,7 +119,32 @@ def test_trajectory_vs_parent_pairs_the_seeds():
     erratic = tails([0.29, 0.03, 0.04, 0.07])
     found, rows = trajectory_vs_parent(SICK, SICK, erratic, parent)
     ent = next(r for r in rows if r[0] == "policy entropy")
-    assert ent[3] == "x2.00" and ent[4][0] < 0 < ent[4][1] and found == []
+    assert ent[3] == "x2.00" and ent[4][0] < 0 < ent[4][1] and found == []  # nor "like it"
+    # close on the two series the tails hold, but the others read without an interval: no claim
+    assert trajectory_vs_parent(SICK, SICK, tails([0.05] * 4), parent)[0] == []
+    # every series within a finding's size of the parent's, interval and all: trained like it
+    rest = {"train/kl": 0.01, "train/response_length": 422.5, "train/valid_rate": 0.735}
+    close = {s: {**t, **rest} for s, t in tails([0.051, 0.061, 0.054, 0.052]).items()}
+    found, _ = trajectory_vs_parent(
+        SICK, SICK, close, {s: {**t, **rest} for s, t in parent.items()}
+    )
+    assert found == [
+        "vs parent: trained like its parent (each series' paired difference lies, with its 95% "
+        "interval, within a finding's size, over 4 paired seeds): a metric's difference is the "
+        "training noise of two runs unless beyond that metric's interval"
+    ]
+    # 10% more entropy at every seed: beyond the interval, below the x1.2 a finding needs
+    more = {s: {**t, **rest} for s, t in tails([0.055, 0.066, 0.0605, 0.055]).items()}
+    found, _ = trajectory_vs_parent(SICK, SICK, more, {s: {**t, **rest} for s, t in parent.items()})
+    assert len(found) == 1 and found[0].startswith(
+        "vs parent: changed training slightly but consistently, below a finding's size "
+        "(policy entropy x1.10, paired difference +0.00537 [+0."
+    ), found
+    assert found[0].endswith("; over 4 paired seeds)")
+    # 2% more at every seed: consistent, but under a quarter of a finding's size: still alike
+    tiny = {s: {**t, **rest} for s, t in tails([0.051, 0.0612, 0.0561, 0.051]).items()}
+    found, _ = trajectory_vs_parent(SICK, SICK, tiny, {s: {**t, **rest} for s, t in parent.items()})
+    assert len(found) == 1 and found[0].startswith("vs parent: trained like its parent"), found
     # series the tails lack, or one shared seed, fall back to the mean trajectories' reading
     _, rows = trajectory_vs_parent(
         SICK, HEALTHY, {0: {"train/entropy": 0.1}}, {0: {"train/entropy": 0.2}}

@@ -84,6 +84,43 @@ def test_rows_give_deltas_and_noise_aware_verdicts(tmp_path):
     assert rows["hostile"]["status"] == "rejected" and rows["hostile"]["reason"] == "imports os"
 
 
+def test_rows_say_what_training_did_differently_from_the_parent(tmp_path):
+    """The node table's "training vs parent": the reflection's reading of the trajectory against
+    the parent's, seed by seed where the results carry per-seed tails."""
+    from engine.report.html import node_rows, report_experiment
+
+    arch = _build(tmp_path)
+    rows = {r["node"]: r for r in node_rows(arch.nodes(), report_experiment(arch))}
+    # recorded without per-seed tails: the mean trajectories, read without an interval
+    assert rows["dr-grpo"]["training"] == "shorter; higher reward (a reading, no interval)"
+    assert rows["grpo"]["training"] == "" and rows["broken"]["training"] == ""
+
+    def seeded(overall: float, entropy: list[float]) -> dict:
+        per_seed = [
+            {
+                "seed": s,
+                "status": "evaluated",
+                "metrics": {"overall": overall},
+                "trajectory_tail": {
+                    "train/entropy": e,
+                    "train/reward_mean": 0.3,
+                    "train/response_length": 20.0,
+                },
+            }
+            for s, e in enumerate(entropy)
+        ]
+        return {**_payload(overall, 0.02, 22.0), "per_seed": per_seed}
+
+    record(arch, "grpo", seeded(0.50, [0.20, 0.22, 0.21]))
+    arch.spawn("grpo", "ent", trailers={"Poise-Round": "1"}, status="verified")
+    record(arch, "ent", seeded(0.51, [0.30, 0.33, 0.32]))  # x1.5 at every seed
+    arch.spawn("grpo", "same", trailers={"Poise-Round": "1"}, status="verified")
+    record(arch, "same", seeded(0.49, [0.201, 0.221, 0.209]))
+    rows = {r["node"]: r for r in node_rows(arch.nodes(), report_experiment(arch))}
+    assert rows["ent"]["training"] == "kept more entropy"
+    assert rows["same"]["training"] == "like its parent"
+
+
 def test_length_penalty_shifts_utility_and_interval(tmp_path):
     from engine.config import ExperimentConfig
     from engine.report.html import node_rows

@@ -13,6 +13,7 @@ import logging
 import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from engine.archive.results import EvaluationResult, comparable, configured_protocol
@@ -102,6 +103,9 @@ TRAJECTORY_VS_PARENT: tuple[tuple[str, str, str, float, tuple[str, str]], ...] =
 """the trajectory series the reflection compares with the parent's: (key, label, how: the node's
 over the parent's value or their difference, the change a finding needs, its words up and down)"""
 TAIL = "the last third of training"
+SLIGHT = 0.25
+"""the share of a finding's size (of its logarithm for ratios: x1.047 of x1.2) a change beyond its
+paired interval needs to be listed as slight but consistent"""
 
 
 def seed_tails(result: EvaluationResult | None) -> dict[int, dict[str, float]]:
@@ -124,10 +128,10 @@ def _paired_tails(
     means over the seeds both have it at; None for fewer than 2 such seeds."""
     mine = {s: t[key] for s, t in tails.items() if key in t}
     theirs = {s: t[key] for s, t in parent_tails.items() if key in t}
-    shared = sorted(set(mine) & set(theirs))
     d = paired_interval(mine, theirs)
     if d is None or d[1] is None:
         return None
+    shared = sorted(set(mine) & set(theirs))
     a = statistics.fmean(mine[s] for s in shared)
     b = statistics.fmean(theirs[s] for s in shared)
     return a, b, (d[1][0], d[1][1]), d[2]
@@ -138,22 +142,70 @@ TrajectoryRow = tuple[str, float, float, str, tuple[float, float] | None, int]
 difference or None, paired seeds behind the interval)"""
 
 
-def trajectory_vs_parent(
+@dataclass(frozen=True)
+class TrajectoryComparison:
+    """A node's training trajectory against its parent's (:func:`compare_trajectories`)."""
+
+    rows: tuple[TrajectoryRow, ...]
+    large: tuple[tuple[str, str], ...]
+    """(words, detail) per change a finding's size (and beyond its interval, where there is one)"""
+    slight: tuple[tuple[str, str], ...]
+    """(series and change, paired difference) per change beyond its interval, below a finding's
+    size and at least SLIGHT of it"""
+    alike: bool
+    """paired, nothing large or slight, and every interval within a finding's size either way"""
+    seeds: int
+    """paired seeds behind the intervals (0: the mean trajectories read, no interval)"""
+
+    def findings(self) -> list[str]:
+        out = [f"vs parent: {words} ({detail})" for words, detail in self.large]
+        if self.slight:
+            out.append(
+                "vs parent: changed training slightly but consistently, below a finding's size "
+                f"({'; '.join(f'{what}, {paired}' for what, paired in self.slight)}; over "
+                f"{self.seeds} paired seeds)"
+            )
+        elif self.alike:
+            out.append(
+                "vs parent: trained like its parent (each series' paired difference lies, with "
+                f"its 95% interval, within a finding's size, over {self.seeds} paired seeds): a "
+                "metric's difference is the training noise of two runs unless beyond that "
+                "metric's interval"
+            )
+        return out
+
+    def summary(self) -> str:
+        """One short line: what the child's training did differently ('' when nothing was read)."""
+        if not self.rows:
+            return ""
+        parts = [words for words, _ in self.large]
+        if self.slight:
+            parts.append("slightly: " + ", ".join(what for what, _ in self.slight))
+        if not parts:
+            parts = ["like its parent" if self.alike else "no clear change"]
+        return "; ".join(parts) + ("" if self.seeds else " (a reading, no interval)")
+
+
+def compare_trajectories(
     traj: dict[str, Any],
     parent_traj: dict[str, Any],
     tails: dict[int, dict[str, float]] | None = None,
     parent_tails: dict[int, dict[str, float]] | None = None,
-) -> tuple[list[str], list[TrajectoryRow]]:
-    """(findings, table rows) of a node's training trajectory against its parent's over
-    :data:`TAIL`. Absolute findings such as an entropy collapse fire on a parent and its child
-    alike; this says what the child's mechanism changed. With per-seed ``tails`` for both
-    (:func:`seed_tails`) on at least 2 shared seeds, each series is compared seed by seed: the
-    means are over those seeds, and a change is a finding only if it is as large as
-    :data:`TRAJECTORY_VS_PARENT` asks *and* its paired difference's 95% interval excludes zero.
-    Without them (results recorded before per-seed tails, or one seed) the two mean trajectories
-    are compared: a reading, with no interval, and the size alone makes a finding."""
-    findings: list[str] = []
+) -> TrajectoryComparison:
+    """A node's training trajectory against its parent's over :data:`TAIL`. Absolute findings such
+    as an entropy collapse fire on a parent and its child alike; this says what the child's
+    mechanism changed. With per-seed ``tails`` for both (:func:`seed_tails`) on at least 2 shared
+    seeds, each series is compared seed by seed: the means are over those seeds, and a change is
+    large only if it is as large as :data:`TRAJECTORY_VS_PARENT` asks *and* its paired difference's
+    95% interval excludes zero. Changes beyond their interval but below that size (and at least
+    :data:`SLIGHT` of it) are slight; where there is neither and every series' interval lies
+    within a finding's size either way, the child trained like its parent (an equivalence, not
+    merely no finding). Without per-seed tails (results recorded before them, or one seed) the two
+    mean trajectories are compared: a reading, with no interval, and the size alone counts."""
     rows: list[TrajectoryRow] = []
+    large: list[tuple[str, str]] = []
+    slight: list[tuple[str, str]] = []
+    alike = True  # every interval within a finding's size either way
     for key, label, how, needs, (up, down) in TRAJECTORY_VS_PARENT:
         paired = _paired_tails(key, tails or {}, parent_tails or {})
         if paired is not None:
@@ -167,25 +219,57 @@ def trajectory_vs_parent(
             if b <= 1e-9:
                 continue
             r = a / b
-            change, moved = f"x{r:.2f}", r >= needs or r <= 1 / needs
+            change, big = f"x{r:.2f}", r >= needs or r <= 1 / needs
+            material = abs(math.log(r)) >= SLIGHT * math.log(needs) if r > 0 else True
             words = up if r > 1 else down
+            lo, hi = b / needs - b, b * needs - b
         else:
             d = a - b
-            change, moved = f"{d:+.3g}", abs(d) >= needs
+            change, big = f"{d:+.3g}", abs(d) >= needs
+            material = abs(d) >= SLIGHT * needs
             words = up if d > 0 else down
+            lo, hi = -needs, needs
         rows.append((label, a, b, change, iv, n))
-        if iv is not None:
-            moved = moved and (iv[0] > 0 or iv[1] < 0)
-        if moved:
-            findings.append(
-                f"vs parent: {words} ({label} {change} over {TAIL}: {b:.3g} -> {a:.3g}"
-                + (
-                    f"; paired difference {a - b:+.3g} [{iv[0]:+.3g}, {iv[1]:+.3g}] over {n} seeds)"
-                    if iv
-                    else ")"
-                )
-            )
-    return findings, rows
+        beyond = iv is not None and (iv[0] > 0 or iv[1] < 0)
+        alike = alike and iv is not None and lo < iv[0] and iv[1] < hi
+        paired_text = f"paired difference {a - b:+.3g} [{iv[0]:+.3g}, {iv[1]:+.3g}]" if iv else ""
+        if big and (beyond or iv is None):
+            detail = f"{label} {change} over {TAIL}: {b:.3g} -> {a:.3g}"
+            large.append((words, detail + (f"; {paired_text} over {n} seeds" if iv else "")))
+        elif beyond and material:
+            slight.append((f"{label} {change}", paired_text))
+    seeds = max((r[5] for r in rows), default=0)
+    return TrajectoryComparison(
+        tuple(rows),
+        tuple(large),
+        tuple(slight),
+        bool(seeds) and alike and not large and not slight,
+        seeds,
+    )
+
+
+def trajectory_vs_parent(
+    traj: dict[str, Any],
+    parent_traj: dict[str, Any],
+    tails: dict[int, dict[str, float]] | None = None,
+    parent_tails: dict[int, dict[str, float]] | None = None,
+) -> tuple[list[str], list[TrajectoryRow]]:
+    """(findings, table rows) of :func:`compare_trajectories`."""
+    c = compare_trajectories(traj, parent_traj, tails, parent_tails)
+    return c.findings(), list(c.rows)
+
+
+def training_vs_parent(result: EvaluationResult | None, parent_res: EvaluationResult | None) -> str:
+    """One short line on what a node's training did differently from its parent's (the report's
+    column): '' unless both have results under the same protocol."""
+    if result is None or not comparable_parent(result, parent_res):
+        return ""
+    return compare_trajectories(
+        dict(result.trajectory),
+        dict(parent_res.trajectory),
+        seed_tails(result),
+        seed_tails(parent_res),
+    ).summary()
 
 
 def comparable_parent(node_res: EvaluationResult, parent_res: EvaluationResult | None) -> bool:

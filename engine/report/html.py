@@ -20,6 +20,7 @@ from engine.archive.results import configured_protocol
 from engine.archive.store import ALGORITHM, ROOT_NAME, Archive
 from engine.config import ExperimentConfig
 from engine.loop.state import load_run
+from engine.operators.reflect import training_vs_parent
 from engine.report import figures
 from engine.select import objective as obj
 
@@ -102,6 +103,10 @@ def node_rows(nodes, exp: ExperimentConfig) -> list[dict[str, Any]]:
                 if u is None or obj.node_utility(parent, exp) is None
                 else u - obj.node_utility(parent, exp),
                 "vs_parent": obj.promotion(n, parent, exp) if parent is not None else "",
+                # what its training did differently from the parent's (the reflection's reading)
+                "training": training_vs_parent(
+                    n.result, parent.result if parent is not None else None
+                ),
                 "vs_root": obj.promotion(n, root, exp)
                 if root is not None and n is not root
                 else "",
@@ -221,7 +226,10 @@ def render_report(
     parts.append(_rounds(nodes, rows))
     parts.append(
         "<h2>Nodes</h2><p class='sub'>U with its 95% interval; a child is <b>better</b> than its parent only when its "
-        "interval lies wholly above the parent's (<i>within noise</i> otherwise; <i>no interval</i> with one seed).</p>"
+        "interval lies wholly above the parent's (<i>within noise</i> otherwise; <i>no interval</i> with one seed). "
+        "<i>Training vs parent</i>: what its training did differently from its parent's over the last third "
+        "of training, seed by seed (the reflection's reading; <i>like its parent</i>: every series within "
+        "a finding's size, interval and all).</p>"
     )
     parts.append(_table(rows, exp))
     confirmations = read_confirmations(archive, nodes, report_protocol(archive).id)
@@ -307,6 +315,7 @@ def _table(rows: list[dict[str, Any]], exp: ExperimentConfig) -> str:
         "Δ vs root",
         "Δ vs parent",
         "vs parent",
+        "training vs parent",
         "reason",
     ]
     out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
@@ -332,6 +341,7 @@ def _table(rows: list[dict[str, Any]], exp: ExperimentConfig) -> str:
                 None if r["delta_parent"] is None else r["utility"] - r["delta_parent"],
             ),
             f"<span class='{cls}'>{html.escape(verdict)}</span>",
+            html.escape(r["training"] or "—"),
             html.escape(r["reason"][:160]),
         ]
         out.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
