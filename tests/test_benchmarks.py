@@ -179,6 +179,34 @@ def test_bench_discovery_runs_both_searches_resumes_and_confirms_on_held_out_see
     cmd = [sys.executable, str(ROOT / "benchmarks" / "transfer_sources.py"), *args]
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode == 1 and "already holds other code" in res.stderr
+    # the loop's children read the way their reflections read them; each seed's tail means in the
+    # results are the same numbers as that seed's MLflow history (the script's fallback for
+    # results recorded before the tails)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import training_vs_parent
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from engine.operators.reflect import seed_tails
+
+    arch = Archive(work / "loop-s0")
+    root = arch.nodes("proxy/tiny")["grpo"].result
+    recorded, logged = seed_tails(root), training_vs_parent.mlflow_tails(arch, root)
+    # the search's seeds only: the held-out confirmation's runs of seeds 2 and 3 are not the result's
+    assert sorted(recorded) == sorted(logged) == [0, 1] and "train/entropy" in recorded[0]
+    for seed, tails in recorded.items():
+        assert tails.keys() >= logged[seed].keys()
+        assert all(tails[k] == pytest.approx(v) for k, v in logged[seed].items())
+    tvp = tmp_path / "tvp.json"
+    args = ["--workdir", str(work), "--preset", "tiny", "--json", str(tvp)]
+    text = _bench("training_vs_parent.py", args, tmp_path)
+    children = json.loads(tvp.read_text())["children"]
+    evaluated = [
+        c for c in data["results"]["loop"]["0"]["candidates"] if c["status"] == "evaluated"
+    ]
+    assert [c["node"] for c in children] == [c["node"] for c in evaluated]
+    assert all(c["reading"] in training_vs_parent.READINGS and c["seeds"] == 2 for c in children)
+    assert not any(c["kind"].startswith("retune") for c in children)  # each changed something
 
 
 def test_bench_eval_noise_scores_each_policy_as_the_protocol_does_and_under_larger_evaluations(
