@@ -182,7 +182,13 @@ class TrajectoryComparison:
         if self.slight:
             parts.append("slightly: " + ", ".join(what for what, _ in self.slight))
         if not parts:
-            parts = ["like its parent" if self.alike else "no clear change"]
+            parts = [
+                "like its parent"
+                if self.alike
+                else "no clear change"
+                if self.seeds
+                else "no change a finding's size"
+            ]
         return "; ".join(parts) + ("" if self.seeds else " (a reading, no interval)")
 
 
