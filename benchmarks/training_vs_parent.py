@@ -179,12 +179,63 @@ def show(rows: list[dict], key: str, title: str) -> None:
         )
 
 
+def figure(rows: list[dict], path: Path) -> None:
+    """Each child's paired gain over its parent with its 95% interval, by the kind of change it made
+    (one row per kind), its marker and colour saying what its training did."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = [t["kind"] for t in table(rows, "kind")]
+    style = {
+        "finding": ("tab:red", "D"),
+        "slight": ("tab:orange", "s"),
+        "like its parent": ("tab:gray", "o"),
+        "unclear": ("tab:blue", "^"),
+    }
+    # the children of one kind spread over their row, in the order of their gains
+    ys = {}
+    for k in kinds:
+        mine = sorted((r for r in rows if r["kind"] == k), key=lambda r: r["gain"] or 0.0)
+        step = min(0.8 / len(mine), 0.12)
+        for j, r in enumerate(mine):
+            ys[(r["search_seed"], r["node"])] = kinds.index(k) + (j - (len(mine) - 1) / 2) * step
+    fig, ax = plt.subplots(figsize=(7.2, 1.2 + 0.6 * len(kinds)))
+    for reading, (color, marker) in style.items():
+        pts = [r for r in rows if r["reading"] == reading and r["gain"] is not None]
+        for i, r in enumerate(pts):
+            y = ys[(r["search_seed"], r["node"])]
+            iv = r["gain_interval"]
+            if iv:
+                ax.plot(iv, [y, y], color=color, alpha=0.35, lw=1)
+            ax.plot(
+                [r["gain"]],
+                [y],
+                marker=marker,
+                color=color,
+                ls="",
+                label=reading if i == 0 else None,
+            )
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_yticks(range(len(kinds)), kinds, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("paired utility difference to the parent (Overall), 95% interval")
+    ax.set_title("What each change did to training, and to the score", fontsize=10)
+    ax.legend(fontsize=8, loc="lower right", title="training vs parent", title_fontsize=8)
+    ax.grid(alpha=0.3, axis="x")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", default=str(ROOT / ".cache" / "discovery"))
     ap.add_argument("--methods", default="loop")
     ap.add_argument("--preset", default="default", help="the searches' proxy preset")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--figure", default=None, help="a PNG of every child's gain by kind of change")
     args = ap.parse_args()
     searches = finished_searches(Path(args.workdir), args.methods.split(","))
     if not searches:
@@ -210,6 +261,9 @@ def main() -> None:
         "above/below: beyond its 95% interval)",
     )
     show(rows, "reading", "by what the training did")
+    if args.figure:
+        figure(rows, Path(args.figure))
+        print(f"drawn {args.figure}")
     if args.json:
         out = write_results(
             args.json,

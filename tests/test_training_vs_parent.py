@@ -63,7 +63,16 @@ def test_children_are_read_by_kind_of_change_and_what_their_training_did(
     import training_vs_parent
 
     out = tmp_path / "t.json"
-    argv = ["training_vs_parent.py", "--workdir", str(work), "--json", str(out)]
+    fig = tmp_path / "t.png"
+    argv = [
+        "training_vs_parent.py",
+        "--workdir",
+        str(work),
+        "--json",
+        str(out),
+        "--figure",
+        str(fig),
+    ]
     monkeypatch.setattr(sys, "argv", argv)
     training_vs_parent.main()
     text = capsys.readouterr().out
@@ -86,3 +95,4 @@ def test_children_are_read_by_kind_of_change_and_what_their_training_did(
         and by_reading["like its parent"]["children"] == 1
     )
     assert data["protocol"] == "proxy/default" and data["unit"].startswith("utility")
+    assert fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
