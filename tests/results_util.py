@@ -39,3 +39,12 @@ def proxy_result(payload: Mapping[str, Any], preset: str = "default") -> Evaluat
 
 def record(archive, node: str, payload: Mapping[str, Any], preset: str = "default", **kw) -> str:
     return archive.record_result(node, proxy_result(payload, preset), **kw)
+
+
+def per_seed_rows(overall: list[float], tails: list[Mapping[str, float]]) -> list[dict[str, Any]]:
+    """Evaluated per-seed rows as an evaluation records them: seed i with Overall ``overall[i]`` and
+    each training series' mean over the last third ``tails[i]`` (``trajectory_tail``)."""
+    return [
+        {"seed": s, "status": "evaluated", "metrics": {"overall": o}, "trajectory_tail": dict(t)}
+        for s, (o, t) in enumerate(zip(overall, tails, strict=True))
+    ]

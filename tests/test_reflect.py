@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import openai_server  # tests/openai_server.py (tests/ is on pythonpath)
 import pytest
-from results_util import proxy_result, record
+from results_util import per_seed_rows, proxy_result, record
 
 from engine.config import LLMConfig
 from engine.errors import PoiseError
 from engine.operators.llm import LLMClient
 from engine.operators.reflect import (
+    compare_trajectories,
     metric_diagnostics,
     reflect_node,
     trajectory_diagnostics,
-    trajectory_vs_parent,
 )
 
 STEPS = list(range(0, 100, 10))
@@ -34,6 +34,12 @@ SICK = {
     "train/response_length": [200, 230, 260, 300, 340, 380, 400, 420, 430, 440],
     "train/valid_rate": [0.95, 0.9, 0.85, 0.8, 0.78, 0.76, 0.75, 0.74, 0.73, 0.72],
 }
+
+
+def trajectory_vs_parent(traj, parent_traj, tails=None, parent_tails=None):
+    """(findings, table rows) of the comparison, as the reflection writes them."""
+    c = compare_trajectories(traj, parent_traj, tails, parent_tails)
+    return c.findings(), list(c.rows)
 
 
 def results(overall, lo, hi, traj, valid=0.9, length=200.0, run_ids=()):
@@ -199,15 +205,8 @@ def test_reflection_table_carries_the_paired_intervals(archive):
     differences with their intervals, and findings only where the seeds agree."""
 
     def with_seeds(overall, traj, entropy):
-        rows = [
-            {
-                "seed": s,
-                "status": "evaluated",
-                "metrics": {"overall": overall},
-                "trajectory_tail": {"train/entropy": e, "train/reward_mean": 0.46},
-            }
-            for s, e in enumerate(entropy)
-        ]
+        tails = [{"train/entropy": e, "train/reward_mean": 0.46} for e in entropy]
+        rows = per_seed_rows([overall] * len(entropy), tails)
         return {
             **results(overall, overall - 0.03, overall + 0.03, traj),
             "per_seed": rows,

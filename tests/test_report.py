@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from results_util import record
+from results_util import per_seed_rows, record
 
 STEPS = list(range(0, 50, 5))
 
@@ -96,19 +96,9 @@ def test_rows_say_what_training_did_differently_from_the_parent(tmp_path):
     assert rows["grpo"]["training"] == "" and rows["broken"]["training"] == ""
 
     def seeded(overall: float, entropy: list[float]) -> dict:
-        per_seed = [
-            {
-                "seed": s,
-                "status": "evaluated",
-                "metrics": {"overall": overall},
-                "trajectory_tail": {
-                    "train/entropy": e,
-                    "train/reward_mean": 0.3,
-                    "train/response_length": 20.0,
-                },
-            }
-            for s, e in enumerate(entropy)
-        ]
+        rest = {"train/reward_mean": 0.3, "train/response_length": 20.0}
+        tails = [{"train/entropy": e, **rest} for e in entropy]
+        per_seed = per_seed_rows([overall] * len(entropy), tails)
         return {**_payload(overall, 0.02, 22.0), "per_seed": per_seed}
 
     record(arch, "grpo", seeded(0.50, [0.20, 0.22, 0.21]))

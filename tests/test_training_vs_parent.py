@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from results_util import record
+from results_util import per_seed_rows, record
 
 from engine.archive.store import Archive
 
@@ -18,20 +18,8 @@ SERIES = ("train/entropy", "train/kl", "train/response_length", "train/valid_rat
 def _result(overall: list[float], entropy: list[float]) -> dict:
     """Results over len(overall) paired seeds whose per-seed tails differ only in entropy."""
     traj = {"step": [0, 1, 2], **{k: [0.5, 0.4, 0.3] for k in SERIES}}
-    per_seed = [
-        {
-            "seed": s,
-            "status": "evaluated",
-            "metrics": {"overall": o},
-            "trajectory_tail": {
-                "train/entropy": e,
-                "train/kl": 0.01,
-                "train/response_length": 20.0,
-                "train/valid_rate": 0.9,
-            },
-        }
-        for s, (o, e) in enumerate(zip(overall, entropy))
-    ]
+    rest = {"train/kl": 0.01, "train/response_length": 20.0, "train/valid_rate": 0.9}
+    per_seed = per_seed_rows(overall, [{"train/entropy": e, **rest} for e in entropy])
     mean = sum(overall) / len(overall)
     return {
         "status": "evaluated",

@@ -142,6 +142,11 @@ TrajectoryRow = tuple[str, float, float, str, tuple[float, float] | None, int]
 difference or None, paired seeds behind the interval)"""
 
 
+READINGS = ("finding", "slight", "like its parent", "unclear")
+"""what a child's training did against its parent's, strongest first
+(:attr:`TrajectoryComparison.reading`)"""
+
+
 @dataclass(frozen=True)
 class TrajectoryComparison:
     """A node's training trajectory against its parent's (:func:`compare_trajectories`)."""
@@ -156,6 +161,15 @@ class TrajectoryComparison:
     """paired, nothing large or slight, and every interval within a finding's size either way"""
     seeds: int
     """paired seeds behind the intervals (0: the mean trajectories read, no interval)"""
+
+    @property
+    def reading(self) -> str:
+        """'finding', 'slight', 'like its parent' or 'unclear': the strongest of the readings."""
+        if self.large:
+            return "finding"
+        if self.slight:
+            return "slight"
+        return "like its parent" if self.alike else "unclear"
 
     def findings(self) -> list[str]:
         out = [f"vs parent: {words} ({detail})" for words, detail in self.large]
@@ -254,28 +268,26 @@ def compare_trajectories(
     )
 
 
-def trajectory_vs_parent(
-    traj: dict[str, Any],
-    parent_traj: dict[str, Any],
-    tails: dict[int, dict[str, float]] | None = None,
-    parent_tails: dict[int, dict[str, float]] | None = None,
-) -> tuple[list[str], list[TrajectoryRow]]:
-    """(findings, table rows) of :func:`compare_trajectories`."""
-    c = compare_trajectories(traj, parent_traj, tails, parent_tails)
-    return c.findings(), list(c.rows)
-
-
-def training_vs_parent(result: EvaluationResult | None, parent_res: EvaluationResult | None) -> str:
-    """One short line on what a node's training did differently from its parent's (the report's
-    column): '' unless both have results under the same protocol."""
+def compare_with_parent(
+    result: EvaluationResult | None, parent_res: EvaluationResult | None
+) -> TrajectoryComparison | None:
+    """:func:`compare_trajectories` of two recorded results, with their per-seed tails; None unless
+    both are there under the same protocol (:func:`comparable_parent`)."""
     if result is None or not comparable_parent(result, parent_res):
-        return ""
+        return None
     return compare_trajectories(
         dict(result.trajectory),
         dict(parent_res.trajectory),
         seed_tails(result),
         seed_tails(parent_res),
-    ).summary()
+    )
+
+
+def training_vs_parent(result: EvaluationResult | None, parent_res: EvaluationResult | None) -> str:
+    """One short line on what a node's training did differently from its parent's (the report's
+    column): '' unless both have results under the same protocol."""
+    c = compare_with_parent(result, parent_res)
+    return c.summary() if c is not None else ""
 
 
 def comparable_parent(node_res: EvaluationResult, parent_res: EvaluationResult | None) -> bool:
@@ -422,15 +434,9 @@ def reflect_node(archive, name: str, cfg, llm=None) -> str:
     parent_res = parent_node.results.get(result.protocol.id) if parent_node is not None else None
     findings, rows = metric_diagnostics(result, parent_res)
     traj = trajectory_diagnostics(dict(result.trajectory))
-    relative: list[str] = []
-    traj_rows: list[TrajectoryRow] = []
-    if comparable_parent(result, parent_res):
-        relative, traj_rows = trajectory_vs_parent(
-            dict(result.trajectory),
-            dict(parent_res.trajectory),
-            seed_tails(result),
-            seed_tails(parent_res),
-        )
+    vs_parent = compare_with_parent(result, parent_res)
+    relative = vs_parent.findings() if vs_parent is not None else []
+    traj_rows = list(vs_parent.rows) if vs_parent is not None else []
     narrative = ""
     if llm is not None:
         diff = archive.diff(parent, name, ["algorithm.py"]) if parent else archive.algorithm(name)
