@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import operator
 import statistics
 from pathlib import Path
 
 from bench_discovery import finished_searches
 from proxy_runs import ROOT, write_results
+
+from engine.operators.reflect import READINGS
 
 KINDS = (
     ("kl_coef", "KL weight"),
@@ -56,21 +59,20 @@ def mlflow_tails(archive, result) -> dict[int, dict[str, float]]:
     result's seeds (its per-seed rows name them; a confirmation's runs on other seeds are not)."""
     from engine.archive.tracking import mlflow_client
     from engine.operators.reflect import TRAJECTORY_VS_PARENT
-    from engine.stats import tail_mean
+    from engine.stats import tail_means
 
     client = mlflow_client(archive.path)
+    step = operator.attrgetter("step")
     out: dict[int, dict[str, float]] = {}
     for row in result.per_seed:
         run_id = row.get("mlflow_run_id")
         if not run_id or row.get("status", "evaluated") != "evaluated":
             continue
-        tails = {}
-        for key, *_ in TRAJECTORY_VS_PARENT:
-            hist = sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)
-            m = tail_mean([h.value for h in hist])
-            if m is not None:
-                tails[key] = m
-        out[int(row["seed"])] = tails
+        series = {
+            key: [m.value for m in sorted(client.get_metric_history(run_id, key), key=step)]
+            for key, *_ in TRAJECTORY_VS_PARENT
+        }
+        out[int(row["seed"])] = tail_means(series)  # as the evaluation computes them
     return out
 
 
@@ -122,13 +124,7 @@ def read_archive(path: Path, preset: str) -> list[dict]:
                 "node": name,
                 "parent": parent,
                 "kind": kind(feats, len(node.parents)),
-                "reading": "finding"
-                if c.large
-                else "slight"
-                if c.slight
-                else "like its parent"
-                if c.alike
-                else "unclear",
+                "reading": c.reading,
                 "training": c.summary(),
                 "findings": c.findings(),
                 "gain": gain[0] if gain else None,
@@ -139,12 +135,10 @@ def read_archive(path: Path, preset: str) -> list[dict]:
     return rows
 
 
-READINGS = ("finding", "slight", "like its parent", "unclear")
-
-
 def table(rows: list[dict], key: str) -> list[dict]:
     out = []
-    for k in sorted({r[key] for r in rows}, key=lambda k: -sum(r[key] == k for r in rows)):
+    # most children first, then by name: a set's order follows the process's hash seed
+    for k in sorted({r[key] for r in rows}, key=lambda k: (-sum(r[key] == k for r in rows), k)):
         rs = [r for r in rows if r[key] == k]
         gains = [r["gain"] for r in rs if r["gain"] is not None]
         out.append(
