@@ -110,9 +110,9 @@ def summarize(runs: dict) -> dict:
 def loop_config(args) -> str | None:
     """The loop archive's poise.toml: the default one, with ``--remedies`` / ``--directed`` (an
     ablation of the proposer's diagnosis), ``--learned`` (its direction by the archive's evidence) and
-    ``--explore`` (that direction's untried moves) and ``--min-gain`` (the expected gain its favoured
-    moves need) written into ``[propose]``; None when none is
-    given."""
+    ``--explore`` (that direction's untried moves), ``--min-gain`` (the expected gain its favoured
+    moves need) and ``--remedy-trials`` (the trials after which a remedy that never moved its
+    series is spent) written into ``[propose]``; None when none is given."""
     from engine.config import DEFAULT_TOML
 
     lines = []
@@ -127,6 +127,8 @@ def loop_config(args) -> str | None:
         lines.append("explore = true")
     if args.min_gain is not None:
         lines.append(f"min_gain = {args.min_gain}")
+    if args.remedy_trials is not None:
+        lines.append(f"remedy_trials = {args.remedy_trials}")
     if not lines:
         return None
     return DEFAULT_TOML.replace("[propose]\n", "[propose]\n" + "\n".join(lines) + "\n", 1)
@@ -307,6 +309,14 @@ def main() -> None:
         default=None,
         help="loop, with --learned: the expected utility gain a favoured move needs besides its "
         "confidence ([propose].min_gain; default 0)",
+    )
+    ap.add_argument(
+        "--remedy-trials",
+        type=int,
+        default=None,
+        help="loop: the children, judged on the series a remedy is meant to move, after which a "
+        "remedy none of them moved is no longer directed to ([propose].remedy_trials; default 2, "
+        "0: never, the proposer before remedies were spent)",
     )
     ap.add_argument("--workdir", default=str(ROOT / ".cache" / "discovery"))
     ap.add_argument(

@@ -86,7 +86,7 @@ class SelectConfig:
 
 REMEDY_MOVES = ("kl", "entropy_control", "entropy", "clip_higher")
 """the offline proposer's remedies: a stronger KL anchor, an entropy controller, a larger entropy
-bonus, a higher upper clip bound (engine.operators.proposers.offline.REMEDIES)"""
+bonus, a higher upper clip bound (engine.operators.proposers.remedies.REMEDIES)"""
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,11 @@ class ProposeConfig:
     diagnosis (0: the diagnosis directs and credits nothing)"""
     remedies: tuple[str, ...] = REMEDY_MOVES
     """offline proposer: the remedies it may direct a diagnosed parent to (:data:`REMEDY_MOVES`)"""
+    remedy_trials: int = 2
+    """offline proposer: a remedy is no longer directed to (nor credited) once this many of its
+    children, judged seed by seed on the series it is meant to move (a collapsing parent's entropy),
+    kept it as their parents did and none moved it the intended way (0: never;
+    engine.operators.proposers.remedies)"""
     learned: float = 0.0
     """offline proposer: the share of mutations that make the move the archive's evidence favours
     (engine.operators.proposers.moves; 0: off)"""
@@ -250,6 +255,11 @@ def validate(cfg: Config) -> None:
     if not 0 <= cfg.propose.min_gain < 1:
         raise ConfigError(
             f"poise.toml: [propose].min_gain must lie in [0, 1), got {cfg.propose.min_gain!r}"
+        )
+    trials = cfg.propose.remedy_trials
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 0:
+        raise ConfigError(
+            f"poise.toml: [propose].remedy_trials must be a whole number >= 0, got {trials!r}"
         )
     unknown = [m for m in cfg.propose.remedies if m not in REMEDY_MOVES]
     if unknown:

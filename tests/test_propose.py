@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 from pathlib import Path
 
 import openai_server  # tests/openai_server.py (tests/ is on pythonpath)
 import pytest
-from results_util import record
+from results_util import per_seed_rows, record
 
 from engine.archive.store import Archive
 from engine.errors import PoiseError
@@ -632,6 +633,87 @@ def test_offline_proposer_acts_on_the_parents_diagnosis(archive):
     assert kept and "against its entropy collapse" in kept[0].motivation
 
 
+COLLAPSE = {
+    "step": list(range(9)),
+    "train/entropy": [0.75, 0.44, 0.18, 0.17, 0.21, 0.19, 0.08, 0.15, 0.1],
+}
+"""a recorded trajectory the reflection reads as an entropy collapse"""
+
+
+def _remedied(archive, name: str, entropy: list[float], **hp) -> None:
+    """A child of the root that sets ``hp`` in its code, evaluated at 6 seeds with a collapsing
+    trajectory whose per-seed entropy tails are ``entropy`` (the root's are 0.10-0.15)."""
+    src = archive.algorithm("grpo")
+    for k, v in hp.items():
+        src = re.sub(rf"(    {k}: float = )[0-9.e-]+", rf"\g<1>{v}", src, count=1)
+    spec = normalize({"hp": hp})
+    archive.spawn(
+        "grpo",
+        name,
+        algorithm=src,
+        files={"records/proposal.json": json.dumps({"components": spec})},
+    )
+    rows = per_seed_rows([0.5] * 6, [{"train/entropy": e} for e in entropy])
+    record(archive, name, {"metrics": {"overall": 0.5}, "trajectory": COLLAPSE, "per_seed": rows})
+
+
+def test_a_remedy_whose_children_trained_like_their_parents_is_spent(archive, caplog):
+    """Each evaluated child that applied a remedy of its parent's entropy collapse is one trial of
+    it, judged on the policy's entropy against its parent's, seed by seed: up, alike, or unclear
+    (an interval too wide to tell). A remedy with two trials that kept entropy as their parents did,
+    and none that raised it, is spent: the diagnosis stops directing mutations to it, while the
+    remedies that acted, or have too few trials, are still directed to. ``remedy_trials = 0`` spends
+    nothing."""
+    import logging
+
+    from engine.archive.results import configured_protocol
+    from engine.operators.proposers.offline import archive_evidence
+    from engine.operators.proposers.remedies import remedy_trials, spent_remedies
+
+    root = [0.10, 0.12, 0.15, 0.11, 0.13, 0.14]
+    rows = per_seed_rows([0.5] * 6, [{"train/entropy": e} for e in root])
+    record(archive, "grpo", {"metrics": {"overall": 0.5}, "trajectory": COLLAPSE, "per_seed": rows})
+    _remedied(archive, "bonus-a", [e * 1.01 for e in root], entropy_coef=0.004)
+    _remedied(archive, "bonus-b", [e * 0.99 for e in root], entropy_coef=0.008)
+    _remedied(archive, "anchor-a", [e * 1.5 for e in root], kl_coef=0.05)
+    _remedied(archive, "anchor-b", [e * 1.0 for e in root], kl_coef=0.02)
+    wide = [e * f for e, f in zip(root, (0.6, 1.5, 0.7, 1.4, 0.8, 1.3), strict=True)]
+    _remedied(archive, "clip-a", wide, clip_ratio_high=0.3)
+    _remedied(archive, "clip-b", [e * 1.0 for e in root], clip_ratio_high=0.28)
+
+    cfg = archive.config()
+    assert cfg.propose.remedy_trials == 2
+    nodes = archive.nodes(configured_protocol(cfg))
+    specs = {n: ev.spec() for n, ev in archive_evidence(archive, cfg, nodes).items()}
+    trials = {t.node: (t.moves, t.verdict) for t in remedy_trials(nodes, specs)}
+    assert trials == {
+        "bonus-a": (("entropy",), "alike"),
+        "bonus-b": (("entropy",), "alike"),
+        "anchor-a": (("kl",), "up"),
+        "anchor-b": (("kl",), "alike"),
+        "clip-a": (("clip_higher",), "unclear"),
+        "clip-b": (("clip_higher",), "alike"),
+    }
+    spent = spent_remedies(remedy_trials(nodes, specs), ("entropy collapse",), 2)
+    assert set(spent) == {"entropy"}
+    assert "2 children" in spent["entropy"] and "bonus-a, bonus-b" in spent["entropy"]
+    assert spent_remedies(remedy_trials(nodes, specs), ("entropy collapse",), 0) == {}
+    assert set(spent_remedies(remedy_trials(nodes, specs), ("entropy collapse",), 1)) == {
+        "entropy",
+        "clip_higher",
+    }
+
+    with caplog.at_level(logging.INFO, logger="engine.operators.proposers.offline"):
+        directed = [p for p in _offered_from_root(archive, directed=1.0) if not p.parents]
+    assert "grpo is no longer directed to entropy: 2 children" in caplog.text
+    applied = {
+        m for p in directed for m in re.findall(r"entropy collapse: ([a-z_, ]+)\)", p.motivation)
+    }
+    assert directed and {"kl", "entropy_control", "clip_higher"} == applied
+    every = [p for p in _offered_from_root(archive, directed=1.0, remedy_trials=0) if not p.parents]
+    assert any("entropy collapse: entropy)" in p.motivation for p in every)
+
+
 def _offered_from_root(archive, **propose) -> list:
     """The offline proposer's proposals for the root, over three seeds, with ``[propose]`` set to
     ``propose``."""
@@ -678,6 +760,9 @@ def test_propose_config_chooses_the_remedies_and_their_share(archive):
     assert parse_config("[propose]\ndirected = 0.25\nremedies = ['kl']\n").propose.remedies == (
         "kl",
     )
+    assert parse_config("[propose]\nremedy_trials = 3\n").propose.remedy_trials == 3
+    with pytest.raises(ConfigError, match=r"remedy_trials must be a whole number >= 0, got -1"):
+        parse_config("[propose]\nremedy_trials = -1\n")
     with pytest.raises(ConfigError, match=r"\[propose\]\.directed must lie in \[0, 1\]"):
         parse_config("[propose]\ndirected = 1.5\n")
     with pytest.raises(ConfigError, match="unknown remedy 'anchor'.*known: kl, entropy_control"):
@@ -937,7 +1022,13 @@ def test_propose_learned_share_makes_the_favoured_move(archive):
     ev = archive_evidence(archive, archive.config())
     assert ev["grpo"].seeds == {0: 0.49, 1: 0.50, 2: 0.51}  # the fit's measurement noise
     assert ev["kl-a"].seeds == pytest.approx({0: 0.52, 1: 0.528, 2: 0.542})
-    assert ev["kl-b"].hp is None  # the code is read only with the learned direction on
+    assert ev["kl-b"].hp["kl_coef"] == 0.01  # the remedies' record reads it (directed is on)
+    off = dataclasses.replace(
+        archive.config(),
+        propose=dataclasses.replace(archive.config().propose, directed=0.0),
+    )
+    # the code is read only with the learned direction or the remedies' record on
+    assert archive_evidence(archive, off)["kl-b"].hp is None
     on = dataclasses.replace(
         archive.config(),
         propose=dataclasses.replace(archive.config().propose, learned=0.5),

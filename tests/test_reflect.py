@@ -116,6 +116,9 @@ def test_trajectory_vs_parent_pairs_the_seeds():
         "0.0537 -> 0.107; paired difference +0.0537 ["
     ), found
     assert found[0].endswith("] over 4 seeds)")
+    c = compare_trajectories(SICK, SICK, steady, parent)
+    assert (c.verdict("train/entropy"), c.verdict("train/reward_mean")) == ("up", "alike")
+    assert c.verdict("train/clipfrac") is None  # not recorded: not compared
     ent = next(r for r in rows if r[0] == "policy entropy")
     assert ent[1:4] == (pytest.approx(0.1075), pytest.approx(0.05375), "x2.00")
     assert ent[5] == 4 and 0 < ent[4][0] < 0.05375 < ent[4][1]
@@ -126,6 +129,7 @@ def test_trajectory_vs_parent_pairs_the_seeds():
     found, rows = trajectory_vs_parent(SICK, SICK, erratic, parent)
     ent = next(r for r in rows if r[0] == "policy entropy")
     assert ent[3] == "x2.00" and ent[4][0] < 0 < ent[4][1] and found == []  # nor "like it"
+    assert compare_trajectories(SICK, SICK, erratic, parent).verdict("train/entropy") == "unclear"
     # close on the two series the tails hold, but the others read without an interval: no claim
     assert trajectory_vs_parent(SICK, SICK, tails([0.05] * 4), parent)[0] == []
     # every series within a finding's size of the parent's, interval and all: trained like it
@@ -147,15 +151,23 @@ def test_trajectory_vs_parent_pairs_the_seeds():
         "(policy entropy x1.10, paired difference +0.00537 [+0."
     ), found
     assert found[0].endswith("; over 4 paired seeds)")
+    par = {s: {**t, **rest} for s, t in parent.items()}
+    assert compare_trajectories(SICK, SICK, more, par).verdict("train/entropy") == "up"
     # 2% more at every seed: consistent, but under a quarter of a finding's size: still alike
     tiny = {s: {**t, **rest} for s, t in tails([0.051, 0.0612, 0.0561, 0.051]).items()}
     found, _ = trajectory_vs_parent(SICK, SICK, tiny, {s: {**t, **rest} for s, t in parent.items()})
     assert len(found) == 1 and found[0].startswith("vs parent: trained like its parent"), found
+    assert compare_trajectories(SICK, SICK, tiny, par).verdict("train/entropy") == "alike"
     # series the tails lack, or one shared seed, fall back to the mean trajectories' reading
     _, rows = trajectory_vs_parent(
         SICK, HEALTHY, {0: {"train/entropy": 0.1}}, {0: {"train/entropy": 0.2}}
     )
     assert all(r[4] is None and r[5] == 0 for r in rows)
+    # read without an interval, a finding's size still counts; nothing can be alike
+    c = compare_trajectories(
+        SICK, HEALTHY, {0: {"train/entropy": 0.1}}, {0: {"train/entropy": 0.2}}
+    )
+    assert c.verdict("train/entropy") == "down" and c.verdict("train/reward_mean") == "unclear"
     assert next(r for r in rows if r[0] == "policy entropy")[1] == pytest.approx(0.055)
 
 

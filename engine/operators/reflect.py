@@ -142,6 +142,11 @@ TrajectoryRow = tuple[str, float, float, str, tuple[float, float] | None, int]
 difference or None, paired seeds behind the interval)"""
 
 
+SERIES_VERDICTS = ("up", "down", "alike", "unclear")
+"""what one series did against the parent's: up or down (a finding or a slight change in that
+direction), alike (its interval lies within a finding's size either way) or unclear (neither; a
+change without an interval counts only at a finding's size)"""
+
 READINGS = ("finding", "slight", "like its parent", "unclear")
 """what a child's training did against its parent's, strongest first
 (:attr:`TrajectoryComparison.reading`)"""
@@ -161,6 +166,13 @@ class TrajectoryComparison:
     """paired, nothing large or slight, and every interval within a finding's size either way"""
     seeds: int
     """paired seeds behind the intervals (0: the mean trajectories read, no interval)"""
+    series: tuple[tuple[str, str], ...] = ()
+    """(series key, verdict) per series compared, by :data:`SERIES_VERDICTS`"""
+
+    def verdict(self, key: str) -> str | None:
+        """What one training series (``train/entropy``, ...) did against the parent's: a verdict of
+        :data:`SERIES_VERDICTS`, None where the series was not compared."""
+        return dict(self.series).get(key)
 
     @property
     def reading(self) -> str:
@@ -225,6 +237,7 @@ def compare_trajectories(
     rows: list[TrajectoryRow] = []
     large: list[tuple[str, str]] = []
     slight: list[tuple[str, str]] = []
+    series: list[tuple[str, str]] = []
     alike = True  # every interval within a finding's size either way
     for key, label, how, needs, (up, down) in TRAJECTORY_VS_PARENT:
         paired = _paired_tails(key, tails or {}, parent_tails or {})
@@ -251,13 +264,19 @@ def compare_trajectories(
             lo, hi = -needs, needs
         rows.append((label, a, b, change, iv, n))
         beyond = iv is not None and (iv[0] > 0 or iv[1] < 0)
-        alike = alike and iv is not None and lo < iv[0] and iv[1] < hi
+        within = iv is not None and lo < iv[0] and iv[1] < hi
+        alike = alike and within
         paired_text = f"paired difference {a - b:+.3g} [{iv[0]:+.3g}, {iv[1]:+.3g}]" if iv else ""
+        way = "up" if a > b else "down"
         if big and (beyond or iv is None):
             detail = f"{label} {change} over {TAIL}: {b:.3g} -> {a:.3g}"
             large.append((words, detail + (f"; {paired_text} over {n} seeds" if iv else "")))
+            series.append((key, way))
         elif beyond and material:
             slight.append((f"{label} {change}", paired_text))
+            series.append((key, way))
+        else:
+            series.append((key, "alike" if within else "unclear"))
     seeds = max((r[5] for r in rows), default=0)
     return TrajectoryComparison(
         tuple(rows),
@@ -265,6 +284,7 @@ def compare_trajectories(
         tuple(slight),
         bool(seeds) and alike and not large and not slight,
         seeds,
+        tuple(series),
     )
 
 

@@ -19,7 +19,9 @@ collapse: a stronger anchor to the reference, an entropy controller, a larger en
 upper clip bound) directs a share of the mutations to one of them (``[propose].directed``, default
 half), and a proposal that applies one is credited a prior expected effect (:data:`REMEDY_PRIOR`)
 until the archive has evidence of its own. ``[propose].remedies`` names the remedies it may use;
-``directed = 0`` turns the direction off.
+``directed = 0`` turns the direction off. A remedy whose children trained like their parents on the
+series it is meant to move (``[propose].remedy_trials`` of them, default 2, and none moved it) is
+spent: no longer directed to nor credited (:mod:`engine.operators.proposers.remedies`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Any
 
 from engine.archive.results import configured_protocol
 from engine.archive.store import ALGORITHM
-from engine.config import REMEDY_MOVES, utility
+from engine.config import utility
 from engine.errors import PoiseError
 from engine.operators.propose import Proposal, archived_code, code_key
 from engine.operators.proposers import register
@@ -58,6 +60,14 @@ from engine.operators.proposers.moves import (
     set_option,
     stronger,
 )
+from engine.operators.proposers.remedies import (
+    REMEDIES,
+    REMEDY_PRIOR,
+    remedies_applied,
+    remedies_for,
+    remedy_trials,
+    spent_remedies,
+)
 from engine.operators.reflect import trajectory_diagnostics
 from engine.select.objective import seed_utilities
 from trainer_template.interface import LOSS_AGG_MODES
@@ -68,11 +78,12 @@ RATIO_MARGIN = 0.02
 """a clip bound counts as inert only if every recorded ratio stayed this far inside it"""
 
 
-def parent_trajectory(archive, parent: str, cfg=None) -> dict:
+def parent_trajectory(archive, parent: str, cfg=None, nodes=None) -> dict:
     """The parent's recorded training trajectory: its result under the experiment's protocol ({}
-    when it has none there)."""
-    protocol = configured_protocol(cfg or archive.config())
-    node = archive.nodes(protocol).get(parent)
+    when it has none there); ``nodes``: the archive's nodes under it, when already read."""
+    if nodes is None:
+        nodes = archive.nodes(configured_protocol(cfg or archive.config()))
+    node = nodes.get(parent)
     return dict(node.result.trajectory) if node is not None and node.result is not None else {}
 
 
@@ -96,66 +107,10 @@ def trajectory_ratios(traj: dict) -> tuple[float, float] | None:
     return None
 
 
-REMEDIES: dict[str, tuple[str, ...]] = {
-    "entropy collapse": ("kl", "entropy_control", "entropy", "clip_higher"),
-}
-"""the reflection's trajectory findings (by their first words) the offline search acts on, and the
-moves that counter each: a policy sharpening until its entropy collapses is held back by a stronger
-anchor to the reference policy (``kl``), an entropy controller, a larger entropy bonus, or a higher
-upper clip bound (DAPO's clip-higher)"""
-REMEDY_PRIOR = 0.5
-"""the expected effect credited to a proposal that applies a remedy of its parent's diagnosis, in
-units of ``[select].beta``: before evidence it ranks above an untried option, and an option the archive
-has seen fail (a fitted effect below ``-REMEDY_PRIOR * beta``) still sinks it"""
-
-
 def parent_findings(archive, parent: str, cfg=None) -> list[str]:
     """The parent's diagnosis: the reflection's findings on its recorded training trajectory under the
     experiment's protocol ([] when it has no result there)."""
     return trajectory_diagnostics(parent_trajectory(archive, parent, cfg))
-
-
-def _has_room(move: str, base: dict) -> bool:
-    hp = base["hp"]
-    if move == "kl":
-        return hp.get("kl_coef", 0.0) < CONTINUOUS["kl_coef"][1]
-    if move == "entropy":
-        return (
-            base["entropy_control"] == "none"
-            and hp.get("entropy_coef", 0.0) < CONTINUOUS["entropy_coef"][1]
-        )
-    if move == "entropy_control":
-        return base["entropy_control"] == "none"
-    if move == "clip_higher":
-        return hp.get("clip_ratio_high", 0.2) < CONTINUOUS["clip_ratio_high"][1]
-    return False
-
-
-def remedies_for(
-    findings: list[str], base: dict, allowed: tuple[str, ...] = REMEDY_MOVES
-) -> tuple[str, ...]:
-    """The moves among ``allowed`` (``[propose].remedies``) that counter the parent's findings
-    (:data:`REMEDIES`) and that its spec leaves room for (an anchor already at the range's top cannot
-    be strengthened)."""
-    out: list[str] = []
-    for finding in findings:
-        for key, moves in REMEDIES.items():
-            if finding.startswith(key):
-                out += [m for m in moves if m in allowed and m not in out and _has_room(m, base)]
-    return tuple(out)
-
-
-def remedies_applied(spec: dict, base: dict, remedies: tuple[str, ...]) -> tuple[str, ...]:
-    """Which of ``remedies`` the move from ``base`` to ``spec`` applies, however it was drawn."""
-    a, b = spec["hp"], base["hp"]
-    done = {
-        "kl": a.get("kl_coef", 0.0) > b.get("kl_coef", 0.0),
-        "entropy": a.get("entropy_coef", 0.0) > b.get("entropy_coef", 0.0),
-        "entropy_control": spec["entropy_control"] != "none" == base["entropy_control"],
-        "clip_higher": a.get("clip_ratio_high", 0.2) > b.get("clip_ratio_high", 0.2)
-        and a.get("clip_ratio_high", 0.2) > a.get("clip_ratio_low", 0.2),
-    }
-    return tuple(m for m in remedies if done.get(m))
 
 
 def clip_is_inert(old: dict, new: dict, ratios: tuple[float, float] | None) -> str:
@@ -234,28 +189,46 @@ class Evidence:
     direction's measurement noise, :func:`~engine.operators.proposers.moves.observation_sd`)"""
     hp: dict | None = None
     """the hyperparameters its ``algorithm.py`` sets, read only for an evaluated or pending node with
-    the learned direction on (the spec its fit and ``explore`` read: a knob-only mutation of a parent
-    without components records none, yet moved a knob)"""
+    the learned direction or the remedies' record on (:func:`reads_code`; the spec the fit,
+    ``explore`` and the record read: a knob-only mutation of a parent without components records
+    none, yet moved a knob)"""
+
+    def spec(self) -> dict | None:
+        """The spec its code realises (:func:`~engine.operators.proposers.moves.code_spec`), None
+        when unreadable."""
+        try:
+            return code_spec(self.components, self.hp)
+        except PoiseError:
+            return None
 
 
 PENDING = ("verified", "evaluating")
 """statuses of a node whose result is still to come"""
 
 
-def archive_evidence(archive, cfg) -> dict[str, Evidence]:
+def reads_code(cfg) -> bool:
+    """Whether the search reads each node's hyperparameters from its code: for the learned
+    direction (``[propose].learned``) or the remedies' record (``directed`` and ``remedy_trials``)."""
+    p = cfg.propose
+    return p.learned > 0 or (p.directed > 0 and p.remedy_trials > 0)
+
+
+def archive_evidence(archive, cfg, nodes=None) -> dict[str, Evidence]:
     """Every node under the experiment's protocol with its utility and, for the nodes that have a
     utility (the only ones the fit and the TPE warm start read) or are pending, its recorded
-    components and, with ``[propose].learned`` on, the hyperparameters its code sets (what the fit
-    reads of the evaluated ones, and ``explore`` of the pending ones): their records/proposal.json
-    (and algorithm.py) files are read in one git call."""
-    nodes = archive.nodes(configured_protocol(cfg))
+    components and, where :func:`reads_code`, the hyperparameters its code sets (what the fit and
+    the remedies' record read of the evaluated ones, and ``explore`` of the pending ones): their
+    records/proposal.json (and algorithm.py) files are read in one git call. ``nodes``: the
+    archive's nodes under that protocol, when already read."""
+    if nodes is None:
+        nodes = archive.nodes(configured_protocol(cfg))
     u = {
         n: utility(x.metrics, cfg.experiment) if x.evaluated and x.metrics else None
         for n, x in nodes.items()
     }
     pending = {n for n, x in nodes.items() if u[n] is None and x.status in PENDING}
     read = [n for n in nodes if u[n] is not None or n in pending]
-    code = read if cfg.propose.learned > 0 else []
+    code = read if reads_code(cfg) else []
     blobs = archive.git.cat_blobs(
         [f"{nodes[n].commit}:records/proposal.json" for n in read]
         + [f"{nodes[n].commit}:{ALGORITHM}" for n in code]
@@ -437,14 +410,15 @@ class OfflineProposer:
 
         seed = seed if seed is not None else len(archive.nodes())
         rng = random.Random(seed)
-        evidence = archive_evidence(archive, cfg)
+        nodes = archive.nodes(configured_protocol(cfg))
+        evidence = archive_evidence(archive, cfg, nodes)
         study = _study(evidence, seed)
         effects = component_effects(evidence)
         dists = _distributions()
         rendered = bool(context.parent.components)
         parent_src = context.parent_code or archive.algorithm(parent)
         base = mutation_base(context.parent.components, parent_src)
-        traj = parent_trajectory(archive, parent, cfg)  # one read of the archive for both
+        traj = parent_trajectory(archive, parent, cfg, nodes)
         ratios = trajectory_ratios(traj)
         findings = trajectory_diagnostics(traj)
         directed, learned = cfg.propose.directed, cfg.propose.learned
@@ -455,6 +429,18 @@ class OfflineProposer:
         )
         remedies = remedies_for(findings, base, cfg.propose.remedies) if directed > 0 else ()
         treated = [k for k in REMEDIES if any(f.startswith(k) for f in findings)]
+        if remedies and cfg.propose.remedy_trials > 0:
+            specs = {n: ev.spec() for n, ev in evidence.items()}
+            trials = remedy_trials(nodes, specs)
+            spent = spent_remedies(trials, tuple(treated), cfg.propose.remedy_trials)
+            for move in (m for m in remedies if m in spent):
+                log.info(
+                    "offline proposer: %s is no longer directed to %s: %s",
+                    parent,
+                    move,
+                    spent[move],
+                )
+            remedies = tuple(m for m in remedies if m not in spent)
         if remedies:
             log.info(
                 "offline proposer: %s's diagnosis (%s) directs its mutations to %s",
