@@ -8,6 +8,8 @@ report compare it like a real evaluation."""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -48,3 +50,34 @@ def per_seed_rows(overall: list[float], tails: list[Mapping[str, float]]) -> lis
         {"seed": s, "status": "evaluated", "metrics": {"overall": o}, "trajectory_tail": dict(t)}
         for s, (o, t) in enumerate(zip(overall, tails, strict=True))
     ]
+
+
+COLLAPSE = {
+    "step": list(range(9)),
+    "train/entropy": [0.75, 0.44, 0.18, 0.17, 0.21, 0.19, 0.08, 0.15, 0.1],
+}
+"""a recorded trajectory the reflection reads as an entropy collapse"""
+ROOT_ENTROPY = [0.10, 0.12, 0.15, 0.11, 0.13, 0.14]
+"""the root's per-seed entropy tails in :func:`collapsing_root`"""
+
+
+def collapsing_root(archive) -> None:
+    """Record on the root a 6-seed result whose trajectory collapses, with :data:`ROOT_ENTROPY`."""
+    rows = per_seed_rows([0.5] * 6, [{"train/entropy": e} for e in ROOT_ENTROPY])
+    record(archive, "grpo", {"metrics": {"overall": 0.5}, "trajectory": COLLAPSE, "per_seed": rows})
+
+
+def remedied_child(archive, name: str, factor: float, motivation: str = "", **hp) -> None:
+    """A child of the root whose code sets ``hp``, evaluated at 6 seeds with a collapsing trajectory
+    and the root's per-seed entropy tails times ``factor`` (a list: one per seed)."""
+    src = archive.algorithm("grpo")
+    for k, v in hp.items():
+        src = re.sub(rf"(    {k}: float = )[0-9.e-]+", rf"\g<1>{v}", src, count=1)
+    proposal = {"motivation": motivation, "components": None}
+    archive.spawn(
+        "grpo", name, algorithm=src, files={"records/proposal.json": json.dumps(proposal)}
+    )
+    factors = factor if isinstance(factor, list) else [factor] * len(ROOT_ENTROPY)
+    tails = [{"train/entropy": e * f} for e, f in zip(ROOT_ENTROPY, factors, strict=True)]
+    rows = per_seed_rows([0.5] * 6, tails)
+    record(archive, name, {"metrics": {"overall": 0.5}, "trajectory": COLLAPSE, "per_seed": rows})

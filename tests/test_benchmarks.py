@@ -93,12 +93,13 @@ def test_bench_discovery_runs_both_searches_resumes_and_confirms_on_held_out_see
     args += ["--workdir", str(work), "--json", str(out), "--figure", str(fig)]
     # an ablation of the proposer's diagnosis: the loop's archive carries it in its poise.toml
     args += ["--remedies", "entropy_control,entropy", "--directed", "0.8", "--learned", "0.3"]
-    args += ["--explore", "--min-gain", "0.004"]
+    args += ["--explore", "--min-gain", "0.004", "--remedy-trials", "3"]
     text = _bench("bench_discovery.py", args, tmp_path)
     assert "| loop | 0 |" in text and "| random | 0 |" in text
     propose = Archive(work / "loop-s0").config().propose
     assert propose.remedies == ("entropy_control", "entropy") and propose.directed == 0.8
     assert propose.learned == 0.3 and propose.explore and propose.min_gain == 0.004
+    assert propose.remedy_trials == 3
     data = json.loads(out.read_text())
     assert data["protocol_hash"].startswith("sha256:") and data["unit"].startswith("Overall")
     for method in ("loop", "random"):

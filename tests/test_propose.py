@@ -11,7 +11,7 @@ from pathlib import Path
 
 import openai_server  # tests/openai_server.py (tests/ is on pythonpath)
 import pytest
-from results_util import per_seed_rows, record
+from results_util import collapsing_root, record, remedied_child
 
 from engine.archive.store import Archive
 from engine.errors import PoiseError
@@ -633,30 +633,6 @@ def test_offline_proposer_acts_on_the_parents_diagnosis(archive):
     assert kept and "against its entropy collapse" in kept[0].motivation
 
 
-COLLAPSE = {
-    "step": list(range(9)),
-    "train/entropy": [0.75, 0.44, 0.18, 0.17, 0.21, 0.19, 0.08, 0.15, 0.1],
-}
-"""a recorded trajectory the reflection reads as an entropy collapse"""
-
-
-def _remedied(archive, name: str, entropy: list[float], **hp) -> None:
-    """A child of the root that sets ``hp`` in its code, evaluated at 6 seeds with a collapsing
-    trajectory whose per-seed entropy tails are ``entropy`` (the root's are 0.10-0.15)."""
-    src = archive.algorithm("grpo")
-    for k, v in hp.items():
-        src = re.sub(rf"(    {k}: float = )[0-9.e-]+", rf"\g<1>{v}", src, count=1)
-    spec = normalize({"hp": hp})
-    archive.spawn(
-        "grpo",
-        name,
-        algorithm=src,
-        files={"records/proposal.json": json.dumps({"components": spec})},
-    )
-    rows = per_seed_rows([0.5] * 6, [{"train/entropy": e} for e in entropy])
-    record(archive, name, {"metrics": {"overall": 0.5}, "trajectory": COLLAPSE, "per_seed": rows})
-
-
 def test_a_remedy_whose_children_trained_like_their_parents_is_spent(archive, caplog):
     """Each evaluated child that applied a remedy of its parent's entropy collapse is one trial of
     it, judged on the policy's entropy against its parent's, seed by seed: up, alike, or unclear
@@ -670,16 +646,13 @@ def test_a_remedy_whose_children_trained_like_their_parents_is_spent(archive, ca
     from engine.operators.proposers.offline import archive_evidence
     from engine.operators.proposers.remedies import remedy_trials, spent_remedies
 
-    root = [0.10, 0.12, 0.15, 0.11, 0.13, 0.14]
-    rows = per_seed_rows([0.5] * 6, [{"train/entropy": e} for e in root])
-    record(archive, "grpo", {"metrics": {"overall": 0.5}, "trajectory": COLLAPSE, "per_seed": rows})
-    _remedied(archive, "bonus-a", [e * 1.01 for e in root], entropy_coef=0.004)
-    _remedied(archive, "bonus-b", [e * 0.99 for e in root], entropy_coef=0.008)
-    _remedied(archive, "anchor-a", [e * 1.5 for e in root], kl_coef=0.05)
-    _remedied(archive, "anchor-b", [e * 1.0 for e in root], kl_coef=0.02)
-    wide = [e * f for e, f in zip(root, (0.6, 1.5, 0.7, 1.4, 0.8, 1.3), strict=True)]
-    _remedied(archive, "clip-a", wide, clip_ratio_high=0.3)
-    _remedied(archive, "clip-b", [e * 1.0 for e in root], clip_ratio_high=0.28)
+    collapsing_root(archive)
+    remedied_child(archive, "bonus-a", 1.01, entropy_coef=0.004)
+    remedied_child(archive, "bonus-b", 0.99, entropy_coef=0.008)
+    remedied_child(archive, "anchor-a", 1.5, kl_coef=0.05)
+    remedied_child(archive, "anchor-b", 1.0, kl_coef=0.02)
+    remedied_child(archive, "clip-a", [0.6, 1.5, 0.7, 1.4, 0.8, 1.3], clip_ratio_high=0.3)
+    remedied_child(archive, "clip-b", 1.0, clip_ratio_high=0.28)
 
     cfg = archive.config()
     assert cfg.propose.remedy_trials == 2

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from results_util import per_seed_rows, record
+from results_util import collapsing_root, per_seed_rows, record, remedied_child
 
 STEPS = list(range(0, 50, 5))
 
@@ -245,6 +245,33 @@ def test_report_on_fresh_archive_says_no_data(tmp_path):
     assert "no data yet" in text and "<td>grpo</td>" in text
     assert text.count("<svg") == 1  # the lineage of the root alone, unevaluated
     assert [p.name for p in page.parent.iterdir()] == ["index.html"]
+    assert arch.fsck()
+
+
+def test_report_says_which_remedies_are_still_directed_to(tmp_path):
+    """The remedies of the diagnosis: each one's trials (the children that applied it against a
+    collapsing parent, judged on the entropy) and whether the offline proposer still directs to it;
+    no section before any trial."""
+    from engine.archive.store import Archive
+    from engine.report.html import render_report
+
+    arch = Archive.init(tmp_path / "exp")
+    collapsing_root(arch)
+    assert "Remedies of the diagnosis" not in render_report(arch).read_text()
+    remedied_child(arch, "bonus-a", 1.01, entropy_coef=0.004)
+    remedied_child(arch, "bonus-b", 0.99, entropy_coef=0.008)
+    remedied_child(arch, "anchored", 1.5, kl_coef=0.05)
+    text = render_report(arch).read_text()
+    assert "Remedies of the diagnosis" in text
+    assert (
+        "<tr><td>entropy</td><td>0</td><td>2</td><td>0</td><td>0</td><td>bonus-a, bonus-b</td>"
+        "<td>no, spent: 2 children that applied it against a parent&#x27;s entropy collapse kept "
+        "entropy as their parents did (bonus-a, bonus-b)</td></tr>"
+    ) in text
+    assert (
+        "<tr><td>kl</td><td>1</td><td>0</td><td>0</td><td>0</td><td>anchored</td><td>yes</td>"
+        in text
+    )
     assert arch.fsck()
 
 

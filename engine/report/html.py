@@ -18,8 +18,10 @@ from typing import Any
 from engine.archive.confirmation import read_confirmations
 from engine.archive.results import configured_protocol
 from engine.archive.store import ALGORITHM, ROOT_NAME, Archive
-from engine.config import ExperimentConfig
+from engine.config import REMEDY_MOVES, ExperimentConfig
 from engine.loop.state import load_run
+from engine.operators.proposers.offline import archive_evidence
+from engine.operators.proposers.remedies import REMEDIES, remedy_trials, spent_remedies
 from engine.operators.reflect import training_vs_parent
 from engine.report import figures
 from engine.select import objective as obj
@@ -232,6 +234,7 @@ def render_report(
         "a finding's size, interval and all).</p>"
     )
     parts.append(_table(rows, exp))
+    parts.append(_remedies(archive, nodes))
     confirmations = read_confirmations(archive, nodes, report_protocol(archive).id)
     if confirmations:
         parts.append(_confirmations(confirmations))
@@ -247,6 +250,51 @@ def render_report(
     page = out / "index.html"
     page.write_text("\n".join(parts), encoding="utf-8")
     return page
+
+
+def _remedies(archive: Archive, nodes) -> str:
+    """The diagnosis's remedies: each one's trials in this archive (the children that applied it
+    against a parent's finding, judged on the series it is meant to move) and whether the offline
+    proposer still directs mutations to it; '' for another proposer, with the direction off, or
+    before any trial."""
+    p = archive.config().propose
+    if p.proposer != "offline" or p.directed <= 0:
+        return ""
+    evidence = archive_evidence(archive, archive.config(), nodes, read_code=True)
+    trials = remedy_trials(nodes, {n: ev.spec() for n, ev in evidence.items()})
+    if not trials:
+        return ""
+    spent = spent_remedies(trials, tuple(REMEDIES), p.remedy_trials)
+    out = [
+        "<h2>Remedies of the diagnosis</h2><p class='sub'>Each child that applied a remedy of its "
+        "parent's entropy collapse, judged on the policy's entropy against its parent's, seed by "
+        "seed: <i>up</i> or <i>down</i> (beyond the paired 95% interval), <i>alike</i> (the "
+        "interval within a finding's size either way) or <i>unclear</i>. The offline proposer "
+        f"stops directing mutations to a remedy after {p.remedy_trials} trials judged alike or "
+        "down and none up (<code>[propose].remedy_trials</code>; 0: never).</p>",
+        "<table><tr><th>remedy</th><th>up</th><th>alike</th><th>down</th><th>unclear</th>"
+        "<th>trials</th><th>directed to</th></tr>",
+    ]
+    for move in REMEDY_MOVES:
+        mine = [t for t in trials if move in t.moves]
+        counts = "".join(
+            f"<td>{sum(t.verdict == v for t in mine)}</td>"
+            for v in ("up", "alike", "down", "unclear")
+        )
+        state = (
+            "no: not in [propose].remedies"
+            if move not in p.remedies
+            else f"no, spent: {spent[move]}"
+            if move in spent
+            else "yes"
+        )
+        names = ", ".join(t.node for t in mine) or "—"
+        out.append(
+            f"<tr><td>{move}</td>{counts}<td>{html.escape(names)}</td>"
+            f"<td>{html.escape(state)}</td></tr>"
+        )
+    out.append("</table>")
+    return "".join(out)
 
 
 def _confirmations(confs: dict[str, Any]) -> str:

@@ -213,13 +213,16 @@ def reads_code(cfg) -> bool:
     return p.learned > 0 or (p.directed > 0 and p.remedy_trials > 0)
 
 
-def archive_evidence(archive, cfg, nodes=None) -> dict[str, Evidence]:
+def archive_evidence(
+    archive, cfg, nodes=None, read_code: bool | None = None
+) -> dict[str, Evidence]:
     """Every node under the experiment's protocol with its utility and, for the nodes that have a
     utility (the only ones the fit and the TPE warm start read) or are pending, its recorded
     components and, where :func:`reads_code`, the hyperparameters its code sets (what the fit and
     the remedies' record read of the evaluated ones, and ``explore`` of the pending ones): their
     records/proposal.json (and algorithm.py) files are read in one git call. ``nodes``: the
-    archive's nodes under that protocol, when already read."""
+    archive's nodes under that protocol, when already read; ``read_code``: read the code whatever
+    the configuration says (None: where :func:`reads_code`)."""
     if nodes is None:
         nodes = archive.nodes(configured_protocol(cfg))
     u = {
@@ -228,7 +231,7 @@ def archive_evidence(archive, cfg, nodes=None) -> dict[str, Evidence]:
     }
     pending = {n for n, x in nodes.items() if u[n] is None and x.status in PENDING}
     read = [n for n in nodes if u[n] is not None or n in pending]
-    code = read if reads_code(cfg) else []
+    code = read if (reads_code(cfg) if read_code is None else read_code) else []
     blobs = archive.git.cat_blobs(
         [f"{nodes[n].commit}:records/proposal.json" for n in read]
         + [f"{nodes[n].commit}:{ALGORITHM}" for n in code]
