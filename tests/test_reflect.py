@@ -163,11 +163,11 @@ def test_trajectory_vs_parent_pairs_the_seeds():
         SICK, HEALTHY, {0: {"train/entropy": 0.1}}, {0: {"train/entropy": 0.2}}
     )
     assert all(r[4] is None and r[5] == 0 for r in rows)
-    # read without an interval, a finding's size still counts; nothing can be alike
+    # read without an interval, a finding's size is a finding, but no series gets a verdict
     c = compare_trajectories(
         SICK, HEALTHY, {0: {"train/entropy": 0.1}}, {0: {"train/entropy": 0.2}}
     )
-    assert c.verdict("train/entropy") == "down" and c.verdict("train/reward_mean") == "unclear"
+    assert c.large and c.verdict("train/entropy") == c.verdict("train/reward_mean") == "unclear"
     assert next(r for r in rows if r[0] == "policy entropy")[1] == pytest.approx(0.055)
 
 

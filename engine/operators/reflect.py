@@ -143,9 +143,9 @@ difference or None, paired seeds behind the interval)"""
 
 
 SERIES_VERDICTS = ("up", "down", "alike", "unclear")
-"""what one series did against the parent's: up or down (a finding or a slight change in that
-direction), alike (its interval lies within a finding's size either way) or unclear (neither; a
-change without an interval counts only at a finding's size)"""
+"""what one series did against the parent's, judged on its paired interval: up or down (a finding or
+a slight change in that direction, beyond the interval), alike (the interval lies within a finding's
+size either way) or unclear (neither, or no interval: the mean trajectories' reading is no verdict)"""
 
 READINGS = ("finding", "slight", "like its parent", "unclear")
 """what a child's training did against its parent's, strongest first
@@ -271,7 +271,7 @@ def compare_trajectories(
         if big and (beyond or iv is None):
             detail = f"{label} {change} over {TAIL}: {b:.3g} -> {a:.3g}"
             large.append((words, detail + (f"; {paired_text} over {n} seeds" if iv else "")))
-            series.append((key, way))
+            series.append((key, way if iv else "unclear"))
         elif beyond and material:
             slight.append((f"{label} {change}", paired_text))
             series.append((key, way))
