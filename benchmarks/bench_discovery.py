@@ -53,6 +53,19 @@ def finished_searches(work: Path, methods: list[str]) -> list[tuple[str, int, Pa
     return out
 
 
+def searched_archives(work: Path, methods: str) -> list[tuple[str, int, Path]]:
+    """(method, search seed, archive directory) of every search of ``methods`` (comma-separated)
+    finished in ``work``, for the tools that read them; exits with a message when there is none or
+    an archive is gone."""
+    searches = finished_searches(work, methods.split(","))
+    if not searches:
+        raise SystemExit(f"no finished search of {methods} under {work}")
+    for method, seed, path, _ in searches:
+        if not path.is_dir():
+            raise SystemExit(f"{method} search seed {seed}: its archive {path} is gone")
+    return [(method, seed, path) for method, seed, path, _ in searches]
+
+
 def best_so_far(rows: list[dict], root_overall: float) -> list[float]:
     """The best Overall in the archive after each candidate: the root counts (it is the search's
     starting point), a failed or worse candidate leaves the curve where it was."""

@@ -18,53 +18,31 @@ is trained: it reads finished searches.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import re
 from collections import Counter
 from pathlib import Path
 
-from bench_discovery import finished_searches
+from bench_discovery import searched_archives
 from proxy_runs import ROOT, write_results
-from training_vs_parent import mlflow_tails
+from training_vs_parent import with_tails
 
 ANCHOR = 0.01
 """a KL weight at least this strong counts as an anchor (10x GRPO's 0.001)"""
 APPLIED = re.compile(r"\(against its [a-z ]+: ([a-z_, ]+)\)")
 
 
-def with_tails(archive, node):
-    """``node`` with per-seed trajectory tails in its result's rows: read from MLflow where the
-    result was recorded before they existed."""
-    from engine.operators.reflect import seed_tails
-
-    res = node.result
-    if res is None or not res.ok or seed_tails(res):
-        return node
-    tails = mlflow_tails(archive, res)
-    rows = tuple(
-        {**r, "trajectory_tail": tails[int(r["seed"])]} if int(r["seed"]) in tails else r
-        for r in res.per_seed
-    )
-    return dataclasses.replace(node, result=dataclasses.replace(res, per_seed=rows))
-
-
 def read_search(path: Path, preset: str, needed: int) -> dict:
     """The search's remedy record (see the module's docstring)."""
     from engine.archive.store import Archive
     from engine.config import REMEDY_MOVES
-    from engine.operators.proposers.offline import archive_evidence
-    from engine.operators.proposers.remedies import remedy_trials, spent_remedies
+    from engine.operators.proposers.offline import archive_evidence, archive_remedy_trials
+    from engine.operators.proposers.remedies import spent_remedies
 
     archive = Archive(path)
-    cfg = archive.config()
-    cfg = dataclasses.replace(
-        cfg,
-        propose=dataclasses.replace(cfg.propose, learned=1.0),  # read every node's code
-        proxy=dataclasses.replace(cfg.proxy, preset=preset),  # the searches' protocol
-    )
     nodes = {n: with_tails(archive, x) for n, x in archive.nodes(f"proxy/{preset}").items()}
-    specs = {n: ev.spec() for n, ev in archive_evidence(archive, cfg, nodes).items()}
+    evidence = archive_evidence(archive, archive.config(), nodes, read_code=True)
+    specs = {n: ev.spec() for n, ev in evidence.items()}
     candidates = sorted((n for n, x in nodes.items() if x.parent), key=lambda n: nodes[n].created)
     blobs = archive.git.cat_blobs([f"{nodes[n].commit}:records/proposal.json" for n in candidates])
     applied: Counter = Counter()
@@ -72,7 +50,7 @@ def read_search(path: Path, preset: str, needed: int) -> dict:
         found = APPLIED.search((json.loads(blob) or {}).get("motivation", "")) if blob else None
         if found:
             applied.update(m.strip() for m in found.group(1).split(","))
-    trials = remedy_trials(nodes, specs)
+    trials = archive_remedy_trials(archive, nodes, evidence)
     verdicts = {m: Counter(t.verdict for t in trials if m in t.moves) for m in REMEDY_MOVES}
     spent_from: dict[str, int | None] = dict.fromkeys(REMEDY_MOVES)
     for i, name in enumerate(candidates, 1):
@@ -111,13 +89,8 @@ def main() -> None:
     )
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    searches = finished_searches(Path(args.workdir), args.methods.split(","))
-    if not searches:
-        raise SystemExit(f"no finished search of {args.methods} under {args.workdir}")
     rows = []
-    for method, seed, path, _ in searches:
-        if not path.is_dir():
-            raise SystemExit(f"{method} search seed {seed}: its archive {path} is gone")
+    for _method, seed, path in searched_archives(Path(args.workdir), args.methods):
         rows.append({**read_search(path, args.preset, args.needed), "search_seed": seed})
     print(
         "| search seed | remedy | candidates applying it | trials: up / alike / down / unclear |"

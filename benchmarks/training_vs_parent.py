@@ -22,7 +22,7 @@ import operator
 import statistics
 from pathlib import Path
 
-from bench_discovery import finished_searches
+from bench_discovery import searched_archives
 from proxy_runs import ROOT, write_results
 
 from engine.operators.reflect import READINGS
@@ -76,44 +76,45 @@ def mlflow_tails(archive, result) -> dict[int, dict[str, float]]:
     return out
 
 
+def with_tails(archive, node):
+    """``node`` with per-seed trajectory tails in its result's rows: read from MLflow
+    (:func:`mlflow_tails`) where the result was recorded before they existed."""
+    from engine.operators.reflect import seed_tails
+
+    res = node.result
+    if res is None or not res.ok or seed_tails(res):
+        return node
+    tails = mlflow_tails(archive, res)
+    rows = tuple(
+        {**r, "trajectory_tail": tails[int(r["seed"])]} if int(r["seed"]) in tails else r
+        for r in res.per_seed
+    )
+    return dataclasses.replace(node, result=dataclasses.replace(res, per_seed=rows))
+
+
 def read_archive(path: Path, preset: str) -> list[dict]:
     """One row per child evaluated under ``proxy/<preset>`` whose parent is evaluated there."""
     from engine.archive.store import Archive
     from engine.operators.proposers.moves import change_features
     from engine.operators.proposers.offline import archive_evidence
-    from engine.operators.reflect import compare_trajectories, seed_tails
+    from engine.operators.reflect import compare_with_parent
     from engine.select.objective import seed_utilities
     from engine.stats import paired_interval
 
     archive = Archive(path)
     cfg = archive.config()
-    nodes = archive.nodes(f"proxy/{preset}")
+    nodes = {n: with_tails(archive, x) for n, x in archive.nodes(f"proxy/{preset}").items()}
     # the hyperparameters each node's code sets: what the learned direction's evidence reads
-    evidence = archive_evidence(
-        archive,
-        dataclasses.replace(
-            cfg,
-            propose=dataclasses.replace(cfg.propose, learned=1.0),
-            proxy=dataclasses.replace(cfg.proxy, preset=preset),  # the searches' protocol
-        ),
-    )
-    tails: dict[str, dict] = {}
-
-    def tails_of(name: str) -> dict:
-        if name not in tails:
-            result = nodes[name].result
-            tails[name] = seed_tails(result) or mlflow_tails(archive, result)
-        return tails[name]
-
+    evidence = archive_evidence(archive, cfg, nodes, read_code=True)
     rows = []
     for name, node in nodes.items():
         parent = node.parent
         if not parent or parent not in nodes or not node.evaluated or not nodes[parent].evaluated:
             continue
         res, pres = node.result, nodes[parent].result
-        c = compare_trajectories(
-            dict(res.trajectory), dict(pres.trajectory), tails_of(name), tails_of(parent)
-        )
+        c = compare_with_parent(res, pres)
+        if c is None:
+            continue
         gain = paired_interval(
             seed_utilities(res, cfg.experiment), seed_utilities(pres, cfg.experiment)
         )
@@ -231,13 +232,8 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--figure", default=None, help="a PNG of every child's gain by kind of change")
     args = ap.parse_args()
-    searches = finished_searches(Path(args.workdir), args.methods.split(","))
-    if not searches:
-        raise SystemExit(f"no finished search of {args.methods} under {args.workdir}")
     rows = []
-    for method, seed, path, _ in searches:
-        if not path.is_dir():
-            raise SystemExit(f"{method} search seed {seed}: its archive {path} is gone")
+    for method, seed, path in searched_archives(Path(args.workdir), args.methods):
         rows += [
             {**r, "method": method, "search_seed": seed} for r in read_archive(path, args.preset)
         ]

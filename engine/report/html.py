@@ -20,8 +20,8 @@ from engine.archive.results import configured_protocol
 from engine.archive.store import ALGORITHM, ROOT_NAME, Archive
 from engine.config import REMEDY_MOVES, ExperimentConfig
 from engine.loop.state import load_run
-from engine.operators.proposers.offline import archive_evidence
-from engine.operators.proposers.remedies import REMEDIES, remedy_trials, spent_remedies
+from engine.operators.proposers.offline import archive_remedy_trials
+from engine.operators.proposers.remedies import REMEDIES, spent_remedies
 from engine.operators.reflect import training_vs_parent
 from engine.report import figures
 from engine.select import objective as obj
@@ -260,8 +260,7 @@ def _remedies(archive: Archive, nodes) -> str:
     p = archive.config().propose
     if p.proposer != "offline" or p.directed <= 0:
         return ""
-    evidence = archive_evidence(archive, archive.config(), nodes, read_code=True)
-    trials = remedy_trials(nodes, {n: ev.spec() for n, ev in evidence.items()})
+    trials = archive_remedy_trials(archive, nodes)
     if not trials:
         return ""
     spent = spent_remedies(trials, tuple(REMEDIES), p.remedy_trials)

@@ -164,7 +164,7 @@ def code_spec(components: dict | None, hp: dict | None) -> dict[str, Any]:
     return spec
 
 
-def _spec(components, hp: dict | None = None) -> dict[str, Any] | None:
+def readable_spec(components, hp: dict | None = None) -> dict[str, Any] | None:
     """:func:`code_spec`, None when unreadable."""
     try:
         return code_spec(components, hp)
@@ -210,7 +210,7 @@ def change_features(ev, par) -> dict[tuple[str, str], float]:
     over it); {} when nothing says what it changed or either spec is unreadable."""
     if ev.components is None and ev.hp is None:  # nothing says what it changed
         return {}
-    mine, theirs = _spec(ev.components, ev.hp), _spec(par.components, par.hp)
+    mine, theirs = readable_spec(ev.components, ev.hp), readable_spec(par.components, par.hp)
     return {} if mine is None or theirs is None else features(mine, theirs)
 
 

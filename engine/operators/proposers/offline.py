@@ -57,12 +57,14 @@ from engine.operators.proposers.moves import (
     fit_moves,
     learned_move,
     move_features,
+    readable_spec,
     set_option,
     stronger,
 )
 from engine.operators.proposers.remedies import (
     REMEDIES,
     REMEDY_PRIOR,
+    RemedyTrial,
     remedies_applied,
     remedies_for,
     remedy_trials,
@@ -196,10 +198,7 @@ class Evidence:
     def spec(self) -> dict | None:
         """The spec its code realises (:func:`~engine.operators.proposers.moves.code_spec`), None
         when unreadable."""
-        try:
-            return code_spec(self.components, self.hp)
-        except PoiseError:
-            return None
+        return readable_spec(self.components, self.hp)
 
 
 PENDING = ("verified", "evaluating")
@@ -255,6 +254,17 @@ def archive_evidence(
         )
         for n, x in nodes.items()
     }
+
+
+def archive_remedy_trials(
+    archive, nodes, evidence: dict[str, Evidence] | None = None
+) -> list[RemedyTrial]:
+    """:func:`~engine.operators.proposers.remedies.remedy_trials` over ``nodes`` (the archive's
+    nodes under one protocol), each node's spec read from its code; ``evidence``: the archive's
+    evidence with the code read, when already there (:func:`archive_evidence`)."""
+    if evidence is None:
+        evidence = archive_evidence(archive, archive.config(), nodes, read_code=True)
+    return remedy_trials(nodes, {n: ev.spec() for n, ev in evidence.items()})
 
 
 def _introduced(ev: Evidence, evidence: dict[str, Evidence]) -> list[tuple[str, str]]:
@@ -433,8 +443,7 @@ class OfflineProposer:
         remedies = remedies_for(findings, base, cfg.propose.remedies) if directed > 0 else ()
         treated = [k for k in REMEDIES if any(f.startswith(k) for f in findings)]
         if remedies and cfg.propose.remedy_trials > 0:
-            specs = {n: ev.spec() for n, ev in evidence.items()}
-            trials = remedy_trials(nodes, specs)
+            trials = archive_remedy_trials(archive, nodes, evidence)
             spent = spent_remedies(trials, tuple(treated), cfg.propose.remedy_trials)
             for move in (m for m in remedies if m in spent):
                 log.info(

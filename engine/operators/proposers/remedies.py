@@ -102,10 +102,10 @@ def remedy_trials(nodes: Mapping, specs: Mapping[str, dict | None]) -> list[Reme
     for name in sorted(nodes):
         node = nodes[name]
         par = nodes.get(node.parent) if node.parent else None
-        mine, theirs = specs.get(name), specs.get(node.parent) if par is not None else None
-        if par is None or mine is None or theirs is None:
+        if par is None or not (node.evaluated and par.evaluated):
             continue
-        if not (node.evaluated and par.evaluated):
+        mine, theirs = specs.get(name), specs.get(node.parent)
+        if mine is None or theirs is None:
             continue
         findings = trajectory_diagnostics(dict(par.result.trajectory))
         comparison = None
