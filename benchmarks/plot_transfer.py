@@ -95,7 +95,7 @@ def draw(groups: list[tuple[str, list[dict]]], names: dict, title: str, path: Pa
         for i, (g, _) in enumerate(groups)
     ]
     ax.legend(handles=handles, loc="upper left", fontsize=8)
-    ax.set_title(title, fontsize=9)
+    fig.suptitle(title, fontsize=9)  # over the figure: long mechanism labels narrow the axes
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=130)
