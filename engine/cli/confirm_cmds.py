@@ -10,6 +10,7 @@ import typer
 from engine.archive.confirmation import CONFIRMED, FAILED, NOT_CONFIRMED, REVERSED
 from engine.archive.store import ROOT_NAME, Archive
 from engine.cli import EXIT_FAILED, ArchiveOpt, console
+from engine.cli.ablate import ablate
 from engine.stats import SEEDS_LIMIT, sd_upper90, seeds_to_resolve, t95
 
 VERDICT_COLOURS = {CONFIRMED: "green", REVERSED: "red", FAILED: "red"}
@@ -123,3 +124,4 @@ def confirm(
 
 def register(app: typer.Typer) -> None:
     app.command()(confirm)
+    app.command()(ablate)

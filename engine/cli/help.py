@@ -67,6 +67,10 @@ _EXAMPLES: dict[str, list[str]] = {
         "poise-git confirm grpo-entropycontrol-dynamic -C exp",
         "poise-git confirm clip-wide --against grpo --seeds 4 -C exp",
     ],
+    "ablate": [
+        "poise-git ablate grpo-kl0-1-clip0-331 -C exp",
+        "poise-git ablate clip-wide --json ablation.json",
+    ],
     "report": ["poise-git report -C exp", "poise-git report -C exp --out /tmp/report"],
     "ui": ["poise-git ui -C exp --port 5001"],
     "drop": [

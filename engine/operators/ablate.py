@@ -1,0 +1,378 @@
+"""Ablate a node: which of its changes to the root carry its gain (``poise-git ablate``).
+
+A node found by a search differs from the root in several places at once (a hyperparameter here, a
+rewritten advantage there), and its gain says nothing about which of them earns it. An ablation takes
+the changes one at a time: for each, a child of the node with that one change reverted to the root's
+(a ``Hyperparameters`` default set back, a definition replaced by the root's, an added hook removed),
+verified and evaluated under the node's protocol at the node's own seeds. The paired difference node
+minus child is what that change carries.
+
+The children are ordinary nodes (``Poise-Proposer: ablation``), so ``git diff`` shows each one's single
+reverted change, and a second ablation of the same node trains nothing: each child is found again as
+the existing node with the same mechanism, the root among them.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import libcst as cst
+
+from engine.archive.edit import apply_edit
+from engine.archive.mechanism import normalized, same_mechanism
+from engine.archive.results import EvaluationResult, ProtocolRef
+from engine.archive.store import ROOT_NAME
+from engine.config import ExperimentConfig
+from engine.errors import EvaluationError
+from engine.operators.evaluate import evaluate_node, measure_node, proxy_protocol
+from engine.operators.implement import unique_name
+from engine.operators.proposers.edit_plan import class_defaults
+from engine.operators.proposers.hyperparams import set_defaults
+from engine.operators.verify import evaluation_gate, verify_node
+from engine.select.objective import seed_utilities
+from engine.stats import paired_interval
+from trainer_template.proxy.protocol import PRESETS, get_protocol
+
+HYPERPARAMETER, DEFINITION, ADDED = "hyperparameter", "definition", "added"
+CARRIES, HURTS, WITHIN, NO_INTERVAL = "carries gain", "costs", "not measurable", "no interval"
+ABLATES_TRAILER = "Poise-Ablates"
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """One change of a node's ``algorithm.py`` to the root's: a ``Hyperparameters`` default
+    (``hyperparameter``), a top-level definition both have that differs beyond docstrings
+    (``definition``; one only the root has counts too), or a definition only the node has that no
+    other definition calls (``added``: a hook the harness looks up by name)."""
+
+    kind: str
+    name: str
+    node_value: Any = None
+    root_value: Any = None
+
+    def describe(self) -> str:
+        if self.kind == HYPERPARAMETER:
+            return f"{self.name} = {self.node_value!r} (root: {self.root_value!r})"
+        if self.kind == ADDED:
+            return f"{self.name} (added; the root has none)"
+        return f"{self.name} (rewritten)"
+
+    @property
+    def slug(self) -> str:
+        return self.name.replace("_", "-").lower()
+
+
+def _definitions(tree: ast.Module) -> dict[str, ast.stmt]:
+    """Top-level functions, classes and single-name assignments by name (``Hyperparameters`` apart)."""
+    out: dict[str, ast.stmt] = {}
+    for st in tree.body:
+        if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            name = st.name
+        elif isinstance(st, ast.Assign) and len(st.targets) == 1:
+            name = getattr(st.targets[0], "id", None)
+        elif isinstance(st, ast.AnnAssign):
+            name = getattr(st.target, "id", None)
+        else:
+            continue
+        if name and name != "Hyperparameters":
+            out[name] = st
+    return out
+
+
+def _same(a: ast.stmt, b: ast.stmt) -> bool:
+    return normalized(ast.unparse(a)) == normalized(ast.unparse(b))
+
+
+def _referenced(defs: dict[str, ast.stmt], name: str) -> bool:
+    """Whether any other definition names ``name`` (a helper of a rewritten definition)."""
+    return any(
+        isinstance(n, ast.Name) and n.id == name
+        for other, st in defs.items()
+        if other != name
+        for n in ast.walk(st)
+    )
+
+
+def node_changes(node_src: str, root_src: str) -> list[Change]:
+    """The node's changes to the root, hyperparameters first, each in file order."""
+    node_tree, root_tree = ast.parse(node_src), ast.parse(root_src)
+    node_hp, root_hp = class_defaults(node_src), class_defaults(root_src)
+    changes = [
+        Change(HYPERPARAMETER, k, node_hp.get(k), v)
+        for k, v in root_hp.items()
+        if k not in node_hp or node_hp[k] != v or type(node_hp[k]) is not type(v)
+    ]
+    node_defs, root_defs = _definitions(node_tree), _definitions(root_tree)
+    for name, st in node_defs.items():
+        if name in root_defs:
+            if not _same(st, root_defs[name]):
+                changes.append(Change(DEFINITION, name))
+        elif not _referenced(node_defs, name):
+            changes.append(Change(ADDED, name))
+    changes += [Change(DEFINITION, n) for n in root_defs if n not in node_defs]
+    return changes
+
+
+def without(node_src: str, root_src: str, change: Change) -> str:
+    """``node_src`` with ``change`` reverted to the root's; every other byte kept."""
+    if change.kind == HYPERPARAMETER:
+        return set_defaults(node_src, {change.name: change.root_value})
+    if change.kind == ADDED:
+        mod = cst.parse_module(node_src)
+        body = [st for st in mod.body if change.name not in _cst_names(st)]
+        return mod.with_changes(body=body).code
+    root = cst.parse_module(root_src)
+    for st in root.body:
+        if change.name in _cst_names(st):
+            return apply_edit(node_src, root.code_for_node(st))
+    raise EvaluationError(f"ablate: the root has no definition {change.name!r}")
+
+
+def _cst_names(st: cst.CSTNode) -> list[str]:
+    if isinstance(st, (cst.FunctionDef, cst.ClassDef)):
+        return [st.name.value]
+    if isinstance(st, cst.SimpleStatementLine):
+        return [
+            t.target.value
+            for small in st.body
+            if isinstance(small, (cst.Assign, cst.AnnAssign))
+            for t in (small.targets if isinstance(small, cst.Assign) else [small])
+            if isinstance(t.target, cst.Name)
+        ]
+    return []
+
+
+@dataclasses.dataclass(frozen=True)
+class AblationRow:
+    """One change: the child without it, and what the node loses without it (``contribution``:
+    U(node) - U(child) over the paired seeds, its 95% interval, the seed count)."""
+
+    change: Change
+    child: str | None
+    reused: bool
+    status: str
+    reason: str = ""
+    value: float | None = None
+    contribution: tuple[float, tuple[float, float] | None, int] | None = None
+
+    @property
+    def verdict(self) -> str:
+        if self.contribution is None:
+            return self.status
+        mean, iv, _ = self.contribution
+        if iv is None:
+            return NO_INTERVAL
+        return CARRIES if iv[0] > 0 else HURTS if iv[1] < 0 else WITHIN
+
+
+@dataclasses.dataclass(frozen=True)
+class Ablation:
+    node: str
+    root: str
+    protocol: str
+    objective: str
+    seeds: tuple[int, ...]
+    gain: tuple[float, tuple[float, float] | None, int] | None
+    rows: tuple[AblationRow, ...]
+    wall_time_s: float
+
+    def to_json(self) -> dict:
+        return {
+            "node": self.node,
+            "root": self.root,
+            "protocol": self.protocol,
+            "objective": self.objective,
+            "unit": f"{self.objective}; paired differences over the seeds, 95% Student-t",
+            "seeds": list(self.seeds),
+            "gain_over_root": _pair_json(self.gain),
+            "changes": [
+                {
+                    "kind": r.change.kind,
+                    "name": r.change.name,
+                    "change": r.change.describe(),
+                    "child": r.child,
+                    "reused": r.reused,
+                    "status": r.status,
+                    "reason": r.reason,
+                    self.objective: r.value,
+                    "contribution": _pair_json(r.contribution),
+                    "verdict": r.verdict,
+                }
+                for r in self.rows
+            ],
+            "wall_time_s": self.wall_time_s,
+        }
+
+
+def _pair_json(pair) -> dict | None:
+    if pair is None:
+        return None
+    mean, iv, n = pair
+    return {"mean": mean, "interval": list(iv) if iv else None, "seeds": n}
+
+
+def _proposal(node: str, change: Change) -> str:
+    return (
+        f"# Ablation of {node}: without {change.name}\n\n"
+        f"{node} with one of its changes to the root reverted: {change.describe()}. Every other "
+        f"line is {node}'s. Made by `poise-git ablate {node}` to measure how much of {node}'s gain "
+        "this change carries (the paired difference between the two nodes at the same seeds).\n"
+    )
+
+
+def ablate_node(
+    archive,
+    name: str,
+    exp: ExperimentConfig,
+    *,
+    preset: str | None = None,
+    root: str = ROOT_NAME,
+    on_event: Callable[[str], None] | None = None,
+    cache_dir: str | None = None,
+) -> Ablation:
+    """Ablate ``name`` under the proxy ``preset`` at the seeds of its recorded result there."""
+    say = on_event or (lambda msg: None)
+    t0 = time.monotonic()
+    preset = preset or archive.config().proxy.preset
+    if preset not in PRESETS:
+        raise EvaluationError(f"unknown proxy preset {preset!r} (known: {', '.join(PRESETS)})")
+    protocol = proxy_protocol(preset, get_protocol(preset))
+    ref = ProtocolRef(protocol.id, protocol.hash)
+    nodes = archive.nodes(ref)
+    if name not in nodes:
+        raise EvaluationError(f"ablate: unknown node {name!r}")
+    if root not in nodes:
+        raise EvaluationError(f"ablate: unknown root {root!r}")
+    if name == root:
+        raise EvaluationError(f"ablate: {name} is the root; there is nothing to revert")
+    node = nodes[name]
+    if node.result is None or not node.evaluated:
+        raise EvaluationError(
+            f"ablate: {name} has no evaluated result under {protocol.key}: run `poise-git evaluate "
+            f"{name} --preset {preset}` first (its seeds are the ablation's)"
+        )
+    values = seed_utilities(node.result, exp)
+    seeds = sorted(values)
+    node_src, root_src = archive.algorithm(name), archive.algorithm(root)
+    changes = node_changes(node_src, root_src)
+    if not changes:
+        raise EvaluationError(f"ablate: {name}'s algorithm.py makes no change to {root}'s")
+    say(f"{len(changes)} change(s) to {root}, each reverted in turn at seeds {seeds}")
+    tags = {"poise.purpose": "ablation", "poise.ablates": name}
+    rows = []
+    for change in changes:
+        row = _child(archive, name, change, without(node_src, root_src, change), say)
+        if row.status == "pending":
+            row, child_values = _measured(
+                archive, row, seeds, preset, ref, exp, tags, say, cache_dir
+            )
+            if child_values:
+                mean = sum(child_values.values()) / len(child_values)
+                pair = _as_pair(paired_interval(values, child_values))
+                row = dataclasses.replace(row, value=mean, contribution=pair)
+        rows.append(row)
+    root_node = archive.nodes(ref)[root]
+    gain = (
+        paired_interval(values, seed_utilities(root_node.result, exp))
+        if root_node.result is not None and root_node.evaluated
+        else None
+    )
+    return Ablation(
+        node=name,
+        root=root,
+        protocol=protocol.key,
+        objective=exp.objective,
+        seeds=tuple(seeds),
+        gain=_as_pair(gain),
+        rows=tuple(rows),
+        wall_time_s=round(time.monotonic() - t0, 3),
+    )
+
+
+def _as_pair(d):
+    if d is None:
+        return None
+    mean, iv, n = d
+    return mean, (tuple(iv) if iv else None), n
+
+
+def _child(archive, name: str, change: Change, source: str, say) -> AblationRow:
+    """The node ``name`` without ``change``: an existing node with that mechanism (the root, where
+    it was the only change), else a new child of ``name``; verified where it is not yet."""
+    same = same_mechanism(archive, source)
+    if same:
+        child, reused = same[0], True
+        say(f"without {change.name}: the same mechanism as {child}")
+    else:
+        child, reused = unique_name(archive, f"{name[:40].rstrip('-.')}-no-{change.slug}"), False
+        archive.spawn(
+            name,
+            child,
+            algorithm=source,
+            proposal=_proposal(name, change),
+            trailers={"Poise-Proposer": "ablation", ABLATES_TRAILER: name},
+            subject=f"poise: {child} (ablation of {name}: without {change.name})",
+        )
+        say(f"without {change.name}: spawned {child}")
+    if archive.node(child).status == "rejected":
+        reason = archive.node(child).trailer("Poise-Reason") or "rejected by verification"
+        return AblationRow(change, child, reused, "rejected", reason)
+    if evaluation_gate(archive, child):  # not verified for this source (template code needs none)
+        say(f"{child}: verifying")
+        res = verify_node(archive, child, archive.config())
+        if not res.ok:
+            return AblationRow(change, child, reused, "rejected", res.reason)
+    return AblationRow(change, child, reused, "pending")
+
+
+def _measured(archive, row, seeds, preset, ref, exp, tags, say, cache_dir):
+    """(row, the child's utility at each seed): read from its recorded result where that covers the
+    seeds; else evaluated at the seeds and recorded (a child without a result under the protocol, or
+    an ablation child of this node whose result has fewer seeds: the node was evaluated at more since),
+    or measured without recording (another node whose recorded result, which the selection reads, has
+    other seeds)."""
+    node = archive.nodes(ref)[row.child]
+    ours = node.trailer(ABLATES_TRAILER) == tags["poise.ablates"]
+    recorded = seed_utilities(node.result, exp) if node.result is not None else {}
+    if node.result is not None and not node.evaluated:  # its mechanism failed under the protocol
+        return dataclasses.replace(row, status="failed", reason=node.result.reason or ""), None
+    if node.evaluated and set(seeds) <= set(recorded):
+        return dataclasses.replace(row, status="evaluated"), {s: recorded[s] for s in seeds}
+    report = lambda msg: say(f"{row.child}: {msg}")  # noqa: E731
+    if node.result is not None and node.evaluated and not ours:
+        result = measure_node(
+            archive,
+            row.child,
+            seeds,
+            preset=preset,
+            tags=tags,
+            on_event=report,
+            cache_dir=cache_dir,
+        )
+    else:
+        say(f"{row.child}: evaluating at seeds {seeds}")
+        result = evaluate_node(
+            archive,
+            row.child,
+            seeds=seeds,
+            preset=preset,
+            tags=tags,
+            on_event=report,
+            cache_dir=cache_dir,
+        )
+    return _outcome(row, result, seeds, exp)
+
+
+def _outcome(row: AblationRow, result: EvaluationResult, seeds, exp):
+    if not result.ok:
+        return dataclasses.replace(row, status="failed", reason=result.reason or ""), None
+    got = seed_utilities(result, exp)
+    missing = sorted(set(seeds) - set(got))
+    if missing:
+        reason = f"no {exp.objective} at seeds {missing}"
+        return dataclasses.replace(row, status="failed", reason=reason), None
+    return dataclasses.replace(row, status="evaluated"), {s: got[s] for s in seeds}
