@@ -86,8 +86,11 @@ def ablate(
             status.update(f"ablating [bold]{node}[/]: {msg}")
 
         ab = ablate_node(arch, node, exp, preset=preset, root=root, on_event=on_event)
-    mean, iv = _pair(ab.gain)
-    console.print(f"{ab.node} vs {ab.root}: {mean} {iv} over {len(ab.seeds)} paired seed(s)")
+    if ab.gain is None:
+        console.print(f"{ab.node} vs {ab.root}: no paired seeds recorded under {ab.protocol}")
+    else:
+        mean, iv = _pair(ab.gain)
+        console.print(f"{ab.node} vs {ab.root}: {mean} {iv} over {ab.gain[2]} paired seed(s)")
     console.print(ablation_table(ab))
     for r in ab.rows:
         if r.status in ("failed", "rejected"):
