@@ -12,7 +12,14 @@ from conftest import mark_verified, run_cli
 
 from engine.archive.edit import apply_edit, check_interface
 from engine.errors import EvaluationError
-from engine.operators.ablate import ADDED, DEFINITION, HYPERPARAMETER, Change, node_changes, without
+from engine.operators.ablation_changes import (
+    ADDED,
+    DEFINITION,
+    HYPERPARAMETER,
+    Change,
+    node_changes,
+    without,
+)
 from engine.operators.proposers.edit_plan import class_defaults
 from engine.operators.proposers.hyperparams import set_defaults
 from trainer_template import ALGORITHM_FILE
