@@ -108,7 +108,8 @@ def _parse(src: str, what: str) -> cst.Module:
         raise EditError(f"{what} is too deeply nested to parse ({type(exc).__name__})") from None
 
 
-def _defined_names(stmt: cst.CSTNode) -> list[str]:
+def defined_names(stmt: cst.CSTNode) -> list[str]:
+    """The names a top-level statement defines: a function's or class's, or an assignment's targets."""
     if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
         return [stmt.name.value]
     if isinstance(stmt, cst.SimpleStatementLine):
@@ -164,7 +165,7 @@ def apply_edit(parent_src: str, edit_src: str) -> str:
         if _is_import(stmt):
             imports.append(stmt)
             continue
-        names = _defined_names(stmt)
+        names = defined_names(stmt)
         if not names or (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) != 1):
             code = edit.code_for_node(stmt).strip().splitlines()[0]
             raise EditError(
@@ -182,7 +183,7 @@ def apply_edit(parent_src: str, edit_src: str) -> str:
     used: set[str] = set()
     last_import = -1
     for stmt in parent.body:
-        names = _defined_names(stmt)
+        names = defined_names(stmt)
         if len(names) == 1 and names[0] in replacements and names[0] not in used:
             new = replacements[names[0]]
             lead = new.leading_lines if _has_comment(new.leading_lines) else stmt.leading_lines

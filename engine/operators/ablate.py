@@ -25,12 +25,12 @@ from engine.archive.store import ROOT_NAME
 from engine.config import ExperimentConfig
 from engine.errors import EvaluationError
 from engine.operators.ablation_changes import Change, node_changes, without
-from engine.operators.evaluate import evaluate_node, measure_node, proxy_protocol
+from engine.operators.evaluate import evaluate_node, measure_node, proxy_preset, proxy_protocol
 from engine.operators.implement import unique_name
 from engine.operators.verify import evaluation_gate, verify_node
 from engine.select.objective import seed_utilities
 from engine.stats import paired_interval
-from trainer_template.proxy.protocol import PRESETS, get_protocol
+from trainer_template.proxy.protocol import get_protocol
 
 CARRIES, HURTS, WITHIN, NO_INTERVAL = "carries gain", "costs", "not measurable", "no interval"
 ABLATES_TRAILER = "Poise-Ablates"
@@ -127,9 +127,7 @@ def ablate_node(
     """Ablate ``name`` under the proxy ``preset`` at the seeds of its recorded result there."""
     say = on_event or (lambda msg: None)
     t0 = time.monotonic()
-    preset = preset or archive.config().proxy.preset
-    if preset not in PRESETS:
-        raise EvaluationError(f"unknown proxy preset {preset!r} (known: {', '.join(PRESETS)})")
+    preset = proxy_preset(preset, archive.config())
     protocol = proxy_protocol(preset, get_protocol(preset))
     ref = ProtocolRef(protocol.id, protocol.hash)
     nodes = archive.nodes(ref)

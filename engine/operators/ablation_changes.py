@@ -10,7 +10,7 @@ from typing import Any
 
 import libcst as cst
 
-from engine.archive.edit import apply_edit
+from engine.archive.edit import apply_edit, defined_names
 from engine.archive.mechanism import normalized
 from engine.errors import EvaluationError
 from engine.operators.proposers.edit_plan import class_defaults
@@ -100,24 +100,10 @@ def without(node_src: str, root_src: str, change: Change) -> str:
         return set_defaults(node_src, {change.name: change.root_value})
     if change.kind == ADDED:
         mod = cst.parse_module(node_src)
-        body = [st for st in mod.body if change.name not in _cst_names(st)]
+        body = [st for st in mod.body if change.name not in defined_names(st)]
         return mod.with_changes(body=body).code
     root = cst.parse_module(root_src)
     for st in root.body:
-        if change.name in _cst_names(st):
+        if change.name in defined_names(st):
             return apply_edit(node_src, root.code_for_node(st))
     raise EvaluationError(f"ablate: the root has no definition {change.name!r}")
-
-
-def _cst_names(st: cst.CSTNode) -> list[str]:
-    if isinstance(st, (cst.FunctionDef, cst.ClassDef)):
-        return [st.name.value]
-    if isinstance(st, cst.SimpleStatementLine):
-        return [
-            t.target.value
-            for small in st.body
-            if isinstance(small, (cst.Assign, cst.AnnAssign))
-            for t in (small.targets if isinstance(small, cst.Assign) else [small])
-            if isinstance(t.target, cst.Name)
-        ]
-    return []

@@ -15,9 +15,9 @@ from engine.archive.confirmation import FAILED, Confirmation, record_confirmatio
 from engine.archive.results import EvaluationResult
 from engine.config import ExperimentConfig
 from engine.errors import EvaluationError
-from engine.operators.evaluate import measure_node, proxy_protocol
+from engine.operators.evaluate import measure_node, proxy_preset, proxy_protocol
 from engine.select.objective import describe_objective, paired_difference, seed_utilities
-from trainer_template.proxy.protocol import PRESETS, get_protocol
+from trainer_template.proxy.protocol import get_protocol
 
 TAG = "confirmation"
 
@@ -70,9 +70,7 @@ def confirm_node(
     confirmation that says why."""
     say = on_event or (lambda msg: None)
     t0 = time.monotonic()
-    preset = preset or archive.config().proxy.preset
-    if preset not in PRESETS:
-        raise EvaluationError(f"unknown proxy preset {preset!r} (known: {', '.join(PRESETS)})")
+    preset = proxy_preset(preset, archive.config())
     protocol = proxy_protocol(preset, get_protocol(preset))
     if name == against:
         raise EvaluationError(f"confirm: {name} cannot be confirmed against itself")

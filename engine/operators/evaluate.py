@@ -245,9 +245,7 @@ class _Job:
     def prepare(cls, archive, name, seeds, preset, timeout_s, cache_dir) -> _Job:
         cfg = archive.config()
         node = archive.node(name)
-        preset = preset or cfg.proxy.preset
-        if preset not in PRESETS:
-            raise EvaluationError(f"unknown proxy preset {preset!r} (known: {', '.join(PRESETS)})")
+        preset = proxy_preset(preset, cfg)
         protocol = get_protocol(preset)
         seed_list = (
             list(range(seeds))
@@ -418,6 +416,14 @@ def _reporter(name: str, on_event: Callable[[str], None] | None) -> Callable[[st
             on_event(msg)
 
     return say
+
+
+def proxy_preset(preset: str | None, cfg) -> str:
+    """``preset``, else the experiment's ``[proxy].preset``; an unknown one is an EvaluationError."""
+    preset = preset or cfg.proxy.preset
+    if preset not in PRESETS:
+        raise EvaluationError(f"unknown proxy preset {preset!r} (known: {', '.join(PRESETS)})")
+    return preset
 
 
 def proxy_protocol(preset: str, protocol) -> Protocol:
