@@ -3,7 +3,8 @@
     nice -n 5 .venv/bin/python benchmarks/bench_discovery.py [--candidates 16] [--seeds 6] \\
         [--search-seeds 3]
 
-For each search seed: (a) ``poise-git run`` from the GRPO root with the offline proposer (selection,
+For each search seed: (a) ``poise-git run`` from the GRPO root (or ``--root-source FILE``, an
+``algorithm.py`` of your own as the root node ``--root-name``) with the offline proposer (selection,
 TPE-guided mutation and crossover, verification, evaluation, reflection) until it has spawned
 ``--candidates`` children; (b) random search over the same component space with the same budget:
 each candidate mutates one random component of a uniformly chosen evaluated node, continuous values
@@ -91,6 +92,7 @@ def trace(archive, root: str, preset: str) -> dict:
             best = (n.name, ov)
     root_overall = nodes[root].metrics.get("overall")
     out = {
+        "root": root,
         "root_overall": root_overall,
         "candidates": rows,
         "curve": best_so_far(rows, root_overall),
@@ -152,7 +154,9 @@ def run_loop(path: Path, search_seed: int, args) -> dict:
     from engine.loop.budget import Budget
     from engine.loop.core import Loop, RunOptions
 
-    archive = Archive.init(path, config_toml=loop_config(args))
+    archive = Archive.init(
+        path, config_toml=loop_config(args), algorithm=root_source(args), root_name=args.root_name
+    )
     per_round = args.parents * args.population
     opts = RunOptions(
         plan={
@@ -168,7 +172,12 @@ def run_loop(path: Path, search_seed: int, args) -> dict:
         budget=Budget(candidates=args.candidates),
     )
     Loop(archive, opts, on_event=lambda e: _event(e, "loop", search_seed)).run()
-    return trace(Archive(path), "grpo", args.preset)
+    return trace(Archive(path), args.root_name, args.preset)
+
+
+def root_source(args) -> str | None:
+    """The root's ``algorithm.py`` (``--root-source``), None for the trainer template's GRPO."""
+    return Path(args.root_source).read_text(encoding="utf-8") if args.root_source else None
 
 
 def _event(e: dict, method: str, s: int) -> None:
@@ -186,11 +195,14 @@ def run_random(path: Path, search_seed: int, args) -> dict:
     from engine.operators.proposers.codegen import CONTINUOUS, describe, normalize
     from engine.operators.proposers.edit_plan import plan_edit
     from engine.operators.proposers.offline import OfflineProposer, intents_for, mutation_base
+    from engine.operators.verify import evaluation_gate, verify_node
 
-    archive = Archive.init(path)
+    archive = Archive.init(path, algorithm=root_source(args), root_name=args.root_name)
     cfg = archive.config()
     rng = random.Random(1000 + search_seed)
-    evaluate_node(archive, "grpo", seeds=args.seeds, preset=args.preset)
+    if evaluation_gate(archive, args.root_name):  # a --root-source of your own: verified first
+        verify_node(archive, args.root_name, cfg)
+    evaluate_node(archive, args.root_name, seeds=args.seeds, preset=args.preset)
     made = 0
     while made < args.candidates:
         nodes = archive.nodes(f"proxy/{args.preset}")
@@ -233,7 +245,7 @@ def run_random(path: Path, search_seed: int, args) -> dict:
             f"{n.status} {n.overall if n.overall is not None else float('nan'):.3f}",
             flush=True,
         )
-    return trace(Archive(path), "grpo", args.preset)
+    return trace(Archive(path), args.root_name, args.preset)
 
 
 def figure(results: dict, path: Path, candidates: int) -> None:
@@ -247,11 +259,16 @@ def figure(results: dict, path: Path, candidates: int) -> None:
     roots = [
         r["root_overall"] for m in results.values() for r in m.values() if r.get("root_overall")
     ]
-    draw(series, roots[0] if roots else None, path, candidates)
+    names = [r.get("root", "grpo") for m in results.values() for r in m.values()]
+    draw(series, roots[0] if roots else None, path, candidates, names[0] if names else "grpo")
 
 
 def draw(
-    series: list[tuple[str, list[list[float]]]], root: float | None, path: Path, candidates: int
+    series: list[tuple[str, list[list[float]]]],
+    root: float | None,
+    path: Path,
+    candidates: int,
+    root_name: str = "grpo",
 ) -> None:
     """Best-so-far curves, one colour per labelled method: each search seed thin, their mean bold;
     the root's Overall dashed."""
@@ -270,7 +287,13 @@ def draw(
             mean = [sum(c[i] for c in curves) / len(curves) for i in range(n)]
             ax.plot(range(1, n + 1), mean, color=color, lw=2.5, label=f"{label}, mean")
     if root is not None:
-        ax.axhline(root, color="gray", ls="--", lw=1, label="GRPO root")
+        ax.axhline(
+            root,
+            color="gray",
+            ls="--",
+            lw=1,
+            label="GRPO root" if root_name == "grpo" else f"root ({root_name})",
+        )
     ax.set_xlabel("candidates evaluated")
     ax.set_ylabel("best Overall so far (proxy)")
     ax.set_xlim(1, max(candidates, 2))  # one candidate: a point, not an empty range
@@ -330,6 +353,17 @@ def main() -> None:
         help="loop: the children, judged on the series a remedy is meant to move, after which a "
         "remedy none of them moved is no longer directed to ([propose].remedy_trials; default 2, "
         "0: never, the proposer before remedies were spent)",
+    )
+    ap.add_argument(
+        "--root-source",
+        default=None,
+        help="the root's algorithm.py (default: the trainer template's GRPO), e.g. a found node's, "
+        "to search on from it",
+    )
+    ap.add_argument(
+        "--root-name",
+        default="grpo",
+        help="the root node's name (default grpo; with --root-source)",
     )
     ap.add_argument("--workdir", default=str(ROOT / ".cache" / "discovery"))
     ap.add_argument(

@@ -28,8 +28,11 @@ from proxy_runs import ROOT, fmt_iv, load_average, mean_interval, stamp, write_r
 from engine.errors import PoiseError
 
 
-def confirm(archive_dir: Path, best: str, seeds: list[int], preset: str) -> dict:
-    """``best`` confirmed against the root at ``seeds`` in ``archive_dir``; their paired difference."""
+def confirm(
+    archive_dir: Path, best: str, seeds: list[int], preset: str, root: str = "grpo"
+) -> dict:
+    """``best`` confirmed against the root ``root`` at ``seeds`` in ``archive_dir``; their paired
+    difference."""
     from engine.archive.confirmation import CONFIRMED, FAILED
     from engine.archive.store import Archive
     from engine.operators.confirm import confirm_node
@@ -37,7 +40,7 @@ def confirm(archive_dir: Path, best: str, seeds: list[int], preset: str) -> dict
     archive = Archive(archive_dir)
     exp = archive.config().experiment
     conf = confirm_node(
-        archive, best, "grpo", exp, seeds=len(seeds), first_seed=seeds[0], preset=preset
+        archive, best, root, exp, seeds=len(seeds), first_seed=seeds[0], preset=preset
     )
     if conf.verdict == FAILED:
         raise PoiseError(f"{best}: {conf.reason}")
@@ -98,14 +101,15 @@ def main() -> None:
     print(f"{stamp()} held-out seeds {seeds[0]}..{seeds[-1]}; load average {loads[0]}", flush=True)
     rows: list[dict] = []
     for method, s, archive_dir, res in finished_searches(work, args.methods.split(",")):
-        if not res.get("best") or res["best"] == "grpo":
+        root = res.get("root", "grpo")  # searches recorded before --root-source: the GRPO root
+        if not res.get("best") or res["best"] == root:
             continue
         if not (archive_dir / ".git").exists():
             print(f"{stamp()} {archive_dir.name}: no archive at {archive_dir}; skipped", flush=True)
             continue
         t = time.monotonic()
         try:
-            measured = confirm(archive_dir, res["best"], seeds, args.preset)
+            measured = confirm(archive_dir, res["best"], seeds, args.preset, root)
         except PoiseError as exc:  # a node failed at a held-out seed, or seeds the search used
             print(f"{stamp()} {archive_dir.name}: not confirmed: {exc}", flush=True)
             continue

@@ -340,12 +340,25 @@ class Archive:
             raise ArchiveError(f"node {name!r} has no {ALGORITHM}")
         return src
 
-    def config_text(self, name: str = ROOT_NAME) -> str:
-        return self.read_file(name, "poise.toml") or ""
+    def root(self) -> str:
+        """The root node's name: ``grpo`` where the archive has it, else the node whose commit is
+        the archive's ``init`` (``poise-git init --root`` names it), read from git alone (no
+        :meth:`nodes`, which needs the root's configuration)."""
+        if self.exists(ROOT_NAME):
+            return ROOT_NAME
+        out = self.git.text("log", "--max-parents=0", f"--glob={REF_PREFIX}*", "--format=%B%x1e")
+        for msg in out.split("\x1e"):
+            tr = parse_trailers(msg)
+            name = tr.get("Poise-Node", [None])[-1]
+            if "init" in tr.get("Poise-Event", []) and name and self.exists(name):
+                return name
+        raise ArchiveError(f"{self.path}: no root node (no poise/* branch holds the init commit)")
+
+    def config_text(self, name: str | None = None) -> str:
+        return self.read_file(name or self.root(), "poise.toml") or ""
 
     def config(self, name: str | None = None):
-        target = name or (ROOT_NAME if self.exists(ROOT_NAME) else next(iter(self.nodes())))
-        return parse_config(self.config_text(target))
+        return parse_config(self.config_text(name))
 
     def spawn_commit(self, name: str) -> str:
         """The commit that created the node (its first commit with Poise-Event: spawn/init)."""

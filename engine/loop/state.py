@@ -19,6 +19,7 @@ from typing import Any
 
 from engine.archive.store import REFLECTION, ROOT_NAME, Archive, Node
 from engine.errors import PoiseError
+from engine.operators.verify import is_template
 
 RUN_REF = "refs/poise/run"
 RUN_FILE = "run.json"
@@ -107,7 +108,8 @@ class Pending:
 
 
 def pending_work(archive: Archive, nodes: dict[str, Node]) -> Pending:
-    """Unfinished loop nodes (those with a ``Poise-Round``) and the root: a node needs evaluation when
+    """Unfinished loop nodes (those with a ``Poise-Round``) and the root (verified first unless it is
+    the shipped template or a published mechanism): a node needs evaluation when
     ``nodes`` (read under the run's protocol) holds no result for it, even if it was evaluated under
     another protocol or preset."""
     out = Pending()
@@ -120,8 +122,8 @@ def pending_work(archive: Archive, nodes: dict[str, Node]) -> Pending:
     evaluated = []
     for n in ours:
         if n.status == "spawned":
-            if n.parents:
-                out.verify.append(n.name)
+            if n.parents or not is_template(archive.algorithm(n.name)):
+                out.verify.append(n.name)  # a root of your own code (`init --root`) is verified too
             else:
                 out.evaluate.append(n.name)  # the root is the template: nothing to verify
         elif n.status in ("verified", "evaluating", "evaluated") and n.result is None:
