@@ -248,24 +248,28 @@ def _interface_signatures(src: str, what: str) -> tuple:
     return tuple(found.items())
 
 
-def check_interface(parent_src: str, new_src: str) -> None:
-    """Raise EditError unless ``new_src`` compiles and keeps every interface function's signature."""
+def check_interface(parent_src: str, new_src: str, subject: str = "") -> None:
+    """Raise EditError unless ``new_src`` compiles and keeps every interface function's signature.
+
+    ``subject`` names ``new_src`` in the message when it is not an edit of ``parent_src`` (a root of
+    the user's own code, checked against the template)."""
     before = interface_signatures(parent_src, "the parent's algorithm.py")
-    after = interface_signatures(new_src, "the edited algorithm.py")
+    after = interface_signatures(new_src, subject or "the edited algorithm.py")
+    change = subject or "the edit"
     for name in INTERFACE_FUNCTIONS:
         if name not in after:
-            raise EditError(f"the edit drops the interface function {name}()")
+            raise EditError(f"{change} drops the interface function {name}()")
         if name in before and before[name] != after[name]:
-            raise EditError(f"the edit changes the signature of the interface function {name}()")
+            raise EditError(f"{change} changes the signature of the interface function {name}()")
     try:
         compile(new_src, "algorithm.py", "exec")
     except SyntaxError as exc:
         raise EditError(
-            f"the edited algorithm.py does not compile: line {exc.lineno}: {exc.msg}"
+            f"{subject or 'the edited algorithm.py'} does not compile: line {exc.lineno}: {exc.msg}"
         ) from None
     except (RecursionError, MemoryError) as exc:
         raise EditError(
-            f"the edited algorithm.py is too deeply nested ({type(exc).__name__})"
+            f"{subject or 'the edited algorithm.py'} is too deeply nested ({type(exc).__name__})"
         ) from None
 
 

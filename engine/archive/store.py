@@ -198,13 +198,15 @@ class Archive:
         if path.exists() and any(path.iterdir()):
             raise ArchiveError(f"{path} exists and is not empty; choose a new directory")
         check_name(root_name)
+        template = ALGORITHM_FILE.read_text(encoding="utf-8")
+        algo = algorithm if algorithm is not None else template
+        # before anything is created, so that a refused root leaves no directory behind
+        check_interface(template, algo, "the root's algorithm.py")
         path.mkdir(parents=True, exist_ok=True)
         subprocess.run(["git", "init", "-q", "-b", f"poise/{root_name}", str(path)], check=True)
         git = Git(path)
         (path / ".git" / "info").mkdir(exist_ok=True)
         (path / ".git" / "info" / "exclude").write_text(_EXCLUDE)
-        algo = algorithm if algorithm is not None else ALGORITHM_FILE.read_text(encoding="utf-8")
-        check_interface(algo, algo)
         files = {
             ALGORITHM: algo.encode(),
             "poise.toml": (config_toml or DEFAULT_TOML).encode(),

@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from engine.archive.store import ROOT_NAME, Archive
+from engine.archive.store import Archive
 from engine.cli import EXIT_FAILED, EXIT_REJECTED, ArchiveOpt, console
 
 VERDICT_STYLES = {"carries gain": "green", "costs": "red", "failed": "red", "rejected": "red"}
@@ -44,7 +44,9 @@ def ablation_table(ab) -> Table:
 
 def ablate(
     node: str = typer.Argument(..., help="The node to ablate (evaluated under the protocol)."),
-    root: str = typer.Option(ROOT_NAME, "--root", help="The node whose code a change reverts to."),
+    root: str | None = typer.Option(
+        None, "--root", help="The node whose code a change reverts to (default: the root)."
+    ),
     preset: str | None = typer.Option(
         None, "--preset", help="Proxy protocol preset (default: poise.toml's)."
     ),
@@ -85,7 +87,9 @@ def ablate(
             console.print(f"  {msg}", highlight=False)
             status.update(f"ablating [bold]{node}[/]: {msg}")
 
-        ab = ablate_node(arch, node, exp, preset=preset, root=root, on_event=on_event)
+        ab = ablate_node(
+            arch, node, exp, preset=preset, root=root or arch.root(), on_event=on_event
+        )
     if ab.gain is None:
         console.print(f"{ab.node} vs {ab.root}: no paired seeds recorded under {ab.protocol}")
     else:

@@ -102,14 +102,38 @@ def init(
     config: Path | None = typer.Option(
         None, "--config", help="A poise.toml to start from (default: the built-in one)."
     ),
+    root: Path | None = typer.Option(
+        None,
+        "--root",
+        help="An algorithm.py of your own as the root (e.g. a found node's, to search on from it); "
+        "default: the GRPO baseline.",
+    ),
+    root_name: str | None = typer.Option(
+        None, "--root-name", help="The root node's name (default grpo; with --root: root)."
+    ),
 ) -> None:
-    """Create an experiment repository whose root node [bold]poise/grpo[/] holds the GRPO baseline."""
+    """Create an experiment repository whose root node [bold]poise/grpo[/] holds the GRPO baseline.
+
+    With --root FILE the root holds that algorithm.py instead, checked against the shared interface;
+    it is verified like any candidate before its first evaluation (`poise-git run` does it)."""
     toml = _read_text(config, "config file") if config else None
     if toml is not None:
         parse_config(toml)
-    arch = Archive.init(directory, config_toml=toml)
+    algorithm = _read_text(root, "root algorithm") if root else None
+    name = root_name or ("root" if root else "grpo")
+    check_name(name)
+    try:
+        arch = Archive.init(directory, config_toml=toml, algorithm=algorithm, root_name=name)
+    except EditError as exc:
+        raise PoiseError(f"--root {root}: {exc}") from None  # nothing was created
     console.print(
-        f"Initialized poise-git archive in [bold]{arch.path}[/] with root node [bold]grpo[/] (branch poise/grpo)"
+        f"Initialized poise-git archive in [bold]{arch.path}[/] with root node [bold]{name}[/] "
+        f"(branch poise/{name})"
+        + (
+            f", the code of {root}; `poise-git verify {name}` or `poise-git run` verifies it"
+            if root
+            else ""
+        )
     )
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from engine.archive.confirmation import CONFIRMED, FAILED, NOT_CONFIRMED, REVERSED
-from engine.archive.store import ROOT_NAME, Archive
+from engine.archive.store import Archive
 from engine.cli import EXIT_FAILED, ArchiveOpt, console
 from engine.cli.ablate import ablate
 from engine.stats import SEEDS_LIMIT, sd_upper90, seeds_to_resolve, t95
@@ -85,8 +85,8 @@ def confirm(
     node: str = typer.Argument(
         ..., help="The node whose comparison to confirm (e.g. a run's best)."
     ),
-    against: str = typer.Option(
-        ROOT_NAME, "--against", help="The node it is compared with (default: the root)."
+    against: str | None = typer.Option(
+        None, "--against", help="The node it is compared with (default: the root)."
     ),
     seeds: int = typer.Option(
         2, "--seeds", "-s", min=1, help="Held-out paired seeds to measure both nodes at."
@@ -116,7 +116,9 @@ def confirm(
     confirmations/<protocol>.json; the selection never reads it. Exit code 4 when a node fails at a
     held-out seed."""
     arch = Archive(archive)
-    conf = run_confirmation(arch, node, against, seeds, first_seed, preset, objective)
+    conf = run_confirmation(
+        arch, node, against or arch.root(), seeds, first_seed, preset, objective
+    )
     console.print(confirmation_line(conf), highlight=False)
     if conf.verdict == FAILED:
         raise typer.Exit(EXIT_FAILED)

@@ -18,7 +18,12 @@ EXIT_CODES = (
 )
 
 _EXAMPLES: dict[str, list[str]] = {
-    "init": ["poise-git init exp", "poise-git init exp --config my-poise.toml"],
+    "init": [
+        "poise-git init exp",
+        "poise-git init exp --config my-poise.toml",
+        "git -C exp show poise/NODE:algorithm.py > found.py",
+        "poise-git init exp2 --root found.py --root-name found   # search on from a found node",
+    ],
     "spawn": [
         "poise-git spawn grpo --name clip-wide --edit clip.py --proposal clip.md -C exp",
         "poise-git spawn grpo --name again --edit clip.py --force   # same mechanism as a node",

@@ -289,7 +289,7 @@ def _print_summary(arch, s, report: bool, confirm_seeds: int = 0) -> None:
         )
         + f"; wall {s.usage['wall_s']:.0f} s; {s.objective}"
     )
-    root = "grpo" if arch.exists("grpo") else None
+    root = arch.root()
     if s.best:
         root_txt = ""
         if s.root_utility is not None and s.best != root:

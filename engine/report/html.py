@@ -62,6 +62,7 @@ def report_protocol(archive: Archive):
 
 
 def _root(nodes) -> str | None:
+    """The root among ``nodes``: ``grpo``, else the earliest node without parents."""
     if ROOT_NAME in nodes:
         return ROOT_NAME
     return next(

@@ -1,0 +1,142 @@
+"""An archive rooted at an algorithm.py of the user's own (``poise-git init --root FILE``): the root is
+found by name wherever the archive needs it (configuration, run summary, confirm, ablate), it is
+refused before anything is created when it breaks the shared interface, and the loop verifies it
+before its first evaluation, as it would any candidate's code."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from engine.archive.edit import prior_source
+from engine.archive.store import Archive
+from engine.errors import ArchiveError, EditError
+from engine.loop.budget import Budget
+from engine.loop.core import Loop, RunOptions
+from engine.loop.inline import InlineExecutor
+from engine.loop.state import pending_work
+from trainer_template import ALGORITHM_FILE
+
+ANCHOR = ALGORITHM_FILE.read_text(encoding="utf-8").replace(
+    "kl_coef: float = 0.001", "kl_coef: float = 0.1"
+)
+
+
+def fsck(path: Path) -> None:
+    subprocess.run(["git", "-C", str(path), "fsck", "--strict"], check=True, capture_output=True)
+
+
+def test_the_anchor_differs_from_the_template():
+    assert ANCHOR != ALGORITHM_FILE.read_text(encoding="utf-8")
+
+
+def test_a_root_of_your_own_is_found_by_name(tmp_path):
+    arch = Archive.init(tmp_path / "a", algorithm=ANCHOR, root_name="anchor")
+    assert arch.root() == "anchor"
+    assert Archive(arch.path).root() == "anchor"  # from git alone, in a new handle
+    assert arch.config().proxy.preset  # the root's poise.toml, without a grpo branch
+    nodes = arch.nodes()
+    assert list(nodes) == ["anchor"] and nodes["anchor"].parents == ()
+    assert arch.algorithm("anchor") == ANCHOR
+    fsck(arch.path)
+
+
+def test_the_default_root_is_grpo(tmp_path):
+    assert Archive.init(tmp_path / "a").root() == "grpo"
+
+
+def test_children_do_not_change_the_root(tmp_path):
+    arch = Archive.init(tmp_path / "a", algorithm=ANCHOR, root_name="anchor")
+    arch.spawn("anchor", "kid", ANCHOR.replace("kl_coef: float = 0.1", "kl_coef: float = 0.2"))
+    assert arch.root() == "anchor" and arch.nodes()["kid"].parents == ("anchor",)
+
+
+@pytest.mark.parametrize(
+    "source, why",
+    [
+        ("def compute_advantages(batch, cfg):\n    return 1\n", "drops the interface function"),
+        ("x = (\n", "syntax error"),
+        (
+            ALGORITHM_FILE.read_text(encoding="utf-8").replace(
+                "def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters)",
+                "def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters, extra=None)",
+            ),
+            "changes the signature",
+        ),
+    ],
+)
+def test_a_root_that_breaks_the_interface_is_refused_before_anything_exists(tmp_path, source, why):
+    with pytest.raises(EditError, match=why):
+        Archive.init(tmp_path / "a", algorithm=source, root_name="anchor")
+    assert not (tmp_path / "a").exists()
+
+
+def test_init_root_from_the_command_line(tmp_path, cli):
+    src = tmp_path / "anchor.py"
+    src.write_text(ANCHOR)
+    res = cli("init", str(tmp_path / "a"), "--root", str(src), "--root-name", "anchor")
+    assert res.returncode == 0, res.stderr
+    assert "root node anchor" in res.stdout and "verifies it" in res.stdout
+    assert Archive(tmp_path / "a").algorithm("anchor") == ANCHOR
+    res = cli("init", str(tmp_path / "b"), "--root", str(src))
+    assert res.returncode == 0 and Archive(tmp_path / "b").root() == "root"
+
+
+def test_init_root_errors_are_clear_and_leave_nothing(tmp_path, cli):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def compute_advantages(batch, cfg):\n    return 1\n")
+    res = cli("init", str(tmp_path / "a"), "--root", str(bad))
+    assert res.returncode != 0
+    assert (
+        "--root" in res.stderr and "policy_loss()" in res.stderr and "Traceback" not in res.stderr
+    )
+    res = cli("init", str(tmp_path / "a"), "--root", str(tmp_path / "missing.py"))
+    assert res.returncode != 0 and "does not exist" in res.stderr
+    good = tmp_path / "good.py"
+    good.write_text(ANCHOR)
+    res = cli("init", str(tmp_path / "a"), "--root", str(good), "--root-name", "no good")
+    assert res.returncode != 0 and "invalid node name" in res.stderr
+    assert not (tmp_path / "a").exists()
+
+
+def test_the_loop_verifies_a_root_of_your_own_but_not_shipped_code(tmp_path):
+    own = Archive.init(tmp_path / "own", algorithm=ANCHOR, root_name="anchor")
+    todo = pending_work(own, own.nodes())
+    assert todo.verify == ["anchor"] and todo.evaluate == []
+    shipped = Archive.init(tmp_path / "shipped")
+    todo = pending_work(shipped, shipped.nodes())
+    assert todo.verify == [] and todo.evaluate == ["grpo"]
+    prior = Archive.init(tmp_path / "prior", algorithm=prior_source("msa_grpo"), root_name="msa")
+    todo = pending_work(prior, prior.nodes())
+    assert todo.verify == [] and todo.evaluate == ["msa"]  # a published mechanism is shipped code
+
+
+def test_an_archive_without_an_init_commit_has_no_root(tmp_path):
+    arch = Archive.init(tmp_path / "a", algorithm=ANCHOR, root_name="anchor")
+    git = ["git", "-C", str(arch.path)]
+    tip = subprocess.run([*git, "rev-parse", "poise/anchor"], capture_output=True, text=True)
+    tree = tip.stdout.strip() + "^{tree}"
+    foreign = subprocess.run(
+        [*git, "commit-tree", tree, "-m", "not an init"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    subprocess.run([*git, "update-ref", "refs/heads/poise/anchor", foreign], check=True)
+    with pytest.raises(ArchiveError, match="no root node"):
+        Archive(arch.path).root()
+
+
+@pytest.mark.slow  # a real loop round on the tiny preset: verification and two evaluations, ~20 s
+def test_a_search_from_a_root_of_your_own(tmp_path, cli):
+    arch = Archive.init(tmp_path / "a", algorithm=ANCHOR, root_name="anchor")
+    plan = {"preset": "tiny", "seeds": 1, "parents": 1, "population": 1, "rounds": 1}
+    opts = RunOptions(plan=plan, budget=Budget(candidates=1), workers=1)
+    Loop(arch, opts, executor=InlineExecutor(1)).run()
+    nodes = arch.nodes("proxy/tiny")
+    assert nodes["anchor"].status == "evaluated" and nodes["anchor"].result is not None
+    assert arch.read_file("anchor", "verification.json")  # verified before it was evaluated
+    (kid,) = [n for n in nodes.values() if n.parents]
+    assert kid.parents == ("anchor",) and kid.status in ("evaluated", "failed", "rejected")
+    res = cli("log", "-C", str(arch.path))
+    assert res.returncode == 0 and "anchor" in res.stdout
+    fsck(arch.path)
