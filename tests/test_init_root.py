@@ -140,3 +140,18 @@ def test_a_search_from_a_root_of_your_own(tmp_path, cli):
     res = cli("log", "-C", str(arch.path))
     assert res.returncode == 0 and "anchor" in res.stdout
     fsck(arch.path)
+
+
+def test_run_makes_a_new_archive_from_your_root_and_refuses_it_for_an_existing_one(tmp_path, cli):
+    bad = tmp_path / "bad.py"
+    bad.write_text("x = (\n")
+    args = ("--rounds", "1", "--parents", "1", "--population", "1", "--preset", "tiny")
+    res = cli("run", "-C", str(tmp_path / "new"), "--root", str(bad), *args)
+    assert res.returncode == 1 and "syntax error" in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "new").exists()
+    Archive.init(tmp_path / "old")
+    good = tmp_path / "good.py"
+    good.write_text(ANCHOR)
+    res = cli("run", "-C", str(tmp_path / "old"), "--root", str(good), *args)
+    assert res.returncode == 1 and "exists (its root is 'grpo')" in res.stderr
+    assert list(Archive(tmp_path / "old").nodes()) == ["grpo"]  # nothing ran

@@ -116,6 +116,15 @@ def init(
 
     With --root FILE the root holds that algorithm.py instead, checked against the shared interface;
     it is verified like any candidate before its first evaluation (`poise-git run` does it)."""
+    create_archive(directory, config, root, root_name)
+
+
+def create_archive(
+    directory: Path, config: Path | None, root: Path | None, root_name: str | None
+) -> Archive:
+    """A new archive (``init``, and ``run`` on a directory that does not exist yet): ``config``
+    validated and ``root`` checked against the interface before anything is created; says what
+    it made."""
     toml = _read_text(config, "config file") if config else None
     if toml is not None:
         parse_config(toml)
@@ -135,6 +144,7 @@ def init(
             else ""
         )
     )
+    return arch
 
 
 def spawn(

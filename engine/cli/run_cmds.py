@@ -15,6 +15,7 @@ from rich.text import Text
 
 from engine.archive.store import ALGORITHM, Archive
 from engine.cli import ArchiveOpt, console
+from engine.cli.archive_cmds import create_archive
 from engine.cli.confirm_cmds import confirmation_line, resolve_hint, run_confirmation
 from engine.errors import PoiseError
 
@@ -207,6 +208,14 @@ def run(
     config: Path | None = typer.Option(
         None, "--config", help="poise.toml for a new archive (when --archive does not exist yet)."
     ),
+    root: Path | None = typer.Option(
+        None,
+        "--root",
+        help="For a new archive: an algorithm.py of your own as its root (as `init --root`).",
+    ),
+    root_name: str | None = typer.Option(
+        None, "--root-name", help="For a new archive: the root node's name (as `init`)."
+    ),
     no_report: bool = typer.Option(
         False, "--no-report", help="Do not write the HTML report at the end."
     ),
@@ -266,11 +275,14 @@ def run(
     if not path.exists() or (path.is_dir() and not any(path.iterdir())):
         if resume:
             raise PoiseError(f"nothing to resume: {path} does not exist")
-        toml = config.read_text(encoding="utf-8") if config else None
-        arch = Archive.init(path, config_toml=toml)
-        console.print(f"initialized archive [bold]{arch.path}[/] with root node [bold]grpo[/]")
+        arch = create_archive(path, config, root, root_name)
     else:
         arch = Archive(path)
+        if root is not None or root_name is not None:
+            raise PoiseError(
+                f"--root and --root-name make a new archive, and {path} exists (its root is "
+                f"{arch.root()!r}); `poise-git init NEW --root FILE` starts another"
+            )
     with _Display(arch.path / ".poise" / "run.log") as display:
         summary = Loop(arch, opts, on_event=display).run()
     _print_summary(arch, summary, report=not no_report, confirm_seeds=confirm_seeds)
