@@ -50,7 +50,9 @@ def test_the_default_root_is_grpo(tmp_path):
 def test_children_do_not_change_the_root(tmp_path):
     arch = Archive.init(tmp_path / "a", algorithm=ANCHOR, root_name="anchor")
     arch.spawn("anchor", "kid", ANCHOR.replace("kl_coef: float = 0.1", "kl_coef: float = 0.2"))
+    arch.spawn("anchor", "grpo", ANCHOR.replace("kl_coef: float = 0.1", "kl_coef: float = 0.3"))
     assert arch.root() == "anchor" and arch.nodes()["kid"].parents == ("anchor",)
+    assert Archive(arch.path).root() == "anchor"  # a child named grpo is not the root
 
 
 @pytest.mark.parametrize(

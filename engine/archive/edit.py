@@ -253,8 +253,9 @@ def check_interface(parent_src: str, new_src: str, subject: str = "") -> None:
 
     ``subject`` names ``new_src`` in the message when it is not an edit of ``parent_src`` (a root of
     the user's own code, checked against the template)."""
+    what = subject or "the edited algorithm.py"
     before = interface_signatures(parent_src, "the parent's algorithm.py")
-    after = interface_signatures(new_src, subject or "the edited algorithm.py")
+    after = interface_signatures(new_src, what)
     change = subject or "the edit"
     for name in INTERFACE_FUNCTIONS:
         if name not in after:
@@ -264,13 +265,9 @@ def check_interface(parent_src: str, new_src: str, subject: str = "") -> None:
     try:
         compile(new_src, "algorithm.py", "exec")
     except SyntaxError as exc:
-        raise EditError(
-            f"{subject or 'the edited algorithm.py'} does not compile: line {exc.lineno}: {exc.msg}"
-        ) from None
+        raise EditError(f"{what} does not compile: line {exc.lineno}: {exc.msg}") from None
     except (RecursionError, MemoryError) as exc:
-        raise EditError(
-            f"{subject or 'the edited algorithm.py'} is too deeply nested ({type(exc).__name__})"
-        ) from None
+        raise EditError(f"{what} is too deeply nested ({type(exc).__name__})") from None
 
 
 @functools.lru_cache(maxsize=32)

@@ -161,6 +161,7 @@ class Archive:
         self.git = Git(self.path)
         self.skipped: dict[str, str] = {}
         """refs under refs/heads/poise/ the last ``nodes()`` ignored, with the reason"""
+        self._root: str | None = None  # the root's name, found once (the init commit never changes)
         if (
             not self.git.ok("rev-parse", "--verify", "-q", REF_PREFIX + ROOT_NAME)
             and not self._any_node()
@@ -343,17 +344,21 @@ class Archive:
         return src
 
     def root(self) -> str:
-        """The root node's name: ``grpo`` where the archive has it, else the node whose commit is
-        the archive's ``init`` (``poise-git init --root`` names it), read from git alone (no
-        :meth:`nodes`, which needs the root's configuration)."""
-        if self.exists(ROOT_NAME):
-            return ROOT_NAME
+        """The root node's name: the node whose commit is the archive's ``init`` (``grpo``, or the
+        name ``poise-git init --root`` gave it; a later node named ``grpo`` is not the root), read
+        from git alone (no :meth:`nodes`, which needs the root's configuration) and once per
+        handle. ``grpo`` where no branch holds an init commit but that branch exists."""
+        if self._root is not None:
+            return self._root
         out = self.git.text("log", "--max-parents=0", f"--glob={REF_PREFIX}*", "--format=%B%x1e")
         for msg in out.split("\x1e"):
             tr = parse_trailers(msg)
             name = tr.get("Poise-Node", [None])[-1]
             if "init" in tr.get("Poise-Event", []) and name and self.exists(name):
+                self._root = name
                 return name
+        if self.exists(ROOT_NAME):
+            return ROOT_NAME
         raise ArchiveError(f"{self.path}: no root node (no poise/* branch holds the init commit)")
 
     def config_text(self, name: str | None = None) -> str:

@@ -316,7 +316,7 @@ def _print_summary(arch, s, report: bool, confirm_seeds: int = 0) -> None:
             root_txt = f" (root {s.root_utility:.4f}; {verdict} vs the root)"
         console.print(f"[bold green]best node: {s.best}[/]  U {s.best_utility:.4f}{root_txt}")
     shown = s.best if s.best != root else s.best_candidate
-    if shown and root:
+    if shown:
         if shown != s.best:
             console.print(
                 f"no candidate beat the root; the best candidate is [bold]{shown}[/] (U {s.best_candidate_utility:.4f})"
@@ -332,9 +332,9 @@ def _print_summary(arch, s, report: bool, confirm_seeds: int = 0) -> None:
         page = render_report(arch)
         console.print(f"report: [bold]{page}[/]")
     console.print(f"MLflow: `poise-git ui -C {arch.path}`")
-    if shown and root:
+    if shown:
         console.print(discovery_verdict(arch, s.protocol, shown, root))
-    if shown and root and confirm_seeds:
+    if shown and confirm_seeds:
         protocol_id = s.protocol.split("@")[0]
         if not protocol_id.startswith("proxy/"):
             console.print(

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.archive.results import configured_protocol
-from engine.archive.store import ROOT_NAME, Archive
+from engine.archive.store import Archive
 from engine.archive.tracking import MLFLOW_DB, find_runs, mlflow_client
 from engine.errors import PoiseError
 from engine.loop.budget import Budget, RunUsage, exhausted
@@ -534,7 +534,7 @@ class Loop:
         nodes = self._nodes()
         exp = self.cfg.experiment
         best = obj.best_node(nodes, exp)
-        root = nodes.get(ROOT_NAME) or next((n for n in nodes.values() if not n.parents), None)
+        root = nodes.get(self.archive.root())
         mine = run_nodes(nodes, self.rec.id)
         counts = {
             s: sum(1 for n in mine.values() if n.status == s)

@@ -17,7 +17,7 @@ from typing import Any
 
 from engine.archive.confirmation import read_confirmations
 from engine.archive.results import configured_protocol
-from engine.archive.store import ALGORITHM, ROOT_NAME, Archive
+from engine.archive.store import ALGORITHM, Archive
 from engine.config import REMEDY_MOVES, ExperimentConfig
 from engine.loop.state import load_run
 from engine.operators.proposers.offline import archive_remedy_trials
@@ -62,9 +62,8 @@ def report_protocol(archive: Archive):
 
 
 def _root(nodes) -> str | None:
-    """The root among ``nodes``: ``grpo``, else the earliest node without parents."""
-    if ROOT_NAME in nodes:
-        return ROOT_NAME
+    """The root among ``nodes``: the earliest node without parents (whatever its name; a node
+    named ``grpo`` under a root of the user's own code is not it)."""
     return next(
         (k for k, n in sorted(nodes.items(), key=lambda kv: kv[1].created) if not n.parents), None
     )
