@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import io
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 from rich.console import Console
@@ -55,6 +58,50 @@ def test_verbosity_sets_what_the_engine_shows(restore_loggers, verbosity, shown,
             assert f"{what} from {pkg}" not in text
     # MLflow announces every schema migration at INFO: quiet below -vvv
     assert logging.getLogger("mlflow").getEffectiveLevel() == logging.WARNING
+
+
+@pytest.mark.parametrize(("verbosity", "level"), [(0, "WARNING"), (2, "WARNING"), (3, "DEBUG")])
+def test_mlflow_imported_later_stays_quiet(restore_loggers, monkeypatch, verbosity, level):
+    # importing mlflow resets its logger to $MLFLOW_LOGGING_LEVEL (INFO when unset), and the
+    # commands import it after the logging is set up: the variable carries the level
+    monkeypatch.setenv("MLFLOW_LOGGING_LEVEL", "unset")
+    monkeypatch.delenv("MLFLOW_LOGGING_LEVEL")
+    setup_logging(verbosity, Console(file=io.StringIO()))
+    assert os.environ["MLFLOW_LOGGING_LEVEL"] == level
+
+
+def test_a_users_mlflow_logging_level_is_kept(restore_loggers, monkeypatch):
+    monkeypatch.setenv("MLFLOW_LOGGING_LEVEL", "ERROR")
+    setup_logging(0, Console(file=io.StringIO()))
+    assert os.environ["MLFLOW_LOGGING_LEVEL"] == "ERROR"
+
+
+@pytest.mark.slow
+def test_a_new_tracking_store_is_not_announced(tmp_path):
+    # end to end, in a fresh process: set up as the CLI does, then import mlflow and create a
+    # SQLite tracking store, which MLflow announces at INFO ("Creating initial MLflow database
+    # tables...") unless the level reached it
+    script = (
+        "import sys\n"
+        "from rich.console import Console\n"
+        "from engine.cli.logs import setup_logging\n"
+        "setup_logging(int(sys.argv[2]), Console(stderr=True))\n"
+        "from mlflow.tracking import MlflowClient\n"
+        "MlflowClient(tracking_uri=f'sqlite:///{sys.argv[1]}/mlflow.db').search_experiments()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_LOGGING_LEVEL"}
+    for verbosity, announced in ((0, False), (3, True)):
+        where = tmp_path / str(verbosity)
+        where.mkdir()
+        proc = subprocess.run(
+            [sys.executable, "-c", script, str(where), str(verbosity)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            check=True,
+        )
+        assert ("Creating initial MLflow database tables" in proc.stderr) is announced, proc.stderr
 
 
 def test_the_cli_logs_on_stderr_only_with_v(archive, tmp_path, cli):

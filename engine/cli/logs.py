@@ -10,6 +10,7 @@ handler would pad each one with blanks to the console's width, which is wide the
 from __future__ import annotations
 
 import logging
+import os
 
 from rich.logging import RichHandler
 
@@ -49,8 +50,12 @@ def setup_logging(verbosity: int, console) -> logging.Handler:
         logger.setLevel(level)
         logger.handlers[:] = [h for h in logger.handlers if h.get_name() != _NAME] + [handler]
         logger.propagate = False  # one line per record, whatever the root logger does
+    quiet = logging.DEBUG if verbosity >= 3 else logging.WARNING
     for name in QUIET:
-        logging.getLogger(name).setLevel(logging.DEBUG if verbosity >= 3 else logging.WARNING)
+        logging.getLogger(name).setLevel(quiet)
+    # importing mlflow sets its logger to $MLFLOW_LOGGING_LEVEL (INFO when unset), whatever was set
+    # above: the commands import it lazily, after this, and it would announce its schema migrations
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", logging.getLevelName(quiet))
     return handler
 
 
