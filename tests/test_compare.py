@@ -117,6 +117,26 @@ def test_sort_and_filters(arch, cli):
     assert r.returncode == 1 and "has no direction" in r.stderr
 
 
+def test_no_results_under_the_protocol_points_at_the_ones_there_are(tmp_path, cli):
+    a = Archive.init(tmp_path / "exp")
+    a.spawn("grpo", "quick")
+    record(a, "quick", _payload(0.5), preset="smoke")
+    a.spawn("grpo", "quick2")
+    record(a, "quick2", _payload(0.6), preset="smoke")
+    r = cli("compare", "--no-pager", "-C", str(a.path))
+    assert r.returncode == 0
+    assert "no nodes to compare" in r.stdout
+    assert "results under other protocols: proxy/smoke (2 nodes)" in r.stdout
+    assert "--protocol proxy/smoke" in r.stdout
+    # asked for a protocol by name: no pointer elsewhere
+    r = cli("compare", "--no-pager", "--protocol", "proxy/tiny", "-C", str(a.path))
+    assert "no nodes to compare" in r.stdout and "other protocols" not in r.stdout
+    # an archive with no results at all: nothing to point at
+    b = Archive.init(tmp_path / "empty")
+    r = cli("compare", "--no-pager", "-C", str(b.path))
+    assert "no nodes to compare" in r.stdout and "other protocols" not in r.stdout
+
+
 def test_csv_has_every_column(arch, cli):
     r = cli("compare", "--csv", "-C", str(arch.path))
     rows = list(csv.DictReader(io.StringIO(r.stdout)))

@@ -111,7 +111,10 @@ def compare(
     On a terminal the table pages like git when it is taller or wider than the screen ($POISE_PAGER,
     $PAGER, less); piped, it is written whole, one line per node."""
     from engine.report.compare import compare as build  # lazy: keeps `poise-git --help` fast
-    from engine.report.compare import to_csv_rows  # lazy: keeps `poise-git --help` fast
+    from engine.report.compare import (  # lazy: keeps `poise-git --help` fast
+        protocols_with_results,
+        to_csv_rows,
+    )
 
     # lazy: numpy is heavy (only this path needs it)
     from engine.report.html import report_experiment
@@ -120,8 +123,9 @@ def compare(
         raise typer.BadParameter("choose one of --json and --csv")
 
     arch = Archive(archive)
+    all_nodes = arch.nodes()
     cmp = build(
-        arch.nodes(),
+        all_nodes,
         report_experiment(arch),
         nodes or None,
         configured=configured_protocol(arch.config()),
@@ -141,6 +145,13 @@ def compare(
         return
     if not cmp.rows:
         console.print("no nodes to compare (see --status, --protocol)")
+        elsewhere = protocols_with_results(all_nodes) if protocol is None else {}
+        if elsewhere:
+            listed = ", ".join(f"{pid} ({n} node{'s' * (n != 1)})" for pid, n in elsewhere.items())
+            console.print(
+                f"results under other protocols: {listed}; "
+                f"pass --protocol {next(iter(elsewhere))} or --protocol all"
+            )
         return
     from engine.cli.pager import show  # lazy: keeps `poise-git --help` fast
 

@@ -208,6 +208,17 @@ def compare(
 CSV_FIELDS = ("node", "status", "result", "protocol", "protocol_hash", "parent", "depth")
 
 
+def protocols_with_results(nodes: Mapping[str, Any]) -> dict[str, int]:
+    """Every protocol id some node has a successful result under, with how many nodes have one
+    (for pointing a user at ``--protocol`` when the compared protocol has none)."""
+    counts: dict[str, int] = {}
+    for node in nodes.values():
+        for pid, result in node.results.items():
+            if result.ok:
+                counts[pid] = counts.get(pid, 0) + 1
+    return dict(sorted(counts.items()))
+
+
 def to_csv_rows(cmp: Comparison) -> tuple[list[str], list[list[Any]]]:
     """A header and rows: the fixed fields, then per metric value, lo, hi, gain over the parent."""
     header = list(CSV_FIELDS)
