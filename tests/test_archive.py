@@ -272,6 +272,33 @@ def test_clone_and_read_back(archive, tmp_path):
     assert copy.algorithm("b") == archive.algorithm("b")
 
 
+def test_a_plain_clone_says_which_nodes_it_lacks(archive, tmp_path, cli):
+    archive.spawn("grpo", "a", EDIT, proposal="A")
+    archive.spawn("a", "b", "BETA = 2.0\n")
+    clone = tmp_path / "plain"
+    subprocess.run(["git", "clone", "-q", str(archive.path), str(clone)], check=True)
+    res = cli("log", "-C", str(clone))
+    assert res.returncode == 0
+    err = " ".join(res.stderr.split())
+    assert "2 node(s) of origin are only remote-tracking branches here (a, b)" in err
+    assert "fetch origin 'refs/heads/poise/*:refs/heads/poise/*'" in err
+    assert set(Archive(clone).remote_only()) == {"a", "b"}  # only the checked-out branch came
+    spec = "refs/heads/poise/*:refs/heads/poise/*"
+    subprocess.run(["git", "-C", str(clone), "fetch", "-q", "origin", spec], check=True)
+    assert Archive(clone).remote_only() == {}
+    assert set(Archive(clone).nodes()) == {"grpo", "a", "b"}
+    res = cli("log", "-C", str(clone))
+    assert res.returncode == 0 and "remote-tracking" not in res.stderr
+
+
+def test_an_error_is_printed_as_written_not_as_markup(cli, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[select]\nbeta = "x"\n')
+    res = cli("init", str(tmp_path / "a"), "--config", str(bad))
+    assert res.returncode == 1
+    assert "error: poise.toml: [select].beta must be a number" in res.stderr  # [select] kept
+
+
 @pytest.mark.slow  # a dozen CLI processes
 def test_cli_tour(archive, cli, tmp_path):
     edit = tmp_path / "edit.py"

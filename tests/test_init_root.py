@@ -157,3 +157,66 @@ def test_run_makes_a_new_archive_from_your_root_and_refuses_it_for_an_existing_o
     res = cli("run", "-C", str(tmp_path / "old"), "--root", str(good), *args)
     assert res.returncode == 1 and "exists (its root is 'grpo')" in res.stderr
     assert list(Archive(tmp_path / "old").nodes()) == ["grpo"]  # nothing ran
+
+
+def test_a_child_named_grpo_under_your_root_is_an_ordinary_node(tmp_path):
+    from engine.archive.cleanup import drop
+
+    arch = Archive.init(tmp_path / "a", algorithm=ANCHOR, root_name="anchor")
+    arch.spawn("anchor", "grpo", ANCHOR.replace("kl_coef: float = 0.1", "kl_coef: float = 0.3"))
+    # not root work the loop adopts: a hand-made child, like any other without a Poise-Round
+    assert "grpo" not in pending_work(arch, arch.nodes()).verify
+    assert drop(arch, ["grpo"]) == ["grpo"]  # droppable, as any leaf
+    with pytest.raises(ArchiveError, match="'anchor' is a root node"):
+        drop(arch, ["anchor"])
+    fsck(arch.path)
+
+
+def test_branches_fetched_from_another_archive_do_not_move_the_root(tmp_path):
+    import time
+
+    first = Archive.init(tmp_path / "first", algorithm=ANCHOR, root_name="anchor")
+    time.sleep(1.1)  # the other archive's init commit is strictly newer
+    Archive.init(tmp_path / "other", root_name="theirs")
+    git = ["git", "-C", str(first.path)]
+    refspec = "refs/heads/poise/theirs:refs/heads/poise/theirs"
+    subprocess.run([*git, "fetch", "-q", str(tmp_path / "other"), refspec], check=True)
+    from engine.report.html import _root
+
+    arch = Archive(first.path)
+    assert arch.root() == "anchor" == _root(arch.nodes())  # one rule: the oldest init
+
+
+def test_root_option_errors(tmp_path, cli):
+    good = tmp_path / "good.py"
+    good.write_text(ANCHOR)
+    res = cli("init", str(tmp_path / "a"), "--root", str(tmp_path))
+    assert res.returncode == 1 and "is a directory, not a file" in res.stderr
+    res = cli("init", str(tmp_path / "a"), "--root", str(good), "--root-name", "")
+    assert res.returncode == 1 and "--root-name is empty" in res.stderr
+    assert not (tmp_path / "a").exists()
+    res = cli("init", str(good))  # an existing file: an error, not a traceback
+    assert res.returncode == 1 and "exists and is not a directory" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_a_rejected_root_stops_the_run_with_its_reason(tmp_path, cli):
+    nan = ANCHOR.replace(
+        "    return grpo_advantages(batch, cfg)\n",
+        '    return grpo_advantages(batch, cfg) * float("nan")\n',
+    )
+    assert nan != ANCHOR
+    src = tmp_path / "nan.py"
+    src.write_text(nan)
+    args = ("--rounds", "1", "--parents", "1", "--population", "1", "--preset", "tiny")
+    res = cli(
+        "run", "-C", str(tmp_path / "a"), "--root", str(src), "--seeds", "1", "--no-report", *args
+    )
+    assert res.returncode == 3, res.stderr  # rejected, as for a candidate
+    out = " ".join(res.stdout.split())
+    assert "the root node 'root' was rejected by verification" in out
+    assert "[all_correct]" in out  # the reason as written, brackets and all (not read as markup)
+    assert "no node can be a parent" not in out + res.stderr
+    arch = Archive(tmp_path / "a")
+    assert [n.status for n in arch.nodes().values()] == ["rejected"]  # nothing spawned under it
+    fsck(arch.path)

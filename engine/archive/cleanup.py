@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.archive.store import REF_PREFIX, ROOT_NAME, Archive, parse_trailers
+from engine.archive.store import REF_PREFIX, Archive, parse_trailers
 from engine.errors import ArchiveError
 
 DROPPED_PREFIX = "refs/poise-dropped/"
@@ -81,7 +81,7 @@ def drop(
     for n in names:
         if n not in nodes:
             archive.node(n)  # the 'unknown node' error with a suggestion
-        if n == ROOT_NAME or not nodes[n].parents:
+        if not nodes[n].parents:  # the root, whatever its name (a child may be named grpo)
             raise ArchiveError(f"{n!r} is a root node; a root cannot be dropped")
     below: dict[str, None] = {}
     for n in names:

@@ -37,6 +37,8 @@ from engine.errors import ArchiveError
 from trainer_template import ALGORITHM_FILE
 
 log = logging.getLogger(__name__)
+_WARNED_REMOTE_ONLY: set[Path] = set()
+"""archives whose remote-only nodes were already warned about in this process"""
 _WARNED: set[tuple[str, str, str]] = set()
 REF_PREFIX = "refs/heads/poise/"
 ROOT_NAME = "grpo"
@@ -167,8 +169,11 @@ class Archive:
             and not self._any_node()
         ):
             raise ArchiveError(
-                f"{self.path} is a git repository but not a poise-git archive (no poise/* branches)"
+                f"{self.path} is a git repository but not a poise-git archive (no poise/* branches; "
+                "a clone of an archive needs them as local branches: `git clone --mirror`, or "
+                "`git fetch origin 'refs/heads/poise/*:refs/heads/poise/*'` in the clone)"
             )
+        self._warn_remote_only()
         head = self.path / ".git" / "HEAD"
         if head.is_file() and head.read_text().startswith("ref: " + REF_PREFIX):
             # made before the detached checkout: HEAD follows the root's branch, which records move,
@@ -177,6 +182,38 @@ class Archive:
             first = self.git.text("rev-list", "--max-parents=0", "HEAD").split()
             if first:
                 self.git.run("update-ref", "--no-deref", "HEAD", first[-1], check=False)
+
+    def remote_only(self) -> dict[str, str]:
+        """Nodes a remote has that this repository has no branch for (a plain ``git clone`` makes a
+        local branch of the checked-out one alone): node name -> the remote-tracking ref."""
+        refs = self.git.text("for-each-ref", "--format=%(refname)", "refs/remotes/").split()
+        local = set(self.git.text("for-each-ref", "--format=%(refname)", REF_PREFIX).split())
+        out: dict[str, str] = {}
+        for ref in refs:
+            remote, _, rest = ref.removeprefix("refs/remotes/").partition("/")
+            if rest.startswith("poise/") and REF_PREFIX + rest.removeprefix("poise/") not in local:
+                out.setdefault(rest.removeprefix("poise/"), f"{remote}/{rest}")
+        return out
+
+    def _warn_remote_only(self) -> None:
+        """Warn, once per archive and process, that the lineage read here lacks nodes a remote has."""
+        if self.path in _WARNED_REMOTE_ONLY:
+            return
+        _WARNED_REMOTE_ONLY.add(self.path)
+        missing = self.remote_only()
+        if missing:
+            remote = next(iter(missing.values())).split("/", 1)[0]
+            shown = ", ".join(list(missing)[:3]) + (" …" if len(missing) > 3 else "")
+            log.warning(
+                "%d node(s) of %s are only remote-tracking branches here (%s), so the lineage read "
+                "here lacks them; make them local: git -C %s fetch %s "
+                "'refs/heads/poise/*:refs/heads/poise/*'",
+                len(missing),
+                remote,
+                shown,
+                self.path,
+                remote,
+            )
 
     def _any_node(self) -> bool:
         return bool(
@@ -196,6 +233,8 @@ class Archive:
     ) -> Archive:
         """Create an archive whose root node ``poise/<root_name>`` holds the trainer template."""
         path = Path(path).resolve()
+        if path.exists() and not path.is_dir():
+            raise ArchiveError(f"{path} exists and is not a directory; choose a new directory")
         if path.exists() and any(path.iterdir()):
             raise ArchiveError(f"{path} exists and is not empty; choose a new directory")
         check_name(root_name)
@@ -345,12 +384,15 @@ class Archive:
 
     def root(self) -> str:
         """The root node's name: the node whose commit is the archive's ``init`` (``grpo``, or the
-        name ``poise-git init --root`` gave it; a later node named ``grpo`` is not the root), read
+        name ``poise-git init --root`` gave it; a later node named ``grpo`` is not the root; the
+        oldest, where branches of another archive were fetched into this one), read
         from git alone (no :meth:`nodes`, which needs the root's configuration) and once per
         handle. ``grpo`` where no branch holds an init commit but that branch exists."""
         if self._root is not None:
             return self._root
-        out = self.git.text("log", "--max-parents=0", f"--glob={REF_PREFIX}*", "--format=%B%x1e")
+        out = self.git.text(  # oldest first: archives fetched into this one bring their own inits
+            "log", "--reverse", "--max-parents=0", f"--glob={REF_PREFIX}*", "--format=%B%x1e"
+        )
         for msg in out.split("\x1e"):
             tr = parse_trailers(msg)
             name = tr.get("Poise-Node", [None])[-1]

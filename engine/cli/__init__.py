@@ -18,6 +18,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
 from engine import __version__
@@ -88,9 +89,10 @@ ArchiveOpt = typer.Option(
 
 
 def fail(message: str, code: int = EXIT_ERROR) -> None:
-    """Print ``error: message`` on stderr (one line, never wrapped) and exit with ``code``."""
+    """Print ``error: message`` on stderr (one line, never wrapped, its text as written: a
+    ``[select]`` in it is not markup) and exit with ``code``."""
     err_console.print(
-        f"[bold red]error:[/] {message}", markup=True, highlight=False, soft_wrap=True
+        f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False, soft_wrap=True
     )
     raise typer.Exit(code)
 
@@ -199,7 +201,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app(args=argv, prog_name="poise-git", standalone_mode=True)
     except PoiseError as exc:  # raised outside a command (e.g. while parsing)
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        err_console.print(
+            f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True
+        )
         sys.exit(EXIT_ERROR)
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")

@@ -23,6 +23,8 @@ from engine.errors import ArchiveError, EditError, PoiseError
 
 
 def _read_text(path: Path, what: str) -> str:
+    if path.is_dir():
+        raise PoiseError(f"{what} {path} is a directory, not a file")
     if not path.is_file():
         raise PoiseError(f"{what} {path} does not exist")
 
@@ -112,7 +114,8 @@ def init(
         None, "--root-name", help="The root node's name (default grpo; with --root: root)."
     ),
 ) -> None:
-    """Create an experiment repository whose root node [bold]poise/grpo[/] holds the GRPO baseline.
+    """Create an experiment repository with its root node: by default [bold]poise/grpo[/], the GRPO
+    baseline.
 
     With --root FILE the root holds that algorithm.py instead, checked against the shared interface;
     it is verified like any candidate before its first evaluation (`poise-git run` does it)."""
@@ -129,6 +132,8 @@ def create_archive(
     if toml is not None:
         parse_config(toml)
     algorithm = _read_text(root, "root algorithm") if root else None
+    if root_name is not None and not root_name.strip():
+        raise PoiseError("--root-name is empty: name the root node, or leave the option out")
     name = root_name or ("root" if root else "grpo")
     check_name(name)
     try:

@@ -11,10 +11,11 @@ import time
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.text import Text
 
 from engine.archive.store import ALGORITHM, Archive
-from engine.cli import ArchiveOpt, console
+from engine.cli import EXIT_FAILED, EXIT_REJECTED, ArchiveOpt, console
 from engine.cli.archive_cmds import create_archive
 from engine.cli.confirm_cmds import confirmation_line, resolve_hint, run_confirmation
 from engine.errors import PoiseError
@@ -119,17 +120,20 @@ class _Display:
                     else f"{e['node']} evaluated"
                 )
             elif st in ("failed", "rejected"):
-                self.log(f"[red]{e['node']}[/] {st}: {e.get('reason') or 'no reason recorded'}")
+                why = escape(e.get("reason") or "no reason recorded")  # a reason is not markup
+                self.log(f"[red]{e['node']}[/] {st}: {why}")
             elif st == "verified":
-                self.log(f"{e['node']} verified (from {e.get('parent', '?')})")
+                parent = e.get("parent")  # "" for the root; absent: not said
+                src = f" (from {parent})" if parent else " (the root)" if parent == "" else ""
+                self.log(f"{e['node']} verified{src}")
         elif kind == "best":
             self.state["best"] = (
                 f"{e['node']} ({e['utility']:.4f})" if e.get("utility") is not None else e["node"]
             )
         elif kind == "log":
-            self.log(e["msg"])
+            self.log(escape(e["msg"]))  # the engine's plain text, not markup
         elif kind == "stop":
-            self.log(f"[bold]stopped:[/] {e['reason']}")
+            self.log(f"[bold]stopped:[/] {escape(e['reason'])}")
         self.progress.update(self.task, status=self._status())
 
 
@@ -286,12 +290,16 @@ def run(
     with _Display(arch.path / ".poise" / "run.log") as display:
         summary = Loop(arch, opts, on_event=display).run()
     _print_summary(arch, summary, report=not no_report, confirm_seeds=confirm_seeds)
+    if summary.root_blocked:  # no round could start: the run did not do what was asked
+        raise typer.Exit(EXIT_REJECTED if summary.root_blocked == "rejected" else EXIT_FAILED)
 
 
 def _print_summary(arch, s, report: bool, confirm_seeds: int = 0) -> None:
 
     c = s.counts
-    console.print(f"\n[bold]run {s.run_id}[/] rounds {s.rounds[0]}–{s.rounds[1]}: {s.stop_reason}")
+    console.print(
+        f"\n[bold]run {s.run_id}[/] rounds {s.rounds[0]}–{s.rounds[1]}: {escape(s.stop_reason)}"
+    )
     console.print(
         f"candidates: {c['evaluated']} evaluated, {c['failed']} failed, {c['rejected']} rejected"
         + (

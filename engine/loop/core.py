@@ -81,6 +81,8 @@ class RunSummary:
     objective: str
     protocol: str = ""
     """the protocol key the run ranked its nodes under"""
+    root_blocked: str = ""
+    """``rejected`` or ``failed`` when the root's status kept every round from starting"""
 
 
 def _slug(text: str) -> str:
@@ -106,6 +108,7 @@ class Loop:
         self.t0 = time.monotonic()
         self.futures: dict[cf.Future, tuple[str, int]] = {}
         self.stop_reason: str | None = None
+        self.root_blocked = ""  # the root's status when it keeps every round from starting
         self.executor = executor
         self._killed = False  # in-flight evaluations were stopped (wall-time budget): no new ones
 
@@ -230,13 +233,14 @@ class Loop:
             )
         try:
             self._finish_pending(resuming=True)
+            self.stop_reason = self._unusable_root()
             # the round in progress: from the children's Poise-Round trailers and the recorded selection
             r = max(
                 first,
                 int(self.rec.data.get("round") or first),
                 last_round(run_nodes(self._nodes(), self.rec.id)),
             )
-            while r <= last and self._check_budget():
+            while r <= last and self.stop_reason is None and self._check_budget():
                 self._round(r)
                 if self.stop_reason:
                     break
@@ -263,6 +267,23 @@ class Loop:
         self._save(f"poise: run {self.rec.id} {self.rec.data['status']}")
         self.emit({"kind": "stop", "reason": self.stop_reason})
         return self._summary(first, last)
+
+    def _unusable_root(self) -> str | None:
+        """Why no round can start: the root was rejected by verification or failed its evaluation,
+        and every candidate descends from it (None: it can; also with ``[select].allow_failed``)."""
+        if self.cfg.select.allow_failed:
+            return None
+        root = self.archive.root()
+        node = self.archive.node(root)
+        if node.status not in ("rejected", "failed"):
+            return None
+        self.root_blocked = node.status
+        what = "was rejected by verification" if node.status == "rejected" else "failed"
+        reason = node.trailer("Poise-Reason") or "no reason recorded"
+        return (
+            f"the root node {root!r} {what} ({reason}), so no round can start: fix its algorithm.py and "
+            f"start a new archive from it (`poise-git init DIR --root FIXED.py`)"
+        )
 
     def _round(self, r: int) -> None:
         sel = self.rec.data["selections"].get(str(r))
@@ -517,6 +538,7 @@ class Loop:
                     "node": name,
                     "status": status,
                     "round": node_round(nodes[name]),
+                    "parent": nodes[name].parent or "",
                     "reason": "" if res.ok else res.reason,
                 }
             )
@@ -554,6 +576,7 @@ class Loop:
             self.usage(nodes).to_dict(),
             obj.describe_objective(exp),
             configured_protocol(self.cfg).key,
+            self.root_blocked,
         )
 
 

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.archive.store import REFLECTION, ROOT_NAME, Archive, Node
+from engine.archive.store import REFLECTION, Archive, Node
 from engine.errors import PoiseError
 from engine.operators.verify import is_template
 
@@ -116,7 +116,7 @@ def pending_work(archive: Archive, nodes: dict[str, Node]) -> Pending:
     ours = [
         n
         for n in nodes.values()
-        if node_round(n) is not None or n.name == ROOT_NAME or not n.parents
+        if node_round(n) is not None or not n.parents  # the root, whatever its name
     ]
     ours.sort(key=lambda n: (n.depth, n.created))
     evaluated = []

@@ -65,7 +65,12 @@ def _root(nodes) -> str | None:
     """The root among ``nodes``: the earliest node without parents (whatever its name; a node
     named ``grpo`` under a root of the user's own code is not it)."""
     return next(
-        (k for k, n in sorted(nodes.items(), key=lambda kv: kv[1].created) if not n.parents), None
+        (
+            k
+            for k, n in sorted(nodes.items(), key=lambda kv: (kv[1].created, kv[0]))
+            if not n.parents
+        ),
+        None,
     )
 
 
