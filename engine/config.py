@@ -7,6 +7,7 @@ environment variable the ``[llm]`` section names (default ``OPENAI_API_KEY``).
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -231,7 +232,49 @@ def load_config(path: str | Path) -> Config:
     return parse_config(path.read_text(encoding="utf-8"))
 
 
+_AT_LEAST = {
+    ("evaluation", "timeout_s"): 1e-9,
+    ("evaluation", "memory_mb"): 1,
+    ("proxy", "parallel"): 0,
+    ("select", "top_k"): 1,
+    ("select", "kappa"): 0,
+    ("select", "w_pareto"): 0,
+    ("select", "w_perf"): 0,
+    ("select", "w_div"): 0,
+    ("select", "w_bayes"): 0,
+    ("select", "gp_max_train"): 1,
+    ("select", "expansion_half"): 1e-9,
+    ("propose", "population"): 1,
+    ("propose", "correction_rounds"): 1,
+    ("propose", "context_tokens"): 1,
+    ("llm", "timeout_s"): 1e-9,
+    ("llm", "max_retries"): 0,
+    ("llm", "temperature"): 0,
+}
+"""numeric settings with a lower bound (``1e-9``: must be positive); every number must be finite"""
+
+
+def _check_numbers(cfg: Config) -> None:
+    for section in dataclasses.fields(cfg):
+        values = getattr(cfg, section.name)
+        for f in dataclasses.fields(values):
+            v = getattr(values, f.name)
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                continue
+            where = f"[{section.name}].{f.name}"
+            if not math.isfinite(v):
+                raise ConfigError(f"poise.toml: {where} must be a finite number, got {v!r}")
+            low = _AT_LEAST.get((section.name, f.name))
+            if low is not None and v < low:
+                bound = "> 0" if low == 1e-9 else f">= {low}"
+                raise ConfigError(f"poise.toml: {where} must be {bound}, got {v!r}")
+    s = cfg.select
+    if s.w_pareto + s.w_perf + s.w_div + s.w_bayes <= 0:
+        raise ConfigError("poise.toml: [select] weights w_pareto, w_perf, w_div, w_bayes are all 0")
+
+
 def validate(cfg: Config) -> None:
+    _check_numbers(cfg)
     if cfg.evaluation.backend not in ("proxy", "verl"):
         raise ConfigError(
             f"poise.toml: [evaluation].backend must be proxy or verl, got {cfg.evaluation.backend!r}"

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from engine.archive.store import Archive
@@ -84,8 +85,8 @@ def ablate(
     with console.status(f"ablating [bold]{node}[/] ...") as status:
 
         def on_event(msg: str) -> None:
-            console.print(f"  {msg}", highlight=False)
-            status.update(f"ablating [bold]{node}[/]: {msg}")
+            console.print(f"  {escape(msg)}", highlight=False)
+            status.update(f"ablating [bold]{node}[/]: {escape(msg)}")
 
         ab = ablate_node(
             arch, node, exp, preset=preset, root=root or arch.root(), on_event=on_event
@@ -98,7 +99,7 @@ def ablate(
     console.print(ablation_table(ab))
     for r in ab.rows:
         if r.status in ("failed", "rejected"):
-            console.print(f"[red]{r.child} {r.status}:[/] {r.reason}", highlight=False)
+            console.print(f"[red]{r.child} {r.status}:[/] {escape(r.reason)}", highlight=False)
     if json_out is not None:
         json_out.write_text(json.dumps(ab.to_json(), indent=1) + "\n", encoding="utf-8")
         console.print(f"wrote {json_out}", highlight=False)

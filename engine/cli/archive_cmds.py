@@ -312,7 +312,7 @@ def _spawn_auto(
         )
     best = kept[0]
     console.print(
-        f"best proposal [bold]{best.name}[/] (score {best.score:.3f}): {best.mechanism[:200]}"
+        f"best proposal [bold]{best.name}[/] (score {best.score:.3f}): {escape(best.mechanism[:200])}"
     )
     with console.status(f"implementing and verifying {best.name}…") as status:
         node = implement(
@@ -326,7 +326,7 @@ def _spawn_auto(
         return
     console.print(
         f"spawned [bold]{node.name}[/] from [bold]{parent}[/]: [red]{node.status}[/]: "
-        f"{node.trailer('Poise-Reason') or ''}"
+        f"{escape(node.trailer('Poise-Reason') or '')}"
     )
     raise typer.Exit(EXIT_REJECTED)
 
@@ -426,12 +426,14 @@ def show(
             table.add_row(k, _fmt(v), r.unit(k), f"[{_fmt(iv[0])}, {_fmt(iv[1])}]" if iv else "")
         console.print(table)
         if not r.ok:
-            console.print(f"[red]failed:[/] {r.reason}", highlight=False)
+            console.print(f"[red]failed:[/] {escape(r.reason)}", highlight=False)
     for pid in sorted(n.results):
         try:
             conf = read_confirmation(arch, node, pid)
         except ArchiveError as exc:
-            console.print(f"[red]held-out confirmation under {pid}:[/] {exc}", highlight=False)
+            console.print(
+                f"[red]held-out confirmation under {pid}:[/] {escape(str(exc))}", highlight=False
+            )
             continue
         if conf is not None:
             console.print(

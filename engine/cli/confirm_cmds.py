@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from engine.archive.confirmation import CONFIRMED, FAILED, NOT_CONFIRMED, REVERSED
 from engine.archive.store import Archive
@@ -66,8 +67,8 @@ def run_confirmation(arch, node: str, against: str, seeds: int, first_seed, pres
     with console.status(f"confirming [bold]{node}[/] against [bold]{against}[/] ...") as status:
 
         def on_event(msg: str) -> None:
-            console.print(f"  {msg}", highlight=False)
-            status.update(f"confirming [bold]{node}[/]: {msg}")
+            console.print(f"  {escape(msg)}", highlight=False)
+            status.update(f"confirming [bold]{node}[/]: {escape(msg)}")
 
         return confirm_node(
             arch,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from engine.archive.store import Archive
 from engine.cli import EXIT_FAILED, ArchiveOpt, console
@@ -124,8 +125,8 @@ def evaluate(
         with console.status(f"evaluating [bold]{node}[/] on the {backend} backend ...") as status:
 
             def on_event(msg: str) -> None:
-                console.print(f"  {msg}", highlight=False)
-                status.update(f"evaluating [bold]{node}[/]: {msg}")
+                console.print(f"  {escape(msg)}", highlight=False)
+                status.update(f"evaluating [bold]{node}[/]: {escape(msg)}")
 
             result = evaluate_node(
                 arch, node, backend=backend, seeds=seeds, preset=preset, on_event=on_event
@@ -136,7 +137,7 @@ def evaluate(
         console.print(
             f"[bold]{node}[/] [red]failed[/] under {result.protocol.key}", highlight=False
         )
-        console.print(f"[red]reason:[/] {result.reason}", highlight=False)
+        console.print(f"[red]reason:[/] {escape(result.reason)}", highlight=False)
         raise typer.Exit(EXIT_FAILED)
 
 

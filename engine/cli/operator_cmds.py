@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 from rich.markdown import Markdown
+from rich.markup import escape
 from rich.table import Table
 
 from engine.archive.store import Archive
@@ -88,12 +89,12 @@ def propose(
             f"{p.score:.3f}",
             "—" if nov is None else f"{nov:.3g}",
             f"{p.expected_gain:.2f}",
-            p.mechanism[:160],
+            escape(p.mechanism[:160]),  # the proposer's text, not markup
         )
     console.print(table)
     for p in dropped:
         console.print(
-            f"[dim]dropped {p.name}: {p.screening.get('reason', 'ranked below the top N')}[/]"
+            f"[dim]dropped {p.name}: {escape(p.screening.get('reason', 'ranked below the top N'))}[/]"
         )
     print_usage(llm)
     if not kept:
@@ -122,7 +123,7 @@ def report_verification(node: str, res) -> None:
             f"[bold]{node}[/] [cyan]verified[/] ({res.report.get('passed', 0)} tests passed)"
         )
         return
-    console.print(f"[bold]{node}[/] [red]rejected[/]: {res.reason}")
+    console.print(f"[bold]{node}[/] [red]rejected[/]: {escape(res.reason)}")
     raise typer.Exit(EXIT_REJECTED)
 
 

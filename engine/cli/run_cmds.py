@@ -14,6 +14,7 @@ import typer
 from rich.markup import escape
 from rich.text import Text
 
+from engine import secrets
 from engine.archive.store import ALGORITHM, Archive
 from engine.cli import EXIT_FAILED, EXIT_REJECTED, ArchiveOpt, console
 from engine.cli.archive_cmds import create_archive
@@ -70,7 +71,9 @@ class _Display:
             console.print(f"[dim]{time.strftime('[%H:%M:%S]')}[/] {msg}", highlight=False)
         if self.log_file:
             self.log_file.write(
-                time.strftime("%Y-%m-%d %H:%M:%S ") + Text.from_markup(msg).plain + "\n"
+                time.strftime("%Y-%m-%d %H:%M:%S ")
+                + secrets.scrub(Text.from_markup(msg).plain)  # an endpoint may echo the key
+                + "\n"
             )
             self.log_file.flush()
 

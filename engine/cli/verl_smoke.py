@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from engine.archive.store import Archive
@@ -74,8 +75,8 @@ def run_smoke(
     with console.status(f"[bold]{node}[/]: verl smoke starting ...") as status:
 
         def on_event(msg: str) -> None:
-            console.print(f"  {msg}", highlight=False)
-            status.update(f"[bold]{node}[/]: {msg}")
+            console.print(f"  {escape(msg)}", highlight=False)
+            status.update(f"[bold]{node}[/]: {escape(msg)}")
 
         try:
             run = train_smoke(
@@ -115,6 +116,6 @@ def run_smoke(
             f"against proxy or paper results); MLflow run {run.run_id}: `poise-git ui -C {arch.path}`"
         )
     else:
-        console.print(f"[red]{node}: verl smoke failed:[/] {run.reason}", highlight=False)
+        console.print(f"[red]{node}: verl smoke failed:[/] {escape(run.reason)}", highlight=False)
         console.print(f"log: {run.log}; recorded as a failed {result.protocol.key} result")
         raise typer.Exit(2)

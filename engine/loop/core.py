@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine import secrets
 from engine.archive.results import configured_protocol
 from engine.archive.store import Archive
 from engine.archive.tracking import MLFLOW_DB, find_runs, mlflow_client
@@ -35,7 +36,7 @@ from engine.loop.state import (
     save_run,
 )
 from engine.operators.implement import implement
-from engine.operators.llm import make_client
+from engine.operators.llm import LLMEndpointError, make_client
 from engine.operators.propose import propose
 from engine.operators.reflect import reflect_node
 from engine.operators.verify import verify_node
@@ -162,6 +163,7 @@ class Loop:
         self.llm = None
         if plan.proposer == "llm" or o.replay:
             self.llm = make_client(self.cfg, self.archive, replay=o.replay)
+            self.llm.check()  # no key: say so before the run starts, not after the root's evaluation
         return save_run(
             self.archive, rec, f"poise: run {rec.id} {'resumed' if o.resume else 'started'}"
         )
@@ -254,9 +256,10 @@ class Loop:
             else:
                 self.rec.data["status"] = "stopped"
         except BaseException as exc:
-            self.stop_reason = (
-                f"interrupted ({type(exc).__name__}); `poise-git run --resume` continues"
-            )
+            why = type(exc).__name__
+            if isinstance(exc, PoiseError):  # what went wrong, for the run record (never a key)
+                why = f"{why}: {secrets.scrub(str(exc))}"
+            self.stop_reason = f"interrupted ({why}); `poise-git run --resume` continues"
             self.rec.data["status"] = "stopped"
             self.executor.shutdown(kill=True)
             self.rec.data["stop_reason"] = self.stop_reason
@@ -360,7 +363,9 @@ class Loop:
                 seed=seed,
                 **self._llm_kw(),
             )
-        except PoiseError as exc:
+        except LLMEndpointError:
+            raise  # no later call would fare better: stop, resumable, rather than run empty rounds
+        except PoiseError as exc:  # e.g. one reply that stayed malformed: this parent's proposals
             self.emit({"kind": "log", "msg": f"{parent}: proposal failed: {exc}"})
             return []
 

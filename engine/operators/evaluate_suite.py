@@ -18,6 +18,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from engine import secrets
 from engine.archive.results import EvaluationResult, Protocol, now
 from engine.archive.tracking import node_run
 from engine.errors import EvaluationError
@@ -192,7 +193,8 @@ def _log_mlflow(archive, name: str, result: EvaluationResult, samples: list[dict
             p = Path(d) / "samples.jsonl.gz"
             with gzip.open(p, "wt", encoding="utf-8") as f:
                 for s in samples:
-                    f.write(json.dumps(s, ensure_ascii=False) + "\n")
+                    f.write(secrets.scrub(json.dumps(s, ensure_ascii=False)) + "\n")
             mlflow.log_artifact(str(p), artifact_path="suite")
-            mlflow.log_dict(result.to_dict(), "suite/results.json")
+            results = json.dumps(result.to_dict(), indent=1, sort_keys=True)
+            mlflow.log_text(secrets.scrub(results), "suite/results.json")
         return run.info.run_id

@@ -144,6 +144,8 @@ def implement(
             break
         current = replace(revised, proposer=proposal.proposer, parents=proposal.parents)
     reason = failures[-1].split(": ", 1)[1] if failures else "no candidate"
+    if notes:  # the correction could not be asked (the endpoint failed): say so, not only the test
+        reason = f"{notes[-1]}; before it, {reason}"  # first: the reason is cut at 300 characters
     log = "\n".join(failures + notes) + "\n"
     if not node_made:
         files = {

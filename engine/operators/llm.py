@@ -41,6 +41,12 @@ class LLMError(PoiseError):
     """The endpoint failed, the key is missing, a reply stayed malformed, or a replay has no record."""
 
 
+class LLMEndpointError(LLMError):
+    """The endpoint is unusable (no key, a refused request, every retry failed) or a replay has no
+    record: no later call would fare better, so a run stops (resumable) instead of going on
+    without proposals. A malformed reply is an :class:`LLMError` of that one call."""
+
+
 @dataclass
 class Usage:
     calls: int = 0
@@ -140,6 +146,12 @@ class LLMClient:
         self._client = None
 
     # -- endpoint ------------------------------------------------------------------------------
+    def check(self) -> None:
+        """Raise :class:`LLMEndpointError` now (no call is made) where no call could be: no key and
+        no local endpoint. A replay needs neither."""
+        if not self.replay:
+            self._openai()
+
     def _openai(self):
         if self._client is None:
             import openai  # lazy: openai is heavy (only this path needs it)
@@ -148,7 +160,7 @@ class LLMClient:
             key = os.environ.get(self.cfg.api_key_env, "")
             if not key:
                 if not self.base_url:
-                    raise LLMError(
+                    raise LLMEndpointError(
                         f"no API key: set the environment variable {self.cfg.api_key_env} "
                         "(or point [llm].base_url / OPENAI_BASE_URL at a local server), or use --proposer offline"
                     )
@@ -184,7 +196,7 @@ class LLMClient:
                 return parse_completion(raw.http_response)
             except BadReply as exc:
                 if not exc.transient:
-                    raise LLMError(f"the LLM endpoint {self.endpoint} {exc}") from None
+                    raise LLMEndpointError(f"the LLM endpoint {self.endpoint} {exc}") from None
                 last = str(exc)
             except (
                 openai.APITimeoutError,
@@ -195,14 +207,16 @@ class LLMClient:
                 last = _describe(exc)
                 wait = _retry_after(exc)
             except openai.APIStatusError as exc:  # 4xx other than 429: retrying will not help
-                raise LLMError(
+                raise LLMEndpointError(
                     f"the LLM endpoint {self.endpoint} refused the request: {_describe(exc)}"
                 ) from None
             if wait is None:
                 wait = self.backoff_s * (2**attempt) * (0.5 + random.random() / 2)
             if attempt + 1 < attempts:
                 time.sleep(min(wait, 60.0))
-        raise LLMError(f"the LLM endpoint {self.endpoint} failed after {attempts} attempts: {last}")
+        raise LLMEndpointError(
+            f"the LLM endpoint {self.endpoint} failed after {attempts} attempts: {last}"
+        )
 
     # -- records -------------------------------------------------------------------------------
     def _load(self, key: str) -> dict | None:
@@ -244,7 +258,7 @@ class LLMClient:
         rec = self._load(key) if self.replay else None
         if self.replay:
             if rec is None:
-                raise LLMError(
+                raise LLMEndpointError(
                     f"--replay: no recorded reply for request {key[:16]}… ({purpose or 'chat'}); "
                     "the run diverged from the recorded one or the records were not fetched"
                 )

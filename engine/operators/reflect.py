@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from engine import secrets
 from engine.archive.results import EvaluationResult, comparable, configured_protocol
 from engine.archive.tracking import mlflow_client
 from engine.errors import PoiseError
@@ -492,7 +493,8 @@ def _log_mlflow(archive, result: EvaluationResult, text: str) -> None:
     client = mlflow_client(archive.path)
     for rid in run_ids:
         try:
-            client.log_text(rid, text, "REFLECTION.md")
+            # as git holds it: an LLM narrative may quote what its endpoint echoed, a key included
+            client.log_text(rid, secrets.scrub(text), "REFLECTION.md")
             client.set_tag(rid, "poise.reflected", "yes")
         except Exception as exc:  # noqa: BLE001 - a missing run must not lose the committed reflection
             log.warning("could not attach the reflection to MLflow run %s: %s", rid, exc)

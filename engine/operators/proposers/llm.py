@@ -68,9 +68,9 @@ def proposals_schema() -> dict:
 
 REVISE_SCHEMA = {
     "type": "object",
-    "required": ["code"],
+    "anyOf": [{"required": ["code"]}, {"required": ["hyperparameters"]}],
     "properties": {
-        "code": {"type": "string", "minLength": 1},
+        "code": {"type": "string"},
         "hyperparameters": _HP,
         "explanation": {"type": "string"},
     },
@@ -139,7 +139,8 @@ class LLMProposer:
             f"Proposal:\n{proposal.markdown()}\n\nYour code (the edit):\n```python\n{proposal.edit}\n```\n\n"
             f"Parent's algorithm.py:\n```python\n{archive.algorithm(parent)}\n```\n\n"
             "Fix the edit so it keeps the proposal's mechanism and passes. "
-            'Reply as {"code": "...", "hyperparameters": {...}, "explanation": "..."}'
+            'Reply as {"code": "...", "hyperparameters": {...}, "explanation": "..."}; where only '
+            "hyperparameters need to change, leave code empty to keep your edit."
         )
         return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
 
@@ -151,8 +152,11 @@ class LLMProposer:
             purpose="revise",
         )
         hp = reply.data.get("hyperparameters")
+        code = reply.data.get("code") or ""
         return replace(
             proposal,
-            edit=reply.data["code"],
+            edit=code
+            if code.strip()
+            else proposal.edit,  # empty: the edit stays, new defaults only
             hyperparameters=dict(hp) if hp is not None else proposal.hyperparameters,
         )

@@ -1,0 +1,55 @@
+"""``poise.toml`` numbers are checked when the file is read: a value out of range or not finite is one
+clear ``ConfigError`` naming the setting, never a traceback deep inside the command that uses it."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.config import DEFAULT_TOML, parse_config
+from engine.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ("[llm]\ntimeout_s = -1\n", r"\[llm\]\.timeout_s must be > 0, got -1"),
+        ("[llm]\ntimeout_s = nan\n", r"\[llm\]\.timeout_s must be a finite number, got nan"),
+        ("[llm]\nmax_retries = -2\n", r"\[llm\]\.max_retries must be >= 0"),
+        ("[llm]\ntemperature = -0.5\n", r"\[llm\]\.temperature must be >= 0"),
+        ("[evaluation]\ntimeout_s = 0\n", r"\[evaluation\]\.timeout_s must be > 0"),
+        ("[evaluation]\nmemory_mb = 0\n", r"\[evaluation\]\.memory_mb must be >= 1"),
+        ("[select]\ntop_k = -3\n", r"\[select\]\.top_k must be >= 1, got -3"),
+        ("[select]\nkappa = inf\n", r"\[select\]\.kappa must be a finite number"),
+        ("[select]\nw_div = -0.1\n", r"\[select\]\.w_div must be >= 0"),
+        (
+            "[select]\nw_pareto = 0\nw_perf = 0\nw_div = 0\nw_bayes = 0\n",
+            "weights .* are all 0",
+        ),
+        ("[propose]\npopulation = 0\n", r"\[propose\]\.population must be >= 1"),
+        (
+            "[experiment]\nlength_penalty = nan\n",
+            r"\[experiment\]\.length_penalty must be a finite",
+        ),
+    ],
+)
+def test_out_of_range_numbers_are_one_clear_error(toml, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config(toml)
+
+
+def test_the_defaults_and_edge_values_are_accepted():
+    parse_config(DEFAULT_TOML)
+    cfg = parse_config(
+        "[llm]\nmax_retries = 0\ntemperature = 0\n[select]\nkappa = 0\nw_div = 0\n"
+        "[proxy]\nparallel = 0\n"
+    )
+    assert cfg.llm.max_retries == 0 and cfg.select.kappa == 0 and cfg.proxy.parallel == 0
+
+
+def test_the_cli_reports_a_bad_number_as_one_line(tmp_path, cli):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[llm]\ntimeout_s = -1\n")
+    res = cli("init", str(tmp_path / "exp"), "--config", str(bad))
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert "error: poise.toml: [llm].timeout_s must be > 0, got -1" in res.stderr
+    assert not (tmp_path / "exp").exists()
