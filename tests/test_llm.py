@@ -123,6 +123,22 @@ def test_records_replay_and_secrecy(archive):
     assert archive.fsck()
 
 
+def test_a_second_process_asking_the_same_records_after_the_first(archive):
+    # two clients stand for two processes (a run and its --resume, two `propose` calls): each
+    # counts identical requests from 0, but no reply is lost to a key the other already holds
+    S = openai_server
+    with S.ScriptedOpenAI(['{"answer": 1}', '{"answer": 2}', '{"answer": 3}']) as srv:
+        first = client(srv, archive)
+        assert first.chat_json(MSGS, SCHEMA).data == {"answer": 1}
+        second = client(srv, archive)
+        assert second.chat_json(MSGS, SCHEMA).data == {"answer": 2}
+        assert second.chat_json(MSGS, SCHEMA).data == {"answer": 3}
+    assert recorded_calls(archive) == 3
+    replay = client(None, archive, replay=True)  # in the order they were made
+    assert [replay.chat_json(MSGS, SCHEMA).data["answer"] for _ in range(3)] == [1, 2, 3]
+    assert archive.fsck()
+
+
 def test_missing_key_is_one_clear_error(monkeypatch):
     monkeypatch.delenv("POISE_TEST_KEY")
     with pytest.raises(LLMError, match="POISE_TEST_KEY"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import random
 import time
@@ -35,6 +36,9 @@ PRICES = {
     "gemini-2.0-flash": (0.10, 0.40),
     "gemini-2.5-flash": (0.30, 2.50),
 }
+
+
+log = logging.getLogger(__name__)
 
 
 class LLMError(PoiseError):
@@ -225,14 +229,27 @@ class LLMClient:
         blob = self.archive.git.cat_blobs([LLM_REF_PREFIX + key])[0]
         return None if blob is None else json.loads(blob)
 
-    def _store(self, key: str, record: dict) -> None:
+    def _store(self, h: str, n: int, record: dict) -> str:
+        """Record under ``<h>-<n>``, or the next free number where an earlier process (a resumed
+        run, a second ``propose``) recorded the same request: no reply is lost, and a replay meets
+        them in the order they were made. Returns the key."""
+        key = f"{h}-{n}"
         if self.archive is None:
-            return
+            return key
         git = self.archive.git
         oid = git.write_blobs([json.dumps(record, indent=1, sort_keys=True).encode("utf-8")])[0]
-        git.update_ref(
-            LLM_REF_PREFIX + key, oid, None, "poise llm record"
-        )  # first record of a key wins
+        misses = 0
+        while misses < 3:
+            key = f"{h}-{n}"
+            if git.update_ref(LLM_REF_PREFIX + key, oid, None, "poise llm record"):
+                self._seen[h] = max(self._seen.get(h, 0), n + 1)
+                return key
+            if git.ok("rev-parse", "--verify", "-q", LLM_REF_PREFIX + key):
+                n += 1  # taken: the next identical request's number
+            else:
+                misses += 1  # lost for another reason (a lock): try the same number again
+        log.warning("could not record LLM reply %s (git update-ref kept failing)", key)
+        return key
 
     # -- the call ------------------------------------------------------------------------------
     def complete(
@@ -271,8 +288,9 @@ class LLMClient:
         else:
             text, p, c = self._call(request)
             replayed = False
-            self._store(
-                key,
+            key = self._store(
+                h,
+                n,
                 {
                     "request": request,
                     "reply": text,
