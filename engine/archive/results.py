@@ -348,6 +348,29 @@ def require_comparable(results: Mapping[str, EvaluationResult], metric: str | No
         )
 
 
+def rankable(
+    results: Mapping[str, EvaluationResult], metric: str | None = None, prefer: str | None = None
+) -> tuple[set[str], dict[str, str]]:
+    """Split ``results`` for a view that ranks what it can (a report): the names whose results can
+    be ranked together, the group of ``prefer`` (the root) where it has a result, else the largest;
+    and each other name with the protocol and unit that keep it out (``lab/v1@aaaa (percent)``)."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for name, r in results.items():
+        groups.setdefault((r.protocol.key, r.unit(metric or r.utility)), []).append(name)
+    if not groups:
+        return set(), {}
+    keep = next((g for g in groups.values() if prefer in g), None)
+    if keep is None:
+        keep = max(groups.values(), key=lambda g: (len(g), sorted(g)))
+    out = {
+        name: f"{key} ({unit})"
+        for (key, unit), names in groups.items()
+        if names is not keep
+        for name in names
+    }
+    return set(keep), out
+
+
 def protocol_ids(results: Iterable[EvaluationResult]) -> list[str]:
     return sorted({r.protocol.id for r in results})
 

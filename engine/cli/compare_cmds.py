@@ -29,13 +29,13 @@ def _gain_text(g: dict | None, compact: bool) -> Text:
     return Text(f"Δ{g['delta']:+.3g}", style=style)
 
 
-def _cell(c: dict | None, g: dict | None, compact: bool) -> Text:
+def _cell(c: dict | None, g: dict | None, compact: bool, unit: bool = False) -> Text:
     if not c:
         return Text("—", style="dim")
     iv = ""
     if c.get("lo") is not None and c.get("hi") is not None:
         iv = f"[{_f(c['lo'], 3)}, {_f(c['hi'], 3)}]"
-    t = Text(_f(c.get("value")))
+    t = Text(_f(c.get("value")) + (f" {c['unit']}" if unit and c.get("unit") else ""))
     if iv:
         t.append(("\n" if compact else " ") + iv, style="dim")
     gain = _gain_text(g, compact)
@@ -58,23 +58,32 @@ def render_table(cmp, compact: bool) -> Table:
     )
     for col in ("node", "status", "protocol", "parent"):
         table.add_column(col, overflow="fold", no_wrap=not compact)
-    units = {}
+    units: dict[str, set] = {}
     for r in cmp.rows:
         for m, c in r["metrics"].items():
-            units.setdefault(m, c.get("unit"))
+            units.setdefault(m, set()).add(c.get("unit"))
+    mixed = {m for m, us in units.items() if len(us) > 1}  # each cell then names its unit
     for m in cmp.metrics:
         head = f"{m}{arrows[cmp.directions[m]]}" + (" ▼" if cmp.sort == m else "")
-        if units.get(m) not in (None, "fraction", "value"):
-            head += f" ({units[m]})"
+        unit = "units differ" if m in mixed else next(iter(units.get(m) or {None}))
+        if unit not in (None, "fraction", "value"):
+            head += f" ({unit})"
         table.add_column(head, justify="right", no_wrap=not compact)
     for r in cmp.rows:
         cells = [
             Text(r["node"], style="bold"),
-            Text(r["status"]),
+            Text(
+                r["status"]
+                if r["result"] in (None, r["status"])
+                else f"{r['result']} (node: {r['status']})",  # this protocol's result first
+                style="red" if r["result"] == "failed" else "",
+            ),
             Text(r["protocol_key"] or "—"),
             Text((r["parent"] or "—") + ("" if r["parent_same_protocol"] is not False else " ≠")),
         ]
-        cells += [_cell(r["metrics"].get(m), r["gain"].get(m), compact) for m in cmp.metrics]
+        cells += [
+            _cell(r["metrics"].get(m), r["gain"].get(m), compact, m in mixed) for m in cmp.metrics
+        ]
         table.add_row(*cells)
     return table
 

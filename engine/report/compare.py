@@ -194,11 +194,15 @@ def compare(
                 f'([experiment.directions] "{sort}" = "min" or "max")'
             )
         sign = -1.0 if directions[sort] == "max" else 1.0
-        groups = list(dict.fromkeys(r["protocol_key"] for r in rows))
+
+        def group(r: dict) -> tuple:  # never ranked across protocols, versions or units
+            return (r["protocol_key"], (r["metrics"].get(sort) or {}).get("unit"))
+
+        groups = list(dict.fromkeys(group(r) for r in rows))
 
         def key(r: dict) -> tuple:
             v = _num((r["metrics"].get(sort) or {}).get("value"))
-            g = groups.index(r["protocol_key"])  # never ranked across protocols
+            g = groups.index(group(r))
             return (g, v is None, sign * v if v is not None else 0.0)
 
         rows.sort(key=key)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.archive.confirmation import read_confirmations
-from engine.archive.results import configured_protocol
+from engine.archive.results import configured_protocol, rankable
 from engine.archive.store import ALGORITHM, Archive
 from engine.config import REMEDY_MOVES, ExperimentConfig
 from engine.loop.state import load_run
@@ -24,6 +24,7 @@ from engine.operators.proposers.offline import archive_remedy_trials
 from engine.operators.proposers.remedies import REMEDIES, spent_remedies
 from engine.operators.reflect import training_vs_parent
 from engine.report import figures
+from engine.report.compare import protocols_with_results
 from engine.select import objective as obj
 
 REPORT_DIR = Path(".poise") / "report"
@@ -147,8 +148,15 @@ def render_report(
         for ext in ("svg", "png"):
             (out / f"{stem}.{ext}").unlink(missing_ok=True)
     exp = experiment or report_experiment(archive)
-    nodes = archive.nodes(report_protocol(archive))
+    ref = report_protocol(archive)
+    nodes = archive.nodes(ref)
     root = _root(nodes)
+    # one ranking: results of another protocol version or unit (possible under an id without a
+    # hash, e.g. a recorded lab/v1) are shown apart, never ranked with the rest
+    keep, apart = rankable(
+        {k: n.result for k, n in nodes.items() if n.evaluated}, exp.objective, prefer=root
+    )
+    nodes = {k: dataclasses.replace(n, result=None) if k in apart else n for k, n in nodes.items()}
     ranked = obj.ranked(nodes, exp)
     best = ranked[0][0] if ranked else None
     figs: list[tuple[str, str | None, str]] = [
@@ -185,7 +193,16 @@ def render_report(
         f"<p class='sub'>{html.escape(str(archive.path))} · generated {time.strftime('%Y-%m-%d %H:%M:%S')}</p>",
         "<table class='kv'>",
         _kv("objective", obj.describe_objective(exp)),
+        _kv("protocol", _protocol_line(ref, nodes, keep)),
     ]
+    if apart:
+        parts.append(
+            _kv(
+                "not ranked here",
+                "; ".join(f"{k}: {why}" for k, why in sorted(apart.items()))
+                + " (another protocol version or unit than the ranked results)",
+            )
+        )
     if exp.directive:
         parts.append(_kv("directive", exp.directive))
     counts = {
@@ -347,6 +364,19 @@ def _legend(nodes, exp: ExperimentConfig) -> str:
         )
     out.append("</table></details>")
     return "\n".join(out)
+
+
+def _protocol_line(ref, nodes, keep: set[str]) -> str:
+    """What the report ranks under: the protocol (with the hash of its ranked results where the
+    reference names none) and the other protocols nodes have results under."""
+    keys = sorted({nodes[k].result.protocol.key for k in keep if nodes[k].result is not None})
+    text = ", ".join(keys) if keys else f"{ref.key} (no node has a result under it)"
+    others = {p: n for p, n in protocols_with_results(nodes).items() if p != ref.id}
+    if others:
+        text += "; also results under " + ", ".join(
+            f"{p} ({n} node{'s' * (n != 1)})" for p, n in others.items()
+        )
+    return text
 
 
 def _kv(k: str, v: str) -> str:

@@ -211,7 +211,13 @@ def select_parents(
 
     names = sorted(nodes, key=lambda n: (nodes[n].created, n))
     mets = {n: nodes[n].metrics for n in names}  # each access copies: read once
-    util = {n: utility(mets[n], exp) if nodes[n].result is not None else None for n in names}
+
+    # U only from a successful result: a failed one may hold the mean of the seeds that survived
+    # (unless [select].allow_failed asks for failed nodes as parents, on what they measured)
+    def counted(node) -> bool:
+        return node.evaluated or (sc.allow_failed and node.result is not None)
+
+    util = {n: utility(mets[n], exp) if counted(nodes[n]) else None for n in names}
     require_comparable({n: nodes[n].result for n in names if util[n] is not None}, exp.objective)
     kids: dict[str, list[str]] = {}
     for n in names:
@@ -220,7 +226,14 @@ def select_parents(
     gains, n_desc = descendant_gain(nodes, util, sc.top_k, sc.gamma, sc.beta)
 
     def allowed(n: str) -> bool:
-        return sc.allow_failed or nodes[n].status not in NOT_PARENTS
+        """Not rejected, and not failed under the compared protocol: a node's status is its
+        latest result's, under whichever protocol that was recorded."""
+        node = nodes[n]
+        if sc.allow_failed:
+            return True
+        if node.status == "rejected" or node.result is None:
+            return node.status not in NOT_PARENTS
+        return node.result.ok
 
     pop = [n for n in names if util[n] is not None and allowed(n)]
     objectives = (
@@ -252,7 +265,8 @@ def select_parents(
         if n in exclude:
             why = "excluded"
         elif not allowed(n):
-            why = f"{node.status}: evidence, not a parent"
+            failed_here = node.result is not None and not node.result.ok
+            why = f"{'failed' if failed_here else node.status}: evidence, not a parent"
         elif util[n] is None:
             why = _why_unranked(node, ref, exp.objective)
         rows[n] = {

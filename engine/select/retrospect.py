@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from engine.archive.results import configured_protocol
+from engine.archive.results import configured_protocol, require_comparable
 from engine.config import Config, utility
 
 
@@ -40,10 +40,12 @@ def retrospect(archive: Any, cfg: Config | None = None) -> dict[str, Any]:
     nodes = (
         dict(archive) if isinstance(archive, Mapping) else archive.nodes(configured_protocol(cfg))
     )
-    util = {
-        n: (utility(v.metrics, cfg.experiment) if v.result is not None else None)
-        for n, v in nodes.items()
+    util = {  # from successful results only, ranked together only when comparable (as select)
+        n: (utility(v.metrics, cfg.experiment) if v.evaluated else None) for n, v in nodes.items()
     }
+    require_comparable(
+        {n: v.result for n, v in nodes.items() if util[n] is not None}, cfg.experiment.objective
+    )
     kids: dict[str, list[str]] = {}
     for v in nodes.values():
         for p in set(v.parents):
