@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from results_util import record
 
+from engine.archive.results import UNITS
 from engine.archive.store import ALGORITHM, Archive, check_name
 from engine.errors import ArchiveError, EditError
 from trainer_template import ALGORITHM_FILE
@@ -293,6 +294,11 @@ def test_record_takes_whole_seeds_an_exact_interval_and_the_files_protocol(archi
     res.write_text(json.dumps({"overall": 0.5}))
     proc = cli("record", "grpo", "--results", str(res), "-C", a)
     assert proc.returncode == 0 and "under external" in proc.stdout, proc.stderr
+
+
+def test_record_help_lists_every_unit(cli):
+    out = " ".join(cli("record", "--help", env={"COLUMNS": "400"}).stdout.split())
+    assert " | ".join(UNITS) in out
 
 
 def test_check_name_agrees_with_git(tmp_path):

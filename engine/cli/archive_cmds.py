@@ -13,7 +13,7 @@ from rich.tree import Tree
 
 from engine.archive.confirmation import Confirmation, read_confirmation, read_confirmations
 from engine.archive.edit import apply_edit, check_bounds, decode_source
-from engine.archive.results import RECORD_MAX_BYTES, RECORD_MAX_METRICS, from_record
+from engine.archive.results import RECORD_MAX_BYTES, RECORD_MAX_METRICS, UNITS, from_record
 from engine.archive.store import ALGORITHM, Archive, Node, check_name
 from engine.cli import EXIT_REJECTED, ArchiveOpt, console, fail
 from engine.cli.confirm_cmds import VERDICT_COLOURS
@@ -481,7 +481,7 @@ def record(
     unit: str | None = typer.Option(
         None,
         "--unit",
-        help="Unit of metrics the file gives none for: fraction | percent | tokens | words | value (default value).",
+        help=f"Unit of metrics the file gives none for: {' | '.join(UNITS)} (default value).",
         show_default=False,
     ),
     archive: Path = ArchiveOpt,
