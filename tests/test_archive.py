@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from results_util import record
 
+from engine.archive.results import UNITS
 from engine.archive.store import ALGORITHM, Archive, check_name
 from engine.errors import ArchiveError, EditError
 from trainer_template import ALGORITHM_FILE
@@ -202,6 +203,102 @@ def test_bad_input_one_clear_line_and_nothing_written(archive, cli, tmp_path, ar
     assert refs(archive.path) == before
     assert git(archive.path, "count-objects") == objects_before or "spawn" not in args[0]
     assert archive.fsck()
+
+
+_DEEP = "[" * 100_000 + "]" * 100_000
+_BIG = json.dumps({"metrics": {"overall": 0.5}, "notes": "x" * 1_100_000})
+_MANY = json.dumps({f"m{i}": 0.5 for i in range(2001)} | {"overall": 0.5})
+
+
+def _nested(**kw) -> str:
+    return json.dumps({"metrics": {"overall": 0.5}, **kw})
+
+
+@pytest.mark.parametrize(
+    "text,args,expect",
+    [
+        (_nested(intervals={"overall": 0.4}), [], "the interval of 'overall' must be [low, high]"),
+        (
+            _nested(intervals={"overall": [0.4]}),
+            [],
+            "the interval of 'overall' must be [low, high]",
+        ),
+        (_nested(intervals={"overall": ["a", "b"]}), [], "must be [low, high], two finite numbers"),
+        (_nested(intervals=[0.4, 0.6]), [], "intervals must be an object"),
+        (_nested(intervals={"overall": [0.9, 0.95]}), [], "does not contain its value 0.5"),
+        (_nested(intervals={"other": [0.4, 0.6]}), [], "intervals name 'other', which is not"),
+        (_nested(seeds=5), [], "seeds must be a list of non-negative integers, got 5"),
+        (_nested(seeds=["x"]), [], "seeds must be a list of non-negative integers"),
+        (_nested(seeds="12"), [], "seeds must be a list of non-negative integers, got '12'"),
+        (_nested(seeds=[1.9, True]), [], "got 1.9 in it"),
+        (_nested(seeds=[True]), [], "got True in it"),
+        (_nested(seeds=[-1]), [], "got -1 in it"),
+        (_nested(seeds=[1, 1]), [], "seeds must be distinct"),
+        (_nested(units={"overall": ["x"]}), [], "the unit of 'overall' must be one of fraction"),
+        (_nested(units={"overall": "furlongs"}), [], "the unit of 'overall' must be one of"),
+        (_nested(units=["x"]), [], "units must be an object of metric name -> unit"),
+        (_nested(protocol=5), [], "protocol must be a protocol id, got 5"),
+        (_nested(protocol="other/x"), ["--protocol", "lab/v1"], "'other/x' but --protocol says"),
+        (json.dumps({"overall": "0.5"}), [], "metric 'overall' must be a finite number, got '0.5'"),
+        (json.dumps({"overall": 0.5, "seeds": [1]}), [], 'beside a "metrics" object'),
+        (_DEEP, [], "nests too deeply"),
+        (_BIG, [], "is 1.1 MB; at most 1 MB is read"),
+        (_MANY, [], "results hold 2002 metrics; a recorded result may hold at most 2000"),
+    ],
+    ids=[
+        "interval-number",
+        "interval-one",
+        "interval-strings",
+        "intervals-list",
+        "interval-excludes-value",
+        "interval-not-metric",
+        "seeds-int",
+        "seeds-strings",
+        "seeds-string",
+        "seeds-fraction-bool",
+        "seeds-bool",
+        "seeds-negative",
+        "seeds-repeated",
+        "unit-list",
+        "unit-unknown",
+        "units-list",
+        "protocol-number",
+        "protocol-conflict",
+        "metric-string",
+        "flat-seeds",
+        "deep",
+        "big",
+        "many",
+    ],
+)
+def test_record_refuses_malformed_results_with_one_line(archive, cli, tmp_path, text, args, expect):
+    res = tmp_path / "r.json"
+    res.write_text(text)
+    before = refs(archive.path)
+    proc = cli("record", "grpo", "--results", str(res), *args, "-C", str(archive.path))
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert len(err) == 1 and err[0].startswith("error:") and expect in err[0], proc.stderr
+    assert refs(archive.path) == before and archive.node("grpo").results == {}
+
+
+def test_record_takes_whole_seeds_an_exact_interval_and_the_files_protocol(archive, cli, tmp_path):
+    res = tmp_path / "r.json"
+    res.write_text(_nested(intervals={"overall": [0.5, 0.5]}, seeds=[0, 1.0, 2], protocol="lab/v1"))
+    a = str(archive.path)
+    for args in ([], ["--protocol", "lab/v1"]):  # an explicit id that agrees is no conflict
+        proc = cli("record", "grpo", "--results", str(res), *args, "-C", a)
+        assert proc.returncode == 0 and "under lab/v1" in proc.stdout, proc.stderr
+    result = archive.node("grpo").results["lab/v1"]
+    assert result.seeds == (0, 1, 2) and result.interval("overall") == (0.5, 0.5)
+    res.write_text(json.dumps({"overall": 0.5}))
+    proc = cli("record", "grpo", "--results", str(res), "-C", a)
+    assert proc.returncode == 0 and "under external" in proc.stdout, proc.stderr
+
+
+def test_record_help_lists_every_unit(cli):
+    out = " ".join(cli("record", "--help", env={"COLUMNS": "400"}).stdout.split())
+    assert " | ".join(UNITS) in out
 
 
 def test_check_name_agrees_with_git(tmp_path):

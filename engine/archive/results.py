@@ -20,6 +20,7 @@ import dataclasses
 import json
 import math
 import re
+import reprlib
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -428,48 +429,150 @@ def configured_protocol(cfg) -> ProtocolRef:
     return ProtocolRef(f"{cfg.evaluation.backend}/paper")
 
 
+RECORD_MAX_BYTES = 1_000_000
+"""the largest results file ``poise-git record`` reads (a suite's metrics, units, intervals and seeds
+take a few kilobytes)"""
+RECORD_MAX_METRICS = 2000
+"""the most metrics one recorded result may hold (a suite's result holds tens)"""
+_RECORD_ENGINE_FAMILIES = ("proxy", "verl-smoke", "math6", "verl")
+_brief = reprlib.Repr()
+_brief.maxlevel, _brief.maxstring, _brief.maxother, _brief.maxlist, _brief.maxdict = 2, 40, 40, 4, 4
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _record_seed(s: Any) -> int:
+    if _is_number(s) and math.isfinite(s) and s >= 0 and s == int(s):
+        return int(s)
+    raise ArchiveError(
+        f"results: seeds must be a list of non-negative integers, got {_brief.repr(s)} in it"
+    )
+
+
 def from_record(
     payload: Mapping[str, Any],
     *,
-    protocol: str = "external",
-    unit: str = "value",
+    protocol: str | None = None,
+    unit: str | None = None,
     utility: str = "overall",
 ) -> EvaluationResult:
     """A result a user records from elsewhere (``poise-git record``): a flat ``{metric: number}``
-    object, or ``{"metrics": {...}, "units": {...}, "intervals": {...}, "seeds": [...]}``. Metrics
-    without a unit get ``unit``; the protocol is ``protocol`` (never one the engine measures itself,
-    so a record cannot pass for a proxy or benchmark evaluation)."""
+    object, or ``{"metrics": {...}, "units": {...}, "intervals": {...}, "seeds": [...],
+    "protocol": id}``. Metrics without a unit get ``unit`` (default ``value``); the protocol is the
+    file's or ``protocol`` (default ``external``), which must agree when both are given, and never one
+    the engine measures itself, so a record cannot pass for a proxy or benchmark evaluation. Anything
+    malformed is an :class:`ArchiveError` naming the field."""
     if not isinstance(payload, Mapping) or not payload:
         raise ArchiveError("results must be a non-empty JSON object of metric name -> number")
+    unit = "value" if unit is None else unit
     if unit not in UNITS:
         raise ArchiveError(f"unknown unit {unit!r}; use one of {', '.join(UNITS)}")
-    pid = str(payload.get("protocol") or protocol)
-    if pid.split("/", 1)[0] in ("proxy", "verl-smoke", "math6", "verl"):
-        raise ArchiveError(
-            f"protocol {pid!r} is measured by poise-git itself; record external results under "
-            "another id (e.g. --protocol lab-eval/v1)"
-        )
     nested = isinstance(payload.get("metrics"), Mapping)
-    metrics = payload["metrics"] if nested else payload
-    units = dict(payload.get("units") or {}) if nested else {}
-    try:
-        metrics = {str(k): float(v) for k, v in metrics.items() if not isinstance(v, bool)}
-    except (TypeError, ValueError):
-        raise ArchiveError("results: every metric must be a number") from None
+    meta = payload if nested else {}
+    pid = _record_protocol(meta.get("protocol"), protocol)
+    raw = payload["metrics"] if nested else payload
+    if len(raw) > RECORD_MAX_METRICS:
+        raise ArchiveError(
+            f"results hold {len(raw)} metrics; a recorded result may hold at most "
+            f"{RECORD_MAX_METRICS}"
+        )
+    metrics: dict[str, float] = {}
+    for k, v in raw.items():
+        if isinstance(v, bool):
+            continue
+        if not (_is_number(v) and math.isfinite(v)):
+            hint = "" if nested else ' (put units, intervals and seeds beside a "metrics" object)'
+            raise ArchiveError(
+                f"results: metric {k!r} must be a finite number, got {_brief.repr(v)}{hint}"
+            )
+        metrics[str(k)] = float(v)
     if not metrics:
         raise ArchiveError("results must hold at least one metric name -> number")
-    ivs = (
-        payload.get("intervals") if nested and isinstance(payload.get("intervals"), Mapping) else {}
-    )
+    units = _record_mapping(meta, "units", "metric name -> unit")
+    for k, u in units.items():
+        if k not in metrics:
+            raise ArchiveError(f"results: units name {k!r}, which is not a metric")
+        if not isinstance(u, str) or u not in UNITS:
+            raise ArchiveError(
+                f"results: the unit of {k!r} must be one of {', '.join(UNITS)}, got {_brief.repr(u)}"
+            )
+    intervals = {
+        k: _record_interval(k, iv, metrics)
+        for k, iv in _record_mapping(meta, "intervals", "metric name -> [low, high]").items()
+    }
+    seeds_raw = meta.get("seeds")
+    if seeds_raw is not None and not isinstance(seeds_raw, list):
+        raise ArchiveError(
+            f"results: seeds must be a list of non-negative integers, got {_brief.repr(seeds_raw)}"
+        )
+    seeds = tuple(_record_seed(s) for s in seeds_raw or ())
+    if len(set(seeds)) != len(seeds):
+        raise ArchiveError(f"results: seeds must be distinct, got {list(seeds)}")
+    strings = {}
+    for key in ("protocol_hash", "interval_kind"):
+        v = meta.get(key)
+        if v is not None and not isinstance(v, str):
+            raise ArchiveError(f"results: {key} must be a string, got {_brief.repr(v)}")
+        strings[key] = v or ""
     return EvaluationResult(
-        protocol=Protocol(pid, str(payload.get("protocol_hash") or ""), "record"),
+        protocol=Protocol(pid, strings["protocol_hash"], "record"),
         status="evaluated",
         metrics=metrics,
         units={k: units.get(k, unit) for k in metrics},
-        intervals={k: (float(v[0]), float(v[1])) for k, v in ivs.items()},
-        interval_kind=str(payload.get("interval_kind") or ("as recorded" if ivs else "")),
-        seeds=tuple(int(s) for s in (payload.get("seeds") or ()) if nested),
+        intervals=intervals,
+        interval_kind=strings["interval_kind"] or ("as recorded" if intervals else ""),
+        seeds=seeds,
         utility=utility,
         source="record",
         recorded_at=now(),
     )
+
+
+def _record_protocol(in_file: Any, given: str | None) -> str:
+    """The protocol id of a record: the file's ``protocol`` or ``--protocol``, refused when both are
+    given and differ, or when it is one the engine measures itself."""
+    if in_file is not None and not isinstance(in_file, str):
+        raise ArchiveError(f"results: protocol must be a protocol id, got {_brief.repr(in_file)}")
+    if in_file and given is not None and in_file != given:
+        raise ArchiveError(
+            f"the results file says protocol {in_file!r} but --protocol says {given!r}: "
+            "drop one, or make them agree"
+        )
+    pid = in_file or given or "external"
+    if pid.split("/", 1)[0] in _RECORD_ENGINE_FAMILIES:
+        raise ArchiveError(
+            f"protocol {pid!r} is measured by poise-git itself; record external results under "
+            "another id (e.g. --protocol lab-eval/v1)"
+        )
+    return pid
+
+
+def _record_mapping(meta: Mapping[str, Any], key: str, what: str) -> Mapping[str, Any]:
+    v = meta.get(key)
+    if v is None:
+        return {}
+    if not isinstance(v, Mapping):
+        raise ArchiveError(f"results: {key} must be an object of {what}, got {_brief.repr(v)}")
+    return v
+
+
+def _record_interval(k: str, iv: Any, metrics: Mapping[str, float]) -> tuple[float, float]:
+    if k not in metrics:
+        raise ArchiveError(f"results: intervals name {k!r}, which is not a metric")
+    if not (
+        isinstance(iv, list)
+        and len(iv) == 2
+        and all(_is_number(x) and math.isfinite(x) for x in iv)
+    ):
+        raise ArchiveError(
+            f"results: the interval of {k!r} must be [low, high], two finite numbers, "
+            f"got {_brief.repr(iv)}"
+        )
+    lo, hi, v = float(iv[0]), float(iv[1]), metrics[k]
+    if not lo - _TOL <= v <= hi + _TOL:
+        raise ArchiveError(
+            f"results: the interval of {k!r}, [{lo:g}, {hi:g}], does not contain its value {v:g}"
+        )
+    return lo, hi

@@ -13,7 +13,7 @@ from rich.tree import Tree
 
 from engine.archive.confirmation import Confirmation, read_confirmation, read_confirmations
 from engine.archive.edit import apply_edit, check_bounds, decode_source
-from engine.archive.results import from_record
+from engine.archive.results import RECORD_MAX_BYTES, RECORD_MAX_METRICS, UNITS, from_record
 from engine.archive.store import ALGORITHM, Archive, Node, check_name
 from engine.cli import EXIT_REJECTED, ArchiveOpt, console, fail
 from engine.cli.confirm_cmds import VERDICT_COLOURS
@@ -22,11 +22,15 @@ from engine.config import parse_config
 from engine.errors import ArchiveError, EditError, PoiseError
 
 
-def _read_text(path: Path, what: str) -> str:
+def _read_text(path: Path, what: str, max_bytes: int | None = None) -> str:
     if path.is_dir():
         raise PoiseError(f"{what} {path} is a directory, not a file")
     if not path.is_file():
         raise PoiseError(f"{what} {path} does not exist")
+    if max_bytes is not None and (size := path.stat().st_size) > max_bytes:
+        raise PoiseError(
+            f"{what} {path} is {size / 1e6:.1f} MB; at most {max_bytes / 1e6:g} MB is read"
+        )
 
     return decode_source(path.read_bytes(), f"{what} {path}")
 
@@ -464,26 +468,32 @@ def record(
     results: Path = typer.Option(
         ...,
         "--results",
-        help="A JSON object of metric name -> number, or {metrics, units, intervals, seeds}.",
+        help="A JSON object of metric name -> number, or {metrics, units, intervals, seeds, "
+        f"protocol}} (at most {RECORD_MAX_BYTES / 1e6:g} MB and {RECORD_MAX_METRICS} metrics).",
     ),
-    protocol: str = typer.Option(
-        "external",
+    protocol: str | None = typer.Option(
+        None,
         "--protocol",
-        help="The protocol id the metrics were measured under (ranked only against the same id).",
+        help="The protocol id the metrics were measured under (ranked only against the same id); "
+        "default: the file's protocol, else external. Refused when it differs from the file's.",
+        show_default=False,
     ),
-    unit: str = typer.Option(
-        "value",
+    unit: str | None = typer.Option(
+        None,
         "--unit",
-        help="Unit of metrics the file gives none for: fraction | percent | tokens | words | value.",
+        help=f"Unit of metrics the file gives none for: {' | '.join(UNITS)} (default value).",
+        show_default=False,
     ),
     archive: Path = ArchiveOpt,
 ) -> None:
     """Record externally obtained metrics on a node, under their own protocol id."""
-    text = _read_text(results, "results file")
+    text = _read_text(results, "results file", max_bytes=RECORD_MAX_BYTES)
     try:
         payload = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ArchiveError(f"{results} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ArchiveError(f"{results} nests too deeply to be a results file") from None
     arch = Archive(archive)
     result = from_record(
         payload, protocol=protocol, unit=unit, utility=arch.config().experiment.objective
