@@ -125,9 +125,9 @@ def test_gc_collects_old_scratch_and_failed_leaves(archive, tmp_path, cli):
     archive.spawn("grpo", "parent-failed")
     archive.set_status("parent-failed", "rejected", "imports os")
     archive.spawn("parent-failed", "child")  # a failed node with a child is evidence in use: kept
-    verl = archive.path / ".poise" / "verl"
-    (verl / "gone-node").mkdir(parents=True)
-    (verl / "ok").mkdir()
+    verl = archive.path / ".poise" / "verl" / "nodes"  # as the verl launch lays it out
+    (verl / "gone-node" / "checkpoints").mkdir(parents=True)
+    (verl / "ok" / "checkpoints").mkdir(parents=True)
     _age(verl / "gone-node", 30)
     _age(verl / "ok", 30)
     env = {"TMPDIR": str(tmp)}
@@ -160,3 +160,39 @@ def test_gc_prune_deletes_old_drops_for_good(archive):
     with pytest.raises(ArchiveError, match="no dropped node 'old'"):
         cleanup.restore(archive, "old")
     assert cleanup.restore(archive, "recent") == ["recent"]
+
+
+def test_gc_keeps_live_verl_checkpoints_and_the_shared_data(archive, tmp_path, cli):
+    """Only the per-node work dirs of nodes gone from the archive are collected; the data, model and
+    tokenizer caches the nodes share, and every live node's checkpoints, stay whatever their age."""
+    archive.spawn("grpo", "kept")
+    archive.spawn("grpo", "gone")
+    cleanup.drop(archive, ["gone"])
+    verl = archive.path / ".poise" / "verl"
+    keep = [
+        verl / "nodes" / "grpo" / "checkpoints" / "model.pt",
+        verl / "nodes" / "kept" / "checkpoints" / "model.pt",
+        verl / "data" / "math_l3to5_n5000_seed0" / "train.parquet",
+        verl / "smoke" / "nodes" / "kept" / "checkpoints" / "model.pt",
+        verl / "smoke" / "shared" / "model" / "config.json",
+        verl / "smoke" / "shared" / "data_seed0" / "train.parquet",
+    ]
+    gone = [
+        verl / "nodes" / "gone" / "checkpoints" / "model.pt",
+        verl / "smoke" / "nodes" / "gone" / "checkpoints" / "model.pt",
+    ]
+    for f in keep + gone:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("weights")
+    _age(verl, 30)
+    a = str(archive.path)
+    r = cli(
+        "gc", "--older-than", "0", "--keep-failed", "--json", "-C", a, env={"TMPDIR": str(tmp_path)}
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["scratch"] == [
+        str(verl / "nodes" / "gone"),
+        str(verl / "smoke" / "nodes" / "gone"),
+    ]
+    assert all(f.read_text() == "weights" for f in keep)
+    assert not any(f.parent.parent.exists() for f in gone)

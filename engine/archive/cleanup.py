@@ -7,7 +7,7 @@ the node leaves the lineage (``log``, ``select``, the loop) while every object s
 descendants dropped with it); its id is the UTC time of the drop, which ``gc --prune`` reads.
 
 ``gc`` removes what no command needs any more: temporary directories that killed verification or
-evaluation runs left behind, verl data of nodes no longer in the archive; it drops failed and
+evaluation runs left behind, the verl work dirs (checkpoints) of nodes no longer in the archive; it drops failed and
 rejected leaf nodes (restorable); with ``prune`` it deletes dropped batches for good. Everything is
 limited to what is older than ``older_than_days``.
 """
@@ -207,8 +207,9 @@ def _mtime(path: Path) -> float:
 def scratch_candidates(
     archive: Archive, cutoff: float, tmpdir: str | Path | None = None
 ) -> list[Path]:
-    """Stale scratch directories: poise temporary directories of this user, and verl data of nodes
-    no longer in the archive, untouched since ``cutoff`` (Unix time)."""
+    """Stale scratch directories: poise temporary directories of this user, and the per-node verl
+    work dirs (``.poise/verl/nodes/<node>``, ``.poise/verl/smoke/nodes/<node>``) of nodes no longer
+    in the archive (dropped or pruned), untouched since ``cutoff`` (Unix time)."""
     out = []
     tmp = Path(tmpdir or tempfile.gettempdir())
     uid = os.getuid() if hasattr(os, "getuid") else None
@@ -221,13 +222,23 @@ def scratch_candidates(
                 continue
             if _mtime(p) < cutoff:
                 out.append(p)
-    verl = archive.path / ".poise" / "verl"
-    if verl.is_dir():
+    per_node = [d for d in _verl_node_dirs(archive.path) if d.is_dir() and not d.is_symlink()]
+    if per_node:
         live = set(archive.nodes())
-        for p in sorted(verl.iterdir()):
-            if p.is_dir() and not p.is_symlink() and p.name not in live and _mtime(p) < cutoff:
-                out.append(p)
+        for d in per_node:
+            for p in sorted(d.iterdir()):
+                if p.is_dir() and not p.is_symlink() and p.name not in live and _mtime(p) < cutoff:
+                    out.append(p)
     return out
+
+
+def _verl_node_dirs(root: Path) -> tuple[Path, ...]:
+    """The directories under ``<archive>/.poise/verl`` that hold one subdirectory per node (a
+    training's work dir and checkpoints): ``nodes/<node>`` and ``smoke/nodes/<node>``. Everything
+    else there (``data/``, ``smoke/shared/``: data, model and tokenizer caches of the archive) is
+    shared and never collected."""
+    verl = root / ".poise" / "verl"
+    return (verl / "nodes", verl / "smoke" / "nodes")
 
 
 def gc(
