@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -12,6 +13,9 @@ import pytest
 
 from engine.archive import cleanup
 from engine.errors import ArchiveError
+from engine.scratch import SANDBOX_PREFIX, scratch_dir
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _refs(path: Path, prefix: str) -> dict[str, str]:
@@ -109,11 +113,11 @@ def _age(path: Path, days: float) -> None:
 def test_gc_collects_old_scratch_and_failed_leaves(archive, tmp_path, cli):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    stale = tmp / "poise-verify-abc123"
+    stale = tmp / "poise-sbx-abc123"  # a sandboxed child's, its run killed
     (stale / "tests").mkdir(parents=True)
     (stale / "algorithm.py").write_text("x" * 5000)
     _age(stale, 20)
-    fresh = tmp / "poise-eval-def456"
+    fresh = tmp / "poise-blobs-def456"
     fresh.mkdir()
     (fresh / "out.json").write_text("{}")
     other = tmp / "not-ours"
@@ -196,3 +200,37 @@ def test_gc_keeps_live_verl_checkpoints_and_the_shared_data(archive, tmp_path, c
     ]
     assert all(f.read_text() == "weights" for f in keep)
     assert not any(f.parent.parent.exists() for f in gone)
+
+
+def test_gc_collects_the_scratch_a_killed_process_left_and_spares_one_in_use(
+    archive, tmp_path, cli
+):
+    """The engine's temporary directories as the engine makes them: one whose process was
+    SIGKILLed inside it is collected, one a live process holds is not, however old both look."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    code = (
+        "import sys, time\n"
+        "from engine.scratch import SANDBOX_PREFIX, scratch_dir\n"
+        "with scratch_dir(SANDBOX_PREFIX, dir=sys.argv[1]) as d:\n"
+        "    print(d, flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp)], stdout=subprocess.PIPE, text=True, env=env
+    ) as proc:
+        left = Path(proc.stdout.readline().strip())
+        proc.kill()
+    assert left.is_dir() and left.name.startswith(SANDBOX_PREFIX)
+    _age(left, 30)
+    with scratch_dir(SANDBOX_PREFIX, dir=tmp) as held:
+        _age(Path(held), 30)
+        a = str(archive.path)
+        r = cli(
+            "gc", "--older-than", "0", "--keep-failed", "--json", "-C", a, env={"TMPDIR": str(tmp)}
+        )
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["scratch"] == [str(left)]
+        assert Path(held).is_dir()
+    assert not left.exists()

@@ -24,10 +24,9 @@ from pathlib import Path
 
 from engine.archive.store import REF_PREFIX, Archive, parse_trailers
 from engine.errors import ArchiveError
+from engine.scratch import SCRATCH_PREFIXES, in_use
 
 DROPPED_PREFIX = "refs/poise-dropped/"
-SCRATCH_PREFIXES = ("poise-verify-", "poise-eval-", "poise-blobs-")
-"""temporary directories of verification, evaluation and blob writing (``tempfile`` names)"""
 _BATCH_FMT = "%Y%m%dT%H%M%S"
 
 
@@ -207,9 +206,10 @@ def _mtime(path: Path) -> float:
 def scratch_candidates(
     archive: Archive, cutoff: float, tmpdir: str | Path | None = None
 ) -> list[Path]:
-    """Stale scratch directories: poise temporary directories of this user, and the per-node verl
-    work dirs (``.poise/verl/nodes/<node>``, ``.poise/verl/smoke/nodes/<node>``) of nodes no longer
-    in the archive (dropped or pruned), untouched since ``cutoff`` (Unix time)."""
+    """Stale scratch directories, untouched since ``cutoff`` (Unix time): the engine's temporary
+    directories of this user that no running process holds (:mod:`engine.scratch`), and the
+    per-node verl work dirs (``.poise/verl/nodes/<node>``, ``.poise/verl/smoke/nodes/<node>``) of
+    nodes no longer in the archive (dropped or pruned)."""
     out = []
     tmp = Path(tmpdir or tempfile.gettempdir())
     uid = os.getuid() if hasattr(os, "getuid") else None
@@ -220,7 +220,7 @@ def scratch_candidates(
             st = p.lstat()
             if uid is not None and st.st_uid != uid:
                 continue
-            if _mtime(p) < cutoff:
+            if _mtime(p) < cutoff and not in_use(p):
                 out.append(p)
     per_node = [d for d in _verl_node_dirs(archive.path) if d.is_dir() and not d.is_symlink()]
     if per_node:
