@@ -94,6 +94,52 @@ def test_drop_leaf_restore_and_refusals(archive, cli):
     _fsck_strict_clean(archive.path)
 
 
+def test_restore_checks_a_parent_by_commit_not_by_name(archive, cli):
+    """A node goes back under the parent it was spawned from, never under another node that took
+    the parent's name since; the error names the old parent's drop to restore first."""
+    a = str(archive.path)
+    archive.spawn("grpo", "A")
+    archive.spawn("A", "B")
+    archive.record_reflection(
+        "A", "recorded after B was spawned"
+    )  # the old A's tip is past B's base
+    t0 = time.time()
+    cleanup.drop(archive, ["B"], now=t0 - 2)
+    cleanup.drop(archive, ["A"], now=t0 - 1)
+    old_a = next(d for d in cleanup.dropped(archive) if d.name == "A")
+    archive.spawn("grpo", "A", "LENGTH_FLOOR = 0.5\n")  # another node, the same name
+    r = cli("restore", "B", "-C", a)
+    assert r.returncode == 1 and "its parent A was made again as a different node" in r.stderr
+    assert f"restore the old one first (poise-git restore A --batch {old_a.batch})" in r.stderr
+    assert not archive.exists("B")
+    assert cli("drop", "A", "-C", a).returncode == 0  # the new A out of the way
+    r = cli("restore", "B", "-C", a)
+    assert r.returncode == 1, r.stdout
+    assert (
+        f"not in the archive; restore A first (poise-git restore A --batch {old_a.batch})"
+        in r.stderr
+    )
+    assert cli("restore", "A", "--batch", old_a.batch, "-C", a).returncode == 0
+    r = cli("restore", "B", "-C", a)
+    assert r.returncode == 0, r.stderr
+    assert archive.tip("A") == old_a.commit and archive.node("B").parents == ("A",)
+    # the old parent pruned for good: nothing to restore the child under
+    archive.spawn("grpo", "C")
+    archive.spawn("C", "D")
+    cleanup.drop(archive, ["D"], now=t0)
+    cleanup.drop(archive, ["C"], now=t0 - 30 * 86400)
+    archive.spawn("grpo", "C", "LENGTH_FLOOR = 0.5\n")
+    rep = cleanup.gc(archive, 14, prune=True, drop_failed=False, tmpdir=archive.path / "none")
+    assert [p.split("@")[0] for p in rep.pruned] == ["C"]
+    r = cli("restore", "D", "-C", a)
+    assert r.returncode == 1 and "its parent C was made again" in r.stderr
+    assert "the old C is no longer among the dropped nodes (pruned), so D cannot be restored" in (
+        r.stderr
+    )
+    assert not archive.exists("D")
+    _fsck_strict_clean(archive.path)
+
+
 def test_dry_run_changes_nothing(archive, cli):
     _tree(archive)
     before = _refs(archive.path, "refs/")
