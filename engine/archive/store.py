@@ -124,6 +124,14 @@ def _node_from(name: str, oid: str, kind: str, msg: str) -> tuple[Node | None, s
     if not _NAME_RE.match(name) or name.endswith(".lock"):
         return None, "its name is not a poise-git node name"
     tr = parse_trailers(msg)
+    owner = (tr.get("Poise-Node") or [None])[-1]
+    if owner is None:
+        return None, "its commit is not a poise-git node's (no Poise-Node trailer)"
+    if owner != name:
+        return (
+            None,
+            f"its commit is node {owner[:40]!r}'s (Poise-Node: {owner[:40]}), not {name!r}'s",
+        )
     status = (tr.get("Poise-Status") or ["spawned"])[-1]
     if status not in STATUSES:
         return None, f"its Poise-Status {status[:40]!r} is unknown"
