@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -12,6 +13,9 @@ import pytest
 
 from engine.archive import cleanup
 from engine.errors import ArchiveError
+from engine.scratch import SANDBOX_PREFIX, scratch_dir
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _refs(path: Path, prefix: str) -> dict[str, str]:
@@ -90,6 +94,52 @@ def test_drop_leaf_restore_and_refusals(archive, cli):
     _fsck_strict_clean(archive.path)
 
 
+def test_restore_checks_a_parent_by_commit_not_by_name(archive, cli):
+    """A node goes back under the parent it was spawned from, never under another node that took
+    the parent's name since; the error names the old parent's drop to restore first."""
+    a = str(archive.path)
+    archive.spawn("grpo", "A")
+    archive.spawn("A", "B")
+    archive.record_reflection(
+        "A", "recorded after B was spawned"
+    )  # the old A's tip is past B's base
+    t0 = time.time()
+    cleanup.drop(archive, ["B"], now=t0 - 2)
+    cleanup.drop(archive, ["A"], now=t0 - 1)
+    old_a = next(d for d in cleanup.dropped(archive) if d.name == "A")
+    archive.spawn("grpo", "A", "LENGTH_FLOOR = 0.5\n")  # another node, the same name
+    r = cli("restore", "B", "-C", a)
+    assert r.returncode == 1 and "its parent A was made again as a different node" in r.stderr
+    assert f"restore the old one first (poise-git restore A --batch {old_a.batch})" in r.stderr
+    assert not archive.exists("B")
+    assert cli("drop", "A", "-C", a).returncode == 0  # the new A out of the way
+    r = cli("restore", "B", "-C", a)
+    assert r.returncode == 1, r.stdout
+    assert (
+        f"not in the archive; restore A first (poise-git restore A --batch {old_a.batch})"
+        in r.stderr
+    )
+    assert cli("restore", "A", "--batch", old_a.batch, "-C", a).returncode == 0
+    r = cli("restore", "B", "-C", a)
+    assert r.returncode == 0, r.stderr
+    assert archive.tip("A") == old_a.commit and archive.node("B").parents == ("A",)
+    # the old parent pruned for good: nothing to restore the child under
+    archive.spawn("grpo", "C")
+    archive.spawn("C", "D")
+    cleanup.drop(archive, ["D"], now=t0)
+    cleanup.drop(archive, ["C"], now=t0 - 30 * 86400)
+    archive.spawn("grpo", "C", "LENGTH_FLOOR = 0.5\n")
+    rep = cleanup.gc(archive, 14, prune=True, drop_failed=False, tmpdir=archive.path / "none")
+    assert [p.split("@")[0] for p in rep.pruned] == ["C"]
+    r = cli("restore", "D", "-C", a)
+    assert r.returncode == 1 and "its parent C was made again" in r.stderr
+    assert "the old C is no longer among the dropped nodes (pruned), so D cannot be restored" in (
+        r.stderr
+    )
+    assert not archive.exists("D")
+    _fsck_strict_clean(archive.path)
+
+
 def test_dry_run_changes_nothing(archive, cli):
     _tree(archive)
     before = _refs(archive.path, "refs/")
@@ -109,11 +159,11 @@ def _age(path: Path, days: float) -> None:
 def test_gc_collects_old_scratch_and_failed_leaves(archive, tmp_path, cli):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    stale = tmp / "poise-verify-abc123"
+    stale = tmp / "poise-sbx-abc123"  # a sandboxed child's, its run killed
     (stale / "tests").mkdir(parents=True)
     (stale / "algorithm.py").write_text("x" * 5000)
     _age(stale, 20)
-    fresh = tmp / "poise-eval-def456"
+    fresh = tmp / "poise-blobs-def456"
     fresh.mkdir()
     (fresh / "out.json").write_text("{}")
     other = tmp / "not-ours"
@@ -125,9 +175,9 @@ def test_gc_collects_old_scratch_and_failed_leaves(archive, tmp_path, cli):
     archive.spawn("grpo", "parent-failed")
     archive.set_status("parent-failed", "rejected", "imports os")
     archive.spawn("parent-failed", "child")  # a failed node with a child is evidence in use: kept
-    verl = archive.path / ".poise" / "verl"
-    (verl / "gone-node").mkdir(parents=True)
-    (verl / "ok").mkdir()
+    verl = archive.path / ".poise" / "verl" / "nodes"  # as the verl launch lays it out
+    (verl / "gone-node" / "checkpoints").mkdir(parents=True)
+    (verl / "ok" / "checkpoints").mkdir(parents=True)
     _age(verl / "gone-node", 30)
     _age(verl / "ok", 30)
     env = {"TMPDIR": str(tmp)}
@@ -160,3 +210,73 @@ def test_gc_prune_deletes_old_drops_for_good(archive):
     with pytest.raises(ArchiveError, match="no dropped node 'old'"):
         cleanup.restore(archive, "old")
     assert cleanup.restore(archive, "recent") == ["recent"]
+
+
+def test_gc_keeps_live_verl_checkpoints_and_the_shared_data(archive, tmp_path, cli):
+    """Only the per-node work dirs of nodes gone from the archive are collected; the data, model and
+    tokenizer caches the nodes share, and every live node's checkpoints, stay whatever their age."""
+    archive.spawn("grpo", "kept")
+    archive.spawn("grpo", "gone")
+    cleanup.drop(archive, ["gone"])
+    verl = archive.path / ".poise" / "verl"
+    keep = [
+        verl / "nodes" / "grpo" / "checkpoints" / "model.pt",
+        verl / "nodes" / "kept" / "checkpoints" / "model.pt",
+        verl / "data" / "math_l3to5_n5000_seed0" / "train.parquet",
+        verl / "smoke" / "nodes" / "kept" / "checkpoints" / "model.pt",
+        verl / "smoke" / "shared" / "model" / "config.json",
+        verl / "smoke" / "shared" / "data_seed0" / "train.parquet",
+    ]
+    gone = [
+        verl / "nodes" / "gone" / "checkpoints" / "model.pt",
+        verl / "smoke" / "nodes" / "gone" / "checkpoints" / "model.pt",
+    ]
+    for f in keep + gone:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("weights")
+    _age(verl, 30)
+    a = str(archive.path)
+    r = cli(
+        "gc", "--older-than", "0", "--keep-failed", "--json", "-C", a, env={"TMPDIR": str(tmp_path)}
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["scratch"] == [
+        str(verl / "nodes" / "gone"),
+        str(verl / "smoke" / "nodes" / "gone"),
+    ]
+    assert all(f.read_text() == "weights" for f in keep)
+    assert not any(f.parent.parent.exists() for f in gone)
+
+
+def test_gc_collects_the_scratch_a_killed_process_left_and_spares_one_in_use(
+    archive, tmp_path, cli
+):
+    """The engine's temporary directories as the engine makes them: one whose process was
+    SIGKILLed inside it is collected, one a live process holds is not, however old both look."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    code = (
+        "import sys, time\n"
+        "from engine.scratch import SANDBOX_PREFIX, scratch_dir\n"
+        "with scratch_dir(SANDBOX_PREFIX, dir=sys.argv[1]) as d:\n"
+        "    print(d, flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp)], stdout=subprocess.PIPE, text=True, env=env
+    ) as proc:
+        left = Path(proc.stdout.readline().strip())
+        proc.kill()
+    assert left.is_dir() and left.name.startswith(SANDBOX_PREFIX)
+    _age(left, 30)
+    with scratch_dir(SANDBOX_PREFIX, dir=tmp) as held:
+        _age(Path(held), 30)
+        a = str(archive.path)
+        r = cli(
+            "gc", "--older-than", "0", "--keep-failed", "--json", "-C", a, env={"TMPDIR": str(tmp)}
+        )
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["scratch"] == [str(left)]
+        assert Path(held).is_dir()
+    assert not left.exists()

@@ -7,17 +7,22 @@ import pytest
 
 from engine.archive.store import Archive
 from engine.cli import EXIT_REJECTED
+from engine.loop.state import pending_work
 
 DEEP = "x = " + "(" * 1500 + "1" + ")" * 1500 + "\n"
 CHAIN = "x = " + "+".join(["1"] * 3000) + "\n"
 
 
+MISSING = "1234567890123456789012345678901234567890"
+"""an object id no repository here has"""
+
+
 def _plant(archive: Archive, ref: str, message: str | None = None, kind: str = "commit") -> None:
     tree = archive.git.text("rev-parse", "poise/grpo^{tree}").strip()
-    if kind == "tree":  # git refuses a tree under refs/heads/; a foreign tool might not
+    if kind in ("tree", "missing"):  # git refuses these under refs/heads/; a foreign tool might not
         path = archive.path / ".git" / ref
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(tree + "\n")
+        path.write_text((tree if kind == "tree" else MISSING) + "\n")
         return
     commit = archive.git.commit_tree(tree, [], message or "foreign\n")
     archive.git.run("update-ref", ref, commit)
@@ -25,10 +30,18 @@ def _plant(archive: Archive, ref: str, message: str | None = None, kind: str = "
 
 def test_log_and_spawn_name_foreign_refs_and_go_on(archive, cli, tmp_path):
     _plant(archive, "refs/heads/poise/tree-ref", kind="tree")
-    _plant(archive, "refs/heads/poise/bad-created", "x\n\nPoise-Node: x\nPoise-Created: soon\n")
-    _plant(archive, "refs/heads/poise/bad-status", "x\n\nPoise-Node: y\nPoise-Status: pwned\n")
+    _plant(
+        archive,
+        "refs/heads/poise/bad-created",
+        "x\n\nPoise-Node: bad-created\nPoise-Created: soon\n",
+    )
+    _plant(
+        archive, "refs/heads/poise/bad-status", "x\n\nPoise-Node: bad-status\nPoise-Status: pwned\n"
+    )
     _plant(archive, "refs/heads/poise/nested/name", "x\n\nPoise-Node: z\n")
     _plant(archive, "refs/heads/poise/plain", "a plain commit, not a node\n")
+    archive.git.run("update-ref", "refs/heads/poise/copy", archive.tip("grpo"))  # another node's
+    _plant(archive, "refs/heads/poise/gone", kind="missing")
     r = cli("log", "-C", str(archive.path))
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     for ref, why in (
@@ -36,9 +49,12 @@ def test_log_and_spawn_name_foreign_refs_and_go_on(archive, cli, tmp_path):
         ("bad-created", "Poise-Created"),
         ("bad-status", "'pwned' is unknown"),
         ("nested/name", "not a poise-git node name"),
+        ("plain", "not a poise-git node's (no Poise-Node trailer)"),
+        ("copy", "its commit is node 'grpo''s (Poise-Node: grpo), not 'copy''s"),
+        ("gone", f"it points to {MISSING}, an object this repository does not have"),
     ):
         assert f"ignoring refs/heads/poise/{ref}:" in r.stderr and why in r.stderr, r.stderr
-    assert "grpo" in r.stdout and "plain" in r.stdout  # a readable commit is a (parentless) node
+    assert r.stdout.split() == ["grpo", "spawned"]  # not one of them is a (parentless) node
     edit = tmp_path / "e.py"
     edit.write_text(
         "def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:\n"
@@ -48,9 +64,57 @@ def test_log_and_spawn_name_foreign_refs_and_go_on(archive, cli, tmp_path):
         "spawn", "grpo", "--name", "c", "--edit", str(edit), "--no-verify", "-C", str(archive.path)
     )
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
-    assert "c" in archive.nodes() and set(archive.skipped) == {
-        f"refs/heads/poise/{n}" for n in ("tree-ref", "bad-created", "bad-status", "nested/name")
+    assert set(archive.nodes()) == {"grpo", "c"} and set(archive.skipped) == {
+        f"refs/heads/poise/{n}"
+        for n in ("tree-ref", "bad-created", "bad-status", "nested/name", "plain", "copy", "gone")
     }
+
+
+def test_a_branch_to_an_object_the_repository_lacks_breaks_no_command(archive, cli):
+    """git refuses to list any branch once one points to a missing object; every command goes on
+    without that one, and the warning says how to remove it."""
+    archive.spawn("grpo", "a")
+    _plant(archive, "refs/heads/poise/D", kind="missing")
+    a = str(archive.path)
+    r = cli("log", "-C", a)
+    assert r.returncode == 0 and r.stdout.split() == ["grpo", "spawned", "└──", "a", "spawned"], (
+        r.stdout + r.stderr
+    )
+    assert "ignoring refs/heads/poise/D: it points to " + MISSING in r.stderr, r.stderr
+    assert f"remove the ref: git -C {archive.path} update-ref -d refs/heads/poise/D" in r.stderr
+    fresh = Archive(archive.path)
+    assert set(fresh.nodes()) == {"grpo", "a"} and fresh.root() == "grpo"
+    assert list(fresh.skipped) == ["refs/heads/poise/D"]
+    r = cli("drop", "D", "-C", a)
+    assert r.returncode == 1 and "unknown node 'D'" in r.stderr, r.stderr
+    for args in (("drop", "a"), ("restore", "a"), ("select",), ("gc", "--dry-run")):
+        r = cli(*args, "-C", a)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, (args, r.stderr)
+    archive.git.run("update-ref", "-d", "refs/heads/poise/D")  # as the warning says
+    assert set(archive.nodes()) == {"grpo", "a"} and archive.skipped == {}
+
+
+def test_a_branch_to_a_commit_of_no_node_is_no_second_root(archive, cli):
+    """A commit without ``Poise-Node: <its branch's name>`` is no node: not a second root in the
+    lineage, not droppable as a root, not selected, and no pending work of the loop."""
+    archive.spawn("grpo", "a")
+    empty_tree = archive.git.text("mktree", input=b"").strip()
+    commit = archive.git.commit_tree(empty_tree, [], "x\n")
+    archive.git.run("update-ref", "refs/heads/poise/D", commit)
+    a = str(archive.path)
+    r = cli("log", "-C", a)
+    assert r.returncode == 0 and "ignoring refs/heads/poise/D:" in r.stderr, r.stderr
+    assert "D" not in r.stdout.split()
+    assert set(archive.nodes()) == {"grpo", "a"} and archive.root() == "grpo"
+    r = cli("drop", "D", "-C", a)
+    assert r.returncode == 1 and "unknown node 'D'" in r.stderr and "root" not in r.stderr
+    todo = pending_work(archive, archive.nodes())  # raised: node 'D' has no algorithm.py
+    assert "D" not in todo.verify + todo.evaluate
+    r = cli("select", "--json", "-C", a)
+    assert r.returncode == 0 and '"D"' not in r.stdout, r.stdout + r.stderr
+    assert (
+        cli("drop", "a", "-C", a).returncode == 0 and cli("restore", "a", "-C", a).returncode == 0
+    )
 
 
 @pytest.mark.parametrize(

@@ -3,13 +3,14 @@
 ``drop`` moves a node's branch ``refs/heads/poise/<name>`` to the hidden ref
 ``refs/poise-dropped/<name>/<batch>`` in one ``git update-ref --stdin`` transaction (all or nothing):
 the node leaves the lineage (``log``, ``select``, the loop) while every object stays reachable, so
-``git fsck`` stays clean and ``restore`` brings the node back. A batch is one drop (a node and the
-descendants dropped with it); its id is the UTC time of the drop, which ``gc --prune`` reads.
+``git fsck`` stays clean and ``restore`` brings the node back (under the very parents it was spawned
+from: a parent is checked by commit, not by name). A batch is one drop (a node and the descendants
+dropped with it); its id is the UTC time of the drop, which ``gc --prune`` reads.
 
-``gc`` removes what no command needs any more: temporary directories that killed verification or
-evaluation runs left behind, verl data of nodes no longer in the archive; it drops failed and
-rejected leaf nodes (restorable); with ``prune`` it deletes dropped batches for good. Everything is
-limited to what is older than ``older_than_days``.
+``gc`` removes what no command needs any more: temporary directories that killed processes left
+behind (:mod:`engine.scratch`), the verl work dirs (checkpoints) of nodes no longer in the archive;
+it drops failed and rejected leaf nodes (restorable); with ``prune`` it deletes dropped batches for
+good. Everything is limited to what is older than ``older_than_days``.
 """
 
 from __future__ import annotations
@@ -24,10 +25,9 @@ from pathlib import Path
 
 from engine.archive.store import REF_PREFIX, Archive, parse_trailers
 from engine.errors import ArchiveError
+from engine.scratch import SCRATCH_PREFIXES, in_use
 
 DROPPED_PREFIX = "refs/poise-dropped/"
-SCRATCH_PREFIXES = ("poise-verify-", "poise-eval-", "poise-blobs-")
-"""temporary directories of verification, evaluation and blob writing (``tempfile`` names)"""
 _BATCH_FMT = "%Y%m%dT%H%M%S"
 
 
@@ -154,19 +154,73 @@ def restore(archive: Archive, name: str, batch: str | None = None) -> list[str]:
             f"cannot restore: {', '.join(taken)} exist(s) again; drop or rename those first"
         )
     names = {d.name for d in group}
-    for d in group:
-        missing = [p for p in d.parents if p not in live and p not in names]
-        if missing:
-            raise ArchiveError(
-                f"cannot restore {d.name}: its parent {missing[0]} is not in the archive "
-                f"(restore {missing[0]} first)"
-            )
+    tips = {n: node.commit for n, node in live.items()} | {d.name: d.commit for d in group}
+    for d in group:  # parents by commit, not by name: a name may have been taken by another node
+        bases = dict(zip(d.parents, _spawned_from(archive, d)))
+        for p in d.parents:
+            base = bases.get(p)
+            if p in tips and (base is None or _holds(archive, tips[p], base)):
+                continue
+            raise ArchiveError(_parent_problem(archive, d, p, base, gone, present=p in tips))
     lines = []
     for d in group:
         lines.append(f"create {REF_PREFIX}{d.name} {d.commit}")
         lines.append(f"delete {d.ref} {d.commit}")
     _apply(archive, lines, f"restore {name}")
     return sorted(names, key=lambda n: (n != name, n))
+
+
+def _spawned_from(archive: Archive, d: DroppedNode) -> list[str]:
+    """The commits ``d`` was spawned from, one per ``Poise-Parent`` (the git parents of its first
+    commit); [] where its history does not tell (a node written by hand)."""
+    out = archive.git.text("log", "--first-parent", "--format=%P%x1f%B%x1e", d.commit)
+    first: list[str] = []
+    for rec in out.split("\x1e"):
+        rec = rec.strip("\n")
+        if not rec:
+            continue
+        parents, msg = rec.split("\x1f", 1)
+        if parse_trailers(msg).get("Poise-Node", [None])[-1] != d.name:
+            break
+        first = parents.split()
+    return first if len(first) == len(d.parents) else []
+
+
+def _holds(archive: Archive, tip: str, commit: str) -> bool:
+    """Whether ``commit`` is ``tip`` or one of its ancestors."""
+    return archive.git.ok("merge-base", "--is-ancestor", commit, tip)
+
+
+def _parent_problem(
+    archive: Archive,
+    d: DroppedNode,
+    parent: str,
+    base: str | None,
+    gone: list[DroppedNode],
+    *,
+    present: bool,
+) -> str:
+    """Why ``d`` cannot go back under ``parent`` (absent, or ``present`` but made again as another
+    node: its branch does not hold ``base``, the commit ``d`` was spawned from), and what to do."""
+    if present and base is not None:
+        head = (
+            f"cannot restore {d.name}: its parent {parent} was made again as a different node "
+            f"(poise/{parent} does not hold {base[:10]}, the commit {d.name} was spawned from)"
+        )
+        then = f"drop or rename the new {parent}, then restore the old one first"
+    else:
+        head = f"cannot restore {d.name}: its parent {parent} is not in the archive"
+        then = f"restore {parent} first"
+    if base is None:
+        return f"{head}; {then}"
+    # the old parent's drop, newest first: its tip holds the base
+    old = [g for g in gone if g.name == parent and _holds(archive, g.commit, base)]
+    if not old:
+        return (
+            f"{head}; the old {parent} is no longer among the dropped nodes (pruned), so "
+            f"{d.name} cannot be restored"
+        )
+    return f"{head}; {then} (poise-git restore {parent} --batch {old[0].batch})"
 
 
 @dataclass
@@ -207,8 +261,10 @@ def _mtime(path: Path) -> float:
 def scratch_candidates(
     archive: Archive, cutoff: float, tmpdir: str | Path | None = None
 ) -> list[Path]:
-    """Stale scratch directories: poise temporary directories of this user, and verl data of nodes
-    no longer in the archive, untouched since ``cutoff`` (Unix time)."""
+    """Stale scratch directories, untouched since ``cutoff`` (Unix time): the engine's temporary
+    directories of this user that no running process holds (:mod:`engine.scratch`), and the
+    per-node verl work dirs (``.poise/verl/nodes/<node>``, ``.poise/verl/smoke/nodes/<node>``) of
+    nodes no longer in the archive (dropped or pruned)."""
     out = []
     tmp = Path(tmpdir or tempfile.gettempdir())
     uid = os.getuid() if hasattr(os, "getuid") else None
@@ -219,15 +275,25 @@ def scratch_candidates(
             st = p.lstat()
             if uid is not None and st.st_uid != uid:
                 continue
-            if _mtime(p) < cutoff:
+            if _mtime(p) < cutoff and not in_use(p):
                 out.append(p)
-    verl = archive.path / ".poise" / "verl"
-    if verl.is_dir():
+    per_node = [d for d in _verl_node_dirs(archive.path) if d.is_dir() and not d.is_symlink()]
+    if per_node:
         live = set(archive.nodes())
-        for p in sorted(verl.iterdir()):
-            if p.is_dir() and not p.is_symlink() and p.name not in live and _mtime(p) < cutoff:
-                out.append(p)
+        for d in per_node:
+            for p in sorted(d.iterdir()):
+                if p.is_dir() and not p.is_symlink() and p.name not in live and _mtime(p) < cutoff:
+                    out.append(p)
     return out
+
+
+def _verl_node_dirs(root: Path) -> tuple[Path, ...]:
+    """The directories under ``<archive>/.poise/verl`` that hold one subdirectory per node (a
+    training's work dir and checkpoints): ``nodes/<node>`` and ``smoke/nodes/<node>``. Everything
+    else there (``data/``, ``smoke/shared/``: data, model and tokenizer caches of the archive) is
+    shared and never collected."""
+    verl = root / ".poise" / "verl"
+    return (verl / "nodes", verl / "smoke" / "nodes")
 
 
 def gc(

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine import secrets
+from engine.scratch import BLOBS_PREFIX, scratch_dir
 
 ZERO_OID = "0" * 40
 
@@ -77,7 +77,7 @@ class Git:
         if not contents:
             return []
         contents = [secrets.scrub_bytes(c) for c in contents]  # no secret value reaches git
-        with tempfile.TemporaryDirectory(prefix="poise-blobs-") as tmp:
+        with scratch_dir(BLOBS_PREFIX) as tmp:
             paths = []
             for i, data in enumerate(contents):
                 p = Path(tmp) / str(i)

@@ -4,7 +4,8 @@ Every node commit carries the trailers ``Poise-Node``, ``Poise-Parent`` (repeata
 and ``Poise-Created``; later records (results, reflection, verification) are further commits on the
 node's own branch, never rewrites. Writes use plumbing only (hash-object, mktree, commit-tree,
 compare-and-swap update-ref) so concurrent writers never share an index or working tree. Reading the
-whole lineage is one ``for-each-ref`` plus one ``cat-file --batch``.
+whole lineage is one ``for-each-ref`` plus one ``cat-file --batch`` (one more of each where a branch
+points to an object the repository lacks, which is then named and skipped).
 """
 
 from __future__ import annotations
@@ -116,11 +117,21 @@ class Node:
 
 def _node_from(name: str, oid: str, kind: str, msg: str) -> tuple[Node | None, str]:
     """The node a ref under refs/heads/poise/ describes, or (None, what is wrong with it)."""
+    if kind == "missing":
+        return None, f"it points to {oid}, an object this repository does not have"
     if kind != "commit":
         return None, f"it points to a {kind}, not a commit"
     if not _NAME_RE.match(name) or name.endswith(".lock"):
         return None, "its name is not a poise-git node name"
     tr = parse_trailers(msg)
+    owner = (tr.get("Poise-Node") or [None])[-1]
+    if owner is None:
+        return None, "its commit is not a poise-git node's (no Poise-Node trailer)"
+    if owner != name:
+        return (
+            None,
+            f"its commit is node {owner[:40]!r}'s (Poise-Node: {owner[:40]}), not {name!r}'s",
+        )
     status = (tr.get("Poise-Status") or ["spawned"])[-1]
     if status not in STATUSES:
         return None, f"its Poise-Status {status[:40]!r} is unknown"
@@ -278,21 +289,17 @@ class Archive:
 
         ``protocol`` (a :class:`ProtocolRef`, or ``id`` / ``id@hash``; default: the experiment's
         configured one) is the protocol whose result each node's ``result`` holds."""
-        fmt = "%(refname)%1f%(objectname)%1f%(objecttype)%1f%(contents)%1e"
-        out = self.git.text("for-each-ref", f"--format={fmt}", REF_PREFIX)
         nodes: dict[str, Node] = {}
         self.skipped: dict[str, str] = {}
-        for rec in out.split("\x1e"):
-            rec = rec.lstrip("\n")
-            if not rec:
-                continue
-            ref, oid, kind, msg = rec.split("\x1f", 3)
+        for ref, oid, kind, msg in self._branch_tips():
             name = ref[len(REF_PREFIX) :]
             node, problem = _node_from(name, oid, kind, msg)
             if node is None:  # a foreign or malformed ref: named, then ignored
                 self.skipped[ref] = problem
                 if (str(self.path), ref, oid) not in _WARNED:
                     _WARNED.add((str(self.path), ref, oid))
+                    if kind == "missing":
+                        problem += f"; remove the ref: git -C {self.path} update-ref -d {ref}"
                     log.warning("poise-git: ignoring %s: %s", ref, problem)
                 continue
             nodes[name] = node
@@ -314,6 +321,31 @@ class Archive:
             n.result = r
         _assign_depths(nodes)
         return nodes
+
+    def _branch_tips(self) -> list[tuple[str, str, str, str]]:
+        """``(ref, object id, object type, message)`` of every ref under refs/heads/poise/, in one
+        ``for-each-ref``. git refuses to read any of them where one points to an object the
+        repository lacks; then the refs and their objects are read apart (one ``for-each-ref``
+        that reads no object, one ``cat-file --batch``), the type of such a ref ``missing``."""
+        fmt = "%(refname)%1f%(objectname)%1f%(objecttype)%1f%(contents)%1e"
+        try:
+            out = self.git.text("for-each-ref", f"--format={fmt}", REF_PREFIX)
+        except GitError:
+            out = None
+        if out is not None:
+            recs = (rec.lstrip("\n") for rec in out.split("\x1e"))
+            return [tuple(rec.split("\x1f", 3)) for rec in recs if rec]  # type: ignore[misc]
+        out = self.git.text("for-each-ref", "--format=%(refname)%1f%(objectname)", REF_PREFIX)
+        refs = [line.split("\x1f", 1) for line in out.splitlines() if line]
+        tips = []
+        for (ref, oid), obj in zip(refs, self.git.cat_objects([oid for _, oid in refs])):
+            if obj is None:
+                tips.append((ref, oid, "missing", ""))
+                continue
+            kind, raw = obj[1], obj[2]
+            msg = raw.split(b"\n\n", 1)[1] if kind in ("commit", "tag") and b"\n\n" in raw else b""
+            tips.append((ref, oid, kind, msg.decode("utf-8", "replace")))
+        return tips
 
     def protocol_ref(self, protocol: ProtocolRef | str | None = None) -> ProtocolRef:
         """The protocol ``protocol`` names (a :class:`ProtocolRef`, ``id`` or ``id@hash``), else the
@@ -390,9 +422,13 @@ class Archive:
         handle. ``grpo`` where no branch holds an init commit but that branch exists."""
         if self._root is not None:
             return self._root
-        out = self.git.text(  # oldest first: archives fetched into this one bring their own inits
-            "log", "--reverse", "--max-parents=0", f"--glob={REF_PREFIX}*", "--format=%B%x1e"
-        )
+        # oldest first: archives fetched into this one bring their own inits
+        args = ("log", "--reverse", "--max-parents=0", "--format=%B%x1e")
+        try:
+            out = self.git.text(*args, f"--glob={REF_PREFIX}*")
+        except GitError:  # a ref to an object the repository lacks: from the readable commits
+            tips = [oid for _ref, oid, kind, _msg in self._branch_tips() if kind == "commit"]
+            out = self.git.text(*args, "--stdin", input="".join(t + "\n" for t in tips).encode())
         for msg in out.split("\x1e"):
             tr = parse_trailers(msg)
             name = tr.get("Poise-Node", [None])[-1]

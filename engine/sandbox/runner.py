@@ -15,7 +15,6 @@ import selectors
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -28,6 +27,7 @@ from engine.sandbox import live
 from engine.sandbox.channel import ChannelError, FrameReader
 from engine.sandbox.env import candidate_env
 from engine.sandbox.limits import Limits
+from engine.scratch import SANDBOX_PREFIX, scratch_dir
 from trainer_template.channel import FD_ENV
 
 INPUT_TOKEN = "{input}"
@@ -157,7 +157,7 @@ def run_sandboxed(
     b = boundary or _boundary.resolve()
     if live.stopping():
         return SandboxRun(None, 0.0, b.kind, killed="interrupted before it started")
-    with tempfile.TemporaryDirectory(prefix="poise-sbx-") as tmp:
+    with scratch_dir(SANDBOX_PREFIX) as tmp:
         input_dir = Path(tmp) / "input"
         input_dir.mkdir()
         binds: list[str] = []
