@@ -144,6 +144,7 @@ def test_csv_has_every_column(arch, cli):
     b = rows[1]
     assert b["protocol"] == "proxy/default" and b["parent"] == "grpo" and b["result"] == "evaluated"
     assert float(b["hard/pass@8"]) == 0.2 and float(b["hard/pass@8 lo"]) == 0.19
+    assert b["overall unit"] == "fraction" and b["seeds"] == "0 1 2 3" and b["interval_kind"]
     assert float(b["overall gain"]) == pytest.approx(0.1) and rows[0]["overall gain"] == ""
 
 

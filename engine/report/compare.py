@@ -209,7 +209,17 @@ def compare(
     return Comparison(cols, rows, directions, sort)
 
 
-CSV_FIELDS = ("node", "status", "result", "protocol", "protocol_hash", "parent", "depth")
+CSV_FIELDS = (
+    "node",
+    "status",
+    "result",
+    "protocol",
+    "protocol_hash",
+    "seeds",
+    "interval_kind",
+    "parent",
+    "depth",
+)
 
 
 def protocols_with_results(nodes: Mapping[str, Any]) -> dict[str, int]:
@@ -224,16 +234,17 @@ def protocols_with_results(nodes: Mapping[str, Any]) -> dict[str, int]:
 
 
 def to_csv_rows(cmp: Comparison) -> tuple[list[str], list[list[Any]]]:
-    """A header and rows: the fixed fields, then per metric value, lo, hi, gain over the parent."""
+    """A header and rows: the fixed fields (seeds space-separated), then per metric value, lo, hi,
+    unit, gain over the parent."""
     header = list(CSV_FIELDS)
     for m in cmp.metrics:
-        header += [m, f"{m} lo", f"{m} hi", f"{m} gain"]
+        header += [m, f"{m} lo", f"{m} hi", f"{m} unit", f"{m} gain"]
     out = []
     for r in cmp.rows:
-        row = [r[f] for f in CSV_FIELDS]
+        row = [" ".join(map(str, r[f])) if f == "seeds" else r[f] for f in CSV_FIELDS]
         for m in cmp.metrics:
             c = r["metrics"].get(m) or {}
             g = (r["gain"].get(m) or {}).get("delta")
-            row += [c.get("value"), c.get("lo"), c.get("hi"), g]
+            row += [c.get("value"), c.get("lo"), c.get("hi"), c.get("unit"), g]
         out.append(["" if v is None else v for v in row])
     return header, out
