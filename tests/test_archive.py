@@ -436,7 +436,15 @@ def test_cli_tour(archive, cli, tmp_path):
     assert "lab/math6" in p.stdout  # labelled with its protocol: not the experiment's proxy/default
     data = json.loads(cli("log", "--json", "-C", a).stdout)
     assert [r["node"] for r in data] == ["grpo", "dr"] and data[1]["overall"] is None
-    assert data[1]["results"]["lab/math6"] == {"status": "evaluated", "overall": 47.8}
+    assert data[1]["results"]["lab/math6"] == {
+        "status": "evaluated",
+        "overall": 47.8,
+        "unit": "percent",  # with what it measured
+        "interval": None,
+        "interval_kind": "",
+        "seeds": [],
+        "protocol": "lab/math6",
+    }
     data = json.loads(cli("log", "--json", "--protocol", "lab/math6", "-C", a).stdout)
     assert data[1]["overall"] == 47.8
     p = cli("show", "dr", "-C", a)

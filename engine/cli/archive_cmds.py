@@ -354,8 +354,16 @@ def log(
                 "depth": n.depth,
                 "overall": n.overall,
                 "protocol": n.result.protocol.key if n.result is not None else None,
-                "results": {
-                    pid: {"status": r.status, r.utility: r.value}
+                "results": {  # a number with what it measured
+                    pid: {
+                        "status": r.status,
+                        r.utility: r.value,
+                        "unit": r.unit(r.utility),
+                        "interval": list(iv) if (iv := r.interval(r.utility)) else None,
+                        "interval_kind": r.interval_kind,
+                        "seeds": list(r.seeds),
+                        "protocol": r.protocol.key,
+                    }
                     for pid, r in sorted(n.results.items())
                 },
                 "confirmation": _confirmation_json(confs.get(n.name)),
