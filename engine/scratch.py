@@ -20,7 +20,9 @@ SANDBOX_PREFIX = "poise-sbx-"
 """a sandboxed child's inputs and scratch (verification, evaluation, fingerprints, probes)"""
 BLOBS_PREFIX = "poise-blobs-"
 """the files of a node's commit while git hashes them"""
-SCRATCH_PREFIXES = (SANDBOX_PREFIX, BLOBS_PREFIX)
+SUITE_PREFIX = "poise-suite-"
+"""a benchmark suite's samples while they are logged to MLflow"""
+SCRATCH_PREFIXES = (SANDBOX_PREFIX, BLOBS_PREFIX, SUITE_PREFIX)
 IN_USE = ".poise-in-use"
 """the file whose lock marks a directory as in use"""
 

@@ -280,3 +280,16 @@ def test_gc_collects_the_scratch_a_killed_process_left_and_spares_one_in_use(
         assert json.loads(r.stdout)["scratch"] == [str(left)]
         assert Path(held).is_dir()
     assert not left.exists()
+
+
+def test_gc_knows_every_prefix_the_engine_makes_scratch_under():
+    """Every scratch_dir(...) call in the engine uses a prefix gc collects."""
+    import re
+
+    from engine import scratch
+
+    used = set()
+    for path in (REPO / "engine").rglob("*.py"):
+        used |= set(re.findall(r"scratch_dir\((\w+_PREFIX)", path.read_text(encoding="utf-8")))
+    assert used >= {"SANDBOX_PREFIX", "BLOBS_PREFIX", "SUITE_PREFIX"}
+    assert {getattr(scratch, name) for name in used} <= set(scratch.SCRATCH_PREFIXES)

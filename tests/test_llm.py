@@ -139,6 +139,16 @@ def test_a_second_process_asking_the_same_records_after_the_first(archive):
     assert archive.fsck()
 
 
+def test_an_oversized_reply_is_refused_and_not_recorded(archive):
+    from engine.operators.llm import MAX_REPLY_CHARS
+
+    S = openai_server
+    with S.ScriptedOpenAI(["x" * (MAX_REPLY_CHARS + 1)]) as srv:
+        with pytest.raises(LLMError, match="characters; at most"):
+            client(srv, archive).chat(MSGS)
+    assert recorded_calls(archive) == 0
+
+
 def test_missing_key_is_one_clear_error(monkeypatch):
     monkeypatch.delenv("POISE_TEST_KEY")
     with pytest.raises(LLMError, match="POISE_TEST_KEY"):

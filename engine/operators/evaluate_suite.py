@@ -11,7 +11,6 @@ import dataclasses
 import gzip
 import json
 import platform
-import tempfile
 import time
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
@@ -22,6 +21,7 @@ from engine import secrets
 from engine.archive.results import EvaluationResult, Protocol, now
 from engine.archive.tracking import node_run
 from engine.errors import EvaluationError
+from engine.scratch import SUITE_PREFIX, scratch_dir
 from evaluators.benchmarks import suite as suite_spec
 from evaluators.errors import SuiteError
 from evaluators.generation import BACKENDS, make_backend
@@ -189,7 +189,7 @@ def _log_mlflow(archive, name: str, result: EvaluationResult, samples: list[dict
         mlflow.log_metrics({f"eval/{k}": float(v) for k, v in result.metrics.items()})
         for k, (lo, hi) in result.intervals.items():
             mlflow.log_metrics({f"eval/{k}/ci_low": lo, f"eval/{k}/ci_high": hi})
-        with tempfile.TemporaryDirectory() as d:
+        with scratch_dir(SUITE_PREFIX) as d:  # named: gc finds it if the process is killed
             p = Path(d) / "samples.jsonl.gz"
             with gzip.open(p, "wt", encoding="utf-8") as f:
                 for s in samples:

@@ -39,6 +39,9 @@ PRICES = {
 
 
 log = logging.getLogger(__name__)
+MAX_REPLY_CHARS = 1_000_000
+"""the longest reply read (a proposal batch is a few thousand characters): a longer one is an error of
+that call, never recorded in the archive nor sent back in a re-ask"""
 
 
 class LLMError(PoiseError):
@@ -287,6 +290,11 @@ class LLMClient:
             )
         else:
             text, p, c = self._call(request)
+            if len(text) > MAX_REPLY_CHARS:
+                raise LLMError(
+                    f"the LLM's reply is {len(text):,} characters; at most {MAX_REPLY_CHARS:,} "
+                    f"are read ({purpose or 'chat'})"
+                )
             replayed = False
             key = self._store(
                 h,
