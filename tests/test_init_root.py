@@ -181,7 +181,7 @@ def test_branches_fetched_from_another_archive_do_not_move_the_root(tmp_path):
     git = ["git", "-C", str(first.path)]
     refspec = "refs/heads/poise/theirs:refs/heads/poise/theirs"
     subprocess.run([*git, "fetch", "-q", str(tmp_path / "other"), refspec], check=True)
-    from engine.report.html import _root
+    from engine.archive.store import earliest_root as _root
 
     arch = Archive(first.path)
     assert arch.root() == "anchor" == _root(arch.nodes())  # one rule: the oldest init

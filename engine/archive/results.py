@@ -331,12 +331,20 @@ def comparable(a: EvaluationResult, b: EvaluationResult, metric: str | None = No
     )
 
 
-def require_comparable(results: Mapping[str, EvaluationResult], metric: str | None = None) -> None:
-    """Raise :class:`Incomparable` (naming the groups) unless every result can be ranked together."""
+def _comparable_groups(
+    results: Mapping[str, EvaluationResult], metric: str | None
+) -> dict[tuple[str, str], list[str]]:
+    """(protocol key, unit of ``metric``, default each result's utility) -> the names whose results
+    share them: what can be ranked together."""
     groups: dict[tuple[str, str], list[str]] = {}
     for name, r in results.items():
-        m = metric or r.utility
-        groups.setdefault((r.protocol.key, r.unit(m)), []).append(name)
+        groups.setdefault((r.protocol.key, r.unit(metric or r.utility)), []).append(name)
+    return groups
+
+
+def require_comparable(results: Mapping[str, EvaluationResult], metric: str | None = None) -> None:
+    """Raise :class:`Incomparable` (naming the groups) unless every result can be ranked together."""
+    groups = _comparable_groups(results, metric)
     if len(groups) > 1:
         parts = [
             f"{key} ({unit}): {', '.join(sorted(names)[:4])}{'…' if len(names) > 4 else ''}"
@@ -355,9 +363,7 @@ def rankable(
     """Split ``results`` for a view that ranks what it can (a report): the names whose results can
     be ranked together, the group of ``prefer`` (the root) where it has a result, else the largest;
     and each other name with the protocol and unit that keep it out (``lab/v1@aaaa (percent)``)."""
-    groups: dict[tuple[str, str], list[str]] = {}
-    for name, r in results.items():
-        groups.setdefault((r.protocol.key, r.unit(metric or r.utility)), []).append(name)
+    groups = _comparable_groups(results, metric)
     if not groups:
         return set(), {}
     keep = next((g for g in groups.values() if prefer in g), None)

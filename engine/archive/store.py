@@ -115,6 +115,14 @@ class Node:
         return vals[-1] if vals else default
 
 
+def earliest_root(nodes: Mapping[str, Node]) -> str | None:
+    """The root among ``nodes`` read without the archive: the earliest node without parents
+    (whatever its name; a node named ``grpo`` under a root of the user's own code is not it).
+    :meth:`Archive.root` finds the same node from git (the oldest init commit)."""
+    roots = sorted((n for n in nodes.values() if not n.parents), key=lambda n: (n.created, n.name))
+    return roots[0].name if roots else None
+
+
 def _node_from(name: str, oid: str, kind: str, msg: str) -> tuple[Node | None, str]:
     """The node a ref under refs/heads/poise/ describes, or (None, what is wrong with it)."""
     if kind == "missing":
@@ -197,10 +205,10 @@ class Archive:
     def remote_only(self) -> dict[str, str]:
         """Nodes a remote has that this repository has no branch for (a plain ``git clone`` makes a
         local branch of the checked-out one alone): node name -> the remote-tracking ref."""
-        refs = self.git.text("for-each-ref", "--format=%(refname)", "refs/remotes/").split()
-        local = set(self.git.text("for-each-ref", "--format=%(refname)", REF_PREFIX).split())
+        refs = self.git.text("for-each-ref", "--format=%(refname)", "refs/remotes/", REF_PREFIX)
+        local = {ref for ref in refs.split() if ref.startswith(REF_PREFIX)}
         out: dict[str, str] = {}
-        for ref in refs:
+        for ref in refs.split():
             remote, _, rest = ref.removeprefix("refs/remotes/").partition("/")
             if rest.startswith("poise/") and REF_PREFIX + rest.removeprefix("poise/") not in local:
                 out.setdefault(rest.removeprefix("poise/"), f"{remote}/{rest}")

@@ -121,6 +121,7 @@ def compare(
     $PAGER, less); piped, it is written whole, one line per node."""
     from engine.report.compare import compare as build  # lazy: keeps `poise-git --help` fast
     from engine.report.compare import (  # lazy: keeps `poise-git --help` fast
+        describe_counts,
         protocols_with_results,
         to_csv_rows,
     )
@@ -156,9 +157,8 @@ def compare(
         console.print("no nodes to compare (see --status, --protocol)")
         elsewhere = protocols_with_results(all_nodes) if protocol is None else {}
         if elsewhere:
-            listed = ", ".join(f"{pid} ({n} node{'s' * (n != 1)})" for pid, n in elsewhere.items())
             console.print(
-                f"results under other protocols: {listed}; "
+                f"results under other protocols: {describe_counts(elsewhere)}; "
                 f"pass --protocol {next(iter(elsewhere))} or --protocol all"
             )
         return

@@ -233,6 +233,11 @@ def protocols_with_results(nodes: Mapping[str, Any]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+def describe_counts(counts: Mapping[str, int]) -> str:
+    """``proxy/smoke (1 node), lab/v1 (3 nodes)``: :func:`protocols_with_results` for a reader."""
+    return ", ".join(f"{pid} ({n} node{'s' * (n != 1)})" for pid, n in counts.items())
+
+
 def to_csv_rows(cmp: Comparison) -> tuple[list[str], list[list[Any]]]:
     """A header and rows: the fixed fields (seeds space-separated), then per metric value, lo, hi,
     unit, gain over the parent."""

@@ -17,14 +17,14 @@ from typing import Any
 
 from engine.archive.confirmation import read_confirmations
 from engine.archive.results import configured_protocol, rankable
-from engine.archive.store import ALGORITHM, Archive
+from engine.archive.store import ALGORITHM, Archive, earliest_root
 from engine.config import REMEDY_MOVES, ExperimentConfig
 from engine.loop.state import load_run
 from engine.operators.proposers.offline import archive_remedy_trials
 from engine.operators.proposers.remedies import REMEDIES, spent_remedies
 from engine.operators.reflect import training_vs_parent
 from engine.report import figures
-from engine.report.compare import protocols_with_results
+from engine.report.compare import describe_counts, protocols_with_results
 from engine.select import objective as obj
 
 REPORT_DIR = Path(".poise") / "report"
@@ -62,19 +62,6 @@ def report_protocol(archive: Archive):
     return configured_protocol(cfg)
 
 
-def _root(nodes) -> str | None:
-    """The root among ``nodes``: the earliest node without parents (whatever its name; a node
-    named ``grpo`` under a root of the user's own code is not it)."""
-    return next(
-        (
-            k
-            for k, n in sorted(nodes.items(), key=lambda kv: (kv[1].created, kv[0]))
-            if not n.parents
-        ),
-        None,
-    )
-
-
 def _f(v: Any, nd: int = 4) -> str:
     return "—" if v is None else f"{v:.{nd}g}" if isinstance(v, float) else html.escape(str(v))
 
@@ -88,7 +75,7 @@ def _delta(a: float | None, b: float | None) -> str:
 
 
 def node_rows(nodes, exp: ExperimentConfig) -> list[dict[str, Any]]:
-    root = nodes.get(_root(nodes) or "")
+    root = nodes.get(earliest_root(nodes) or "")
     u_root = obj.node_utility(root, exp)
     rows = []
     for n in sorted(nodes.values(), key=lambda n: (n.depth, n.created)):
@@ -150,7 +137,7 @@ def render_report(
     exp = experiment or report_experiment(archive)
     ref = report_protocol(archive)
     nodes = archive.nodes(ref)
-    root = _root(nodes)
+    root = earliest_root(nodes)
     # one ranking: results of another protocol version or unit (possible under an id without a
     # hash, e.g. a recorded lab/v1) are shown apart, never ranked with the rest
     keep, apart = rankable(
@@ -373,9 +360,7 @@ def _protocol_line(ref, nodes, keep: set[str]) -> str:
     text = ", ".join(keys) if keys else f"{ref.key} (no node has a result under it)"
     others = {p: n for p, n in protocols_with_results(nodes).items() if p != ref.id}
     if others:
-        text += "; also results under " + ", ".join(
-            f"{p} ({n} node{'s' * (n != 1)})" for p, n in others.items()
-        )
+        text += "; also results under " + describe_counts(others)
     return text
 
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from engine.archive.results import configured_protocol, require_comparable
+from engine.archive.store import earliest_root
 from engine.config import Config, utility
 
 
@@ -50,8 +51,7 @@ def retrospect(archive: Any, cfg: Config | None = None) -> dict[str, Any]:
     for v in nodes.values():
         for p in set(v.parents):
             kids.setdefault(p, []).append(v.name)
-    roots = sorted((v for v in nodes.values() if not v.parents), key=lambda v: (v.created, v.name))
-    root = roots[0].name if roots else None
+    root = earliest_root(nodes)
     u_root = util.get(root) if root else None
     assumptions: list[str] = []
 
