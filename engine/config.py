@@ -131,6 +131,7 @@ class LLMConfig:
     api_key_env: str = "OPENAI_API_KEY"
     """name of the environment variable holding the key (keys are never written to files)"""
     timeout_s: float = 120.0
+    """seconds a whole reply may take (a server that keeps sending is cut off all the same)"""
     max_retries: int = 5
     temperature: float = 0.7
 

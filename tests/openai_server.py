@@ -3,7 +3,8 @@
 Tests import it as ``openai_server`` (pytest puts tests/ on the path; tests/ is not a package). Each scripted item is a
 reply text, a dict ``{"status": 429, "headers": {...}}`` (an error response), a raw reply
 ``{"status": 200, "body": "<html>…", "content_type": "text/html"}`` or ``{"status": 200, "json": {...}}``
-(what misbehaving gateways send), or a callable ``request -> text``; when the script is empty the
+(what misbehaving gateways send; ``"trickle_s": 0.05`` sends its body 16 bytes at a time, one piece every
+0.05 s), or a callable ``request -> text``; when the script is empty the
 ``default`` callable answers (or a 500).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -50,6 +52,7 @@ class ScriptedOpenAI:
                         data.encode() if isinstance(data, str) else data,
                         item.get("content_type", "application/json"),
                         item.get("headers", {}),
+                        item.get("trickle_s", 0.0),
                     )
                 if isinstance(item, dict):
                     return self._send(
@@ -87,14 +90,23 @@ class ScriptedOpenAI:
                     status, json.dumps(payload).encode(), "application/json", headers
                 )
 
-            def _send_raw(self, status, data, content_type, headers=None):
+            def _send_raw(self, status, data, content_type, headers=None, trickle_s=0.0):
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
                 for k, v in (headers or {}).items():
                     self.send_header(k, str(v))
                 self.end_headers()
-                self.wfile.write(data)
+                if not trickle_s:
+                    return self.wfile.write(data)
+                # a server that keeps sending: 16 bytes every trickle_s seconds
+                try:
+                    for i in range(0, len(data), 16):
+                        self.wfile.write(data[i : i + 16])
+                        self.wfile.flush()
+                        time.sleep(trickle_s)
+                except OSError:  # the client gave up and closed the connection
+                    pass
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)

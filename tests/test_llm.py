@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import openai_server  # tests/openai_server.py (tests/ is on pythonpath)
@@ -20,7 +21,7 @@ def client(server, archive=None, replay=False, **kw):
         base_url=server.base_url if server else "",
         api_key_env="POISE_TEST_KEY",
         max_retries=kw.pop("max_retries", 3),
-        timeout_s=10,
+        timeout_s=kw.pop("timeout_s", 10),
     )
     return LLMClient(cfg, archive, replay=replay, backoff_s=0.01, **kw)
 
@@ -147,6 +148,41 @@ def test_an_oversized_reply_is_refused_and_not_recorded(archive):
         with pytest.raises(LLMError, match="characters; at most"):
             client(srv, archive).chat(MSGS)
     assert recorded_calls(archive) == 0
+
+
+def _completion(text: str) -> dict:
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "gpt-4o-mini",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+        ],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+
+
+def test_timeout_bounds_the_whole_reply_not_each_read():
+    """A server that keeps sending (16 bytes every 0.05 s: about 7 s for this reply) never lets a
+    per-read timeout fire; ``timeout_s`` = 0.4 cuts it off all the same, as a timeout, long
+    before the body would have ended."""
+    import time
+
+    S = openai_server
+    slow = {"status": 200, "json": _completion('{"answer": 42}' + " " * 2000), "trickle_s": 0.05}
+    assert len(json.dumps(slow["json"])) > 140 * 16  # more than 140 pieces: 7 s at least
+    with S.ScriptedOpenAI([slow]) as srv:
+        t = time.monotonic()
+        with pytest.raises(LLMError, match="failed after 1 attempts: APITimeoutError"):
+            client(srv, max_retries=0, timeout_s=0.4).chat(MSGS)
+        took = time.monotonic() - t
+    assert took < 4.0, took  # cut at the deadline, not when the body ended
+    short = {"status": 200, "json": _completion('{"answer": 42}'), "trickle_s": 0.05}
+    with S.ScriptedOpenAI([short]) as srv:  # a trickled reply within the limit is read whole
+        assert client(srv, max_retries=0, timeout_s=10).chat_json(MSGS, SCHEMA).data == {
+            "answer": 42
+        }
 
 
 def test_missing_key_is_one_clear_error(monkeypatch):

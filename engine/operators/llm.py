@@ -172,11 +172,14 @@ class LLMClient:
                         "(or point [llm].base_url / OPENAI_BASE_URL at a local server), or use --proposer offline"
                     )
                 key = "not-needed"  # local OpenAI-compatible servers (vllm serve) accept any key
+            from engine.operators.llm_deadline import whole_reply_client  # lazy: needs openai
+
             self._client = openai.OpenAI(
                 api_key=key,
                 base_url=self.base_url or None,
                 timeout=self.cfg.timeout_s,
                 max_retries=0,
+                http_client=whole_reply_client(openai, self.cfg.timeout_s),
             )
         return self._client
 
