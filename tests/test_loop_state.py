@@ -213,3 +213,57 @@ def test_pending_work_evaluates_nodes_that_lack_a_result_under_the_runs_protocol
     default = pending_work(archive, archive.nodes(configured_protocol(archive.config())))
     assert sorted(default.evaluate) == ["a", "grpo"]
     assert not pending_work(archive, archive.nodes("proxy/smoke"))
+
+
+def test_a_second_run_is_refused_up_front_and_touches_nothing(archive, cli):
+    """While one `poise-git run` holds the archive, another (``--resume`` too) stops at once with one
+    error line naming the holder, before it reads or writes the run record or spawns anything."""
+    import os
+
+    from engine.loop.state import RUN_REF, load_run, run_lock
+
+    record(archive, "grpo", {"overall": 0.5}, preset="tiny")
+    refs = archive.git.text("for-each-ref")
+    with run_lock(archive):
+        for extra in ((), ("--resume",)):
+            res = cli(
+                "run", "-C", str(archive.path), "--rounds", "1", "--parents", "1",
+                "--population", "1", "--seeds", "1", "--preset", "tiny", "--no-report", *extra,
+            )  # fmt: skip
+            assert res.returncode == 1, res.stdout + res.stderr
+            assert "another `poise-git run` is running in this archive" in res.stderr
+            assert f"pid {os.getpid()}" in res.stderr
+    assert load_run(archive) is None and not archive.git.ok("rev-parse", "-q", "--verify", RUN_REF)
+    assert archive.git.text("for-each-ref") == refs  # nothing spawned, nothing recorded
+    with run_lock(archive):  # released when the holder's block ended
+        pass
+
+
+def test_a_killed_run_leaves_the_run_lock_free(archive, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from engine.loop.state import RunStateError, run_lock
+
+    holder = subprocess.Popen(
+        [
+            sys.executable, "-c",
+            "import sys, time\nfrom engine.archive.store import Archive\n"
+            "from engine.loop.state import run_lock\n"
+            f"with run_lock(Archive({str(archive.path)!r})):\n"
+            "    print('held', flush=True)\n    time.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunStateError, match=f"pid {holder.pid}"):
+            with run_lock(archive):
+                pass
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+    with run_lock(archive):  # the kernel released it with the process
+        pass

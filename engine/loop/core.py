@@ -32,6 +32,7 @@ from engine.loop.state import (
     new_run_id,
     node_round,
     pending_work,
+    run_lock,
     run_nodes,
     save_run,
 )
@@ -201,6 +202,12 @@ class Loop:
 
     # -- the run -------------------------------------------------------------------------------
     def run(self) -> RunSummary:
+        """The run, under the archive's run lock: a second run in the same archive is refused
+        (:class:`RunStateError`) before it reads or writes anything."""
+        with run_lock(self.archive):
+            return self._run()
+
+    def _run(self) -> RunSummary:
         self._plan()
         p = self.plan
         first, last = p.start_round, p.last_round
