@@ -197,12 +197,21 @@ def test_gc_collects_old_scratch_and_failed_leaves(archive, tmp_path, cli):
     _fsck_strict_clean(archive.path)
 
 
+def _age_objects(path: Path, seconds: float) -> None:
+    """Date every object file (loose and packed) ``seconds`` back, as if written that long ago."""
+    t = time.time() - seconds
+    for f in (path / ".git" / "objects").rglob("*"):
+        if f.is_file():
+            os.utime(f, (t, t))
+
+
 def test_gc_prune_deletes_old_drops_for_good(archive):
     archive.spawn("grpo", "old")
     archive.spawn("grpo", "recent")
     t0 = time.time()
     cleanup.drop(archive, ["old"], now=t0 - 30 * 86400)
     cleanup.drop(archive, ["recent"], now=t0)
+    _age_objects(archive.path, 2 * 3600)  # written long ago, as a drop 30 days old implies
     rep = cleanup.gc(archive, 14, prune=True, drop_failed=False, tmpdir=archive.path / "none")
     assert [p.split("@")[0] for p in rep.pruned] == ["old"]
     assert [d.name for d in cleanup.dropped(archive)] == ["recent"]
@@ -210,6 +219,23 @@ def test_gc_prune_deletes_old_drops_for_good(archive):
     with pytest.raises(ArchiveError, match="no dropped node 'old'"):
         cleanup.restore(archive, "old")
     assert cleanup.restore(archive, "recent") == ["recent"]
+
+
+def test_gc_prune_keeps_what_a_concurrent_writer_has_not_referenced_yet(archive):
+    """A writer (a run, a spawn) writes a commit's objects a moment before the ref that reaches
+    them; `gc --prune` meanwhile must not delete them, or the ref it then moves points at nothing."""
+    archive.spawn("grpo", "old")
+    cleanup.drop(archive, ["old"], now=time.time() - 30 * 86400)
+    _age_objects(archive.path, 2 * 3600)
+    git = archive.git
+    blob = git.write_blobs([b"results a writer is committing\n"])[0]
+    tree = git.write_tree({"results.json": ("100644", blob)})
+    commit = git.commit_tree(tree, [archive.node("grpo").commit], "poise: a concurrent write")
+    rep = cleanup.gc(archive, 14, prune=True, drop_failed=False, tmpdir=archive.path / "none")
+    assert [p.split("@")[0] for p in rep.pruned] == ["old"]
+    assert git.update_ref("refs/heads/poise/late", commit, None, "the writer's ref, after gc")
+    assert git.cat_blobs([f"{commit}:results.json"])[0] is not None
+    _fsck_strict_clean(archive.path)
 
 
 def test_gc_keeps_live_verl_checkpoints_and_the_shared_data(archive, tmp_path, cli):

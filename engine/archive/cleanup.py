@@ -30,6 +30,11 @@ from engine.scratch import SCRATCH_PREFIXES, in_use
 DROPPED_PREFIX = "refs/poise-dropped/"
 _BATCH_FMT = "%Y%m%dT%H%M%S"
 
+PRUNE_GRACE = "1.hour.ago"
+"""``gc --prune`` lets git delete only unreachable objects older than this: a command writing the
+archive meanwhile (a run, a spawn) writes its objects a moment before the ref that reaches them, and
+``--prune=now`` could delete them in between (git's own default grace is two weeks, for this)"""
+
 
 @dataclass(frozen=True)
 class DroppedNode:
@@ -337,5 +342,5 @@ def gc(
         if old and not dry_run:
             _apply(archive, [f"delete {d.ref} {d.commit}" for d in old], "prune dropped nodes")
             archive.git.run("reflog", "expire", "--expire-unreachable=now", "--all", check=False)
-            archive.git.run("gc", "--prune=now", "--quiet", check=False)
+            archive.git.run("gc", f"--prune={PRUNE_GRACE}", "--quiet", check=False)
     return rep
