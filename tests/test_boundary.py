@@ -380,6 +380,22 @@ def test_numbers_beyond_a_float_in_training_frames(world, done, refused):
     assert_contained(res, [], world)
 
 
+def test_the_reason_shows_no_terminal_escape_sequences(world):
+    """The last line a failing child printed becomes its reason, which the CLI prints and commit
+    messages keep: control characters are blanked, so it cannot rewrite, retitle or hide what the
+    terminal shows."""
+    res, frames = run(
+        "import os\n"
+        "os.write(2, b'\\x1b]0;title\\x07\\x1b[2K\\x1b[1Gseed 0: ok\\x1b[8m\\x9b0m\\r\\n')\n"
+        "os._exit(3)\n",
+        world,
+    )
+    reason = res.reason()
+    assert reason.startswith("exited with status 3: ") and "seed 0: ok" in reason, reason
+    assert all(c.isprintable() for c in reason), repr(reason)
+    assert_contained(res, frames, world)
+
+
 def test_a_benign_child_works_and_sees_only_its_inputs(world):
     res, frames = run(
         "import os, sys\n"
