@@ -316,6 +316,7 @@ def test_printing_2_gib_keeps_the_engine_small(world):
             "for _ in range(40):\n    CHANNEL._write(b)",
             "more than",
         ),
+        ("CHANNEL._write(b'{\"type\":\"x\",\"v\":' + b'9' * 5000 + b'}')", "not JSON"),
     ],
     ids=[
         "not-json",
@@ -325,6 +326,7 @@ def test_printing_2_gib_keeps_the_engine_small(world):
         "negative-blob",
         "truncated",
         "flood",
+        "integer-of-5000-digits",
     ],
 )
 def test_malformed_channel_messages_are_refused(world, code, why):
@@ -335,6 +337,62 @@ def test_malformed_channel_messages_are_refused(world, code, why):
     )
     assert res.protocol_error and why in res.protocol_error, (res.protocol_error, res.reason())
     assert "malformed" in res.reason() and res.wall_s < 10
+    assert_contained(res, frames, world)
+
+
+@pytest.mark.parametrize(
+    "done,refused",
+    [
+        ("'timings': {'rl_s': 10 ** 400}, 'peak_rss_mb': 12", ""),
+        ("'peak_rss_mb': 10 ** 400", "peak_rss_mb"),
+        ("'peak_rss_mb': float('nan')", "peak_rss_mb"),
+    ],
+    ids=["in-metrics", "huge-peak-rss", "nan-peak-rss"],
+)
+def test_numbers_beyond_a_float_in_training_frames(world, done, refused):
+    """JSON integers too large for a float, and NaN, reach the evaluation's receiver: a metric
+    becomes None (as NaN does); the peak memory must be a finite number, else the message is
+    malformed. Never an exception in the engine."""
+    from engine.operators.evaluate_seed import _Training
+
+    train = _Training(4)
+    res = run_sandboxed(
+        "engine.sandbox.exec_source",
+        ["{input}/case.py"],
+        limits=Limits(wall_s=30),
+        inputs={
+            "case.py": (
+                "import os\n"
+                "CHANNEL.send({'type': 'step', 'step': 0, 'row': {'loss': 10 ** 400, 'kl': 0.5}})\n"
+                f"CHANNEL.send({{'type': 'done', 'status': 'ok', {done}}})\n"
+                "os._exit(0)\n"
+            ).encode()
+        },
+        on_frame=train,
+        boundary=require_boundary(),
+    )
+    assert train.rows == {0: {"loss": None, "kl": 0.5}}
+    if refused:
+        assert refused in res.protocol_error and train.done is None, res.reason()
+    else:
+        assert res.ok, res.reason()
+        assert train.done["timings"] == {"rl_s": None} and train.done["peak_rss_mb"] == 12.0
+    assert_contained(res, [], world)
+
+
+def test_the_reason_shows_no_terminal_escape_sequences(world):
+    """The last line a failing child printed becomes its reason, which the CLI prints and commit
+    messages keep: control characters are blanked, so it cannot rewrite, retitle or hide what the
+    terminal shows."""
+    res, frames = run(
+        "import os\n"
+        "os.write(2, b'\\x1b]0;title\\x07\\x1b[2K\\x1b[1Gseed 0: ok\\x1b[8m\\x9b0m\\r\\n')\n"
+        "os._exit(3)\n",
+        world,
+    )
+    reason = res.reason()
+    assert reason.startswith("exited with status 3: ") and "seed 0: ok" in reason, reason
+    assert all(c.isprintable() for c in reason), repr(reason)
     assert_contained(res, frames, world)
 
 

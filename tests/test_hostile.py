@@ -167,3 +167,25 @@ def test_static_bypass_is_still_rejected(bypass_reasons, case, why):
     reason = bypass_reasons[case]
     assert why.lower() in reason.lower(), reason
     assert CANARY not in reason
+
+
+@pytest.mark.slow  # two recording children and a replay, each importing torch
+def test_fingerprinting_survives_a_recorded_key_that_names_no_source():
+    """The recording child chooses its calls' keys: one that names no source ('fpx#0'), open when
+    the child dies, leaves that source failed and the next one fingerprinted, not a crash of the
+    engine's screening."""
+    require_boundary()
+    from engine.operators.fingerprint import fingerprints
+
+    head = (
+        "import os\n"
+        "from trainer_template.channel import Channel\n"
+        "_c = Channel.from_env()\n"
+        "_c.send({'type': 'end', 'key': 'fp0#load', 'out': {'t': 'scalar', 'v': None}})\n"
+        "_c.send({'type': 'begin', 'key': 'fpx#0', 'fn': 'x', 'digest': ''})\n"
+        "os._exit(1)\n"
+    )
+    src = ROOT.replace("# ALGO LOGIC", head + "\n\n# ALGO LOGIC", 1)
+    bad, good = fingerprints([src, ROOT], timeout_s=60)
+    assert isinstance(bad, str) and "exited with status 1" in bad, bad
+    assert isinstance(good, list) and len(good) > 100

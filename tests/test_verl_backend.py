@@ -551,6 +551,32 @@ def test_cli_smoke_refuses_bad_input_before_starting_verl(cli, archive):
     assert not (Path(a) / ".poise" / "verl" / "smoke" / "nodes").exists()
 
 
+def test_verl_runs_the_static_check_whatever_the_verification_record_says(cli, archive, tmp_path):
+    """verification.json is a file in the archive: a pushed branch can carry one made for its own
+    algorithm.py. verl runs the code outside the sandbox, and the engine imports it to build the
+    config, so the gate runs the static check again: code that would run at import never does."""
+    from conftest import mark_verified
+
+    from trainer_template import ALGORITHM_FILE
+
+    marker = tmp_path / "ran-in-the-engine"
+    head = f"RAN = open({str(marker)!r}, 'w').write('x')\n\n# ALGO LOGIC"
+    src = ALGORITHM_FILE.read_text().replace("# ALGO LOGIC", head, 1)
+    archive.spawn("grpo", "forged", algorithm=src)
+    mark_verified(archive, "forged")  # the record a pushed branch can forge
+    a = str(archive.path)
+    for args in (
+        ("train", "forged", "--backend", "verl", "--dry-run"),
+        ("train", "forged", "--backend", "verl", "--smoke"),
+        ("evaluate", "forged", "--backend", "verl", "--smoke"),
+        ("evaluate", "forged", "--backend", "verl"),
+    ):
+        r = cli(*args, "-C", a)
+        assert r.returncode == 1 and "refuses 'forged'" in r.stderr, (args, r.stderr)
+        assert "fails the static check" in r.stderr and "Traceback" not in r.stderr
+    assert not marker.exists() and not (Path(a) / ".poise" / "verl").exists()
+
+
 @pytest.mark.slow  # several CLI processes / a sandboxed verification: seconds of CPU each
 def test_verl_refuses_unverified_code_before_running_it(cli, archive):
     """verl runs a candidate outside the sandbox (and the engine imports it to build the config), so

@@ -66,7 +66,7 @@ def run_smoke(
     require_verl()
     arch = _open_or_init(archive)
     arch.node(node)  # unknown node: one clear error before anything starts
-    refuse_unverified(arch, node, "evaluate" if evaluate else "train")  # verl is not sandboxed
+    refuse_unverified(arch, node, "evaluate" if evaluate else "train", unsandboxed=True)
     check_objective(arch)
     try:
         proto = SmokeProtocol(steps=steps, seed=seed)

@@ -123,7 +123,7 @@ def evaluate_node(
             f"evaluate: unknown backend {backend!r}; use 'proxy' (CPU) or 'verl' (GPU), "
             "or --suite for benchmark scoring"
         )
-    _require_verified(archive, name)
+    _require_verified(archive, name, unsandboxed=backend == "verl")
     if backend == "verl":
         return evaluate_node_verl(
             archive,
@@ -289,8 +289,8 @@ class _Job:
         return job
 
 
-def _require_verified(archive, name: str) -> None:
-    refuse_unverified(archive, name, "evaluate")
+def _require_verified(archive, name: str, *, unsandboxed: bool = False) -> None:
+    refuse_unverified(archive, name, "evaluate", unsandboxed=unsandboxed)
 
 
 def _run(job: _Job, tags: Mapping[str, str] | None, say: Callable[[str], None]) -> EvaluationResult:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from engine.sandbox.channel import ChannelError, expect, metric_map, text
+from engine.sandbox.channel import ChannelError, expect, finite_number, metric_map, text
 from engine.sandbox.limits import Limits
 from engine.sandbox.runner import Feed, SandboxRun, Session, run_sandboxed
 
@@ -46,11 +46,15 @@ class _Training:
             if status not in ("ok", "failed"):
                 raise ChannelError("done: status must be 'ok' or 'failed'")
             rss = frame.get("peak_rss_mb")
+            if rss is not None and (
+                isinstance(rss, bool) or not isinstance(rss, (int, float)) or not finite_number(rss)
+            ):
+                raise ChannelError("done: 'peak_rss_mb' is not a finite number")
             self.done = {
                 "status": status,
                 "reason": text(frame.get("reason", ""), 500),
                 "timings": metric_map(frame.get("timings") or {}, allow_none=True),
-                "peak_rss_mb": float(rss) if isinstance(rss, (int, float)) else None,
+                "peak_rss_mb": None if rss is None else float(rss),
                 "device": text(frame.get("device") or "", 16),
             }
             self.weights = frame.get("_blob")

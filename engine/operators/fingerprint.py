@@ -14,6 +14,7 @@ the static checks, as recorded calls (``engine.operators.probe``) replayed on th
 from __future__ import annotations
 
 import math
+import re
 import threading
 from collections.abc import Sequence
 
@@ -25,6 +26,8 @@ from engine.sandbox.runner import Feed, run_sandboxed
 from trainer_template.loader import make_config
 
 DUPLICATE_TOL = 1e-3
+_SOURCE_KEY = re.compile(r"fp([0-9]{1,9})#")
+"""a recorded call's key names its source: ``fp<index>#...`` (the recording child chose the key)"""
 BANK_NAMES = (
     "mixed",
     "all_correct",
@@ -253,8 +256,9 @@ def fingerprints(
             if not stop:
                 break
             ended, rec.done = stop, False
-            seen = [int(k[2:].split("#")[0]) for k in rec.calls if k.startswith("fp")]
-            start = max([start, *seen]) + 1  # the source it stopped at keeps its recorded error
+            # the source it stopped at keeps its recorded error; a key naming no source is ignored
+            seen = [int(m[1]) for k in rec.calls if (m := _SOURCE_KEY.match(k))]
+            start = max([start, *(i for i in seen if i < len(sources))]) + 1
         feed.put(None if refused else rec.to_json(ended).encode())
     finally:
         feed.put(None)

@@ -251,12 +251,14 @@ def is_template(source: str) -> bool:
     return False
 
 
-def evaluation_gate(archive, name: str) -> str:
+def evaluation_gate(archive, name: str, *, unsandboxed: bool = False) -> str:
     """'' when ``name`` may be evaluated, else why not.
 
     Template code (``is_template``) is trusted as shipped: the root GRPO node needs no verification
     run. Any other algorithm.py must carry a passing ``verification.json`` made for exactly this
-    source (its sha256)."""
+    source (its sha256). ``unsandboxed`` (verl runs the code outside the sandbox, and the engine
+    imports it): the static check is run again here, since the record is a file in the archive that
+    anyone who can push a branch can write."""
     source = archive.algorithm(name)
     if is_template(source):
         return ""
@@ -272,11 +274,18 @@ def evaluation_gate(archive, name: str) -> str:
         return f"verification rejected it ({why})" if why else "verification rejected it"
     if rec.get("algorithm_sha256") != hashlib.sha256(source.encode("utf-8")).hexdigest():
         return f"its algorithm.py is not the one verified; run `poise-git verify {name}` again"
+    if unsandboxed:
+        try:
+            static_check(source)
+        except PoiseError as exc:
+            return (
+                f"its algorithm.py fails the static check, whatever its {VERIFICATION} says ({exc})"
+            )
     return ""
 
 
-def refuse_unverified(archive, name: str, verb: str) -> None:
+def refuse_unverified(archive, name: str, verb: str, *, unsandboxed: bool = False) -> None:
     """Raise ``EvaluationError`` ("<verb> refuses NAME: why") unless :func:`evaluation_gate` passes."""
-    why = evaluation_gate(archive, name)
+    why = evaluation_gate(archive, name, unsandboxed=unsandboxed)
     if why:
         raise EvaluationError(f"{verb} refuses {name!r}: {why}")

@@ -75,7 +75,7 @@ class FrameReader:
 def _decode(body: bytes) -> dict:
     try:
         frame = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # also an integer of more than 4300 digits
         raise ChannelError(f"a frame is not JSON ({type(exc).__name__})") from None
     if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
         raise ChannelError("a frame is not a JSON object with a 'type'")
@@ -102,6 +102,14 @@ def text(value: Any, limit: int = 500) -> str:
     return secrets.scrub(" ".join(s.split()))[:limit]
 
 
+def finite_number(v: int | float) -> bool:
+    """Whether a number from a frame is a finite float (an integer beyond a float's range is not)."""
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
+
+
 def metric_map(value: Any, *, max_keys: int = 64, allow_none: bool = False) -> dict[str, Any]:
     """``{name: finite float}`` with safe names (MLflow's and git's rules), or ChannelError."""
     if not isinstance(value, dict) or len(value) > max_keys:
@@ -115,7 +123,7 @@ def metric_map(value: Any, *, max_keys: int = 64, allow_none: bool = False) -> d
             continue
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ChannelError(f"metric {k!r} is not a number")
-        if not math.isfinite(float(v)):
+        if not finite_number(v):
             if allow_none:
                 out[k] = None
                 continue

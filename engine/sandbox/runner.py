@@ -24,7 +24,7 @@ from pathlib import Path
 from engine import secrets
 from engine.sandbox import boundary as _boundary
 from engine.sandbox import live
-from engine.sandbox.channel import ChannelError, FrameReader
+from engine.sandbox.channel import ChannelError, FrameReader, text
 from engine.sandbox.env import candidate_env
 from engine.sandbox.limits import Limits
 from engine.scratch import SANDBOX_PREFIX, scratch_dir
@@ -126,7 +126,9 @@ class SandboxRun:
         tail = [ln for ln in self.output_tail.strip().splitlines() if ln.strip()]
         if any("MemoryError" in ln or "can't allocate memory" in ln for ln in tail[-8:]):
             return "ran out of memory (memory limit)"
-        last = tail[-1][:300] if tail else ""
+        # the child's own words, printed by the CLI and written into commit messages: printable
+        # characters only (no terminal escape sequences that rewrite or hide what is shown)
+        last = text(tail[-1], 300) if tail else ""
         status = f"exited with status {self.returncode}"
         return f"{status}: {last}" if last and self.returncode else status
 
