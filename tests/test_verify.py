@@ -238,3 +238,24 @@ def test_every_attempt_is_kept_on_the_branch(archive):
         "poise: LLM usage of fixed",
     ]
     assert archive.fsck()
+
+
+HUGE_EDIT = '''\
+def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:
+    """Returns 150,000 random numbers: every call's recording is megabytes."""
+    return torch.rand(150_000)
+'''
+
+
+@pytest.mark.slow
+def test_a_recording_over_the_recording_limit_is_refused(archive, monkeypatch):
+    """The engine holds a recording in memory, several times its size: a child that sends more than
+    RECORDING_CHANNEL_MB (lowered to 1 here; 64 by default) is refused, not read whole."""
+    from engine.operators import recording
+    from engine.operators.verify import verify_node
+
+    monkeypatch.setattr(recording, "RECORDING_CHANNEL_MB", 1)
+    archive.spawn("grpo", "huge", HUGE_EDIT)
+    res = verify_node(archive, "huge")
+    assert not res.ok and "sent more than 1 MiB" in res.reason, res.reason
+    assert archive.node("huge").status == "rejected" and archive.fsck()

@@ -18,6 +18,7 @@ import re
 import threading
 from collections.abc import Sequence
 
+from engine.operators import recording
 from engine.operators.recording import Recorder
 from engine.sandbox import boundary
 from engine.sandbox.channel import ChannelError
@@ -243,7 +244,7 @@ def fingerprints(
             run = run_sandboxed(
                 "engine.operators.verify_child",
                 ["fp-record", "{input}", str(start)],
-                limits=limits,
+                limits=limits.with_(channel_mb=recording.RECORDING_CHANNEL_MB),
                 inputs=inputs,
                 env={"POISE_VERIFY_MODE": "record"},
                 on_frame=rec,

@@ -15,6 +15,10 @@ from engine.sandbox.channel import ChannelError, expect, text
 from engine.sandbox.runner import SandboxRun, Session
 
 MAX_CALLS = 20_000
+RECORDING_CHANNEL_MB = 64
+"""what a recording child may send in all (a verification's recording is about 40 KB, a source's
+fingerprint recording about 8 KB): the engine holds the whole recording in memory, several times
+its size as Python objects, so the sandbox's general 256 MiB would let a child make it take gigabytes"""
 _FIELDS = ("out", "mutated", "grads", "fields")
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from engine.archive.edit import prior_source
 from engine.errors import EvaluationError, PoiseError
+from engine.operators import recording
 from engine.operators.recording import Recorder
 from engine.operators.static_check import static_check
 from engine.operators.verify_suite import CONFTEST, INTENT_TESTS, INTERFACE_TESTS, intent_suite
@@ -129,7 +130,7 @@ def run_suite(
         run = run_sandboxed(
             "engine.operators.verify_child",
             ["record", "{input}"],
-            limits=box,
+            limits=box.with_(channel_mb=recording.RECORDING_CHANNEL_MB),
             inputs={"algorithm.py": source.encode(), "pytest.ini": PYTEST_INI.encode(), **tests},
             env={"POISE_VERIFY_MODE": "record", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
             on_frame=rec,
