@@ -26,6 +26,7 @@ from engine.config import Config, SelectConfig, metric_direction, utility
 from engine.errors import ConfigError, PoiseError
 from engine.select import pareto
 from engine.select.features import FINGERPRINT, descendant_gain, mechanism_matrix
+from engine.select.objective import utility_label
 
 NOT_PARENTS = ("failed", "rejected")
 CROWD_NEIGHBOURS = 5
@@ -254,8 +255,7 @@ def select_parents(
         "allow_failed": sc.allow_failed,
         "objectives": [("-" if s < 0 else "") + m for m, s in objectives],
         "directions": _directions(objectives, exp),
-        "utility": exp.objective
-        + (f" - {exp.length_penalty:g}*mean_length" if exp.length_penalty else ""),
+        "utility": utility_label(exp),
         "protocol": ref.key,
     }
     rows: dict[str, dict[str, Any]] = {}
