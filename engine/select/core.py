@@ -422,5 +422,16 @@ def _fallback(
     params["fallback"] = (
         "no evaluated candidates: unevaluated nodes picked, shallowest and oldest first"
     )
+    elsewhere: dict[str, int] = {}  # nodes evaluated under other protocols only: say where
+    for n in names:
+        for pid, r in (getattr(nodes[n], "results", None) or {}).items():
+            if r.ok and (nodes[n].result is None or pid != nodes[n].result.protocol.id):
+                elsewhere[pid] = elsewhere.get(pid, 0) + 1
+    if elsewhere:
+        where = ", ".join(f"{p} ({c} node{'s' * (c != 1)})" for p, c in sorted(elsewhere.items()))
+        params["fallback"] += (
+            f" (no node has an evaluated result under {params['protocol']}; results under "
+            f"{where}: --protocol {max(sorted(elsewhere), key=elsewhere.get)} ranks them)"
+        )
     out = sorted(rows.values(), key=lambda r: (r["rank"] is None, r["rank"] or 0, r["node"]))
     return Selection(chosen, out, params)
