@@ -110,6 +110,39 @@ def test_ablate_refuses_what_it_cannot_ablate(archive):
     assert sorted(archive.nodes()) == ["grpo", "kc"] and archive.fsck()
 
 
+def test_the_ablation_names_what_its_values_measure(archive):
+    """With a length penalty the values are U, not the objective's metric: the table's column and the
+    JSON say so (read from recorded results: the one change's child is the root, nothing trains)."""
+    from results_util import record
+
+    from engine.cli.ablate import ablation_table
+    from engine.operators.ablate import ablate_node
+    from engine.select.objective import with_objective
+
+    def rows(overall, length):
+        return [
+            {"seed": s, "status": "evaluated", "metrics": {"overall": o, "mean_length": ln}}
+            for s, (o, ln) in enumerate(zip(overall, length))
+        ]
+
+    archive.spawn("grpo", "kc", algorithm=set_defaults(ROOT, {"kl_coef": 0.1}))
+    for name, overall, length in (("grpo", [0.5, 0.6], [10, 20]), ("kc", [0.7, 0.6], [10, 10])):
+        metrics = {"overall": sum(overall) / 2, "mean_length": sum(length) / 2}
+        payload = {"metrics": metrics, "seeds": [0, 1], "per_seed": rows(overall, length)}
+        record(archive, name, payload, preset="tiny")
+    exp = with_objective(archive.config().experiment, "overall - 0.01*mean_length")
+    ab = ablate_node(archive, "kc", exp, preset="tiny")
+    (row,) = ab.rows
+    assert row.child == "grpo" and row.reused and row.status == "evaluated"
+    assert row.value == pytest.approx((0.5 - 0.1 + 0.6 - 0.2) / 2)  # U, not Overall's 0.55
+    assert ab.objective == "overall - 0.01*mean_length"
+    data = ab.to_json()
+    assert data["objective"] == "overall - 0.01*mean_length" and "overall" not in data["changes"][0]
+    assert data["changes"][0]["overall - 0.01*mean_length"] == pytest.approx(row.value)
+    headers = [c.header for c in ablation_table(ab).columns]
+    assert "overall - 0.01*mean_length" in headers and "overall" not in headers
+
+
 @pytest.fixture(scope="module")
 def evaluated(tmp_path_factory):
     """An archive with grpo and two evaluated nodes on tiny-preset seeds 0 and 1: `kc` (the KL anchor

@@ -237,6 +237,26 @@ def test_retrospect_does_not_call_a_single_parent_round_not_top(archive, cli):
     assert data["rounds"][0]["hit"] is None and data["summary"]["rounds_judged"] == 0
 
 
+def test_retrospect_reads_the_utilities_the_last_run_ranked(archive, cli):
+    """A run with --preset tiny ranked its parents on proxy/tiny results: retrospect reads those
+    (not poise.toml's proxy/default, where nothing was measured) and says so; --protocol picks."""
+    from engine.loop.state import RunRecord, save_run
+
+    record(archive, "grpo", {"overall": 0.5}, preset="tiny")
+    for name, u in (("c1", 0.55), ("c2", 0.6)):
+        archive.spawn("grpo", name, trailers={"Poise-Round": "1", "Poise-Selection-Rank": "1"})
+        record(archive, name, {"overall": u}, preset="tiny")
+    save_run(archive, RunRecord({"id": "r1", "plan": {"preset": "tiny"}}), "poise: run r1")
+    data = json.loads(cli("retrospect", "--json", "-C", str(archive.path)).stdout)
+    s = data["summary"]
+    assert s["root_utility"] == 0.5 and data["rounds"][0]["parents"][0]["best_utility"] == 0.6
+    assert s["protocol"].startswith("proxy/tiny@") and s["utility"] == "overall"
+    r = cli("retrospect", "-C", str(archive.path))
+    assert r.returncode == 0 and f"(U: overall, under {s['protocol']})" in r.stdout, r.stdout
+    other = cli("retrospect", "--json", "--protocol", "proxy/default", "-C", str(archive.path))
+    assert json.loads(other.stdout)["summary"]["root_utility"] is None
+
+
 def _metrics(overall: float, length: float) -> dict:
     return {
         "overall": overall,

@@ -215,6 +215,31 @@ def test_confirm_refuses_nodes_without_a_search_result(archive):
     assert archive.fsck()
 
 
+def test_confirm_refuses_a_search_result_of_another_protocol_version(archive, monkeypatch):
+    """Results under the preset's id but another hash were measured differently: the search's
+    difference between them is not a comparison to confirm, and nothing is trained."""
+    import engine.operators.confirm as confirm_mod
+    from engine.operators.evaluate import proxy_protocol
+    from trainer_template.proxy.protocol import get_protocol
+
+    def measured(*_a, **_kw):
+        raise AssertionError("a node was measured")
+
+    monkeypatch.setattr(confirm_mod, "measure_node", measured)
+    exp = archive.config().experiment
+    archive.spawn("grpo", "child", edit=DR_GRPO)
+    current = proxy_protocol("smoke", get_protocol("smoke"))
+    assert current.hash != PROTO.hash  # PROTO: proxy/smoke at an older hash
+    archive.record_result("child", _result([0, 1]))
+    archive.record_result("grpo", dataclasses.replace(_result([0, 1]), protocol=current))
+    with pytest.raises(
+        EvaluationError, match=r"child has no evaluated result under proxy/smoke@"
+    ) as e:
+        confirm_mod.confirm_node(archive, "child", "grpo", exp, preset="smoke")
+    assert f"another version, {PROTO.key}" in str(e.value)
+    assert read_confirmation(archive, "child", "proxy/smoke") is None and archive.fsck()
+
+
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory):
     """An archive where a 'search' evaluated grpo and drgrpo on tiny-preset seeds 0 and 1 (and flaky)."""

@@ -248,6 +248,26 @@ def test_report_on_fresh_archive_says_no_data(tmp_path):
     assert arch.fsck()
 
 
+def test_a_rounds_parents_are_listed_in_rank_order(tmp_path):
+    """Ranks are numbers: the parent ranked 2 comes before the one ranked 10 ("10" < "2" as text);
+    the trailers' text is shown as text."""
+    from engine.archive.store import Archive
+    from engine.report.html import render_report
+
+    arch = Archive.init(tmp_path / "exp")
+    for parent in ("p10", "p2"):
+        arch.spawn("grpo", parent, trailers={"Poise-Round": "1"})
+    for parent, rank, score in (("p10", "10", "0.1"), ("p2", "2", "<b>0.9")):
+        trailers = {
+            "Poise-Round": "2",
+            "Poise-Selection-Rank": rank,
+            "Poise-Selection-Score": score,
+        }
+        arch.spawn(parent, f"{parent}-child", trailers=trailers)
+    page = render_report(arch).read_text()
+    assert "<td>2</td><td>p2 (2: &lt;b&gt;0.9), p10 (10: 0.1)</td>" in page, page
+
+
 def test_report_says_which_remedies_are_still_directed_to(tmp_path):
     """The remedies of the diagnosis: each one's trials (the children that applied it against a
     collapsing parent, judged on the entropy) and whether the offline proposer still directs to it;

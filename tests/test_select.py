@@ -189,6 +189,22 @@ def test_determinism_and_diversity(archive, tmp_path):
     assert all(r["div"] <= 1.0 for r in twins) and first["div"] is not None
 
 
+def test_a_fallback_names_the_protocols_that_have_results(archive):
+    """Nodes evaluated only under another preset are not 'unevaluated': the fallback says where their
+    results are and which --protocol ranks them."""
+    record(archive, "grpo", {"overall": 0.5}, preset="tiny")
+    record(archive, "grpo", {"overall": 0.4}, preset="smoke")
+    archive.spawn("grpo", "child")
+    record(archive, "child", {"overall": 0.6}, preset="tiny")
+    fallback = select_parents(archive).params["fallback"]
+    assert "no node has an evaluated result under proxy/default@" in fallback, fallback
+    assert "results under proxy/smoke (1 node), proxy/tiny (2 nodes)" in fallback
+    assert fallback.endswith("--protocol proxy/tiny ranks them)")
+    assert select_parents(archive, protocol="proxy/tiny").chosen[0] == "child"
+    fresh = select_parents(Archive.init(archive.path.parent / "fresh")).params["fallback"]
+    assert "results under" not in fresh
+
+
 def test_unevaluated_and_failed_nodes(archive, tmp_path):
     sel = select_parents(archive)  # fresh archive: the unevaluated root is the only choice
     assert sel.chosen == ["grpo"] and "fallback" in sel.params

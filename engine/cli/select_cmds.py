@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -131,18 +132,31 @@ def retrospect(
     as_json: bool = typer.Option(
         False, "--json", help="Machine-readable output: {rounds, summary, assumptions}."
     ),
+    protocol: str | None = typer.Option(
+        None,
+        "--protocol",
+        help="Read utilities under this protocol id (default: the one the last run ranked under, "
+        "else the experiment's).",
+    ),
     archive: Path = ArchiveOpt,
 ) -> None:
     """Retrospective parent retention: per round, did the top-ranked selected parent produce the
     strongest descendant; gains parent -> best descendant; selected parents below the root that later
     led above it."""
+    # lazy: numpy is heavy (only this path needs it)
+    from engine.report.html import report_experiment, report_protocol
     from engine.select import retrospect as run  # lazy: numpy is heavy (only this path needs it)
 
-    rep = run(Archive(archive))
+    arch = Archive(archive)
+    # the selection trailers were written under the run's protocol and objective (its --preset and
+    # --objective may override poise.toml's), as the report reads them
+    cfg = dataclasses.replace(arch.config(), experiment=report_experiment(arch))
+    rep = run(arch, cfg, protocol or report_protocol(arch))
     if as_json:
         typer.echo(json.dumps(rep, indent=2))
         return
-    table = Table(title="parent retention by round")
+    s = rep["summary"]
+    table = Table(title=f"parent retention by round (U: {s['utility']}, under {s['protocol']})")
     for col in ("round", "parent", "rank", "score", "U", "best descendant", "U best", "gain", ""):
         table.add_column(
             col,
@@ -167,7 +181,6 @@ def retrospect(
                 mark,
             )
     console.print(table)
-    s = rep["summary"]
     console.print(
         f"top-ranked parent produced the best descendant in {s['top_parent_best']} of {s['rounds_judged']} rounds "
         f"(not in {s['top_parent_not_best']})",

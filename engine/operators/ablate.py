@@ -28,7 +28,7 @@ from engine.operators.ablation_changes import Change, node_changes, without
 from engine.operators.evaluate import evaluate_node, measure_node, proxy_preset, proxy_protocol
 from engine.operators.implement import unique_name
 from engine.operators.verify import evaluation_gate, verify_node
-from engine.select.objective import seed_utilities
+from engine.select.objective import seed_utilities, utility_label
 from engine.stats import paired_interval
 from trainer_template.proxy.protocol import get_protocol
 
@@ -65,6 +65,8 @@ class Ablation:
     root: str
     protocol: str
     objective: str
+    """what the values measure: U (``engine.select.objective.utility_label``), e.g. ``overall`` or
+    ``overall - 0.002*mean_length``"""
     seeds: tuple[int, ...]
     gain: tuple[float, tuple[float, float] | None, int] | None
     rows: tuple[AblationRow, ...]
@@ -173,7 +175,7 @@ def ablate_node(
         node=name,
         root=root,
         protocol=protocol.key,
-        objective=exp.objective,
+        objective=utility_label(exp),
         seeds=tuple(seeds),
         gain=_as_pair(gain),
         rows=tuple(rows),

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from engine.archive.confirmation import FAILED, Confirmation, record_confirmation
-from engine.archive.results import EvaluationResult
+from engine.archive.results import EvaluationResult, ProtocolRef
 from engine.config import ExperimentConfig
 from engine.errors import EvaluationError
 from engine.operators.evaluate import measure_node, proxy_preset, proxy_protocol
@@ -74,15 +74,23 @@ def confirm_node(
     protocol = proxy_protocol(preset, get_protocol(preset))
     if name == against:
         raise EvaluationError(f"confirm: {name} cannot be confirmed against itself")
-    nodes = archive.nodes(protocol.id)
+    # the search's comparison is read under this very protocol version: a result under the same id
+    # with another hash was measured differently and is not compared (nor confirmed)
+    nodes = archive.nodes(ProtocolRef(protocol.id, protocol.hash))
     for n in (name, against):
         if n not in nodes:
             raise EvaluationError(f"confirm: unknown node {n!r}")
         if nodes[n].result is None or not nodes[n].evaluated:
+            stale = nodes[n].stale
+            older = (
+                f" (its result there is from another version, {stale.protocol.key})"
+                if stale is not None
+                else ""
+            )
             raise EvaluationError(
-                f"confirm: {n} has no evaluated result under {protocol.key}: a confirmation "
-                f"re-measures a comparison the search made; run `poise-git evaluate {n} "
-                f"--preset {preset}` first"
+                f"confirm: {n} has no evaluated result under {protocol.key}{older}: a "
+                f"confirmation re-measures a comparison the search made; run `poise-git evaluate "
+                f"{n} --preset {preset}` first"
             )
     seen = search_seeds(nodes, protocol.id)
     held = heldout_seeds(seen, seeds, first_seed)

@@ -440,9 +440,14 @@ def _rounds(nodes, rows: list[dict[str, Any]]) -> str:
                     n.trailer("Poise-Selection-Rank") or "?",
                     n.trailer("Poise-Selection-Score") or "—",
                 )
+
+        def by_rank(kv) -> tuple:  # ranks are numbers ("10" after "2"); unranked ("?") last
+            rank = kv[1][0]
+            return (0, int(rank), kv[0]) if rank.isdigit() else (1, 0, kv[0])
+
         ptxt = ", ".join(
-            f"{html.escape(p)} ({rk}: {sc})"
-            for p, (rk, sc) in sorted(parents.items(), key=lambda kv: kv[1][0])
+            f"{html.escape(p)} ({html.escape(rk)}: {html.escape(sc)})"
+            for p, (rk, sc) in sorted(parents.items(), key=by_rank)
         )
         status = {}
         for k in kids:

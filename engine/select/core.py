@@ -26,6 +26,7 @@ from engine.config import Config, SelectConfig, metric_direction, utility
 from engine.errors import ConfigError, PoiseError
 from engine.select import pareto
 from engine.select.features import FINGERPRINT, descendant_gain, mechanism_matrix
+from engine.select.objective import utility_label
 
 NOT_PARENTS = ("failed", "rejected")
 CROWD_NEIGHBOURS = 5
@@ -254,8 +255,7 @@ def select_parents(
         "allow_failed": sc.allow_failed,
         "objectives": [("-" if s < 0 else "") + m for m, s in objectives],
         "directions": _directions(objectives, exp),
-        "utility": exp.objective
-        + (f" - {exp.length_penalty:g}*mean_length" if exp.length_penalty else ""),
+        "utility": utility_label(exp),
         "protocol": ref.key,
     }
     rows: dict[str, dict[str, Any]] = {}
@@ -422,5 +422,16 @@ def _fallback(
     params["fallback"] = (
         "no evaluated candidates: unevaluated nodes picked, shallowest and oldest first"
     )
+    elsewhere: dict[str, int] = {}  # nodes evaluated under other protocols only: say where
+    for n in names:
+        for pid, r in (getattr(nodes[n], "results", None) or {}).items():
+            if r.ok and (nodes[n].result is None or pid != nodes[n].result.protocol.id):
+                elsewhere[pid] = elsewhere.get(pid, 0) + 1
+    if elsewhere:
+        where = ", ".join(f"{p} ({c} node{'s' * (c != 1)})" for p, c in sorted(elsewhere.items()))
+        params["fallback"] += (
+            f" (no node has an evaluated result under {params['protocol']}; results under "
+            f"{where}: --protocol {max(sorted(elsewhere), key=elsewhere.get)} ranks them)"
+        )
     out = sorted(rows.values(), key=lambda r: (r["rank"] is None, r["rank"] or 0, r["node"]))
     return Selection(chosen, out, params)

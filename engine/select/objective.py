@@ -85,6 +85,18 @@ def describe_objective(exp: ExperimentConfig) -> str:
     return s
 
 
+def utility_label(exp: ExperimentConfig) -> str:
+    """What U measures, as a column or key names it: ``overall``, ``overall - 0.002*mean_length``,
+    ``-mean_length`` (a minimized objective: U is always higher-is-better)."""
+    # U's own sign rule (engine.config.utility): a minimized objective enters U negated
+    minimized = utility({exp.objective: 1.0}, dataclasses.replace(exp, length_penalty=0.0)) < 0
+    return (
+        ("-" if minimized else "")
+        + exp.objective
+        + (f" - {exp.length_penalty:g}*mean_length" if exp.length_penalty else "")
+    )
+
+
 def has_length_objective(exp: ExperimentConfig) -> bool:
     return bool(exp.length_penalty) or any(
         p.lstrip("-") == "mean_length" for p in exp.pareto_objectives

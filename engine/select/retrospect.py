@@ -15,9 +15,15 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from engine.archive.results import configured_protocol, require_comparable
+from engine.archive.results import (
+    ProtocolRef,
+    configured_protocol,
+    named_protocol,
+    require_comparable,
+)
 from engine.archive.store import earliest_root
 from engine.config import Config, utility
+from engine.select.objective import utility_label
 
 
 def _int(v: str | None) -> int | None:
@@ -34,13 +40,18 @@ def _float(v: str | None) -> float | None:
         return None
 
 
-def retrospect(archive: Any, cfg: Config | None = None) -> dict[str, Any]:
-    """``{"rounds": [...], "summary": {...}, "assumptions": [...]}`` for an Archive or ``{name: Node}``."""
+def retrospect(
+    archive: Any, cfg: Config | None = None, protocol: ProtocolRef | str | None = None
+) -> dict[str, Any]:
+    """``{"rounds": [...], "summary": {...}, "assumptions": [...]}`` for an Archive or ``{name: Node}``.
+
+    An Archive's results are read under ``protocol`` (``id`` or ``id@hash``; default: the one
+    ``cfg`` defines); ``summary.protocol`` names what the utilities were measured under and
+    ``summary.utility`` what U is."""
     if cfg is None:
         cfg = Config() if isinstance(archive, Mapping) else archive.config()
-    nodes = (
-        dict(archive) if isinstance(archive, Mapping) else archive.nodes(configured_protocol(cfg))
-    )
+    ref = named_protocol(protocol) or configured_protocol(cfg)
+    nodes = dict(archive) if isinstance(archive, Mapping) else archive.nodes(ref)
     util = {  # from successful results only, ranked together only when comparable (as select)
         n: (utility(v.metrics, cfg.experiment) if v.evaluated else None) for n, v in nodes.items()
     }
@@ -181,7 +192,11 @@ def retrospect(archive: Any, cfg: Config | None = None) -> dict[str, Any]:
         (rd, e) for rd, e in below if e["best_utility"] is not None and e["best_utility"] > u_root
     ]
     gains = [e["gain"] for r in rounds for e in r["parents"] if e["gain"] is not None]
+    ranked_under = sorted({nodes[n].result.protocol.key for n, u in util.items() if u is not None})
     summary = {
+        # what the utilities were measured under (with the hash, where the reference names none)
+        "protocol": ", ".join(ranked_under) or (None if isinstance(archive, Mapping) else ref.key),
+        "utility": utility_label(cfg.experiment),
         "root": root,
         "root_utility": u_root,
         "rounds": len(rounds),
