@@ -151,6 +151,20 @@ def test_context_tiers(archive):
     ) == ["x", "y"]
 
 
+def test_exploratory_references_are_seeded_without_a_seed(archive):
+    """`poise-git propose` without --seed: the exploratory sample is seeded by the archive size, as
+    the proposer's own draws are, so the same archive gives the same context (and prompt)."""
+    record(archive, "grpo", {"overall": 0.4})
+    archive.spawn("grpo", "p")
+    record(archive, "p", {"overall": 0.45})
+    for i in range(10):
+        archive.spawn("grpo", f"o{i}")
+        record(archive, f"o{i}", {"overall": 0.3 + i / 100})
+    cfg = archive.config()
+    seen = {tuple(s.name for s in build_context(archive, "p", cfg).exploratory) for _ in range(4)}
+    assert len(seen) == 1 and len(next(iter(seen))) == 3
+
+
 @pytest.mark.slow  # CLI proposal with fingerprinting and verification
 def test_offline_proposer_needs_no_network(tmp_path, cli):
     exp = tmp_path / "exp"

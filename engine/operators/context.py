@@ -272,7 +272,8 @@ def mechanism_line(proposal_md: str | None, source: str | None) -> str:
 
 
 def build_context(archive, parent: str, cfg, *, seed: int | None = None, nodes=None) -> Context:
-    """The full context for proposing children of ``parent``."""
+    """The full context for proposing children of ``parent``; ``seed`` seeds the exploratory sample
+    (default: the number of nodes)."""
     nodes = nodes if nodes is not None else archive.nodes(configured_protocol(cfg))
     if parent not in nodes:
         archive.node(parent)  # raises the 'unknown node' error
@@ -327,7 +328,9 @@ def build_context(archive, parent: str, cfg, *, seed: int | None = None, nodes=N
     comp_pool.sort(
         key=lambda n: (-jaccard_distance(parent_ids, identifiers(files[n]["algo"] or "")), n)
     )
-    rng = random.Random(seed)
+    # without a seed, the archive's size (as the offline proposer and `propose --seed` default):
+    # an unseeded draw made the exploratory tier, and so prompts and crossovers, differ run to run
+    rng = random.Random(len(nodes) if seed is None else seed)
     explore_pool = [
         n
         for n in names
