@@ -588,6 +588,27 @@ def test_screening_ranks_distinct_proposals_by_expected_gain_not_by_distance(arc
     assert kept[0].name == "backed" and by["backed"].score > by["radical"].score
 
 
+@pytest.mark.slow  # fingerprints two candidates in the sandbox
+def test_screening_reads_an_expected_gain_of_nan_as_unknown(archive):
+    """An LLM reply's expected_gain may be NaN (Python's JSON reads it, and NaN passes the schema's
+    0..1 bounds): it counts as the default 0.5, not as the full gain the clamp would give it."""
+    from engine.operators.llm import parse_json_reply, validate_json
+    from engine.operators.proposers.llm import proposals_schema
+
+    reply = parse_json_reply(
+        '{"proposals": [{"name": "n", "motivation": "", "mechanism": "m", "expected_effect": "",'
+        ' "hyperparameters": {}, "code": "", "intents": [], "expected_gain": NaN}]}'
+    )
+    assert validate_json(reply, proposals_schema()) is None  # the schema lets it through
+    cands = [
+        prop("unsure", render({"length": "negative_scale"}), expected_gain=float("nan")),
+        prop("backed", render({"entropy_control": "adaptive"}), expected_gain=0.6),
+    ]
+    kept, _ = screen(archive, "grpo", cands, archive.config())
+    by = {p.name: p for p in kept}
+    assert by["unsure"].score == 0.7 and kept[0].name == "backed"
+
+
 def test_offline_proposer_acts_on_the_parents_diagnosis(archive):
     """A parent whose recorded trajectory shows an entropy collapse (the reflection's finding) gets
     its remedies: about half the mutations apply one (a KL anchor one to two orders of magnitude
