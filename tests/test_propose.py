@@ -151,6 +151,24 @@ def test_context_tiers(archive):
     ) == ["x", "y"]
 
 
+def test_frontier_references_rank_a_utility_of_zero_as_a_number(tmp_path):
+    """The frontier tier keeps its best MAX_PER_TIER nodes by U; U = 0.0 (here overall 0.5 minus
+    0.01 x 50 tokens) is the best of them, not a missing utility ranked below every negative one."""
+    toml = (
+        '[experiment]\nobjective = "overall"\nlength_penalty = 0.01\n'
+        'pareto_objectives = ["overall", "-mean_length"]\n'
+    )
+    arch = Archive.init(tmp_path / "exp", config_toml=toml)
+    record(arch, "grpo", {"overall": 0.2, "mean_length": 60})
+    for name, overall, length in (("a", 0.5, 50), ("b", 0.6, 70), ("c", 0.7, 90), ("d", 0.8, 110)):
+        arch.spawn("grpo", name)  # a trade-off: all four on the front, U = 0, -0.1, -0.2, -0.3
+        record(arch, name, {"overall": overall, "mean_length": length})
+    arch.spawn("grpo", "p")
+    record(arch, "p", {"overall": 0.3, "mean_length": 60})
+    ctx = build_context(arch, "p", arch.config(), seed=0)
+    assert [s.name for s in ctx.frontier] == ["a", "b", "c"] and ctx.frontier[0].utility == 0.0
+
+
 def test_exploratory_references_are_seeded_without_a_seed(archive):
     """`poise-git propose` without --seed: the exploratory sample is seeded by the archive size, as
     the proposer's own draws are, so the same archive gives the same context (and prompt)."""

@@ -322,7 +322,8 @@ def build_context(archive, parent: str, cfg, *, seed: int | None = None, nodes=N
         for n in pareto_nodes({n: nodes[n].metrics for n in evaluated}, objectives, cfg.experiment)
         if n != parent
     ]
-    front.sort(key=lambda n: -(utility(nodes[n].metrics, cfg.experiment) or -1e9))
+    u_front = {n: utility(nodes[n].metrics, cfg.experiment) for n in front}
+    front.sort(key=lambda n: (u_front[n] is None, -(u_front[n] or 0.0)))  # U = 0.0 is a utility
     parent_ids = identifiers(files[parent]["algo"] or "")
     comp_pool = [n for n in evaluated if n != parent and n not in front[:MAX_PER_TIER]]
     comp_pool.sort(
