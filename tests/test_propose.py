@@ -151,6 +151,38 @@ def test_context_tiers(archive):
     ) == ["x", "y"]
 
 
+def test_frontier_references_rank_a_utility_of_zero_as_a_number(tmp_path):
+    """The frontier tier keeps its best MAX_PER_TIER nodes by U; U = 0.0 (here overall 0.5 minus
+    0.01 x 50 tokens) is the best of them, not a missing utility ranked below every negative one."""
+    toml = (
+        '[experiment]\nobjective = "overall"\nlength_penalty = 0.01\n'
+        'pareto_objectives = ["overall", "-mean_length"]\n'
+    )
+    arch = Archive.init(tmp_path / "exp", config_toml=toml)
+    record(arch, "grpo", {"overall": 0.2, "mean_length": 60})
+    for name, overall, length in (("a", 0.5, 50), ("b", 0.6, 70), ("c", 0.7, 90), ("d", 0.8, 110)):
+        arch.spawn("grpo", name)  # a trade-off: all four on the front, U = 0, -0.1, -0.2, -0.3
+        record(arch, name, {"overall": overall, "mean_length": length})
+    arch.spawn("grpo", "p")
+    record(arch, "p", {"overall": 0.3, "mean_length": 60})
+    ctx = build_context(arch, "p", arch.config(), seed=0)
+    assert [s.name for s in ctx.frontier] == ["a", "b", "c"] and ctx.frontier[0].utility == 0.0
+
+
+def test_exploratory_references_are_seeded_without_a_seed(archive):
+    """`poise-git propose` without --seed: the exploratory sample is seeded by the archive size, as
+    the proposer's own draws are, so the same archive gives the same context (and prompt)."""
+    record(archive, "grpo", {"overall": 0.4})
+    archive.spawn("grpo", "p")
+    record(archive, "p", {"overall": 0.45})
+    for i in range(10):
+        archive.spawn("grpo", f"o{i}")
+        record(archive, f"o{i}", {"overall": 0.3 + i / 100})
+    cfg = archive.config()
+    seen = {tuple(s.name for s in build_context(archive, "p", cfg).exploratory) for _ in range(4)}
+    assert len(seen) == 1 and len(next(iter(seen))) == 3
+
+
 @pytest.mark.slow  # CLI proposal with fingerprinting and verification
 def test_offline_proposer_needs_no_network(tmp_path, cli):
     exp = tmp_path / "exp"
@@ -572,6 +604,27 @@ def test_screening_ranks_distinct_proposals_by_expected_gain_not_by_distance(arc
     assert min(nov.values()) >= NOVELTY_FULL and nov["radical"] > 2 * nov["mild"]
     assert by["radical"].score == by["mild"].score == 0.7
     assert kept[0].name == "backed" and by["backed"].score > by["radical"].score
+
+
+@pytest.mark.slow  # fingerprints two candidates in the sandbox
+def test_screening_reads_an_expected_gain_of_nan_as_unknown(archive):
+    """An LLM reply's expected_gain may be NaN (Python's JSON reads it, and NaN passes the schema's
+    0..1 bounds): it counts as the default 0.5, not as the full gain the clamp would give it."""
+    from engine.operators.llm import parse_json_reply, validate_json
+    from engine.operators.proposers.llm import proposals_schema
+
+    reply = parse_json_reply(
+        '{"proposals": [{"name": "n", "motivation": "", "mechanism": "m", "expected_effect": "",'
+        ' "hyperparameters": {}, "code": "", "intents": [], "expected_gain": NaN}]}'
+    )
+    assert validate_json(reply, proposals_schema()) is None  # the schema lets it through
+    cands = [
+        prop("unsure", render({"length": "negative_scale"}), expected_gain=float("nan")),
+        prop("backed", render({"entropy_control": "adaptive"}), expected_gain=0.6),
+    ]
+    kept, _ = screen(archive, "grpo", cands, archive.config())
+    by = {p.name: p for p in kept}
+    assert by["unsure"].score == 0.7 and kept[0].name == "backed"
 
 
 def test_offline_proposer_acts_on_the_parents_diagnosis(archive):

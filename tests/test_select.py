@@ -170,6 +170,24 @@ def test_default_objectives_and_length_directive(archive, tmp_path):
     assert sel1.row("short")["pareto"] == 0.0
 
 
+def test_an_objective_no_node_measured_ranks_as_missing_not_a_crash(archive, tmp_path):
+    """pareto(overall, -mean_length) on results that report no mean_length: the column is missing
+    everywhere (worst for all, so no one's strength changes), and the GP's features stay finite."""
+    put(archive, "grpo", tmp_path, overall=0.40)
+    parent = "grpo"
+    for i, u in enumerate((0.45, 0.42, 0.50, 0.48)):  # a chain: 4 nodes with observed gains
+        spawn(archive, parent, f"n{i}", edit=EDIT.format(i=i, scale=1 + i))
+        put(archive, f"n{i}", tmp_path, overall=u)
+        parent = f"n{i}"
+    cfg = Config(experiment=ExperimentConfig(pareto_objectives=("overall", "-mean_length")))
+    sel = select_parents(archive, cfg, k=2)
+    plain = select_parents(archive, Config(experiment=ExperimentConfig()), k=2)
+    assert sel.params["gp"]["observed"] == 4 and sel.chosen == plain.chosen
+    for r in sel.rows:
+        assert all(math.isfinite(r[k]) for k in ("pareto", "perf", "div", "gp_ucb", "score"))
+        assert r["pareto"] == plain.row(r["node"])["pareto"]
+
+
 def test_determinism_and_diversity(archive, tmp_path):
     put(archive, "grpo", tmp_path, overall=0.40)
     rng = np.random.default_rng(0)

@@ -272,7 +272,8 @@ def mechanism_line(proposal_md: str | None, source: str | None) -> str:
 
 
 def build_context(archive, parent: str, cfg, *, seed: int | None = None, nodes=None) -> Context:
-    """The full context for proposing children of ``parent``."""
+    """The full context for proposing children of ``parent``; ``seed`` seeds the exploratory sample
+    (default: the number of nodes)."""
     nodes = nodes if nodes is not None else archive.nodes(configured_protocol(cfg))
     if parent not in nodes:
         archive.node(parent)  # raises the 'unknown node' error
@@ -321,13 +322,16 @@ def build_context(archive, parent: str, cfg, *, seed: int | None = None, nodes=N
         for n in pareto_nodes({n: nodes[n].metrics for n in evaluated}, objectives, cfg.experiment)
         if n != parent
     ]
-    front.sort(key=lambda n: -(utility(nodes[n].metrics, cfg.experiment) or -1e9))
+    u_front = {n: utility(nodes[n].metrics, cfg.experiment) for n in front}
+    front.sort(key=lambda n: (u_front[n] is None, -(u_front[n] or 0.0)))  # U = 0.0 is a utility
     parent_ids = identifiers(files[parent]["algo"] or "")
     comp_pool = [n for n in evaluated if n != parent and n not in front[:MAX_PER_TIER]]
     comp_pool.sort(
         key=lambda n: (-jaccard_distance(parent_ids, identifiers(files[n]["algo"] or "")), n)
     )
-    rng = random.Random(seed)
+    # without a seed, the archive's size (as the offline proposer and `propose --seed` default):
+    # an unseeded draw made the exploratory tier, and so prompts and crossovers, differ run to run
+    rng = random.Random(len(nodes) if seed is None else seed)
     explore_pool = [
         n
         for n in names

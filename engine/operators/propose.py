@@ -242,9 +242,10 @@ def screen(
                 dropped.append(p)
                 continue
             novelty = 1.0 if math.isinf(nov) else nov
-        score = 0.6 * max(0.0, min(1.0, float(p.expected_gain))) + 0.4 * min(
-            1.0, novelty / NOVELTY_FULL
-        )
+        gain = float(p.expected_gain)
+        # NaN (a JSON reply may hold one; the schema's bounds do not catch it) is unknown: the default
+        gain = max(0.0, min(1.0, gain)) if not math.isnan(gain) else 0.5
+        score = 0.6 * gain + 0.4 * min(1.0, novelty / NOVELTY_FULL)
         p.score = round(score if p.screening["feasible"] else 0.5 * score, 6)
         survivors.append((p, fp))
     survivors.sort(key=lambda t: (not t[0].screening["feasible"], -t[0].score))

@@ -169,8 +169,11 @@ def _crowding(mech: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, float]:
 
 
 def _standardize(a: np.ndarray) -> np.ndarray:
+    """Columns to zero mean and unit variance; a missing value takes its column's mean, and a column
+    no row measured (an objective no candidate reports) is all 0."""
     a = np.where(np.isfinite(a), a, np.nan)
-    mean = np.nanmean(a, axis=0) if a.size else a
+    measured = np.isfinite(a).any(axis=0)
+    mean = np.nanmean(np.where(measured, a, 0.0), axis=0) if a.size else a
     a = np.where(np.isnan(a), mean, a)
     sd = a.std(axis=0)
     return (a - a.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
