@@ -157,12 +157,13 @@ def run_loop(path: Path, search_seed: int, args) -> dict:
     archive = Archive.init(
         path, config_toml=loop_config(args), algorithm=root_source(args), root_name=args.root_name
     )
-    per_round = args.parents * args.population
+    per_round = args.parents * (args.implement or args.population)
     opts = RunOptions(
         plan={
             "rounds": math.ceil(args.candidates / per_round) + 2,
             "parents": args.parents,
             "population": args.population,
+            "implement": args.implement,
             "seeds": args.seeds,
             "proposer": "offline",
             "preset": args.preset,
@@ -311,6 +312,13 @@ def main() -> None:
     ap.add_argument("--search-seeds", type=int, default=3)
     ap.add_argument("--parents", type=int, default=2, help="loop: parents per round")
     ap.add_argument("--population", type=int, default=2, help="loop: candidates per parent")
+    ap.add_argument(
+        "--implement",
+        type=int,
+        default=0,
+        help="loop: of the N screened proposals, how many are implemented per parent (0: all N; "
+        "1: the paper's highest-ranked one)",
+    )
     ap.add_argument("--preset", default="default")
     ap.add_argument("--methods", default="loop,random")
     ap.add_argument(

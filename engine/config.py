@@ -96,6 +96,10 @@ class ProposeConfig:
     """offline (no API key) | llm"""
     population: int = 4
     """N candidates proposed per parent"""
+    implement: int = 0
+    """M of the N screened proposals implemented (and evaluated) per parent and round: 0 (the default)
+    implements all N; 1 is the paper's "the highest-ranked candidate is selected for implementation"
+    """
     correction_rounds: int = 3
     """R: bounded implement -> verify correction rounds"""
     context_tokens: int = 12000
@@ -246,6 +250,7 @@ _AT_LEAST = {
     ("select", "gp_max_train"): 1,
     ("select", "expansion_half"): 1e-9,
     ("propose", "population"): 1,
+    ("propose", "implement"): 0,
     ("propose", "correction_rounds"): 1,
     ("propose", "context_tokens"): 1,
     ("llm", "timeout_s"): 1e-9,

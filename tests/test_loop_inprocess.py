@@ -222,3 +222,63 @@ def test_an_old_archive_gets_a_clean_work_tree_when_opened(tmp_path):
     reopened = Archive(arch.path)
     assert git_status(reopened) == ""
     assert reopened.git.text("rev-parse", "HEAD").strip() == first
+
+
+def _scaled_step(scale: str) -> str:
+    return (
+        _LOSS_SIGNATURE
+        + f'    """GRPO\'s loss x{scale}."""\n'
+        + _LOSS_BODY.format(scale=scale)
+        + '    return loss, {"pg_loss": float(loss.detach())}\n'
+    )
+
+
+@register("three-ranked-for-tests")
+class ThreeRankedProposer:
+    """Three distinct proposals; screening ranks them by their expected gain (all equally novel)."""
+
+    def __init__(self, llm=None):
+        pass
+
+    def propose(self, archive, parent, context, cfg, n, seed):
+        return [
+            Proposal(
+                name=f"step-x{scale}",
+                motivation="a different step size",
+                mechanism=f"GRPO loss x{scale}",
+                expected_effect="another learning speed",
+                edit=_scaled_step(scale),
+                expected_gain=gain,
+            )
+            for scale, gain in (("0.5", 0.2), ("0.7", 0.9), ("0.9", 0.5))
+        ][:n]
+
+    def revise(self, archive, parent, proposal, failure, cfg, node=None):
+        return None
+
+
+@pytest.mark.slow  # a real loop with one tiny evaluation
+def test_implement_one_keeps_only_the_highest_ranked_of_n_proposals(tmp_path):
+    """The paper's step: N proposals screened, the highest-ranked one implemented (--implement 1)."""
+    arch = archive_with_root(tmp_path)
+    events: list[dict] = []
+    summary = run(
+        arch, events.append, rounds=1, population=3, implement=1, proposer="three-ranked-for-tests"
+    )
+    assert list(children(arch)) == ["step-x0-7"], list(children(arch))
+    assert summary.counts["evaluated"] == 1
+    (plan,) = [e for e in events if e["kind"] == "plan"]
+    assert (plan["population"], plan["children"]) == (3, 1)
+    assert load_run(arch).data["plan"]["implement"] == 1
+    assert arch.fsck()
+
+
+def test_implement_is_bounded_by_the_population():
+    from engine.errors import PoiseError
+
+    assert RunPlan(population=4).children == 4  # 0: all N, the default
+    assert RunPlan(population=4, implement=1).children == 1
+    with pytest.raises(
+        PoiseError, match="--implement must be between 0 .all. and --population .4."
+    ):
+        RunPlan(population=4, implement=5)

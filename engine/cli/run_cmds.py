@@ -84,13 +84,14 @@ class _Display:
     def __call__(self, e: dict) -> None:
         kind = e["kind"]
         if kind == "plan":
-            n = (e["last"] - e["first"] + 1) * e["parents"] * e["population"]
+            per_parent = int(e.get("children") or e["population"])
+            n = (e["last"] - e["first"] + 1) * e["parents"] * per_parent
             self.done = int(e.get("done", 0))
-            self.population = int(e["population"])
+            self.population = per_parent
             self.progress.update(self.task, total=n, completed=self.done)
             self.log(
                 f"run {e['run']}{' (resumed)' if e['resume'] else ''}: rounds {e['first']}–{e['last']}, "
-                f"{e['parents']} parents × {e['population']} candidates, {e['seeds']} seed(s), "
+                f"{e['parents']} parents × {_per_parent(e)}, {e['seeds']} seed(s), "
                 f"{e['workers']} worker(s){' on Ray ' + e['ray'] if e['ray'] else ''}; "
                 f"{e['objective']}; {e['budget']}"
             )
@@ -158,6 +159,14 @@ def run(
         "-n",
         min=1,
         help="N candidates proposed per parent (default: \\[propose].population).",
+    ),
+    implement: int | None = typer.Option(
+        None,
+        "--implement",
+        "-m",
+        min=0,
+        help="M of the N screened proposals implemented per parent: 0 all N, 1 the paper's "
+        "highest-ranked one (default: \\[propose].implement, 0).",
     ),
     seeds: int | None = typer.Option(
         None,
@@ -252,6 +261,7 @@ def run(
             "rounds": rounds,
             "parents": parents,
             "population": population,
+            "implement": implement,
             "seeds": seeds,
             "proposer": proposer,
             "backend": backend,
@@ -295,6 +305,12 @@ def run(
     _print_summary(arch, summary, report=not no_report, confirm_seeds=confirm_seeds)
     if summary.root_blocked:  # no round could start: the run did not do what was asked
         raise typer.Exit(EXIT_REJECTED if summary.root_blocked == "rejected" else EXIT_FAILED)
+
+
+def _per_parent(e: dict) -> str:
+    """What each parent gets, from a plan event: "N candidates", or "M of N screened proposals"."""
+    n, m = int(e["population"]), int(e.get("children") or e["population"])
+    return f"{n} candidates" if m == n else f"{m} of {n} screened proposals"
 
 
 def _print_summary(arch, s, report: bool, confirm_seeds: int = 0) -> None:

@@ -220,6 +220,7 @@ class Loop:
                 "last": last,
                 "parents": p.parents,
                 "population": p.population,
+                "children": p.children,
                 "seeds": p.seeds,
                 "budget": self.budget.describe(),
                 "objective": obj.describe_objective(self.cfg.experiment),
@@ -340,8 +341,10 @@ class Loop:
             self._finish_pending(resuming=False)
 
     def _expand(self, r: int, entry: dict) -> None:
-        """Bring ``entry``'s parent to N children this round; screening may return fewer proposals than
-        asked, so the proposer is asked again (new seed) up to PROPOSE_ATTEMPTS times."""
+        """Bring ``entry``'s parent to M children this round (:attr:`RunPlan.children`): N proposals
+        are screened and the best M implemented (with M = N, the N still missing are asked for).
+        Screening may return fewer proposals than asked, so the proposer is asked again (new seed)
+        up to PROPOSE_ATTEMPTS times."""
         parent = entry["node"]
         for attempt in range(PROPOSE_ATTEMPTS):
             nodes = self._nodes()
@@ -350,12 +353,13 @@ class Loop:
                 for n in run_nodes(nodes, self.rec.id).values()
                 if node_round(n) == r and parent in n.parents
             ]
-            need = self.plan.population - len(have)
+            need = self.plan.children - len(have)
             if need <= 0 or not self._check_budget():
                 return
             self.emit({"kind": "stage", "round": r, "stage": "propose", "node": parent})
             seed = self.plan.seed * 100_000 + r * 1000 + len(have) * 10 + attempt
-            self._implement_all(r, entry, self._propose(parent, need, seed)[:need])
+            ask = self.plan.population if self.plan.implement else need
+            self._implement_all(r, entry, self._propose(parent, ask, seed)[:need])
             if self.stop_reason:
                 return
 

@@ -23,7 +23,8 @@ TRAINING_BACKENDS = ("proxy", "verl")
 
 @dataclass(frozen=True)
 class RunPlan:
-    """Rounds ``start_round .. last_round`` of K parents x N candidates, each evaluated on S seeds."""
+    """Rounds ``start_round .. last_round`` of K parents, each proposing N candidates of which M
+    (:attr:`children`) are implemented, each evaluated on S seeds."""
 
     rounds: int = 1
     """R rounds to run"""
@@ -31,6 +32,8 @@ class RunPlan:
     """K parents selected per round (``[select].k``)"""
     population: int = 4
     """N candidates proposed per parent (``[propose].population``)"""
+    implement: int = 0
+    """M of the N screened proposals implemented per parent (``[propose].implement``; 0: all N)"""
     seeds: int = 1
     """S paired seeds per evaluation (``[evaluation].seeds``)"""
     proposer: str = "offline"
@@ -54,6 +57,11 @@ class RunPlan:
                 raise PoiseError(
                     f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}"
                 )
+        if not 0 <= int(self.implement) <= int(self.population):
+            raise PoiseError(
+                f"--implement must be between 0 (all) and --population ({self.population}), "
+                f"got {self.implement}"
+            )
         if not is_known(self.proposer):
             raise PoiseError(
                 f"--proposer must be offline, llm or a registered proposer, got {self.proposer!r}"
@@ -69,12 +77,18 @@ class RunPlan:
     def last_round(self) -> int:
         return self.start_round + self.rounds - 1
 
+    @property
+    def children(self) -> int:
+        """Children per parent and round: ``implement``, or N when it is 0."""
+        return int(self.implement) or int(self.population)
+
     @classmethod
     def from_config(cls, cfg: Config, start_round: int = 1) -> RunPlan:
         """The plan ``poise.toml`` defines (one round)."""
         return cls(
             parents=cfg.select.k,
             population=cfg.propose.population,
+            implement=cfg.propose.implement,
             seeds=cfg.evaluation.seeds,
             proposer=cfg.propose.proposer,
             backend=cfg.evaluation.backend,
@@ -110,7 +124,10 @@ class RunPlan:
             proxy=dataclasses.replace(cfg.proxy, preset=self.preset),
             select=dataclasses.replace(cfg.select, k=self.parents, seed=self.seed),
             propose=dataclasses.replace(
-                cfg.propose, proposer=self.proposer, population=self.population
+                cfg.propose,
+                proposer=self.proposer,
+                population=self.population,
+                implement=self.implement,
             ),
         )
         return out
