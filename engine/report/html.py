@@ -202,17 +202,11 @@ def render_report(
     )
     if best:
         u_root = obj.node_utility(nodes.get(root or ""), exp)
-        parts.append(
-            _kv(
-                "best",
-                f"{best}: U {ranked[0][1]:.4f}"
-                + (
-                    f" (root {u_root:.4f}; {obj.promotion(nodes[best], nodes[root], exp)} than the root)"
-                    if u_root is not None and best != root
-                    else ""
-                ),
-            )
-        )
+        vs_root = ""
+        if u_root is not None and best != root:
+            verdict = obj.promotion(nodes[best], nodes[root], exp)
+            vs_root = f" (root {u_root:.4f}; {obj.promotion_phrase(verdict, 'the root')})"
+        parts.append(_kv("best", f"{best}: U {ranked[0][1]:.4f}{vs_root}"))
     if rec is not None:
         plan = rec.get("plan", {})
         parts.append(
