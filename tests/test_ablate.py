@@ -134,6 +134,7 @@ def test_the_ablation_names_what_its_values_measure(archive):
     ab = ablate_node(archive, "kc", exp, preset="tiny")
     (row,) = ab.rows
     assert row.child == "grpo" and row.reused and row.status == "evaluated"
+    assert (row.origin, row.evaluated_now) == ("existing", False)
     assert row.value == pytest.approx((0.5 - 0.1 + 0.6 - 0.2) / 2)  # U, not Overall's 0.55
     assert ab.objective == "overall - 0.01*mean_length"
     data = ab.to_json()
@@ -141,6 +142,79 @@ def test_the_ablation_names_what_its_values_measure(archive):
     assert data["changes"][0]["overall - 0.01*mean_length"] == pytest.approx(row.value)
     headers = [c.header for c in ablation_table(ab).columns]
     assert "overall - 0.01*mean_length" in headers and "overall" not in headers
+
+
+def test_a_rerun_after_an_interrupted_ablation_says_which_children_it_resumed(archive, monkeypatch):
+    """An ablation stopped (Ctrl-C, killed) after spawning a child and before evaluating it: the rerun
+    finds that child by its mechanism and evaluates it, and says where it comes from (an earlier,
+    interrupted ablation of the node) rather than calling it an existing node; a third run reads
+    both children's results. Evaluations are recorded results here: nothing trains."""
+    import io
+
+    from results_util import proxy_result, record
+    from rich.console import Console
+
+    import engine.operators.ablate as ablate_mod
+    from engine.cli.ablate import ablation_table
+
+    def payload(values):
+        rows = [{"seed": s, "status": "evaluated", "metrics": {"overall": v}} for s, v in values]
+        mean = sum(v for _, v in values) / len(values)
+        return {"metrics": {"overall": mean}, "seeds": [s for s, _ in values], "per_seed": rows}
+
+    def stopped(*_a, **_kw):
+        raise KeyboardInterrupt
+
+    def evaluate(arch, name, *, seeds, preset, **_kw):
+        p = payload([(s, 0.55 + 0.01 * s) for s in seeds])
+        record(arch, name, p, preset=preset)
+        return proxy_result(p, preset)
+
+    def table_text(ab) -> str:
+        out = io.StringIO()
+        Console(file=out, width=300).print(ablation_table(ab))
+        return out.getvalue()
+
+    archive.spawn(
+        "grpo", "kc", algorithm=set_defaults(ROOT, {"kl_coef": 0.1, "clip_ratio_high": 0.3})
+    )
+    record(archive, "grpo", payload([(0, 0.5), (1, 0.52)]), preset="tiny")
+    record(archive, "kc", payload([(0, 0.6), (1, 0.61)]), preset="tiny")
+    monkeypatch.setattr(ablate_mod, "evaluation_gate", lambda *_a: False)
+    exp = archive.config().experiment
+    monkeypatch.setattr(ablate_mod, "evaluate_node", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        ablate_mod.ablate_node(archive, "kc", exp, preset="tiny")
+    assert sorted(archive.nodes()) == ["grpo", "kc", "kc-no-clip-ratio-high"]
+    monkeypatch.setattr(ablate_mod, "evaluate_node", evaluate)
+    events: list[str] = []
+    ab = ablate_mod.ablate_node(archive, "kc", exp, preset="tiny", on_event=events.append)
+    text = table_text(ab)
+    assert (
+        "kc-no-clip-ratio-high (spawned by an earlier, interrupted ablation of kc; evaluated now)"
+        in text
+    )
+    assert "(existing" not in text and "kc-no-kl-coef (" not in text
+    resumed, new = ab.rows
+    assert (resumed.child, resumed.origin, resumed.evaluated_now) == (
+        "kc-no-clip-ratio-high",
+        ablate_mod.INTERRUPTED,
+        True,
+    )
+    assert (new.child, new.origin, new.evaluated_now) == ("kc-no-kl-coef", ablate_mod.SPAWNED, True)
+    assert (
+        "without clip_ratio_high: kc-no-clip-ratio-high, spawned by an earlier ablation of kc "
+        "that was interrupted" in events
+    )
+    assert [c["origin"] for c in ab.to_json()["changes"]] == ["interrupted", "spawned"]
+    # a third run trains nothing: both children come from an earlier ablation, already evaluated
+    monkeypatch.setattr(ablate_mod, "evaluate_node", stopped)
+    again = ablate_mod.ablate_node(archive, "kc", exp, preset="tiny")
+    assert [(r.origin, r.evaluated_now) for r in again.rows] == [(ablate_mod.EARLIER, False)] * 2
+    text = table_text(again)
+    for child in ("kc-no-clip-ratio-high", "kc-no-kl-coef"):
+        assert f"{child} (spawned by an earlier ablation of kc; already evaluated)" in text
+    assert archive.fsck()
 
 
 @pytest.fixture(scope="module")

@@ -128,8 +128,20 @@ def test_no_results_under_the_protocol_points_at_the_ones_there_are(tmp_path, cl
     assert "no nodes to compare" in r.stdout
     assert "results under other protocols: proxy/smoke (2 nodes)" in r.stdout
     assert "--protocol proxy/smoke" in r.stdout
-    # asked for a protocol by name: no pointer elsewhere
-    r = cli("compare", "--no-pager", "--protocol", "proxy/tiny", "-C", str(a.path))
+    # asked for a protocol by name (an id, a version, a family) without results: the same pointer
+    for asked in ("proxy/tiny", "proxy/smoke@0123456789ab", "lab"):
+        r = cli("compare", "--no-pager", "--protocol", asked, "-C", str(a.path))
+        assert r.returncode == 0 and "no nodes to compare" in r.stdout, asked
+        assert "results under other protocols: proxy/smoke (2 nodes)" in r.stdout, asked
+        assert "pass --protocol proxy/smoke or --protocol all" in r.stdout, asked
+    # results under the asked protocol that --status leaves out: not pointed at as elsewhere
+    r = cli(
+        "compare",
+        "--no-pager",
+        *("--protocol", "proxy/smoke", "--status", "failed"),
+        "-C",
+        str(a.path),
+    )
     assert "no nodes to compare" in r.stdout and "other protocols" not in r.stdout
     # an archive with no results at all: nothing to point at
     b = Archive.init(tmp_path / "empty")

@@ -9,7 +9,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import mark_verified, run_cli
+from conftest import mark_verified, run_cli, run_cli_inprocess
 
 from engine.archive.confirmation import (
     CONFIRMED,
@@ -136,8 +136,9 @@ def test_log_marks_each_confirmed_node_under_the_compared_protocol(archive):
     lines = out.stdout.splitlines()
     child = next(ln for ln in lines if "child" in ln)
     other = next(ln for ln in lines if "other" in ln)
-    assert "held out vs grpo: confirmed +0.1050 (2 seeds)" in child
-    assert "held out vs grpo: reversed -0.1050 (2 seeds)" in other
+    assert f"held out vs grpo: confirmed +0.1050 (2 seeds, {PROTO.key})" in child
+    assert f"held out vs grpo: reversed -0.1050 (2 seeds, {PROTO.key})" in other
+    assert "another protocol version" not in out.stdout  # both confirm the results' version
     (root,) = (ln for ln in lines if "grpo" in ln and "held out" not in ln)
     assert "evaluated" in root
     rows = {
@@ -152,6 +153,8 @@ def test_log_marks_each_confirmed_node_under_the_compared_protocol(archive):
         "difference": pytest.approx(0.105),
         "interval": rows["child"]["confirmation"]["interval"],
         "seeds": [2, 3],
+        "protocol": PROTO.key,
+        "other_version_than": None,
     }
     assert rows["other"]["confirmation"]["verdict"] == REVERSED
     assert rows["grpo"]["confirmation"] is None
@@ -333,8 +336,60 @@ def test_the_report_shows_confirmations_under_its_protocol(archive):
     record_confirmation(archive, _conf({2: 0.9, 3: 0.9}, {2: 0.5, 3: 0.5}))  # proxy/smoke
     page = render_report(archive).read_text()
     assert "Held-out confirmations" in page
-    assert "<td>child</td><td>grpo</td><td>6, 7</td><td>+0.0500 [" in page
+    # its protocol version is named (and, not the page's current proxy/default, marked so)
+    assert f"<td>child</td><td>grpo</td><td>{default.key} <span" in page
+    assert "</span></td><td>6, 7</td><td>+0.0500 [" in page
     assert "not confirmed" in page and "+0.4000" not in page  # the smoke one is another protocol
+
+
+def test_log_and_the_report_mark_a_confirmation_of_another_protocol_version(archive):
+    """A confirmation recorded before the protocol changed (same id, another hash) measured another
+    version than the results the log and the report compare: each names the confirmation's version
+    and marks it, and lists a confirmation of the current version unmarked."""
+    from engine.operators.evaluate import proxy_protocol
+    from engine.report.html import render_report
+    from trainer_template.proxy.protocol import get_protocol
+
+    current = proxy_protocol("default", get_protocol("default"))
+    older = dataclasses.replace(current, hash="sha256:" + "ab" * 32)
+    archive.spawn("grpo", "child", edit=DR_GRPO)
+    archive.spawn("grpo", "other", edit=DR_GRPO)
+    for name in ("grpo", "child", "other"):
+        archive.record_result(name, dataclasses.replace(_result([0, 1]), protocol=current))
+    record_confirmation(archive, _conf({2: 0.6, 3: 0.63}, {2: 0.5, 3: 0.52}, protocol=older))
+    record_confirmation(
+        archive, _conf({2: 0.4, 3: 0.41}, {2: 0.5, 3: 0.52}, node="other", protocol=current)
+    )
+    mark = f"[another protocol version than {current.key}]"
+    for args in ((), ("--protocol", "proxy/default")):  # the experiment's (with its hash), the id
+        out = run_cli_inprocess("log", *args, "-C", str(archive.path))
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.splitlines()
+        child = next(ln for ln in lines if "── child " in ln)
+        other = next(ln for ln in lines if "── other " in ln)
+        assert f"confirmed +0.1050 (2 seeds, {older.key}) {mark}" in child
+        assert f"reversed -0.1050 (2 seeds, {current.key})" in other and mark not in other
+        rows = {
+            r["node"]: r["confirmation"]
+            for r in json.loads(
+                run_cli_inprocess("log", "--json", *args, "-C", str(archive.path)).stdout
+            )
+        }
+        assert rows["child"]["protocol"] == older.key
+        assert rows["child"]["other_version_than"] == current.key
+        assert rows["other"]["protocol"] == current.key
+        assert rows["other"]["other_version_than"] is None
+    shown = run_cli_inprocess("show", "child", "-C", str(archive.path)).stdout
+    assert f"held-out confirmation under {older.key} [another protocol version than its " in shown
+    page = render_report(archive).read_text()
+    assert "<th>against</th><th>protocol</th><th>held-out seeds</th>" in page
+    # the current version's first, unmarked; the other version's after it, marked
+    assert f"<td>other</td><td>grpo</td><td>{current.key}</td><td>2, 3</td>" in page
+    assert (
+        f"<td>child</td><td>grpo</td><td>{older.key} <span class='worse'>(another version than "
+        f"this page's {current.key})</span></td><td>2, 3</td>"
+    ) in page
+    assert page.index("<td>other</td><td>grpo</td>") < page.index("<td>child</td><td>grpo</td>")
 
 
 def test_an_unconfirmed_gain_is_told_how_many_held_out_seeds_would_confirm_it():

@@ -84,6 +84,40 @@ def test_rows_give_deltas_and_noise_aware_verdicts(tmp_path):
     assert rows["hostile"]["status"] == "rejected" and rows["hostile"]["reason"] == "imports os"
 
 
+@pytest.mark.parametrize(
+    ("half", "phrase"),
+    [
+        (0.03, "within noise of the root"),  # 0.52 ± 0.03 overlaps the root's 0.50 ± 0.005
+        (0.01, "better than the root"),  # 0.52 ± 0.01 clears it
+        (None, "no interval to compare with the root"),  # one seed: no interval
+    ],
+)
+def test_the_best_line_reads_its_verdict_against_the_root(tmp_path, half, phrase):
+    from engine.archive.store import Archive
+    from engine.report.html import render_report
+
+    arch = Archive.init(tmp_path / "exp")
+    record(arch, "grpo", _payload(0.50, 0.005, 22.0))
+    arch.spawn("grpo", "child", status="verified")
+    record(arch, "child", _payload(0.52, half, 20.0))
+    page = render_report(arch, tmp_path / "out").read_text()
+    best = re.search(r"<b>best</b></td><td>([^<]*)", page).group(1)
+    assert best == f"child: U 0.5200 (root 0.5000; {phrase})"
+    assert " than the root" not in best.replace("better than", "").replace("worse than", "")
+
+
+def test_every_promotion_verdict_reads_as_a_phrase():
+    from engine.select import objective as obj
+
+    assert obj.promotion_phrase(obj.BETTER, "its parent") == "better than its parent"
+    assert obj.promotion_phrase(obj.WORSE, "the root") == "worse than the root"
+    assert obj.promotion_phrase(obj.WITHIN, "the root") == "within noise of the root"
+    assert (
+        obj.promotion_phrase(obj.UNRESOLVED, "the root") == "no interval to compare with the root"
+    )
+    assert obj.promotion_phrase(obj.NOT_EVALUATED, "the root") == "not evaluated vs the root"
+
+
 def test_rows_say_what_training_did_differently_from_the_parent(tmp_path):
     """The node table's "training vs parent": the reflection's reading of the trajectory against
     the parent's, seed by seed where the results carry per-seed tails."""

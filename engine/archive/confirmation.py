@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.archive.results import Protocol, now
+from engine.archive.results import Protocol, ProtocolRef, now
 from engine.errors import ArchiveError
 from engine.stats import paired_interval
 
@@ -207,6 +207,19 @@ def record_confirmation(archive, conf: Confirmation) -> str:
         subject=f"poise: held-out confirmation of {conf.node} vs {conf.against} ({conf.verdict})",
         trailers={"Poise-Event": "confirmation"},
     )
+
+
+def other_protocol_version(conf: Confirmation, ref: ProtocolRef, result=None) -> str:
+    """'' when ``conf`` was measured under the version of its protocol that is compared: the hash
+    ``ref`` names, else that of ``result`` (the node's own result under the protocol id, the search's
+    comparison the confirmation re-measures); '' too when neither names a version. Otherwise the
+    compared version's key (``id@hash12``): the confirmation measured another version of the protocol
+    (it was confirmed before the protocol changed, say), and its numbers are not the compared ones."""
+    current = ref.hash
+    if not current and result is not None and result.protocol.id == conf.protocol.id:
+        current = result.protocol.hash
+    compared = ProtocolRef(conf.protocol.id, current)
+    return "" if not current or compared.matches(conf.protocol) else compared.key
 
 
 def read_confirmation(archive, name: str, protocol_id: str) -> Confirmation | None:

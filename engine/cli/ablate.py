@@ -23,6 +23,28 @@ def _pair(pair, digits: int = 4) -> tuple[str, str]:
     return f"{mean:+.{digits}f}", (f"[{iv[0]:+.{digits}f}, {iv[1]:+.{digits}f}]" if iv else "-")
 
 
+def child_note(row, node: str) -> str:
+    """Where a row's child comes from, beside its name: nothing for one this ablation spawned; for
+    another, whether an earlier ablation of ``node`` spawned it (one that was interrupted before the
+    child had a result, which this one resumed) or it is another node with that mechanism, and
+    whether this ablation evaluated it or read the result it already had."""
+    # lazy: torch is heavy (the operator module imports it)
+    from engine.operators.ablate import EARLIER, EXISTING, INTERRUPTED
+
+    where = {
+        EXISTING: "an existing node",
+        EARLIER: f"spawned by an earlier ablation of {node}",
+        INTERRUPTED: f"spawned by an earlier, interrupted ablation of {node}",
+    }.get(row.origin)
+    if where is None:
+        return ""
+    if row.evaluated_now:
+        where += "; evaluated now"
+    elif row.status == "evaluated":
+        where += "; already evaluated"
+    return f" ({where})"
+
+
 def ablation_table(ab) -> Table:
     """One row per change: the child without it, its objective, and what the node loses without it."""
     t = Table(
@@ -36,10 +58,10 @@ def ablation_table(ab) -> Table:
     for r in ab.rows:
         mean, iv = _pair(r.contribution)
         value = f"{r.value:.4f}" if r.value is not None else "-"
-        child = (r.child or "-") + (" (existing)" if r.reused else "")
+        child = escape((r.child or "-") + child_note(r, ab.node))
         style = VERDICT_STYLES.get(r.verdict)
         verdict = f"[{style}]{r.verdict}[/]" if style else r.verdict
-        t.add_row(r.change.describe(), child, value, mean, iv, verdict)
+        t.add_row(escape(r.change.describe()), child, value, mean, iv, verdict)
     return t
 
 

@@ -11,9 +11,20 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.tree import Tree
 
-from engine.archive.confirmation import Confirmation, read_confirmation, read_confirmations
+from engine.archive.confirmation import (
+    Confirmation,
+    other_protocol_version,
+    read_confirmation,
+    read_confirmations,
+)
 from engine.archive.edit import apply_edit, check_bounds, decode_source
-from engine.archive.results import RECORD_MAX_BYTES, RECORD_MAX_METRICS, UNITS, from_record
+from engine.archive.results import (
+    RECORD_MAX_BYTES,
+    RECORD_MAX_METRICS,
+    UNITS,
+    ProtocolRef,
+    from_record,
+)
 from engine.archive.store import ALGORITHM, Archive, Node, check_name
 from engine.cli import EXIT_REJECTED, ArchiveOpt, console, fail
 from engine.cli.confirm_cmds import VERDICT_COLOURS
@@ -49,18 +60,26 @@ _STATUS_STYLE = {
 }
 
 
-def _held_out(c: Confirmation | None) -> str:
-    """The label's held-out mark: the confirmation's verdict and difference against its reference."""
+def _held_out(c: Confirmation | None, other_version: str = "") -> str:
+    """The label's held-out mark: the confirmation's verdict and difference against its reference,
+    its seeds and the protocol version it measured; ``other_version`` (the compared version's key,
+    when the confirmation measured another) marks it as not the compared protocol's."""
     if c is None:
         return ""
     style = VERDICT_COLOURS.get(c.verdict, "yellow")
     diff = "" if c.difference is None else f" {c.difference:+.4f}"
+    mark = (
+        f" [yellow]\\[another protocol version than {escape(other_version)}][/]"
+        if other_version
+        else ""
+    )
     return (
-        f"  held out vs {escape(c.against)}: [{style}]{c.verdict}{diff}[/] ({len(c.seeds)} seeds)"
+        f"  held out vs {escape(c.against)}: [{style}]{c.verdict}{diff}[/] "
+        f"({len(c.seeds)} seeds, {escape(c.protocol.key)}){mark}"
     )
 
 
-def _confirmation_json(c: Confirmation | None) -> dict | None:
+def _confirmation_json(c: Confirmation | None, other_version: str = "") -> dict | None:
     if c is None:
         return None
     return {
@@ -69,10 +88,18 @@ def _confirmation_json(c: Confirmation | None) -> dict | None:
         "difference": c.difference,
         "interval": list(c.interval) if c.interval else None,
         "seeds": list(c.seeds),
+        "protocol": c.protocol.key,
+        # the compared protocol version where the confirmation measured another one, else null
+        "other_version_than": other_version or None,
     }
 
 
-def _label(n: Node, full: bool = False, confirmation: Confirmation | None = None) -> str:
+def _label(
+    n: Node,
+    full: bool = False,
+    confirmation: Confirmation | None = None,
+    other_version: str = "",
+) -> str:
     style = _STATUS_STYLE.get(n.status, "white")
     r, extra = n.result, ""
     if r is not None and r.ok:
@@ -90,7 +117,7 @@ def _label(n: Node, full: bool = False, confirmation: Confirmation | None = None
     if reason and not full:
         reason = reason[:60] + ("…" if len(reason) > 60 else "")
     why = f"  [dim]({escape(reason)})[/]" if reason and n.status in ("rejected", "failed") else ""
-    held = _held_out(confirmation)
+    held = _held_out(confirmation, other_version)
     return f"[bold]{escape(n.name)}[/]  [{style}]{n.status}[/]{extra}{held}{why}"
 
 
@@ -341,10 +368,16 @@ def log(
     protocol: str | None = ProtocolOpt,
 ) -> None:
     """Draw the lineage tree: node, status, its utility under the compared protocol and, where it has
-    one, its held-out confirmation under that protocol."""
+    one, its held-out confirmation under that protocol (marked where it measured another version of
+    the protocol than the compared one)."""
     arch = Archive(archive)
     nodes = arch.nodes(protocol)
-    confs = read_confirmations(arch, nodes, arch.protocol_ref(protocol).id)
+    ref = arch.protocol_ref(protocol)
+    confs = read_confirmations(arch, nodes, ref.id)
+    apart = {
+        k: other_protocol_version(c, ref, nodes[k].result or nodes[k].stale)
+        for k, c in confs.items()
+    }
     if as_json:
         rows = [
             {
@@ -366,7 +399,7 @@ def log(
                     }
                     for pid, r in sorted(n.results.items())
                 },
-                "confirmation": _confirmation_json(confs.get(n.name)),
+                "confirmation": _confirmation_json(confs.get(n.name), apart.get(n.name, "")),
                 "commit": n.commit,
             }
             for n in sorted(nodes.values(), key=lambda n: n.created)
@@ -382,13 +415,14 @@ def log(
             roots.append(n)
     full = not console.is_terminal  # piped: reasons in full, nothing wrapped
     for root in roots:
-        tree = Tree(_label(root, full, confs.get(root.name)))
+        tree = Tree(_label(root, full, confs.get(root.name), apart.get(root.name, "")))
         stack = [(root, tree)]
         while stack:
             n, t = stack.pop()
             for c in kids.get(n.name, []):
                 extra = f"  [dim](× {', '.join(c.parents[1:])})[/]" if len(c.parents) > 1 else ""
-                stack.append((c, t.add(_label(c, full, confs.get(c.name)) + extra)))
+                label = _label(c, full, confs.get(c.name), apart.get(c.name, ""))
+                stack.append((c, t.add(label + extra)))
         console.print(tree)
 
 
@@ -448,9 +482,12 @@ def show(
             )
             continue
         if conf is not None:
+            other = other_protocol_version(conf, ProtocolRef(pid), n.results[pid])
+            mark = f" [another protocol version than its result's, {other}]" if other else ""
             console.print(
-                f"held-out confirmation under {conf.protocol.key}: {conf.describe()}",
+                f"held-out confirmation under {conf.protocol.key}{mark}: {conf.describe()}",
                 highlight=False,
+                markup=False,
             )
     reflection = arch.read_file(node, "REFLECTION.md")
     if reflection:

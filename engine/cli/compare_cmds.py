@@ -121,6 +121,7 @@ def compare(
     $PAGER, less); piped, it is written whole, one line per node."""
     from engine.report.compare import compare as build  # lazy: keeps `poise-git --help` fast
     from engine.report.compare import (  # lazy: keeps `poise-git --help` fast
+        compared_protocol,
         describe_counts,
         protocols_with_results,
         to_csv_rows,
@@ -134,11 +135,12 @@ def compare(
 
     arch = Archive(archive)
     all_nodes = arch.nodes()
+    configured = configured_protocol(arch.config())
     cmp = build(
         all_nodes,
         report_experiment(arch),
         nodes or None,
-        configured=configured_protocol(arch.config()),
+        configured=configured,
         statuses=status or None,
         protocol=protocol,
         metrics=metrics,
@@ -155,11 +157,17 @@ def compare(
         return
     if not cmp.rows:
         console.print("no nodes to compare (see --status, --protocol)")
-        elsewhere = protocols_with_results(all_nodes) if protocol is None else {}
+        # the protocols with results that the compared one (the experiment's or --protocol's)
+        # leaves out, and the --protocol that shows them
+        elsewhere = protocols_with_results(
+            all_nodes, besides=compared_protocol(protocol, configured)
+        )
         if elsewhere:
             console.print(
                 f"results under other protocols: {describe_counts(elsewhere)}; "
-                f"pass --protocol {next(iter(elsewhere))} or --protocol all"
+                f"pass --protocol {next(iter(elsewhere))} or --protocol all",
+                markup=False,
+                highlight=False,
             )
         return
     from engine.cli.pager import show  # lazy: keeps `poise-git --help` fast

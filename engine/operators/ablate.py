@@ -34,6 +34,10 @@ from trainer_template.proxy.protocol import get_protocol
 
 CARRIES, HURTS, WITHIN, NO_INTERVAL = "carries gain", "costs", "not measurable", "no interval"
 ABLATES_TRAILER = "Poise-Ablates"
+SPAWNED, EARLIER, INTERRUPTED, EXISTING = "spawned", "earlier", "interrupted", "existing"
+"""Where a row's child comes from: spawned by this ablation; spawned by an earlier ablation of the
+same node; spawned by an earlier one that stopped (interrupted, killed) before the child had a result
+or a verdict, so this one resumes it; another node with that mechanism (the root, say)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +52,10 @@ class AblationRow:
     reason: str = ""
     value: float | None = None
     contribution: tuple[float, tuple[float, float] | None, int] | None = None
+    origin: str = SPAWNED
+    """where the child comes from: SPAWNED, EARLIER, INTERRUPTED or EXISTING"""
+    evaluated_now: bool = False
+    """whether this ablation trained the child at the seeds (else its recorded result was read)"""
 
     @property
     def verdict(self) -> str:
@@ -88,6 +96,8 @@ class Ablation:
                     "change": r.change.describe(),
                     "child": r.child,
                     "reused": r.reused,
+                    "origin": r.origin,
+                    "evaluated_now": r.evaluated_now,
                     "status": r.status,
                     "reason": r.reason,
                     self.objective: r.value,
@@ -192,12 +202,22 @@ def _as_pair(d):
 
 def _child(archive, name: str, change: Change, source: str, say) -> AblationRow:
     """The node ``name`` without ``change``: an existing node with that mechanism (the root, where
-    it was the only change), else a new child of ``name``; verified where it is not yet."""
+    it was the only change; a child an earlier ablation of ``name`` spawned), else a new child of
+    ``name``; verified where it is not yet."""
     same = same_mechanism(archive, source)
     if same:
         child, reused = same[0], True
-        say(f"without {change.name}: the same mechanism as {child}")
+        found = archive.node(child)
+        if found.trailer(ABLATES_TRAILER) != name:
+            origin, how = EXISTING, f"the same mechanism as {child}"
+        elif not found.results and found.status != "rejected":  # it stopped before a verdict
+            origin = INTERRUPTED
+            how = f"{child}, spawned by an earlier ablation of {name} that was interrupted"
+        else:
+            origin, how = EARLIER, f"{child}, spawned by an earlier ablation of {name}"
+        say(f"without {change.name}: {how}")
     else:
+        origin = SPAWNED
         child, reused = unique_name(archive, f"{name[:40].rstrip('-.')}-no-{change.slug}"), False
         archive.spawn(
             name,
@@ -210,13 +230,13 @@ def _child(archive, name: str, change: Change, source: str, say) -> AblationRow:
         say(f"without {change.name}: spawned {child}")
     if archive.node(child).status == "rejected":
         reason = archive.node(child).trailer("Poise-Reason") or "rejected by verification"
-        return AblationRow(change, child, reused, "rejected", reason)
+        return AblationRow(change, child, reused, "rejected", reason, origin=origin)
     if evaluation_gate(archive, child):  # not verified for this source (template code needs none)
         say(f"{child}: verifying")
         res = verify_node(archive, child, archive.config())
         if not res.ok:
-            return AblationRow(change, child, reused, "rejected", res.reason)
-    return AblationRow(change, child, reused, "pending")
+            return AblationRow(change, child, reused, "rejected", res.reason, origin=origin)
+    return AblationRow(change, child, reused, "pending", origin=origin)
 
 
 def _measured(archive, row, seeds, preset, ref, exp, tags, say, cache_dir):
@@ -233,6 +253,7 @@ def _measured(archive, row, seeds, preset, ref, exp, tags, say, cache_dir):
     if node.evaluated and set(seeds) <= set(recorded):
         return dataclasses.replace(row, status="evaluated"), {s: recorded[s] for s in seeds}
     report = lambda msg: say(f"{row.child}: {msg}")  # noqa: E731
+    row = dataclasses.replace(row, evaluated_now=True)
     if node.result is not None and node.evaluated and not ours:
         result = measure_node(
             archive,

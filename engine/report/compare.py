@@ -90,9 +90,10 @@ def _cells(r: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _protocol_filter(protocol: str | None, exp_protocol: Any):
-    """A predicate on a result's Protocol: ``all``, an id (``proxy/smoke``), ``id@hash``, or a family
-    (``proxy``); None: the experiment's configured protocol."""
+def compared_protocol(protocol: str | None, exp_protocol: Any):
+    """The predicate on a result's Protocol that :func:`compare` keeps results by: ``all``, an id
+    (``proxy/smoke``), ``id@hash``, or a family (``proxy``); None: the experiment's configured
+    protocol."""
     if protocol == "all":
         return lambda p: True
     if protocol is None:
@@ -132,7 +133,7 @@ def compare(
     else:
         chosen = [n for n, _ in sorted(nodes.items(), key=lambda kv: (kv[1].created, kv[0]))]
     wanted = set(statuses or (["all"] if names else ["evaluated"]))
-    keep = _protocol_filter(protocol, configured)
+    keep = compared_protocol(protocol, configured)
     rows, seen = [], set()
     for n in chosen:
         node = nodes[n]
@@ -222,13 +223,14 @@ CSV_FIELDS = (
 )
 
 
-def protocols_with_results(nodes: Mapping[str, Any]) -> dict[str, int]:
+def protocols_with_results(nodes: Mapping[str, Any], *, besides=None) -> dict[str, int]:
     """Every protocol id some node has a successful result under, with how many nodes have one
-    (for pointing a user at ``--protocol`` when the compared protocol has none)."""
+    (for pointing a user at ``--protocol`` when the compared protocol has none); ``besides``: a
+    predicate on a result's Protocol, whose results are left out (those already compared)."""
     counts: dict[str, int] = {}
     for node in nodes.values():
         for pid, result in node.results.items():
-            if result.ok:
+            if result.ok and not (besides is not None and besides(result.protocol)):
                 counts[pid] = counts.get(pid, 0) + 1
     return dict(sorted(counts.items()))
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.archive.confirmation import read_confirmations
+from engine.archive.confirmation import other_protocol_version, read_confirmations
 from engine.archive.results import configured_protocol, rankable
 from engine.archive.store import ALGORITHM, Archive, earliest_root
 from engine.config import REMEDY_MOVES, ExperimentConfig
@@ -137,6 +137,7 @@ def render_report(
     exp = experiment or report_experiment(archive)
     ref = report_protocol(archive)
     nodes = archive.nodes(ref)
+    searched = {k: n.result for k, n in nodes.items()}  # what a confirmation re-measured
     root = earliest_root(nodes)
     # one ranking: results of another protocol version or unit (possible under an id without a
     # hash, e.g. a recorded lab/v1) are shown apart, never ranked with the rest
@@ -201,17 +202,11 @@ def render_report(
     )
     if best:
         u_root = obj.node_utility(nodes.get(root or ""), exp)
-        parts.append(
-            _kv(
-                "best",
-                f"{best}: U {ranked[0][1]:.4f}"
-                + (
-                    f" (root {u_root:.4f}; {obj.promotion(nodes[best], nodes[root], exp)} than the root)"
-                    if u_root is not None and best != root
-                    else ""
-                ),
-            )
-        )
+        vs_root = ""
+        if u_root is not None and best != root:
+            verdict = obj.promotion(nodes[best], nodes[root], exp)
+            vs_root = f" (root {u_root:.4f}; {obj.promotion_phrase(verdict, 'the root')})"
+        parts.append(_kv("best", f"{best}: U {ranked[0][1]:.4f}{vs_root}"))
     if rec is not None:
         plan = rec.get("plan", {})
         parts.append(
@@ -244,9 +239,12 @@ def render_report(
     )
     parts.append(_table(rows, exp))
     parts.append(_remedies(archive, nodes))
-    confirmations = read_confirmations(archive, nodes, report_protocol(archive).id)
+    confirmations = read_confirmations(archive, nodes, ref.id)
     if confirmations:
-        parts.append(_confirmations(confirmations))
+        apart = {
+            k: other_protocol_version(c, ref, searched.get(k)) for k, c in confirmations.items()
+        }
+        parts.append(_confirmations(confirmations, apart))
     shown = best if best != root else next((k for k, _ in ranked if k != root), None)
     if shown and root:
         what = "the best node" if shown == best else "the best candidate (the root remains best)"
@@ -305,8 +303,10 @@ def _remedies(archive: Archive, nodes) -> str:
     return "".join(out)
 
 
-def _confirmations(confs: dict[str, Any]) -> str:
-    """Held-out confirmations: each node against its reference at seeds the search never used."""
+def _confirmations(confs: dict[str, Any], apart: dict[str, str]) -> str:
+    """Held-out confirmations: each node against its reference at seeds the search never used, with
+    the protocol version it measured; one of another version than the page's (``apart``: node -> the
+    page's version's key) is marked so, and listed after the others."""
 
     def span(mean, iv) -> str:
         return (
@@ -318,18 +318,27 @@ def _confirmations(confs: dict[str, Any]) -> str:
     out = [
         "<h2>Held-out confirmations</h2><p class='sub'>Each node and its reference trained and scored "
         "again at seeds the search never used (<code>poise-git confirm</code>): the paired difference "
-        "of U there with its 95% interval, beside the one the search read. The selection never reads "
-        "these.</p>",
-        "<table><tr><th>node</th><th>against</th><th>held-out seeds</th><th>held-out difference</th>"
-        "<th>verdict</th><th>the search's difference (seeds)</th></tr>",
+        "of U there with its 95% interval, beside the one the search read, and the protocol version "
+        "both were measured under. One measured under another version of the protocol than this "
+        "page's results is marked so: its numbers are not comparable with them. The selection never "
+        "reads these.</p>",
+        "<table><tr><th>node</th><th>against</th><th>protocol</th><th>held-out seeds</th>"
+        "<th>held-out difference</th><th>verdict</th><th>the search's difference (seeds)</th></tr>",
     ]
-    for name, c in sorted(confs.items()):
+    for name, c in sorted(confs.items(), key=lambda kv: (bool(apart.get(kv[0])), kv[0])):
         sd = c.search_difference
         search = f"{span(sd[0], sd[1])} ({sd[2]})" if sd else "—"
         verdict = c.verdict + (f": {c.reason}" if c.reason else "")
+        protocol = html.escape(c.protocol.key)
+        if apart.get(name):
+            protocol += (
+                f" <span class='worse'>(another version than this page's "
+                f"{html.escape(apart[name])})</span>"
+            )
         out.append(
             f"<tr><td>{html.escape(name)}</td><td>{html.escape(c.against)}</td>"
-            f"<td>{', '.join(map(str, c.seeds))}</td><td>{span(c.difference, c.interval)}</td>"
+            f"<td>{protocol}</td><td>{', '.join(map(str, c.seeds))}</td>"
+            f"<td>{span(c.difference, c.interval)}</td>"
             f"<td>{html.escape(verdict)}</td><td>{search}</td></tr>"
         )
     out.append("</table>")

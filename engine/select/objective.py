@@ -137,6 +137,19 @@ def promotion(child: Any, parent: Any, exp: ExperimentConfig) -> str:
     return WITHIN
 
 
+def promotion_phrase(verdict: str, other: str) -> str:
+    """A :func:`promotion` verdict against ``other`` as words: ``better than the root``, ``worse
+    than the root``, ``within noise of the root``, ``no interval to compare with the root``; another
+    verdict as ``VERDICT vs OTHER``."""
+    phrases = {
+        BETTER: f"better than {other}",
+        WORSE: f"worse than {other}",
+        WITHIN: f"within noise of {other}",
+        UNRESOLVED: f"no interval to compare with {other}",
+    }
+    return phrases.get(verdict, f"{verdict} vs {other}")
+
+
 def paired_difference(
     child: Any, parent: Any, exp: ExperimentConfig
 ) -> tuple[float, tuple[float, float] | None, int] | None:
