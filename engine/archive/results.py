@@ -582,3 +582,21 @@ def _record_interval(k: str, iv: Any, metrics: Mapping[str, float]) -> tuple[flo
             f"results: the interval of {k!r}, [{lo:g}, {hi:g}], does not contain its value {v:g}"
         )
     return lo, hi
+
+
+def protocols_with_results(nodes: Mapping[str, Any], *, besides=None) -> dict[str, int]:
+    """Every protocol id some node has a successful result under, with how many nodes have one
+    (for pointing a user at ``--protocol`` when the compared protocol has none; a node
+    without ``results``, as synthetic ones in selection, has none); ``besides``: a
+    predicate on a result's Protocol, whose results are left out (those already compared)."""
+    counts: dict[str, int] = {}
+    for node in nodes.values():
+        for pid, result in (getattr(node, "results", None) or {}).items():
+            if result.ok and not (besides is not None and besides(result.protocol)):
+                counts[pid] = counts.get(pid, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def describe_counts(counts: Mapping[str, int]) -> str:
+    """``proxy/smoke (1 node), lab/v1 (3 nodes)``: :func:`protocols_with_results` for a reader."""
+    return ", ".join(f"{pid} ({n} node{'s' * (n != 1)})" for pid, n in counts.items())

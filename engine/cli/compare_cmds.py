@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from engine.archive.results import configured_protocol
+from engine.archive.results import configured_protocol, describe_counts, protocols_with_results
 from engine.archive.store import Archive
 from engine.cli import ArchiveOpt, console
 
@@ -122,8 +122,6 @@ def compare(
     from engine.report.compare import compare as build  # lazy: keeps `poise-git --help` fast
     from engine.report.compare import (  # lazy: keeps `poise-git --help` fast
         compared_protocol,
-        describe_counts,
-        protocols_with_results,
         to_csv_rows,
     )
 

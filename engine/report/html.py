@@ -16,7 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from engine.archive.confirmation import other_protocol_version, read_confirmations
-from engine.archive.results import configured_protocol, rankable
+from engine.archive.results import (
+    configured_protocol,
+    describe_counts,
+    protocols_with_results,
+    rankable,
+)
 from engine.archive.store import ALGORITHM, Archive, earliest_root
 from engine.config import REMEDY_MOVES, ExperimentConfig
 from engine.loop.state import load_run
@@ -24,7 +29,6 @@ from engine.operators.proposers.offline import archive_remedy_trials
 from engine.operators.proposers.remedies import REMEDIES, spent_remedies
 from engine.operators.reflect import training_vs_parent
 from engine.report import figures
-from engine.report.compare import describe_counts, protocols_with_results
 from engine.select import objective as obj
 
 REPORT_DIR = Path(".poise") / "report"

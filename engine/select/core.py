@@ -19,7 +19,9 @@ from threadpoolctl import threadpool_limits
 from engine.archive.results import (
     ProtocolRef,
     configured_protocol,
+    describe_counts,
     named_protocol,
+    protocols_with_results,
     require_comparable,
 )
 from engine.config import Config, SelectConfig, metric_direction, utility
@@ -293,7 +295,7 @@ def select_parents(
 
     cands = [n for n in pop if n not in exclude]
     if not cands:
-        return _fallback(nodes, names, rows, exclude, allowed, k, params)
+        return _fallback(nodes, names, rows, exclude, allowed, k, params, ref)
 
     # -- population components --------------------------------------------------------------
     y = pareto.objective_matrix([mets[n] for n in pop], objectives)
@@ -409,7 +411,14 @@ def _directions(objectives, exp) -> list[dict[str, str]]:
 
 
 def _fallback(
-    nodes: dict, names: list[str], rows: dict, exclude: set, allowed, k: int, params: dict
+    nodes: dict,
+    names: list[str],
+    rows: dict,
+    exclude: set,
+    allowed,
+    k: int,
+    params: dict,
+    ref: ProtocolRef,
 ) -> Selection:
     """No evaluated candidate: pick unevaluated, non-failed nodes, shallowest and oldest first."""
     pool = [n for n in names if n not in exclude and allowed(n)]
@@ -425,16 +434,13 @@ def _fallback(
     params["fallback"] = (
         "no evaluated candidates: unevaluated nodes picked, shallowest and oldest first"
     )
-    elsewhere: dict[str, int] = {}  # nodes evaluated under other protocols only: say where
-    for n in names:
-        for pid, r in (getattr(nodes[n], "results", None) or {}).items():
-            if r.ok and (nodes[n].result is None or pid != nodes[n].result.protocol.id):
-                elsewhere[pid] = elsewhere.get(pid, 0) + 1
+    # nodes evaluated under other protocols (or another version of this one) only: say where
+    elsewhere = protocols_with_results({n: nodes[n] for n in names}, besides=ref.matches)
     if elsewhere:
-        where = ", ".join(f"{p} ({c} node{'s' * (c != 1)})" for p, c in sorted(elsewhere.items()))
         params["fallback"] += (
             f" (no node has an evaluated result under {params['protocol']}; results under "
-            f"{where}: --protocol {max(sorted(elsewhere), key=elsewhere.get)} ranks them)"
+            f"{describe_counts(elsewhere)}: --protocol {max(elsewhere, key=elsewhere.get)} "
+            "ranks them)"
         )
     out = sorted(rows.values(), key=lambda r: (r["rank"] is None, r["rank"] or 0, r["node"]))
     return Selection(chosen, out, params)
