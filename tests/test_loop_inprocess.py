@@ -234,11 +234,8 @@ def _scaled_step(scale: str) -> str:
 
 
 @register("three-ranked-for-tests")
-class ThreeRankedProposer:
+class ThreeRankedProposer(ScriptedProposer):
     """Three distinct proposals; screening ranks them by their expected gain (all equally novel)."""
-
-    def __init__(self, llm=None):
-        pass
 
     def propose(self, archive, parent, context, cfg, n, seed):
         return [
@@ -252,9 +249,6 @@ class ThreeRankedProposer:
             )
             for scale, gain in (("0.5", 0.2), ("0.7", 0.9), ("0.9", 0.5))
         ][:n]
-
-    def revise(self, archive, parent, proposal, failure, cfg, node=None):
-        return None
 
 
 @pytest.mark.slow  # a real loop with one tiny evaluation

@@ -49,7 +49,7 @@ class _Display:
         self.live = Live(self.progress, console=console, refresh_per_second=4, transient=False)
         self.state = {"round": "—", "stage": "start", "node": "", "best": "—"}
         self.done = 0
-        self.population = 1
+        self.per_parent = 1  # children per parent and round (M)
         self.log_file = None
         if log_path is not None:
             log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -87,16 +87,17 @@ class _Display:
             per_parent = int(e.get("children") or e["population"])
             n = (e["last"] - e["first"] + 1) * e["parents"] * per_parent
             self.done = int(e.get("done", 0))
-            self.population = per_parent
+            self.per_parent = per_parent
             self.progress.update(self.task, total=n, completed=self.done)
             self.log(
                 f"run {e['run']}{' (resumed)' if e['resume'] else ''}: rounds {e['first']}–{e['last']}, "
-                f"{e['parents']} parents × {_per_parent(e)}, {e['seeds']} seed(s), "
+                f"{e['parents']} parents × {_per_parent(int(e['population']), per_parent)}, "
+                f"{e['seeds']} seed(s), "
                 f"{e['workers']} worker(s){' on Ray ' + e['ray'] if e['ray'] else ''}; "
                 f"{e['objective']}; {e['budget']}"
             )
         elif kind == "round" and self.progress.tasks[0].total:
-            missing = (int(e["planned"]) - int(e["parents"])) * self.population
+            missing = (int(e["planned"]) - int(e["parents"])) * self.per_parent
             self.progress.update(
                 self.task, total=max(self.done, self.progress.tasks[0].total - missing)
             )
@@ -307,9 +308,8 @@ def run(
         raise typer.Exit(EXIT_REJECTED if summary.root_blocked == "rejected" else EXIT_FAILED)
 
 
-def _per_parent(e: dict) -> str:
-    """What each parent gets, from a plan event: "N candidates", or "M of N screened proposals"."""
-    n, m = int(e["population"]), int(e.get("children") or e["population"])
+def _per_parent(n: int, m: int) -> str:
+    """What each parent gets: "N candidates", or "M of N screened proposals" (M implemented)."""
     return f"{n} candidates" if m == n else f"{m} of {n} screened proposals"
 
 

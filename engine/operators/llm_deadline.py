@@ -36,17 +36,20 @@ def whole_reply_client(openai: ModuleType, seconds: float) -> Any:
     base = openai.DefaultHttpxClient
     http = _http_library(base)
 
+    def check(end: float, request) -> None:
+        """The HTTP library's ``ReadTimeout`` once the reply has taken past ``end``."""
+        if time.monotonic() > end:
+            raise http.ReadTimeout(
+                f"the reply took longer than {seconds:g} s (`[llm].timeout_s`)", request=request
+            )
+
     class _Deadline(http.SyncByteStream):
         def __init__(self, inner, end: float, request) -> None:
             self.inner, self.end, self.request = inner, end, request
 
         def __iter__(self):
             for chunk in self.inner:
-                if time.monotonic() > self.end:
-                    raise http.ReadTimeout(
-                        f"the reply took longer than {seconds:g} s (`[llm].timeout_s`)",
-                        request=self.request,
-                    )
+                check(self.end, self.request)
                 yield chunk
 
         def close(self) -> None:
@@ -60,11 +63,7 @@ def whole_reply_client(openai: ModuleType, seconds: float) -> Any:
                 return response
             response.stream = _Deadline(response.stream, end, request)
             try:
-                if time.monotonic() > end:
-                    raise http.ReadTimeout(
-                        f"the reply took longer than {seconds:g} s (`[llm].timeout_s`)",
-                        request=request,
-                    )
+                check(end, request)  # the headers alone took that long
                 response.read()
             except BaseException:
                 response.close()
