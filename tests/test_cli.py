@@ -257,6 +257,27 @@ def test_retrospect_reads_the_utilities_the_last_run_ranked(archive, cli):
     assert json.loads(other.stdout)["summary"]["root_utility"] is None
 
 
+def test_select_points_at_the_last_runs_protocol_when_it_ranks_another(archive, cli):
+    """select ranks under poise.toml's protocol (what a plain `run` would use next); after a run with
+    --preset tiny it says that run ranked under proxy/tiny and how to see that ranking."""
+    from engine.loop.state import RunRecord, save_run
+
+    record(archive, "grpo", {"overall": 0.5})
+    record(archive, "grpo", {"overall": 0.4}, preset="tiny")
+    r = cli("select", "-C", str(archive.path))
+    assert r.returncode == 0 and "last run" not in r.stdout, r.stdout
+    rec = save_run(archive, RunRecord({"id": "r1", "plan": {"preset": "tiny"}}), "poise: run r1")
+    r = cli("select", "-C", str(archive.path))
+    assert r.returncode == 0, r.stderr
+    flat = " ".join(r.stdout.split())
+    assert "the last run ranked its parents under proxy/tiny@" in flat, r.stdout
+    assert "--protocol proxy/tiny shows that ranking" in flat
+    r = cli("select", "--protocol", "proxy/tiny", "-C", str(archive.path))
+    assert r.returncode == 0 and "last run" not in r.stdout
+    save_run(archive, RunRecord({"id": "r2", "plan": {}}, rec.commit), "poise: run r2")
+    assert "last run" not in cli("select", "-C", str(archive.path)).stdout
+
+
 def _metrics(overall: float, length: float) -> dict:
     return {
         "overall": overall,

@@ -129,11 +129,17 @@ def test_no_results_under_the_protocol_points_at_the_ones_there_are(tmp_path, cl
     assert "results under other protocols: proxy/smoke (2 nodes)" in r.stdout
     assert "--protocol proxy/smoke" in r.stdout
     # asked for a protocol by name (an id, a version, a family) without results: the same pointer
-    for asked in ("proxy/tiny", "proxy/smoke@0123456789ab", "lab"):
+    for asked in ("proxy/tiny", "lab"):
         r = cli("compare", "--no-pager", "--protocol", asked, "-C", str(a.path))
         assert r.returncode == 0 and "no nodes to compare" in r.stdout, asked
         assert "results under other protocols: proxy/smoke (2 nodes)" in r.stdout, asked
         assert "pass --protocol proxy/smoke or --protocol all" in r.stdout, asked
+    # another version of the asked id (another hash) is called that, not another protocol
+    r = cli("compare", "--no-pager", "--protocol", "proxy/smoke@0123456789ab", "-C", str(a.path))
+    assert r.returncode == 0 and "no nodes to compare" in r.stdout
+    assert "results under another version of proxy/smoke (2 nodes)" in r.stdout
+    assert "other protocols" not in r.stdout
+    assert "pass --protocol proxy/smoke or --protocol all" in r.stdout
     # results under the asked protocol that --status leaves out: not pointed at as elsewhere
     r = cli(
         "compare",

@@ -369,3 +369,28 @@ def test_large_lineage_labels_do_not_overlap_and_have_a_legend(tmp_path, cli):
     loaded = _render_in_chromium(out / "index.html", ids)
     assert len(loaded["labels"]) == len(ids), loaded["labels"]
     assert _overlaps(loaded["labels"]) == []
+
+
+def test_the_protocol_line_names_results_under_another_version_and_other_protocols(tmp_path):
+    """Results under the ranked id with an older hash are another version of it; the line says so,
+    and lists results under other protocols apart."""
+    import dataclasses
+
+    from results_util import proxy_result
+
+    from engine.report.html import render_report
+
+    arch = _build(tmp_path)
+    older = proxy_result({"overall": 0.55})
+    arch.record_result(
+        "clip-higher",
+        dataclasses.replace(
+            older, protocol=dataclasses.replace(older.protocol, hash="sha256:" + "ab" * 32)
+        ),
+    )
+    record(arch, "dr-grpo", {"overall": 0.3}, preset="smoke")
+    text = render_report(arch).read_text()
+    assert (
+        "also results under another version of proxy/default (1 node); "
+        "other protocols: proxy/smoke (1 node)" in text
+    ), re.findall(r"also results under[^<]*", text)

@@ -14,6 +14,7 @@ from engine.archive.results import (
     Incomparable,
     Protocol,
     ProtocolRef,
+    describe_elsewhere,
     from_record,
     parse_result,
     require_comparable,
@@ -149,3 +150,15 @@ def test_a_protocol_ref_matches_by_hash_prefix():
     assert ProtocolRef.parse(f"proxy/default@{p.hash.split(':')[1][:8]}").matches(p)
     assert not ProtocolRef.parse("proxy/default@0000").matches(p)
     assert not ProtocolRef.parse("proxy/smoke").matches(p)
+
+
+def test_describe_elsewhere_tells_another_version_from_other_protocols():
+    counts = {"lab/v1": 3, "proxy/default": 2, "proxy/smoke": 1}
+    assert describe_elsewhere(counts, "proxy/default") == (
+        "another version of proxy/default (2 nodes); "
+        "other protocols: lab/v1 (3 nodes), proxy/smoke (1 node)"
+    )
+    assert describe_elsewhere({"proxy/default": 1}, "proxy/default") == (
+        "another version of proxy/default (1 node)"
+    )
+    assert describe_elsewhere(counts, None).startswith("other protocols: lab/v1 (3 nodes), ")

@@ -3,6 +3,7 @@ retrospective analysis. Lineages are built with Archive.spawn and recorded with 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from results_util import record
+from results_util import proxy_result, record
 
 from engine.archive.store import Archive
 from engine.config import Config, ExperimentConfig, SelectConfig
@@ -216,11 +217,27 @@ def test_a_fallback_names_the_protocols_that_have_results(archive):
     record(archive, "child", {"overall": 0.6}, preset="tiny")
     fallback = select_parents(archive).params["fallback"]
     assert "no node has an evaluated result under proxy/default@" in fallback, fallback
-    assert "results under proxy/smoke (1 node), proxy/tiny (2 nodes)" in fallback
+    assert "results under other protocols: proxy/smoke (1 node), proxy/tiny (2 nodes)" in fallback
     assert fallback.endswith("--protocol proxy/tiny ranks them)")
     assert select_parents(archive, protocol="proxy/tiny").chosen[0] == "child"
     fresh = select_parents(Archive.init(archive.path.parent / "fresh")).params["fallback"]
     assert "results under" not in fresh
+
+
+def test_a_fallback_calls_results_under_an_older_hash_another_version(archive):
+    """Results under the ranked id with another hash are an older version of that protocol, not
+    another protocol."""
+    older = proxy_result({"overall": 0.5})
+    older = dataclasses.replace(
+        older, protocol=dataclasses.replace(older.protocol, hash="sha256:" + "ab" * 32)
+    )
+    archive.record_result("grpo", older)
+    record(archive, "grpo", {"overall": 0.4}, preset="smoke")
+    fallback = select_parents(archive).params["fallback"]
+    assert (
+        "results under another version of proxy/default (1 node); "
+        "other protocols: proxy/smoke (1 node)" in fallback
+    ), fallback
 
 
 def test_unevaluated_and_failed_nodes(archive, tmp_path):

@@ -600,3 +600,18 @@ def protocols_with_results(nodes: Mapping[str, Any], *, besides=None) -> dict[st
 def describe_counts(counts: Mapping[str, int]) -> str:
     """``proxy/smoke (1 node), lab/v1 (3 nodes)``: :func:`protocols_with_results` for a reader."""
     return ", ".join(f"{pid} ({n} node{'s' * (n != 1)})" for pid, n in counts.items())
+
+
+def describe_elsewhere(counts: Mapping[str, int], compared_id: str | None) -> str:
+    """Where the results left out of a comparison under ``compared_id`` are, for a reader: results
+    under that same id are another version of it (another hash), the rest other protocols, e.g.
+    ``another version of proxy/default (3 nodes); other protocols: proxy/smoke (1 node)``."""
+    same = {p: n for p, n in counts.items() if p == compared_id}
+    other = {p: n for p, n in counts.items() if p != compared_id}
+    parts = []
+    if same:
+        n = same[compared_id]
+        parts.append(f"another version of {compared_id} ({n} node{'s' * (n != 1)})")
+    if other:
+        parts.append(f"other protocols: {describe_counts(other)}")
+    return "; ".join(parts)

@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from engine.archive.results import configured_protocol, describe_counts, protocols_with_results
+from engine.archive.results import configured_protocol, describe_elsewhere, protocols_with_results
 from engine.archive.store import Archive
 from engine.cli import ArchiveOpt, console
 
@@ -162,7 +162,7 @@ def compare(
         )
         if elsewhere:
             console.print(
-                f"results under other protocols: {describe_counts(elsewhere)}; "
+                f"results under {describe_elsewhere(elsewhere, _compared_id(protocol, configured))}; "
                 f"pass --protocol {next(iter(elsewhere))} or --protocol all",
                 markup=False,
                 highlight=False,
@@ -171,6 +171,15 @@ def compare(
     from engine.cli.pager import show  # lazy: keeps `poise-git --help` fast
 
     show(render_table(cmp, compact=console.is_terminal), no_pager=no_pager)
+
+
+def _compared_id(protocol: str | None, configured) -> str | None:
+    """The protocol id a comparison keeps (None for a family or ``all``): results under it with
+    another hash are another version of it, not another protocol."""
+    if protocol is None:
+        return configured.id
+    text = protocol.strip()
+    return text.partition("@")[0] if "/" in text else None
 
 
 def register(app: typer.Typer) -> None:

@@ -17,6 +17,20 @@ def _f(v: float | None, nd: int = 3) -> str:
     return "—" if v is None else f"{v:.{nd}f}"
 
 
+def _last_run_hint(arch: Archive, ranked: str) -> str:
+    """A pointer at the last run's protocol when it is not the one ``select`` ranked under (a run
+    with ``--preset`` or ``--backend`` ranked its parents under its own), else ``""``."""
+    from engine.report.html import report_protocol  # lazy: numpy is heavy (only this path needs it)
+
+    last = report_protocol(arch)
+    if last.key == ranked or (last.id == ranked.partition("@")[0] and not last.hash):
+        return ""
+    return (
+        f"the last run ranked its parents under {last.key}, not {ranked}: "
+        f"--protocol {last.id} shows that ranking"
+    )
+
+
 def select(
     k: int | None = typer.Option(
         None, "--k", help="Parents to pick (default: [select].k in poise.toml)."
@@ -42,7 +56,8 @@ def select(
     and pick the next parents (greedy, diversity-aware, without replacement)."""
     from engine.select import select_parents  # lazy: numpy is heavy (only this path needs it)
 
-    sel = select_parents(Archive(archive), None, k=k, seed=seed, protocol=protocol)
+    arch = Archive(archive)
+    sel = select_parents(arch, None, k=k, seed=seed, protocol=protocol)
     if as_json:
         typer.echo(json.dumps(sel.to_dict(), indent=2))
         return
@@ -121,6 +136,10 @@ def select(
         )
     if "fallback" in p:
         console.print(f"[yellow]{p['fallback']}[/]")
+    if protocol is None:
+        hint = _last_run_hint(arch, sel.params["protocol"])
+        if hint:
+            console.print(hint, style="dim", markup=False, highlight=False)
     if explain:
         console.print(
             "[dim]score = w_pareto*pareto + w_perf*perf + w_div*div + w_bayes*clip((gp_ucb+1)/2); "

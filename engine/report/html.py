@@ -18,7 +18,7 @@ from typing import Any
 from engine.archive.confirmation import other_protocol_version, read_confirmations
 from engine.archive.results import (
     configured_protocol,
-    describe_counts,
+    describe_elsewhere,
     protocols_with_results,
     rankable,
 )
@@ -371,9 +371,9 @@ def _protocol_line(ref, nodes, keep: set[str]) -> str:
     reference names none) and the other protocols nodes have results under."""
     keys = sorted({nodes[k].result.protocol.key for k in keep if nodes[k].result is not None})
     text = ", ".join(keys) if keys else f"{ref.key} (no node has a result under it)"
-    others = {p: n for p, n in protocols_with_results(nodes).items() if p != ref.id}
+    others = protocols_with_results(nodes, besides=ref.matches)
     if others:
-        text += "; also results under " + describe_counts(others)
+        text += "; also results under " + describe_elsewhere(others, ref.id)
     return text
 
 

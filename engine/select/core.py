@@ -19,7 +19,7 @@ from threadpoolctl import threadpool_limits
 from engine.archive.results import (
     ProtocolRef,
     configured_protocol,
-    describe_counts,
+    describe_elsewhere,
     named_protocol,
     protocols_with_results,
     require_comparable,
@@ -439,7 +439,7 @@ def _fallback(
     if elsewhere:
         params["fallback"] += (
             f" (no node has an evaluated result under {params['protocol']}; results under "
-            f"{describe_counts(elsewhere)}: --protocol {max(elsewhere, key=elsewhere.get)} "
+            f"{describe_elsewhere(elsewhere, ref.id)}: --protocol {max(elsewhere, key=elsewhere.get)} "
             "ranks them)"
         )
     out = sorted(rows.values(), key=lambda r: (r["rank"] is None, r["rank"] or 0, r["node"]))
