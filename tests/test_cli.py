@@ -360,3 +360,29 @@ def test_sigusr1_dumps_every_threads_stack_and_the_command_goes_on(tmp_path):
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "still running"
     assert "waiting_in_a_worker" in res.stderr and "Current thread" in res.stderr
+
+
+@pytest.mark.slow
+def test_a_path_with_brackets_and_spaces_is_printed_whole_and_quoted_in_commands(tmp_path, cli):
+    """Markup would read ``[exp]`` in a path as a tag and drop it: paths are printed as they are,
+    and in a command to copy (drop's undo) they are shell-quoted, so the command runs as printed."""
+    import shlex
+    import subprocess
+
+    path = tmp_path / "[exp] one"
+    r = cli("init", str(path))
+    assert r.returncode == 0 and f"archive in {path} with" in " ".join(r.stdout.split()), r.stdout
+    from engine.archive.store import Archive
+
+    Archive(path).spawn("grpo", "child")
+    r = cli("drop", "child", "-C", str(path))
+    assert r.returncode == 0, r.stderr
+    undo = next(ln for ln in r.stdout.splitlines() if ln.startswith("undo with: "))
+    assert undo == f"undo with: poise-git restore child -C {shlex.quote(str(path))}"
+    argv = shlex.split(undo.removeprefix("undo with: poise-git "))
+    assert argv[-1] == str(path)
+    assert cli(*argv).returncode == 0
+    assert "child" in cli("log", "-C", str(path)).stdout
+    r = cli("report", "-C", str(path))
+    assert r.returncode == 0 and str(path / ".poise" / "report" / "index.html") in r.stdout
+    assert subprocess.run(["git", "-C", str(path), "fsck"], capture_output=True).returncode == 0

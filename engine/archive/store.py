@@ -14,6 +14,7 @@ import difflib
 import logging
 import math
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -307,7 +308,10 @@ class Archive:
                 if (str(self.path), ref, oid) not in _WARNED:
                     _WARNED.add((str(self.path), ref, oid))
                     if kind == "missing":
-                        problem += f"; remove the ref: git -C {self.path} update-ref -d {ref}"
+                        problem += (
+                            f"; remove the ref: git -C {shlex.quote(str(self.path))} "
+                            f"update-ref -d {shlex.quote(ref)}"
+                        )
                     log.warning("poise-git: ignoring %s: %s", ref, problem)
                 continue
             nodes[name] = node

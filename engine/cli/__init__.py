@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+import shlex
 import signal
 import sys
 
@@ -38,6 +39,18 @@ EXIT_INTERRUPTED = 130
 PIPE_WIDTH = 4096
 """columns of the rendering when stdout is not a terminal: tables keep their natural width, nothing a
 user may copy (node names, paths, diffs) is cut or wrapped at 80 columns"""
+
+
+def plain(value: object) -> str:
+    """``value`` as text inside rich markup: a path, URI or file name may hold ``[...]``, which
+    markup would read as a tag (dropped, or an error), so it is escaped."""
+    return escape(str(value))
+
+
+def shell_arg(value: object) -> str:
+    """``value`` quoted for a command the user may copy (a path with spaces or ``[...]``), then
+    escaped for markup."""
+    return plain(shlex.quote(str(value)))
 
 
 def _flags_without_type(params: list) -> list:

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from engine.archive.store import Archive
-from engine.cli import EXIT_FAILED, EXIT_REJECTED, ArchiveOpt, console
+from engine.cli import EXIT_FAILED, EXIT_REJECTED, ArchiveOpt, console, plain
 
 VERDICT_STYLES = {"carries gain": "green", "costs": "red", "failed": "red", "rejected": "red"}
 
@@ -124,7 +124,7 @@ def ablate(
             console.print(f"[red]{r.child} {r.status}:[/] {escape(r.reason)}", highlight=False)
     if json_out is not None:
         json_out.write_text(json.dumps(ab.to_json(), indent=1) + "\n", encoding="utf-8")
-        console.print(f"wrote {json_out}", highlight=False)
+        console.print(f"wrote {plain(json_out)}", highlight=False)
     if any(r.status == "failed" for r in ab.rows):
         raise typer.Exit(EXIT_FAILED)
     if any(r.status == "rejected" for r in ab.rows):

@@ -26,7 +26,7 @@ from engine.archive.results import (
     from_record,
 )
 from engine.archive.store import ALGORITHM, Archive, Node, check_name
-from engine.cli import EXIT_REJECTED, ArchiveOpt, console, fail
+from engine.cli import EXIT_REJECTED, ArchiveOpt, console, fail, plain
 from engine.cli.confirm_cmds import VERDICT_COLOURS
 from engine.cli.operator_cmds import make_llm, print_usage, report_verification
 from engine.config import parse_config
@@ -172,7 +172,7 @@ def create_archive(
     except EditError as exc:
         raise PoiseError(f"--root {root}: {exc}") from None  # nothing was created
     console.print(
-        f"Initialized poise-git archive in [bold]{arch.path}[/] with root node [bold]{name}[/] "
+        f"Initialized poise-git archive in [bold]{plain(arch.path)}[/] with root node [bold]{name}[/] "
         f"(branch poise/{name})"
         + (
             f", the code of {root}; `poise-git verify {name}` or `poise-git run` verifies it"

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from engine.archive.store import Archive
-from engine.cli import ArchiveOpt, console
+from engine.cli import ArchiveOpt, console, shell_arg
 
 
 def drop(
@@ -44,7 +44,9 @@ def drop(
     verb = "would drop" if dry_run else "dropped"
     console.print(f"{verb} {len(gone)} node(s): {', '.join(gone)}", highlight=False)
     if not dry_run:
-        console.print(f"undo with: poise-git restore {nodes[0]} -C {arch.path}", highlight=False)
+        console.print(
+            f"undo with: poise-git restore {nodes[0]} -C {shell_arg(arch.path)}", highlight=False
+        )
 
 
 def restore(

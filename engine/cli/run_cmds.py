@@ -16,7 +16,7 @@ from rich.text import Text
 
 from engine import secrets
 from engine.archive.store import ALGORITHM, Archive
-from engine.cli import EXIT_FAILED, EXIT_REJECTED, ArchiveOpt, console
+from engine.cli import EXIT_FAILED, EXIT_REJECTED, ArchiveOpt, console, plain, shell_arg
 from engine.cli.archive_cmds import create_archive
 from engine.cli.confirm_cmds import confirmation_line, resolve_hint, run_confirmation
 from engine.errors import PoiseError
@@ -357,8 +357,8 @@ def _print_summary(arch, s, report: bool, confirm_seeds: int = 0) -> None:
         from engine.report.html import render_report
 
         page = render_report(arch)
-        console.print(f"report: [bold]{page}[/]")
-    console.print(f"MLflow: `poise-git ui -C {arch.path}`")
+        console.print(f"report: [bold]{plain(page)}[/]")
+    console.print(f"MLflow: `poise-git ui -C {shell_arg(arch.path)}`")
     if shown:
         console.print(discovery_verdict(arch, s.protocol, shown, root))
     if shown and confirm_seeds:
@@ -431,7 +431,7 @@ def report(
     arch = Archive(archive)
     exp = with_objective(report_experiment(arch), objective) if objective else None
     page = render_report(arch, out, exp, top=top)
-    console.print(f"report: [bold]{page}[/]")
+    console.print(f"report: [bold]{plain(page)}[/]")
 
 
 def ui(
@@ -452,7 +452,7 @@ def ui(
     arch = Archive(archive)
     uri = tracking_uri(arch.path)
     if uri.startswith(("http://", "https://")):
-        console.print(f"the archive's runs are on the MLflow server {uri}")
+        console.print(f"the archive's runs are on the MLflow server {plain(uri)}")
         return
     exe = shutil.which("mlflow", path=os.path.dirname(sys.executable)) or shutil.which("mlflow")
     cmd = [exe, "server"] if exe else [sys.executable, "-m", "mlflow", "server"]
@@ -471,7 +471,9 @@ def ui(
         "1",
     ]
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
-    console.print(f"MLflow UI for {arch.path}: http://{host}:{port}  (Ctrl-C stops it)")
+    console.print(
+        f"MLflow UI for {plain(arch.path)}: http://{plain(host)}:{port}  (Ctrl-C stops it)"
+    )
     # its own session: the server and its workers are stopped here, as one tree, however we exit
     # (Ctrl-C, `kill`, a closed terminal), not left to the terminal's signal
     proc = subprocess.Popen(cmd, env=env, cwd=arch.path, start_new_session=True)

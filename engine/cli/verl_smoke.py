@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from engine.archive.store import Archive
-from engine.cli import console
+from engine.cli import console, plain, shell_arg
 from engine.errors import PoiseError
 from engine.operators.train_verl import require_verl, train_smoke
 from engine.operators.verify import refuse_unverified
@@ -34,7 +34,9 @@ SUMMARY = (
 def _open_or_init(path: Path):
     if not path.exists() or (path.is_dir() and not any(path.iterdir())):
         arch = Archive.init(path)
-        console.print(f"initialized archive [bold]{arch.path}[/] with root node [bold]grpo[/]")
+        console.print(
+            f"initialized archive [bold]{plain(arch.path)}[/] with root node [bold]grpo[/]"
+        )
         return arch
     return Archive(path)
 
@@ -102,7 +104,7 @@ def run_smoke(
     if run.ok:
         console.print(
             f"[bold green]{node}[/]: {len(run.steps)} verl steps in {run.wall_time_s:.0f} s "
-            f"(last step {times[-1]:.1f} s); checkpoint [bold]{run.checkpoint}[/]"
+            f"(last step {times[-1]:.1f} s); checkpoint [bold]{plain(run.checkpoint)}[/]"
         )
         if evaluation is not None:
             m = evaluation["metrics"]
@@ -113,9 +115,9 @@ def run_smoke(
             )
         console.print(
             f"recorded [bold]{result.protocol.key}[/] on {node} (a pipeline check, never ranked "
-            f"against proxy or paper results); MLflow run {run.run_id}: `poise-git ui -C {arch.path}`"
+            f"against proxy or paper results); MLflow run {run.run_id}: `poise-git ui -C {shell_arg(arch.path)}`"
         )
     else:
         console.print(f"[red]{node}: verl smoke failed:[/] {escape(run.reason)}", highlight=False)
-        console.print(f"log: {run.log}; recorded as a failed {result.protocol.key} result")
+        console.print(f"log: {plain(run.log)}; recorded as a failed {result.protocol.key} result")
         raise typer.Exit(2)
