@@ -331,7 +331,7 @@ def _confirmations(confs: dict[str, Any], apart: dict[str, str]) -> str:
     ]
     for name, c in sorted(confs.items(), key=lambda kv: (bool(apart.get(kv[0])), kv[0])):
         sd = c.search_difference
-        search = f"{span(sd[0], sd[1])} ({sd[2]})" if sd else "—"
+        search = f"{span(sd[0], sd[1])} ({html.escape(str(sd[2]))})" if sd else "—"
         verdict = c.verdict + (f": {c.reason}" if c.reason else "")
         protocol = html.escape(c.protocol.key)
         if apart.get(name):
