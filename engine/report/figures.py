@@ -42,6 +42,12 @@ def _save(fig, stem: str) -> str:
     return text[text.index("<svg") :]
 
 
+def _plain(text: str) -> str:
+    """``text`` drawn as written: a ``$`` would start math mode (a metric named ``a$\\frac$`` fails
+    to draw)."""
+    return text.replace("$", r"\$")
+
+
 def _layout(nodes: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
     """x: leaves in depth-first order, a parent centred over its children; y: -depth."""
     kids: dict[str, list[str]] = {}
@@ -115,7 +121,7 @@ def lineage(nodes: Mapping[str, Any], exp) -> str | None:
         fig.colorbar(
             sc,
             ax=ax,
-            label=f"U ({exp.objective}{' - len penalty' if exp.length_penalty else ''})",
+            label=_plain(f"U ({exp.objective}{' - len penalty' if exp.length_penalty else ''})"),
             shrink=0.8,
         )
     other = [k for k, u in scored.items() if u is None]
@@ -263,7 +269,7 @@ def accuracy_length(nodes: Mapping[str, Any], exp) -> str | None:
             label=f"root ({k})",
         )
     ax.set_xlabel("mean response length")
-    ax.set_ylabel(exp.objective)
+    ax.set_ylabel(_plain(exp.objective))
     ax.set_title("Accuracy vs length")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

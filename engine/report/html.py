@@ -226,13 +226,13 @@ def render_report(
     for title, svg, caption in figs:
         if svg:
             parts.append(
-                f"<figure><h2>{title}</h2><div class='fig'>{svg}</div>"
-                f"<figcaption>{caption}</figcaption></figure>"
+                f"<figure><h2>{html.escape(title)}</h2><div class='fig'>{svg}</div>"
+                f"<figcaption>{html.escape(caption)}</figcaption></figure>"
             )
             if title == "Lineage" and len(nodes) > figures.NAMED_LINEAGE:
                 parts.append(_legend(nodes, exp))
         else:
-            parts.append(f"<h2>{title}</h2><p class='sub'>no data yet</p>")
+            parts.append(f"<h2>{html.escape(title)}</h2><p class='sub'>no data yet</p>")
     parts.append(_rounds(nodes, rows))
     parts.append(
         "<h2>Nodes</h2><p class='sub'>U with its 95% interval; a child is <b>better</b> than its parent only when its "
