@@ -333,7 +333,31 @@ def test_a_metric_name_is_drawn_and_written_as_text(tmp_path, metric):
     assert "<img" not in page and page.count("<svg") == 3
     shown = html_mod.escape(metric, quote=False)
     assert f"<figcaption>{html_mod.escape(metric)} against mean response length" in page
-    assert f">{shown}</text>" in page  # the accuracy axis, as written
+    assert f">{shown} (fraction)</text>" in page  # the accuracy axis, as written
+
+
+def test_every_figure_names_its_protocol_seeds_and_units(tmp_path):
+    """A number means nothing without what it measured: each figure's title names the protocol
+    version and the seeds of the ranked results, its axes the metrics' units, and each caption the
+    same."""
+    from engine.config import ExperimentConfig
+    from engine.report.html import render_report
+
+    arch = _build(tmp_path)
+    key = arch.node("grpo").result.protocol.key
+    exp = ExperimentConfig(objective="overall", pareto_objectives=("overall", "-mean_length"))
+    page = render_report(arch, tmp_path / "out", experiment=exp).read_text()
+    svgs = re.findall(r"<svg.*?</svg>", page, re.S)
+    assert len(svgs) == 4
+    for svg in svgs:
+        assert f">{key}, 3 seeds each</text>" in svg
+    lineage, frontier, _dynamics, accuracy = svgs
+    assert (
+        ">U = overall (fraction)</text>" in lineage and ">U = overall (fraction)</text>" in frontier
+    )
+    assert ">mean response length (tokens)</text>" in accuracy
+    assert ">overall (fraction)</text>" in accuracy
+    assert page.count(f"Measured under {key}, 3 seeds each.</figcaption>") == 4
 
 
 def test_report_says_which_remedies_are_still_directed_to(tmp_path):
