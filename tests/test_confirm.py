@@ -342,6 +342,36 @@ def test_the_report_shows_confirmations_under_its_protocol(archive):
     assert "not confirmed" in page and "+0.4000" not in page  # the smoke one is another protocol
 
 
+def test_a_forged_search_difference_is_refused_and_never_reaches_the_report(archive):
+    """The search's difference is numbers: a record holding text there (markup, say) is unreadable,
+    so the report leaves it out rather than failing on it or writing it into the page."""
+    from engine.report.html import render_report
+
+    archive.spawn("grpo", "child", edit=DR_GRPO)
+    good = _conf({2: 0.6, 3: 0.63}, {2: 0.5, 3: 0.52}, search_difference=(0.1, [0.0, 0.2], 2))
+    d = json.loads(good.to_json())
+    assert Confirmation.from_json(json.dumps(d)).search_difference == (0.1, (0.0, 0.2), 2)
+    markup = "<img src=x onerror=alert(1)>"
+    for forged in (
+        [0.1, None, markup],
+        [markup, None, 2],
+        [0.1, [markup, 0.2], 2],
+        [0.1, [0.0, 0.1, 0.2], 2],
+        [float("nan"), None, 2],
+        [0.1, None, True],
+    ):
+        with pytest.raises(ArchiveError, match="search_difference"):
+            Confirmation.from_json(json.dumps({**d, "search_difference": forged}))
+    archive.commit_files(
+        "child",
+        {good.path: json.dumps({**d, "search_difference": [0.1, None, markup]})},
+        subject="a forged confirmation",
+    )
+    page = render_report(archive).read_text()
+    assert "<img" not in page and "Held-out confirmations" not in page
+    assert archive.fsck()
+
+
 def test_log_and_the_report_mark_a_confirmation_of_another_protocol_version(archive):
     """A confirmation recorded before the protocol changed (same id, another hash) measured another
     version than the results the log and the report compare: each names the confirmation's version

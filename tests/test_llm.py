@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 
 import openai_server  # tests/openai_server.py (tests/ is on pythonpath)
 import pytest
@@ -257,3 +258,49 @@ def test_cli_gives_one_line_not_a_traceback(tmp_path, cli):
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith(f"error: the LLM endpoint {srv.base_url}/chat/completions failed")
     assert "HTTP 200, text/html" in line and KEY not in line
+
+
+def test_a_reply_nested_past_the_parser_is_reasked():
+    """JSON nested deeper than the parser recurses (a few kilobytes of brackets) is a malformed
+    reply: re-asked, never a crash."""
+    S = openai_server
+    with S.ScriptedOpenAI(["[" * 100_000, '{"answer": 1}']) as srv:
+        reply = client(srv).chat_json(MSGS, SCHEMA)
+    assert reply.data == {"answer": 1} and len(srv.requests) == 2
+    assert "nested too deeply" in srv.requests[1]["messages"][-1]["content"]
+
+
+def test_json_nested_near_the_parsers_limit_gives_data_or_a_reason():
+    """Just inside the parser's depth, the schema's validation (its message quotes the value) may
+    recurse past the limit instead: a reason as well, at every depth."""
+    from engine.operators.llm import parse_json_reply, validate_json
+    from engine.operators.proposers.llm import proposals_schema
+
+    head = '{"proposals": [{"name": "x", "mechanism": "m", "motivation": "", "code": "", '
+    head += '"expected_effect": "", "hyperparameters": '
+    reasons = set()
+    raised = sys.getrecursionlimit()  # reading a deep lineage raises it (engine.archive.store)
+    sys.setrecursionlimit(1_000)  # Python's default: the depths below are near it, and quick
+    try:
+        for depth in range(900, 1_000):
+            text = head + '{"a": ' * depth + "1" + "}" * depth + "}]}"
+            try:
+                problem = validate_json(parse_json_reply(text), proposals_schema())
+            except ValueError as exc:
+                problem = str(exc)
+            reasons.add(problem.split(":")[0])
+    finally:
+        sys.setrecursionlimit(raised)
+    assert "nested too deeply to validate" in reasons and "nested too deeply" in reasons
+
+
+def test_a_reply_holding_an_unpaired_surrogate_is_reasked():
+    """A string holding "\\ud800" is valid JSON but no character: it cannot be written as
+    UTF-8 anywhere (a PROPOSAL.md, a commit), so the reply is malformed; a proper pair is a
+    character."""
+    schema = {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}
+    S = openai_server
+    with S.ScriptedOpenAI(['{"name": "bad \\ud800 text"}', '{"name": "ok \\ud83d\\ude00"}']) as srv:
+        reply = client(srv).chat_json(MSGS, schema)
+    assert reply.data == {"name": "ok \U0001f600"} and len(srv.requests) == 2
+    assert "unpaired surrogate" in srv.requests[1]["messages"][-1]["content"]

@@ -110,3 +110,24 @@ def test_a_hyperparameter_only_correction_keeps_the_edit():
     assert validate_json({"hyperparameters": {"kl_coef": 0.1}}, REVISE_SCHEMA) is None
     assert validate_json({"code": "x = 1"}, REVISE_SCHEMA) is None
     assert validate_json({"explanation": "nothing"}, REVISE_SCHEMA) is not None
+
+
+def test_a_hostile_correction_reply_leaves_the_node_rejected_with_its_reason(tmp_path):
+    """Corrections answered with JSON nested past the parser: the node is archived rejected, saying
+    the replies stayed malformed, and the archive is intact (no crash midway through the loop)."""
+    from engine.config import LLMConfig
+    from engine.operators.implement import implement
+    from engine.operators.llm import LLMClient
+    from engine.operators.propose import Proposal
+
+    arch = Archive.init(tmp_path / "exp")
+    edit = "import os\n\n\ndef compute_advantages(batch, cfg):\n    return batch.rewards * 0\n"
+    with openai_server.ScriptedOpenAI(default=lambda _req: "[" * 100_000) as srv:
+        llm = LLMClient(LLMConfig(base_url=srv.base_url, api_key_env="POISE_NO_KEY"), arch)
+        p = Proposal("deep", "m", "m", "e", edit=edit, proposer="llm")
+        node = implement(arch, "grpo", p, arch.config(), rounds=2, llm=llm)
+    assert len(srv.requests) == 3  # the correction, re-asked twice
+    assert node.status == "rejected"
+    assert "stayed malformed" in node.trailer("Poise-Reason")
+    assert "nested too deeply" in arch.read_file("deep", "records/failures.txt")
+    assert arch.fsck() and sorted(arch.nodes()) == ["deep", "grpo"]

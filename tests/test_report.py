@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import html as html_mod
 import json
 import re
 import shutil
@@ -10,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from results_util import collapsing_root, per_seed_rows, record, remedied_child
+from results_util import collapsing_root, per_seed_rows, proxy_result, record, remedied_child
 
 STEPS = list(range(0, 50, 5))
 
@@ -300,6 +302,62 @@ def test_a_rounds_parents_are_listed_in_rank_order(tmp_path):
         arch.spawn(parent, f"{parent}-child", trailers=trailers)
     page = render_report(arch).read_text()
     assert "<td>2</td><td>p2 (2: &lt;b&gt;0.9), p10 (10: 0.1)</td>" in page, page
+
+
+@pytest.mark.parametrize("metric", ["acc<img src=x onerror=alert(1)>", r"acc$\frac$"])
+def test_a_metric_name_is_drawn_and_written_as_text(tmp_path, metric):
+    """The objective is poise.toml's text: the accuracy-vs-length caption escapes it and the figures
+    draw a ``$`` in it as a character (not as the start of a formula that fails to parse)."""
+    from engine.archive.store import Archive
+    from engine.config import DEFAULT_TOML
+    from engine.report.html import render_report
+
+    toml = DEFAULT_TOML.replace(
+        'objective = "overall" ', f"objective = '{metric}'\nlength_penalty = 0.001 ", 1
+    )
+    arch = Archive.init(tmp_path / "exp", config_toml=toml)
+    for name, value in (("grpo", 0.5), ("child", 0.6)):
+        if name != "grpo":
+            arch.spawn("grpo", name, status="verified")
+        r = proxy_result({"metrics": {"overall": value, "mean_length": 20.0 - 10 * value}})
+        arch.record_result(
+            name,
+            dataclasses.replace(
+                r,
+                metrics={**r.metrics, metric: value},
+                units={**r.units, metric: "fraction"},
+                utility=metric,
+            ),
+        )
+    page = render_report(arch, tmp_path / "out").read_text()
+    assert "<img" not in page and page.count("<svg") == 3
+    shown = html_mod.escape(metric, quote=False)
+    assert f"<figcaption>{html_mod.escape(metric)} against mean response length" in page
+    assert f">{shown} (fraction)</text>" in page  # the accuracy axis, as written
+
+
+def test_every_figure_names_its_protocol_seeds_and_units(tmp_path):
+    """A number means nothing without what it measured: each figure's title names the protocol
+    version and the seeds of the ranked results, its axes the metrics' units, and each caption the
+    same."""
+    from engine.config import ExperimentConfig
+    from engine.report.html import render_report
+
+    arch = _build(tmp_path)
+    key = arch.node("grpo").result.protocol.key
+    exp = ExperimentConfig(objective="overall", pareto_objectives=("overall", "-mean_length"))
+    page = render_report(arch, tmp_path / "out", experiment=exp).read_text()
+    svgs = re.findall(r"<svg.*?</svg>", page, re.S)
+    assert len(svgs) == 4
+    for svg in svgs:
+        assert f">{key}, 3 seeds each</text>" in svg
+    lineage, frontier, _dynamics, accuracy = svgs
+    assert (
+        ">U = overall (fraction)</text>" in lineage and ">U = overall (fraction)</text>" in frontier
+    )
+    assert ">mean response length (tokens)</text>" in accuracy
+    assert ">overall (fraction)</text>" in accuracy
+    assert page.count(f"Measured under {key}, 3 seeds each.</figcaption>") == 4
 
 
 def test_report_says_which_remedies_are_still_directed_to(tmp_path):

@@ -259,3 +259,19 @@ def test_a_recording_over_the_recording_limit_is_refused(archive, monkeypatch):
     res = verify_node(archive, "huge")
     assert not res.ok and "sent more than 1 MiB" in res.reason, res.reason
     assert archive.node("huge").status == "rejected" and archive.fsck()
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_non_finite_hyperparameter_is_refused_before_any_code_runs(archive, value):
+    """A JSON reply may hold NaN or Infinity as a default: Python source has no literal for it (it
+    would read as the undefined name ``nan``), so the proposal is rejected by the static check with
+    that reason, not by a verification failing on a NameError."""
+    from engine.operators.implement import implement
+    from engine.operators.propose import Proposal
+
+    p = Proposal("nonfinite", "m", "m", "e", hyperparameters={"kl_coef": value})
+    node = implement(archive, "grpo", p, archive.config(), rounds=1)
+    assert node.status == "rejected"
+    assert "must be a finite number" in node.trailer("Poise-Reason")
+    assert "verification.json" not in archive.git.ls_tree(node.commit)
+    assert archive.algorithm("nonfinite") == archive.algorithm("grpo") and archive.fsck()

@@ -39,6 +39,10 @@ VERDICTS = (CONFIRMED, NOT_CONFIRMED, REVERSED, UNRESOLVED, FAILED)
 _TOL = 1e-9
 
 
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def verdict_of(mean: float, interval: tuple[float, float] | None) -> str:
     """``confirmed`` when the held-out interval lies wholly above zero, ``reversed`` when wholly below,
     ``not confirmed`` when it holds zero, ``no interval`` from a single seed."""
@@ -97,10 +101,20 @@ class Confirmation:
         for what, vals in (("values", self.values), ("reference", self.reference)):
             for s, v in vals.items():
                 check(s in self.seeds, f"{what} at seed {s}, which is not a held-out seed")
-                check(
-                    isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
-                    f"{what} at seed {s} must be a finite number, got {v!r}",
-                )
+                check(_finite(v), f"{what} at seed {s} must be a finite number, got {v!r}")
+        sd = self.search_difference
+        check(
+            sd is None
+            or (
+                len(sd) == 3
+                and _finite(sd[0])
+                and (sd[1] is None or (len(sd[1]) == 2 and all(_finite(x) for x in sd[1])))
+                and isinstance(sd[2], int)
+                and not isinstance(sd[2], bool)
+                and sd[2] >= 0
+            ),
+            f"search_difference must be (mean, [low, high] or None, seeds), got {sd!r}"[:300],
+        )
         if self.verdict == FAILED:
             check(bool(self.reason), "a failed confirmation must say why (reason)")
             return

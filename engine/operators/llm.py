@@ -111,22 +111,36 @@ def validate_json(data: Any, schema: Mapping[str, Any]) -> str | None:
     except jsonschema.ValidationError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "(top level)"
         return f"at {where}: {exc.message[:300]}"
+    except RecursionError:
+        return "nested too deeply to validate"
     return None
 
 
 def parse_json_reply(text: str) -> Any:
-    """The JSON object in a reply, tolerating a ```json fence around it. Raises ValueError."""
+    """The JSON object in a reply, tolerating a ```json fence around it. Raises ValueError, also for
+    JSON nested deeper than the parser recurses and for text holding an unpaired surrogate
+    (``"\\ud800"``: valid JSON, but no character, and not writable as UTF-8)."""
     t = text.strip()
     if t.startswith("```"):
         t = t.split("\n", 1)[1] if "\n" in t else ""
         t = t.rsplit("```", 1)[0]
     try:
-        return json.loads(t)
-    except json.JSONDecodeError:
-        start, end = t.find("{"), t.rfind("}")
-        if 0 <= start < end:
-            return json.loads(t[start : end + 1])
-        raise
+        try:
+            data = json.loads(t)
+        except json.JSONDecodeError:
+            start, end = t.find("{"), t.rfind("}")
+            if not 0 <= start < end:
+                raise
+            data = json.loads(t[start : end + 1])
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    except UnicodeEncodeError as exc:
+        bad = exc.object[exc.start : exc.end].encode("unicode_escape").decode("ascii")
+        raise ValueError(
+            f"a string holds an unpaired surrogate ({bad}); write the character itself"
+        ) from None
+    return data
 
 
 class LLMClient:

@@ -42,6 +42,29 @@ def _save(fig, stem: str) -> str:
     return text[text.index("<svg") :]
 
 
+def _plain(text: str) -> str:
+    """``text`` drawn as written: a ``$`` would start math mode (a metric named ``a$\\frac$`` fails
+    to draw)."""
+    return text.replace("$", r"\$")
+
+
+def _unit(units: Mapping[str, str] | None, metric: str) -> str:
+    """`` (unit)`` of ``metric`` as its results record it, or '' when they name none."""
+    unit = (units or {}).get(metric)
+    return f" ({unit})" if unit else ""
+
+
+def _utility_axis(exp, units: Mapping[str, str] | None) -> str:
+    """What U is, in the objective's unit: ``U = overall (fraction)``, ``U = overall -
+    0.002*mean_length (fraction)``."""
+    return _plain(f"U = {obj.utility_label(exp)}{_unit(units, exp.objective)}")
+
+
+def _titled(title: str, about: str) -> str:
+    """The figure's title over what its numbers measured (protocol, seeds)."""
+    return _plain(f"{title}\n{about}" if about else title)
+
+
 def _layout(nodes: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
     """x: leaves in depth-first order, a parent centred over its children; y: -depth."""
     kids: dict[str, list[str]] = {}
@@ -76,9 +99,13 @@ def lineage_ids(nodes: Mapping[str, Any]) -> dict[str, int]:
     return {n.name: i for i, n in enumerate(order, 1)}
 
 
-def lineage(nodes: Mapping[str, Any], exp) -> str | None:
+def lineage(
+    nodes: Mapping[str, Any], exp, *, about: str = "", units: Mapping[str, str] | None = None
+) -> str | None:
     """Every node at its depth, coloured by utility. Up to NAMED_LINEAGE nodes carry their names;
-    beyond, each carries its id (``lineage_ids``) so labels stay short enough not to overlap."""
+    beyond, each carries its id (``lineage_ids``) so labels stay short enough not to overlap.
+    ``about``: what the utilities measured (protocol, seeds), under the title; ``units``: each
+    metric's unit, on the colour bar."""
     if not nodes:
         return None
     plt = _plt()
@@ -115,7 +142,7 @@ def lineage(nodes: Mapping[str, Any], exp) -> str | None:
         fig.colorbar(
             sc,
             ax=ax,
-            label=f"U ({exp.objective}{' - len penalty' if exp.length_penalty else ''})",
+            label=_utility_axis(exp, units),
             shrink=0.8,
         )
     other = [k for k, u in scored.items() if u is None]
@@ -145,13 +172,20 @@ def lineage(nodes: Mapping[str, Any], exp) -> str | None:
     ax.set_ylabel("depth")
     ax.set_xticks([])
     ax.set_title(
-        "Lineage (colour: utility)" + ("" if named else "; labels are ids, see the legend")
+        _titled(
+            "Lineage (colour: utility)" + ("" if named else "; labels are ids, see the legend"),
+            about,
+        )
     )
     ax.margins(x=0.5 / max(leaves, 1) + 0.02, y=0.2)
     return _save(fig, "lineage")
 
 
-def frontier(nodes: Mapping[str, Any], exp) -> str | None:
+def frontier(
+    nodes: Mapping[str, Any], exp, *, about: str = "", units: Mapping[str, str] | None = None
+) -> str | None:
+    """Cumulative best U up to each depth and the mean of the top 3 at it (``about``, ``units``: as
+    :func:`lineage`)."""
     by_depth: dict[int, list[float]] = {}
     for n in nodes.values():
         u = obj.node_utility(n, exp)
@@ -173,15 +207,17 @@ def frontier(nodes: Mapping[str, Any], exp) -> str | None:
     ax.plot(depths, best, "o-", color="#1f77b4", label="cumulative best", zorder=3)
     ax.plot(depths, top3, "s--", color="#ff7f0e", label="top-3 mean at depth", zorder=3)
     ax.set_xlabel("depth")
-    ax.set_ylabel("utility U")
+    ax.set_ylabel(_utility_axis(exp, units))
     ax.set_xticks(depths)
-    ax.set_title("Frontier vs depth")
+    ax.set_title(_titled("Frontier vs depth", about))
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     return _save(fig, "frontier")
 
 
-def dynamics(nodes: Mapping[str, Any], names: list[str]) -> str | None:
+def dynamics(nodes: Mapping[str, Any], names: list[str], *, about: str = "") -> str | None:
+    """Reward, entropy and response length along RL training of ``names`` (``about``: the protocol
+    the trajectories were recorded under)."""
     series = {
         k: dict(nodes[k].result.trajectory) if nodes[k].result is not None else {}
         for k in names
@@ -209,7 +245,10 @@ def dynamics(nodes: Mapping[str, Any], names: list[str]) -> str | None:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle(
-        "Training dynamics: the root and the best nodes (faint: per step; solid: moving mean)"
+        _titled(
+            "Training dynamics: the root and the best nodes (faint: per step; solid: moving mean)",
+            about,
+        )
     )
     return _save(fig, "dynamics")
 
@@ -226,7 +265,11 @@ def _smooth(ys: list[float]) -> list[float]:
     return out
 
 
-def accuracy_length(nodes: Mapping[str, Any], exp) -> str | None:
+def accuracy_length(
+    nodes: Mapping[str, Any], exp, *, about: str = "", units: Mapping[str, str] | None = None
+) -> str | None:
+    """The objective against mean response length, with the Pareto front (``about``, ``units``: as
+    :func:`lineage`)."""
     pts = {
         k: (float(n.metrics[exp.objective]), float(n.metrics["mean_length"]))
         for k, n in nodes.items()
@@ -262,9 +305,9 @@ def accuracy_length(nodes: Mapping[str, Any], exp) -> str | None:
             zorder=4,
             label=f"root ({k})",
         )
-    ax.set_xlabel("mean response length")
-    ax.set_ylabel(exp.objective)
-    ax.set_title("Accuracy vs length")
+    ax.set_xlabel(_plain(f"mean response length{_unit(units, 'mean_length')}"))
+    ax.set_ylabel(_plain(exp.objective + _unit(units, exp.objective)))
+    ax.set_title(_titled("Accuracy vs length", about))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, "accuracy_length")

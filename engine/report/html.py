@@ -3,8 +3,10 @@
 Written to ``<archive>/.poise/report/`` by default (git-ignored: it is derived from the archive, which
 stays the single source). Figures: the lineage coloured by utility; frontier vs depth (cumulative best,
 top-3 mean per depth); training dynamics (reward, entropy, length) of the root and the best nodes;
-accuracy vs length when the objective involves length. The table gives each node's utility with its
-95% interval, deltas vs the root and the parent, and the noise-aware verdict vs its parent.
+accuracy vs length when the objective involves length. Each figure names what its numbers measured:
+the protocol version and seeds of the ranked results, U's definition and the metrics' units. The
+table gives each node's utility with its 95% interval, deltas vs the root and the parent, and the
+noise-aware verdict vs its parent.
 """
 
 from __future__ import annotations
@@ -151,29 +153,36 @@ def render_report(
     nodes = {k: dataclasses.replace(n, result=None) if k in apart else n for k, n in nodes.items()}
     ranked = obj.ranked(nodes, exp)
     best = ranked[0][0] if ranked else None
+    about, units = _measured(nodes, keep)
+    under = f" Measured under {about}." if about else ""
     figs: list[tuple[str, str | None, str]] = [
         (
             "Lineage",
-            figures.lineage(nodes, exp),
-            "Every node at its depth, coloured by utility; dashed edges are crossover parents.",
+            figures.lineage(nodes, exp, about=about, units=units),
+            "Every node at its depth, coloured by utility (its mean over its seeds; the interval is "
+            f"in the table); dashed edges are crossover parents.{under}",
         ),
         (
             "Frontier vs depth",
-            figures.frontier(nodes, exp),
-            "Cumulative best utility up to each depth and the mean of the top 3 at that depth.",
+            figures.frontier(nodes, exp, about=about, units=units),
+            "Cumulative best utility up to each depth and the mean of the top 3 at that depth."
+            + under,
         ),
         (
             "Training dynamics",
-            figures.dynamics(nodes, [k for k in [root] + [k for k, _ in ranked[:top]] if k]),
-            "Reward, entropy and response length along RL training (results.json trajectories).",
+            figures.dynamics(
+                nodes, [k for k in [root] + [k for k, _ in ranked[:top]] if k], about=about
+            ),
+            "Reward, entropy and response length along RL training (results.json trajectories)."
+            + under,
         ),
     ]
     if obj.has_length_objective(exp):
         figs.append(
             (
                 "Accuracy vs length",
-                figures.accuracy_length(nodes, exp),
-                f"{exp.objective} against mean response length; the Pareto front in red.",
+                figures.accuracy_length(nodes, exp, about=about, units=units),
+                f"{exp.objective} against mean response length; the Pareto front in red.{under}",
             )
         )
     rows = node_rows(nodes, exp)
@@ -226,13 +235,13 @@ def render_report(
     for title, svg, caption in figs:
         if svg:
             parts.append(
-                f"<figure><h2>{title}</h2><div class='fig'>{svg}</div>"
-                f"<figcaption>{caption}</figcaption></figure>"
+                f"<figure><h2>{html.escape(title)}</h2><div class='fig'>{svg}</div>"
+                f"<figcaption>{html.escape(caption)}</figcaption></figure>"
             )
             if title == "Lineage" and len(nodes) > figures.NAMED_LINEAGE:
                 parts.append(_legend(nodes, exp))
         else:
-            parts.append(f"<h2>{title}</h2><p class='sub'>no data yet</p>")
+            parts.append(f"<h2>{html.escape(title)}</h2><p class='sub'>no data yet</p>")
     parts.append(_rounds(nodes, rows))
     parts.append(
         "<h2>Nodes</h2><p class='sub'>U with its 95% interval; a child is <b>better</b> than its parent only when its "
@@ -331,7 +340,7 @@ def _confirmations(confs: dict[str, Any], apart: dict[str, str]) -> str:
     ]
     for name, c in sorted(confs.items(), key=lambda kv: (bool(apart.get(kv[0])), kv[0])):
         sd = c.search_difference
-        search = f"{span(sd[0], sd[1])} ({sd[2]})" if sd else "—"
+        search = f"{span(sd[0], sd[1])} ({html.escape(str(sd[2]))})" if sd else "—"
         verdict = c.verdict + (f": {c.reason}" if c.reason else "")
         protocol = html.escape(c.protocol.key)
         if apart.get(name):
@@ -364,6 +373,26 @@ def _legend(nodes, exp: ExperimentConfig) -> str:
         )
     out.append("</table></details>")
     return "\n".join(out)
+
+
+def _measured(nodes, keep: set[str]) -> tuple[str, dict[str, str]]:
+    """What the figures' numbers measured: the protocol key(s) and seed counts of the ranked results
+    (``proxy/default@1a2b3c4d5e6f, 3 seeds each``; '' when none is ranked), and each metric's unit
+    as they record it."""
+    results = [nodes[k].result for k in sorted(keep) if nodes[k].result is not None]
+    if not results:
+        return "", {}
+    counts = sorted({len(r.seeds) for r in results})
+    seeds = (
+        f"{counts[0]} seed{'s' if counts[0] != 1 else ''} each"
+        if len(counts) == 1
+        else f"{counts[0]}-{counts[-1]} seeds per node"
+    )
+    units: dict[str, str] = {}
+    for r in results:
+        for metric, unit in r.units.items():
+            units.setdefault(metric, unit)
+    return f"{', '.join(sorted({r.protocol.key for r in results}))}, {seeds}", units
 
 
 def _protocol_line(ref, nodes, keep: set[str]) -> str:

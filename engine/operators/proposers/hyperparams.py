@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import keyword
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -13,6 +14,8 @@ from engine.operators.proposers.codegen import HP_DOCS, source_literal
 
 
 def _literal(value: Any) -> cst.BaseExpression:
+    if isinstance(value, float) and not math.isfinite(value):  # no literal: `nan` is a NameError
+        raise EditError(f"hyperparameter value {value!r} must be a finite number")
     if isinstance(value, bool) or isinstance(value, (int, float, str)):
         return cst.parse_expression(source_literal(value))
     raise EditError(f"hyperparameter value {value!r} must be a number, bool or string")
