@@ -553,8 +553,8 @@ def test_cli_smoke_refuses_bad_input_before_starting_verl(cli, archive):
 
 def test_verl_runs_the_static_check_whatever_the_verification_record_says(cli, archive, tmp_path):
     """verification.json is a file in the archive: a pushed branch can carry one made for its own
-    algorithm.py. verl runs the code outside the sandbox, and the engine imports it to build the
-    config, so the gate runs the static check again: code that would run at import never does."""
+    algorithm.py. verl runs the code outside the sandbox, so the gate runs the static check again:
+    code that would run at import never does."""
     from conftest import mark_verified
 
     from trainer_template import ALGORITHM_FILE
@@ -579,8 +579,8 @@ def test_verl_runs_the_static_check_whatever_the_verification_record_says(cli, a
 
 @pytest.mark.slow  # several CLI processes / a sandboxed verification: seconds of CPU each
 def test_verl_refuses_unverified_code_before_running_it(cli, archive):
-    """verl runs a candidate outside the sandbox (and the engine imports it to build the config), so
-    train, its dry run and the smokes refuse a node whose exact algorithm.py is not verified."""
+    """verl runs a candidate outside the sandbox, so train, its dry run and the smokes refuse a node
+    whose exact algorithm.py is not verified."""
     from conftest import mark_verified
 
     edit = (

@@ -186,9 +186,10 @@ def test_smoke_settings_compose_against_verls_config():
     from engine.archive.edit import prior_source
     from trainer_template.loader import load_algorithm, make_config
     from trainer_template.verl_backend.launch import VerlProtocol, build_overrides
+    from trainer_template.verl_backend.settings import node_settings
 
     proto = smoke.SmokeProtocol()
-    cfg = make_config(load_algorithm(prior_source("dr_grpo"), "dr"))
+    settings = node_settings(make_config(load_algorithm(prior_source("dr_grpo"), "dr")))
     files = {"algorithm": "/x/algorithm.py", "hparams": "/x/h.json"}
     env = smoke.worker_env(
         "dr", files, tracking_uri="sqlite:////x/mlflow.db", run_id="0123", progress_file="/x/p"
@@ -197,7 +198,7 @@ def test_smoke_settings_compose_against_verls_config():
     def overrides(address=None):
         return build_overrides(
             "dr",
-            cfg,
+            settings,
             train_file="/x/t.parquet",
             val_file="/x/v.parquet",
             ckpt_dir="/x/ckpt",

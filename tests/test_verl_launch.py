@@ -1,19 +1,48 @@
-"""The verl launch from plain values: trainer_template builds it without an archive or MLflow (the
-layering itself is checked on the source by test_layers.py); the engine's glue
-(engine.operators.verl_launch) reads the node, opens the run and passes its id."""
+"""The verl launch from plain values: trainer_template builds it without an archive or MLflow, and
+without executing the node's code (the layering itself is checked on the source by test_layers.py);
+the engine's glue (engine.operators.verl_launch) reads the node, has its settings read in a
+sandboxed child (engine.operators.verl_settings), checks what the child sends, opens the run and
+passes its id. The engine's process never executes the node's code."""
 
 from __future__ import annotations
+
+import sys
 
 import pytest
 
 from trainer_template import ALGORITHM_FILE
 from trainer_template.verl_backend.launch import prepare_launch
 
+ROOT = ALGORITHM_FILE.read_text()
+FIELDS_END = '    """weight of the entropy bonus (subtracted from the loss)"""\n'
+
+
+def with_post_init(body: str) -> str:
+    """The root's algorithm.py whose Hyperparameters gains ``__post_init__`` running ``body``."""
+    assert ROOT.count(FIELDS_END) == 1
+    block = "".join(f"        {ln}\n" for ln in body.strip("\n").splitlines())
+    return ROOT.replace(
+        FIELDS_END, f"{FIELDS_END}\n    def __post_init__(self) -> None:\n{block}", 1
+    )
+
+
+WIDENED = with_post_init("self.clip_ratio_high = 2 * self.clip_ratio_low")
+CHECKED = with_post_init(
+    "if self.clip_ratio_high < self.clip_ratio_low:\n"
+    "    raise ValueError('clip_ratio_high is below clip_ratio_low')"
+)
+
+
+def loaded_here(node: str) -> list[str]:
+    """The modules ``trainer_template.loader`` made of ``node``'s code in this process."""
+    return sorted(k for k in sys.modules if k.startswith(f"poise_algorithm_{node}_"))
+
 
 def test_launch_is_built_from_plain_values(tmp_path):
     launch = prepare_launch(
         "cand",
-        ALGORITHM_FILE.read_text(),
+        "raise RuntimeError('the launch executed the node')\n",  # text it writes, never runs
+        {"clip_ratio_high": 0.28, "kl_coef": None},
         work_dir=tmp_path / "verl",
         tracking_uri="sqlite:////x/mlflow.db",
         run_id="r123",
@@ -24,6 +53,8 @@ def test_launch_is_built_from_plain_values(tmp_path):
     assert launch.env["MLFLOW_TRACKING_URI"] == "sqlite:////x/mlflow.db"
     assert launch.env["MLFLOW_RUN_ID"] == "r123"
     assert "actor_rollout_ref.actor.clip_ratio_high=0.28" in launch.overrides
+    assert "actor_rollout_ref.actor.clip_ratio_low=0.2" in launch.overrides  # the protocol's
+    assert "actor_rollout_ref.actor.kl_loss_coef=0.001" in launch.overrides  # null: the protocol's
     assert "trainer.project_name=exp" in launch.overrides
     assert launch.files["algorithm"] == str(tmp_path / "verl" / "nodes" / "cand" / "algorithm.py")
     assert not (tmp_path / "verl").exists()  # a dry run writes nothing
@@ -33,10 +64,155 @@ def test_engine_glue_reads_the_node_and_refuses_bad_hparams_before_any_run(archi
     from engine.operators.verl_launch import node_launch
     from trainer_template.loader import AlgorithmLoadError
 
-    with pytest.raises(AlgorithmLoadError, match="unknown hyperparameters"):
+    with pytest.raises(AlgorithmLoadError, match=r"unknown hyperparameters \['no_such_field'\]"):
         node_launch(archive, "grpo", hparams={"no_such_field": 1})
     assert not (archive.path / "mlflow.db").exists()  # no MLflow run was opened for it
-    launch = node_launch(archive, "grpo", dry_run=True)
+    launch = node_launch(archive, "grpo", hparams={"clip_ratio_high": 0.28}, dry_run=True)
     assert launch.env["POISE_NODE_NAME"] == "grpo"
     assert launch.files["algorithm"].startswith(str(archive.path / ".poise" / "verl"))
     assert launch.env["MLFLOW_TRACKING_URI"].endswith("mlflow.db")
+    assert "actor_rollout_ref.actor.clip_ratio_high=0.28" in launch.overrides  # the --hparam
+
+
+def test_the_nodes_hyperparameters_run_in_the_child_never_in_the_engine(archive):
+    """The settings are those of the node's own ``__post_init__``, which ran in the sandboxed child:
+    this process made no module of the node's code."""
+    from engine.operators.verl_launch import node_launch
+
+    archive.spawn("grpo", "widened", algorithm=WIDENED)
+    launch = node_launch(archive, "widened", dry_run=True)
+    assert "actor_rollout_ref.actor.clip_ratio_high=0.4" in launch.overrides
+    assert loaded_here("widened") == []
+
+
+def test_a_failing_hyperparameters_is_one_clear_error_before_any_run(archive):
+    """A ``__post_init__`` that refuses the --hparam: the child's one line, for the launch and the
+    smoke alike, and no MLflow run, no files, no module of the node's code here."""
+    from engine.operators.train_verl import train_smoke
+    from engine.operators.verl_launch import node_launch
+    from trainer_template.loader import AlgorithmLoadError
+
+    archive.spawn("grpo", "checked", algorithm=CHECKED)
+    why = "checked/algorithm.py: its Hyperparameters failed: ValueError: clip_ratio_high is below"
+    with pytest.raises(AlgorithmLoadError, match=why):
+        node_launch(archive, "checked", hparams={"clip_ratio_high": 0.1})
+    with pytest.raises(AlgorithmLoadError, match=why):
+        train_smoke(archive, "checked", hparams={"clip_ratio_high": 0.1})
+    assert not (archive.path / "mlflow.db").exists() and not (archive.path / ".poise").exists()
+    assert loaded_here("checked") == []
+
+
+def _node_default(field: str, value: str) -> str:
+    line = next(ln for ln in ROOT.splitlines() if ln.startswith(f"    {field}: "))
+    return ROOT.replace(line, f"{line.split('=')[0]}= {value}", 1)
+
+
+def _forging(*frames: str, end: str = "os._exit(0)") -> str:
+    """The root's algorithm.py sending ``frames`` (Python expressions) on the child's channel when
+    its module body runs, then ``end``."""
+    sends = "".join(f"Channel.from_env().send({f})\n" for f in frames)
+    head = f"import os\nfrom trainer_template.channel import Channel\n{sends}{end}\n"
+    return ROOT.replace("# ALGO LOGIC", head + "\n# ALGO LOGIC", 1)
+
+
+MALFORMED = {
+    "non-finite default": (
+        _node_default("kl_coef", "float('nan')"),
+        "settings['kl_coef'] is not a finite number",
+    ),
+    "text for a name": (_node_default("loss_agg_mode", "3"), "'loss_agg_mode' is not a name"),
+    "forged text for a number": (
+        _forging("{'type': 'settings', 'settings': {'kl_coef': '0.1'}}"),
+        "'kl_coef' is not a number",
+    ),
+    "forged unknown name": (
+        _forging("{'type': 'settings', 'settings': {'trainer.total_epochs': 1}}"),
+        "unknown names ['trainer.total_epochs']",
+    ),
+    "forged nesting": (
+        _forging("{'type': 'settings', 'settings': {'clip_ratio_low': {'x': 1}}}"),
+        "is nested more than 1 deep",
+    ),
+    "forged escape sequence": (
+        _forging("{'type': 'settings', 'settings': {'kl_type': '\\x1b[2J'}}"),
+        "is not printable text",
+    ),
+    "forged second frame": (
+        _forging(*["{'type': 'settings', 'settings': {}}"] * 2),
+        "a frame after the settings",
+    ),
+    "forged frame type": (
+        _forging("{'type': 'metrics', 'metrics': {'overall': 0.99}}"),
+        "unexpected frame type 'metrics'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_settings_are_refused_with_one_clear_error(archive, case):
+    """What the child sends is untrusted data: a node whose own settings are not what verl takes,
+    or code that forges the child's frame, is refused before any run opens."""
+    from engine.operators.verl_launch import node_launch
+    from trainer_template.loader import AlgorithmLoadError
+
+    source, why = MALFORMED[case]
+    archive.spawn("grpo", "odd", algorithm=source)
+    with pytest.raises(AlgorithmLoadError) as err:
+        node_launch(archive, "odd")
+    msg = str(err.value)
+    assert msg.startswith("odd/algorithm.py: the sandboxed child reading its verl settings sent a ")
+    assert "malformed message" in msg and why in msg, msg
+    assert "\n" not in msg and "\x1b" not in msg
+    assert not (archive.path / "mlflow.db").exists()
+
+
+def test_a_child_ending_without_settings_is_refused(archive):
+    from engine.operators.verl_launch import node_launch
+    from trainer_template.loader import AlgorithmLoadError
+
+    archive.spawn("grpo", "silent", algorithm=_forging())
+    with pytest.raises(AlgorithmLoadError, match=r"sent none \(exited with status 0\)"):
+        node_launch(archive, "silent", dry_run=True)
+
+
+def test_the_settings_check():
+    from engine.operators.verl_settings import checked_settings
+    from engine.sandbox.channel import ChannelError
+
+    ok = {"loss_agg_mode": "token-mean", "kl_coef": None, "clip_ratio_c": 3, "entropy_coef": 0.0}
+    assert checked_settings(ok) == ok
+    for bad in (
+        None,
+        [],
+        {"clip_ratio_low": True},
+        {"clip_ratio_low": None},
+        {"clip_ratio_low": float("inf")},
+        {"clip_ratio_low": 10**400},
+        {"kl_type": None},
+        {"kl_type": "x" * 201},
+        {"kl_type": ["k1"]},
+    ):
+        with pytest.raises(ChannelError):
+            checked_settings(bad)
+
+
+@pytest.mark.slow  # two CLI calls, each a static check and a sandboxed child
+def test_cli_dry_run_says_why_the_nodes_hyperparameters_failed(cli, archive):
+    """``train --backend verl --dry-run`` of a verified node whose ``__post_init__`` refuses the
+    --hparam: one error line from the child (no traceback), and the same node builds without it."""
+    pytest.importorskip("verl")
+    from conftest import mark_verified
+
+    archive.spawn("grpo", "checked", algorithm=CHECKED)
+    mark_verified(archive, "checked")
+    a = str(archive.path)
+    bad = cli(
+        "train", "checked", "--backend", "verl", "--dry-run", "--hparam", "clip_ratio_high=0.1",
+        "-C", a,
+    )  # fmt: skip
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr, bad.stderr
+    assert "its Hyperparameters failed: ValueError: clip_ratio_high is below" in bad.stderr
+    good = cli("train", "checked", "--backend", "verl", "--dry-run", "-C", a)
+    assert good.returncode == 0, good.stderr
+    assert "algorithm.adv_estimator=poise_checked" in good.stdout
+    assert loaded_here("checked") == [] and not (archive.path / "mlflow.db").exists()

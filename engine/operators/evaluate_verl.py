@@ -17,6 +17,7 @@ from engine.errors import EvaluationError, PoiseError
 from engine.operators.evaluate_suite import evaluate_node_on_suite
 from engine.operators.verl_launch import node_launch
 from engine.sandbox.process import run_limited, trusted_env
+from trainer_template.loader import AlgorithmLoadError
 from trainer_template.verl_backend.launch import VerlProtocol
 
 # verl saves at the last step when save_freq > 0; a huge period means "only at the end". The HF copy is
@@ -65,7 +66,10 @@ def evaluate_node_verl(
         **{k: v for k, v in {"model": model, "n_gpus": gpus or n_visible}.items() if v}
     )
     prior = archive.node(name).status
-    launch = node_launch(archive, name, protocol=proto, extra=_SAVE_OVERRIDES)
+    try:
+        launch = node_launch(archive, name, protocol=proto, extra=_SAVE_OVERRIDES)
+    except AlgorithmLoadError as exc:  # its settings could not be read: one line, no run opened
+        raise EvaluationError(str(exc)) from None
     archive.set_status(name, "evaluating")
     t0 = time.monotonic()
     say(

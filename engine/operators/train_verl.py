@@ -25,8 +25,8 @@ from typing import Any
 from engine.archive.tracking import node_run, tracking_uri
 from engine.errors import EvaluationError
 from engine.operators.evaluate_verl import final_checkpoint
+from engine.operators.verl_settings import verl_settings
 from engine.sandbox.env import without_secrets
-from trainer_template.loader import load_algorithm, make_config
 from trainer_template.verl_backend import smoke
 from trainer_template.verl_backend.smoke import read_progress
 
@@ -219,11 +219,13 @@ def train_smoke(
 ) -> SmokeRun:
     """Train ``node`` for ``proto.steps`` verl steps on the CPU, logging into a new MLflow run of the
     node (joining the Ray at ``ray_address`` when given, see :func:`shared_ray`); the result is not
-    recorded here (:func:`engine.operators.verl_smoke_result.record_smoke`)."""
+    recorded here (:func:`engine.operators.verl_smoke_result.record_smoke`). The node's settings
+    are read in a sandboxed child first: a bad source or ``--hparam`` raises AlgorithmLoadError
+    before any run is opened."""
     say = _say(on_event)
     proto = proto or smoke.SmokeProtocol()
     source = archive.algorithm(node)
-    cfg = make_config(load_algorithm(source, node), hparams)
+    settings = verl_settings(source, node, hparams)  # a bad source or --hparam opens no run
     work, shared = smoke_dirs(archive, node)
     say("building the tiny model, tokenizer and data (cached per archive)")
     tags = {"poise.backend": "verl", "poise.protocol": smoke.PROTOCOL_ID}
@@ -236,7 +238,7 @@ def train_smoke(
     launch = smoke.prepare(
         node,
         source,
-        cfg,
+        settings,
         work_dir=work,
         shared_dir=shared,
         tracking_uri=tracking_uri(archive.path),

@@ -257,9 +257,9 @@ def evaluation_gate(archive, name: str, *, unsandboxed: bool = False) -> str:
 
     Template code (``is_template``) is trusted as shipped: the root GRPO node needs no verification
     run. Any other algorithm.py must carry a passing ``verification.json`` made for exactly this
-    source (its sha256). ``unsandboxed`` (verl runs the code outside the sandbox, and the engine
-    imports it): the static check is run again here, since the record is a file in the archive that
-    anyone who can push a branch can write."""
+    source (its sha256). ``unsandboxed`` (verl runs the code outside the sandbox): the static check
+    is run again here, since the record is a file in the archive that anyone who can push a branch
+    can write."""
     source = archive.algorithm(name)
     if is_template(source):
         return ""

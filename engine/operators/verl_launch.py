@@ -1,6 +1,7 @@
-"""The archive side of a verl launch: read the node's source, open its MLflow run, and hand plain values
-(paths, the tracking URI, the run id) to ``trainer_template.verl_backend.launch``, which never sees the
-archive."""
+"""The archive side of a verl launch: read the node's source, have its settings read in a sandboxed
+child (``engine.operators.verl_settings``: this process never executes the node's code), open its
+MLflow run, and hand plain values (the settings, paths, the tracking URI, the run id) to
+``trainer_template.verl_backend.launch``, which never sees the archive."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.archive.tracking import node_run, tracking_uri
-from trainer_template.loader import load_algorithm, make_config
+from engine.operators.verl_settings import verl_settings
 from trainer_template.verl_backend.launch import Launch, VerlProtocol, prepare_launch
 
 VERL_DIR = Path(".poise") / "verl"
@@ -27,9 +28,11 @@ def node_launch(
     run_id: str | None = None,
 ) -> Launch:
     """Everything ``poise-git train NODE --backend verl`` runs. Unless ``dry_run`` (or ``run_id`` is
-    given), opens the node's MLflow run, which verl's MLflow logger attaches to (``MLFLOW_RUN_ID``)."""
+    given), opens the node's MLflow run, which verl's MLflow logger attaches to (``MLFLOW_RUN_ID``).
+    A node whose settings cannot be read (a bad source or ``--hparam``) raises AlgorithmLoadError
+    before any run is opened."""
     source = archive.algorithm(node)
-    make_config(load_algorithm(source, node), hparams)  # a bad source or --hparam opens no run
+    settings = verl_settings(source, node, hparams)  # a bad source or --hparam opens no run
     if not dry_run and run_id is None:
         with node_run(
             archive, node, run_name=f"{node}-verl", tags={"poise.backend": "verl"}
@@ -38,6 +41,7 @@ def node_launch(
     return prepare_launch(
         node,
         source,
+        settings,
         work_dir=Path(archive.path).resolve() / VERL_DIR,
         tracking_uri=tracking_uri(archive.path),
         run_id=run_id,

@@ -130,3 +130,52 @@ def metric_map(value: Any, *, max_keys: int = 64, allow_none: bool = False) -> d
             raise ChannelError(f"metric {k!r} is not finite")
         out[k] = float(v)
     return out
+
+
+def plain_data(
+    value: Any,
+    name: str = "the value",
+    *,
+    max_items: int = 256,
+    max_depth: int = 4,
+    max_text: int = 1000,
+) -> Any:
+    """``value`` when it is plain JSON data: null, booleans, finite numbers, printable strings of at
+    most ``max_text`` characters, and lists / objects (string keys) of them, at most ``max_depth``
+    deep and ``max_items`` values in all; else ChannelError saying what is not (``name`` says what
+    the value is)."""
+    count = 0
+
+    def check(v: Any, depth: int, where: str) -> None:
+        nonlocal count
+        count += 1
+        if count > max_items:
+            raise ChannelError(f"more than {max_items} values")
+        if v is None or isinstance(v, bool):
+            return
+        if isinstance(v, (int, float)):
+            if not finite_number(v):
+                raise ChannelError(f"{where} is not a finite number")
+            return
+        if isinstance(v, str):
+            if len(v) > max_text or not v.isprintable():
+                raise ChannelError(
+                    f"{where} is not printable text of at most {max_text} characters"
+                )
+            return
+        if depth >= max_depth:
+            raise ChannelError(f"{where} is nested more than {max_depth} deep")
+        if isinstance(v, list):
+            for i, item in enumerate(v):
+                check(item, depth + 1, f"{where}[{i}]")
+            return
+        if isinstance(v, dict):
+            for k, item in v.items():
+                if not isinstance(k, str) or len(k) > max_text or not k.isprintable():
+                    raise ChannelError(f"{where} has a key that is not printable text")
+                check(item, depth + 1, f"{where}[{text(k, 40)!r}]")
+            return
+        raise ChannelError(f"{where} is not JSON data")
+
+    check(value, 0, name)
+    return value

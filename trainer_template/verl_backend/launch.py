@@ -9,7 +9,6 @@ recipe; 0 turns verl's KL loss off, as DAPO does), the protocol's 0.001 for a no
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -19,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer_template.loader import load_algorithm, make_config
 from trainer_template.verl_backend import ENV_ALGORITHM_FILE, ENV_HPARAMS, ENV_NODE, registered_name
 from trainer_template.verl_backend.data_prep import write_parquet
 
@@ -77,27 +75,9 @@ def _fmt_str(v: Any) -> str:
     return "'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def node_settings(cfg: Any) -> dict[str, Any]:
-    """The loss-side settings verl must share with the node (aggregation, clip ratios, KL, entropy)."""
-    d = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(vars(cfg))
-    return {
-        k: d[k]
-        for k in (
-            "loss_agg_mode",
-            "clip_ratio_low",
-            "clip_ratio_high",
-            "clip_ratio_c",
-            "kl_coef",
-            "kl_type",
-            "entropy_coef",
-        )
-        if k in d
-    }
-
-
 def build_overrides(
     node: str,
-    cfg: Any,
+    settings: Mapping[str, Any],
     *,
     train_file: str,
     val_file: str,
@@ -107,8 +87,10 @@ def build_overrides(
     protocol: VerlProtocol = VerlProtocol(),
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """Hydra overrides of verl's ``ppo_trainer`` config for ``node`` (its mechanism registered by name)."""
-    s = node_settings(cfg)
+    """Hydra overrides of verl's ``ppo_trainer`` config for ``node`` (its mechanism registered by name);
+    ``settings``: the node's loss-side settings (``settings.node_settings``), protocol defaults where
+    it defines none."""
+    s = settings
     name = registered_name(node)
     p = protocol
     kl = s["kl_coef"] if s.get("kl_coef") is not None else p.kl_coef
@@ -180,6 +162,7 @@ def _key(override: str) -> str:
 def prepare_launch(
     node: str,
     source: str,
+    settings: Mapping[str, Any],
     *,
     work_dir: str | Path,
     tracking_uri: str,
@@ -191,9 +174,10 @@ def prepare_launch(
     dry_run: bool = False,
 ) -> Launch:
     """The verl launch of ``node`` whose algorithm.py is ``source``, from plain values (the engine
-    owns the archive and the MLflow run: ``tracking_uri`` and ``run_id`` are handed in). Unless
+    owns the archive and the MLflow run: ``tracking_uri`` and ``run_id`` are handed in; ``settings``
+    are the node's loss-side settings with ``hparams`` applied, read where its code may run, see
+    :mod:`trainer_template.verl_backend.settings`: nothing here executes the node's code). Unless
     ``dry_run``, writes the algorithm, its hyperparameters and the parquet data under ``work_dir``."""
-    cfg = make_config(load_algorithm(source, node), hparams)
     root = Path(work_dir).resolve()
     work, data = root / "nodes" / node, root / "data" / f"math_l3to5_n5000_seed{protocol.seed}"
     files = {
@@ -222,12 +206,14 @@ def prepare_launch(
         "MLFLOW_TRACKING_URI": tracking_uri,
         "MLFLOW_RUN_ID": run_id or "new-run-created-at-launch",
     }
-    return main_ppo_launch(node, cfg, files, env, project=project, protocol=protocol, extra=extra)
+    return main_ppo_launch(
+        node, settings, files, env, project=project, protocol=protocol, extra=extra
+    )
 
 
 def main_ppo_launch(
     node: str,
-    cfg: Any,
+    settings: Mapping[str, Any],
     files: dict[str, str],
     env: dict[str, str],
     *,
@@ -238,7 +224,7 @@ def main_ppo_launch(
     """verl's ``main_ppo`` for ``node`` over the prepared ``files`` (train, val, ckpt) and ``env``."""
     overrides = build_overrides(
         node,
-        cfg,
+        settings,
         train_file=files["train"],
         val_file=files["val"],
         ckpt_dir=files["ckpt"],

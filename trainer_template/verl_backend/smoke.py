@@ -191,7 +191,7 @@ def worker_env(
 def prepare(
     node: str,
     source: str,
-    cfg: Any,
+    settings: Mapping[str, Any],
     *,
     work_dir: str | Path,
     shared_dir: str | Path,
@@ -208,7 +208,8 @@ def prepare(
 
     ``work_dir`` (per node, emptied of earlier checkpoints and progress) receives ``algorithm.py``,
     ``hparams.json``, ``progress.jsonl`` and ``checkpoints/``; ``shared_dir`` (per archive) the tiny
-    model and the data, built once and reused by every node."""
+    model and the data, built once and reused by every node. ``settings``: the node's loss-side
+    settings with ``hparams`` applied, plain data (see :func:`launch.prepare_launch`)."""
     work, shared = Path(work_dir).resolve(), Path(shared_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     shared.mkdir(parents=True, exist_ok=True)
@@ -245,7 +246,9 @@ def prepare(
         seed=proto.seed,
     )
     extra = [*cpu_overrides(proto, str(model_dir), str(work), ray_address), *extra]
-    return main_ppo_launch(node, cfg, files, env, project=project, protocol=protocol, extra=extra)
+    return main_ppo_launch(
+        node, settings, files, env, project=project, protocol=protocol, extra=extra
+    )
 
 
 @contextlib.contextmanager
