@@ -67,6 +67,10 @@ def test_engine_glue_reads_the_node_and_refuses_bad_hparams_before_any_run(archi
     with pytest.raises(AlgorithmLoadError, match=r"unknown hyperparameters \['no_such_field'\]"):
         node_launch(archive, "grpo", hparams={"no_such_field": 1})
     assert not (archive.path / "mlflow.db").exists()  # no MLflow run was opened for it
+    # a non-finite --hparam is the user's input, said as such (not a malformed child message)
+    with pytest.raises(AlgorithmLoadError, match=r"override kl_coef is not a finite number"):
+        node_launch(archive, "grpo", hparams={"kl_coef": float("nan")})
+    assert not (archive.path / "mlflow.db").exists()
     launch = node_launch(archive, "grpo", hparams={"clip_ratio_high": 0.28}, dry_run=True)
     assert launch.env["POISE_NODE_NAME"] == "grpo"
     assert launch.files["algorithm"].startswith(str(archive.path / ".poise" / "verl"))

@@ -79,6 +79,11 @@ def verl_settings(
 ) -> dict[str, Any]:
     """The verl settings of ``node`` whose algorithm.py is ``source``, with ``hparams`` applied (plain
     data for ``trainer_template.verl_backend.launch``); AlgorithmLoadError when they cannot be had."""
+    for k, v in (hparams or {}).items():  # the user's input: said as such, before any child runs
+        try:
+            plain_data(v, f"hyperparameter override {k}", max_depth=2)
+        except ChannelError as exc:
+            raise AlgorithmLoadError(f"{exc} ({k}={v!r})") from None
     got = _Receiver()
     run = run_sandboxed(
         SETTINGS_CHILD,
