@@ -119,3 +119,21 @@ def test_the_request_on_the_wire_carries_it(arch):
     sent = srv.requests[0]["messages"][1]["content"]
     assert "THE-LAST-SENTENCE" in sent and "hard/pass@8=" in _parent_section(sent)
     assert json.dumps(srv.requests[0]).count("[") > 18
+
+
+def test_a_reply_of_many_more_proposals_than_asked_is_cut_to_a_bound(arch):
+    """A reply may hold more proposals than the n asked for; only the first 4n are screened (each is
+    built and fingerprinted), so a reply packed with thousands costs no more."""
+    from engine.config import LLMConfig
+    from engine.operators.context import build_context
+    from engine.operators.llm import LLMClient
+    from engine.operators.proposers.llm import MAX_PROPOSALS_PER_ASKED, LLMProposer
+
+    one = json.loads(openai_server.proposal_reply("x", "def helper():\n    return 1\n"))
+    item = one["proposals"][0]
+    many = [dict(item, name=f"p{i}") for i in range(500)]
+    with openai_server.ScriptedOpenAI([json.dumps({"proposals": many})]) as srv:
+        llm = LLMClient(LLMConfig(base_url=srv.base_url, api_key_env="POISE_NO_KEY"), arch)
+        ctx = build_context(arch, "p", arch.config(), seed=0)
+        out = LLMProposer(llm).propose(arch, "p", ctx, arch.config(), 2, 0)
+    assert [p.name for p in out] == [f"p{i}" for i in range(2 * MAX_PROPOSALS_PER_ASKED)]

@@ -267,3 +267,14 @@ def test_a_killed_run_leaves_the_run_lock_free(archive, tmp_path):
         holder.wait()
     with run_lock(archive):  # the kernel released it with the process
         pass
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '{"plan": {}}', '{"id": 7}', "[" * 5000])
+def test_a_run_record_that_is_not_one_is_a_clear_error(archive, text):
+    from engine.loop.state import RUN_FILE, RUN_REF, RunStateError, load_run
+
+    oid = archive.git.write_blobs([text.encode()])[0]
+    tree = archive.git.write_tree({RUN_FILE: ("100644", oid)})
+    archive.git.update_ref(RUN_REF, archive.git.commit_tree(tree, [], "damaged"), None, "test")
+    with pytest.raises(RunStateError, match="not a run record|not valid JSON"):
+        load_run(archive)

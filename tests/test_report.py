@@ -452,3 +452,16 @@ def test_the_protocol_line_names_results_under_another_version_and_other_protoco
         "also results under another version of proxy/default (1 node); "
         "other protocols: proxy/smoke (1 node)" in text
     ), re.findall(r"also results under[^<]*", text)
+
+
+def test_a_damaged_run_record_does_not_stop_the_report(tmp_path):
+    """The report reads the last run's plan and objective; fields of the wrong type there (a record
+    damaged by hand) are left out instead of stopping the page."""
+    from engine.loop.state import RunRecord, save_run
+    from engine.report.html import render_report
+
+    arch = _build(tmp_path)
+    bad = {"id": "r1", "plan": {"start_round": "x", "rounds": None, "preset": 3}, "experiment": "?"}
+    save_run(arch, RunRecord(bad), "poise: run r1")
+    text = render_report(arch).read_text()
+    assert "r1: rounds x–?" in text and "dr-grpo" in text

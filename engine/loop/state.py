@@ -57,9 +57,12 @@ def load_run(archive: Archive) -> RunRecord | None:
     if blob is None:
         raise RunStateError(f"{RUN_REF} has no {RUN_FILE}; the run record is damaged")
     try:
-        return RunRecord(json.loads(blob), commit)
-    except json.JSONDecodeError as exc:
+        data = json.loads(blob)
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise RunStateError(f"{RUN_REF}:{RUN_FILE} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("id"), str):
+        raise RunStateError(f"{RUN_REF}:{RUN_FILE} is not a run record (an object with an id)")
+    return RunRecord(data, commit)
 
 
 def save_run(archive: Archive, rec: RunRecord, subject: str) -> RunRecord:

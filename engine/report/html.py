@@ -40,7 +40,7 @@ def report_experiment(archive: Archive) -> ExperimentConfig:
     """The objective of the last run (it may override poise.toml), else poise.toml's."""
     exp = archive.config().experiment
     rec = load_run(archive)
-    if rec is not None and rec.get("experiment"):
+    if rec is not None and isinstance(rec.get("experiment"), dict):
         fields = {f.name for f in dataclasses.fields(ExperimentConfig)}
         vals = {
             k: (tuple(v) if isinstance(v, list) else v)
@@ -56,7 +56,8 @@ def report_protocol(archive: Archive):
     else the one poise.toml defines."""
     cfg = archive.config()
     rec = load_run(archive)
-    plan = (rec.get("plan") if rec is not None else None) or {}
+    plan = rec.get("plan") if rec is not None else None
+    plan = plan if isinstance(plan, dict) else {}
     if plan.get("backend") or plan.get("preset"):
         cfg = dataclasses.replace(
             cfg,
@@ -221,12 +222,13 @@ def render_report(
             vs_root = f" (root {u_root:.4f}; {obj.promotion_phrase(verdict, 'the root')})"
         parts.append(_kv("best", f"{best}: U {ranked[0][1]:.4f}{vs_root}"))
     if rec is not None:
-        plan = rec.get("plan", {})
+        plan = rec.get("plan") if isinstance(rec.get("plan"), dict) else {}
+        first, rounds = plan.get("start_round", 1), plan.get("rounds", 1)
+        last = first + rounds - 1 if all(type(v) is int for v in (first, rounds)) else "?"
         parts.append(
             _kv(
                 "last run",
-                f"{rec.id}: rounds {plan.get('start_round')}–"
-                f"{int(plan.get('start_round', 1)) + int(plan.get('rounds', 1)) - 1}, "
+                f"{rec.get('id')}: rounds {first}–{last}, "
                 f"{plan.get('parents')} parents × {plan.get('population')} candidates, {plan.get('seeds')} seed(s), "
                 f"{rec.get('status')}: {rec.get('stop_reason') or ''}",
             )

@@ -93,6 +93,10 @@ def proposal_messages(context, parent: str, n: int, seed: int | None = None) -> 
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
 
 
+MAX_PROPOSALS_PER_ASKED = 4
+"""of a reply's proposals, at most this many times the n asked for are screened (the first ones)"""
+
+
 @register("llm")
 class LLMProposer:
     """Proposals and corrections from a chat model (``engine.llm.LLMClient``)."""
@@ -114,7 +118,9 @@ class LLMProposer:
         usage = {k: round(after[k] - before[k], 6) for k in after}
         usage["record"] = reply.key
         out = []
-        for item in reply.data["proposals"]:
+        # a reply may hold more than the n asked for; screening ranks up to MAX_PROPOSALS_PER_ASKED
+        # times n of them (each is built and fingerprinted), so a reply of thousands costs no more
+        for item in reply.data["proposals"][: MAX_PROPOSALS_PER_ASKED * max(n, 1)]:
             out.append(
                 Proposal(
                     name=slug(item["name"]),
