@@ -23,7 +23,7 @@ class Grade:
     """One graded sample. ``status``: ok | no_answer | unparsable | timeout | error | crash."""
 
     correct: bool
-    valid: bool  # format validity: a boxed answer that math-verify can parse
+    valid: bool  # format validity: a non-empty boxed answer math-verify extracts anything from
     status: str = "ok"
     detail: str = ""
 
