@@ -297,6 +297,19 @@ def test_openai_backend_falls_back_to_completions():
     )
 
 
+def test_the_api_a_suite_fell_back_to_is_recorded(archive):
+    """A server without chat: the suite's prompts went through /v1/completions as the Qwen ChatML
+    text, and the result says so (not the ``auto`` it was started with)."""
+    from engine.operators.evaluate_suite import evaluate_node_on_suite
+
+    with _Server(*_scripted(limit=1), chat=False) as srv:
+        result = evaluate_node_on_suite(
+            archive, "grpo", generator="openai", model="m", base_url=srv.url, limit=1, n_boot=20
+        )
+    assert result.ok and result.metrics["overall"] == pytest.approx(100.0)
+    assert result.details["generation"]["api"] == "completions"
+
+
 def test_unreachable_server_marks_node_failed(archive):
     import socket
 

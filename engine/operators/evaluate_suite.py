@@ -110,6 +110,7 @@ def evaluate_node_on_suite(
             on_progress=on_progress,
         )
     except (Exception, KeyboardInterrupt) as exc:  # the node must not stay "evaluating"
+        details["generation"] = gen.describe()  # as it ran (the API it fell back to)
         reason = str(exc) if isinstance(exc, SuiteError) else f"{type(exc).__name__}: {exc}"
         failed = EvaluationResult(
             **base,
@@ -125,6 +126,7 @@ def evaluate_node_on_suite(
         raise
     finally:
         gen.close()
+    details["generation"] = gen.describe()  # as it ran (the API it fell back to)
     result = _result(base, run, details, t0)
     try:  # the scores are recorded on the node even when the tracking store is unreachable
         run_ids = (_log_mlflow(archive, name, result, run["samples"]),)
