@@ -390,6 +390,8 @@ def test_bad_input_is_rejected_before_the_archive_changes(archive):
         ({"model": None}, "--model"),
         ({"model": "m", "preset": "huge"}, "preset"),
         ({"generator": "openai", "model": "m"}, "--base-url"),
+        ({"model": "m", "n_boot": 0}, "n_boot"),  # else it failed after the whole generation
+        ({"model": "m", "seed": -1}, "seed"),
     ]:
         with pytest.raises(EvaluationError, match=msg):
             evaluate_node_on_suite(archive, "grpo", **kwargs)

@@ -65,6 +65,8 @@ def evaluate_node_on_suite(
         raise EvaluationError("a suite evaluation needs --model (a path, or the served model name)")
     if limit is not None and limit < 1:
         raise EvaluationError("--limit must be >= 1")
+    if n_boot < 1:  # checked now: the intervals are computed after the whole generation
+        raise EvaluationError(f"n_boot (bootstrap replicates) must be >= 1, got {n_boot!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise EvaluationError(f"a suite evaluation's seed must be an integer >= 0, got {seed!r}")
     try:
