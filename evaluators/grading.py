@@ -9,12 +9,13 @@ stuck past the bound. Outside a main thread no bound is applied.
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import threading
 from dataclasses import dataclass
 
 # Bump when extraction, normalization or the math-verify call changes: it is recorded with every result.
-GRADER_VERSION = "math6-grader/1"
+GRADER_VERSION = "math6-grader/2"
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class Grade:
     """One graded sample. ``status``: ok | no_answer | unparsable | timeout | error | crash."""
 
     correct: bool
-    valid: bool  # format validity: a boxed answer that math-verify can parse
+    valid: bool  # format validity: a non-empty boxed answer math-verify extracts anything from
     status: str = "ok"
     detail: str = ""
 
@@ -60,8 +61,13 @@ def extract_boxed(text: str) -> str | None:
     return None
 
 
+_MATH_DOLLAR = re.compile(r"(?<!\\)\$")
+
+
 def normalize_gold(answer) -> str:
-    """A gold answer as a LaTeX string: ``27.0`` -> ``27``; outer ``$`` and a trailing period dropped."""
+    """A gold answer as a LaTeX string: ``27.0`` -> ``27``; a trailing period and every math-mode
+    ``$`` dropped (``"$221,$8$"`` -> ``221,8``: a ``$`` left inside made math-verify read one part
+    of the answer as the whole); an escaped ``\\$`` (a currency sign) is kept."""
     if isinstance(answer, float):
         return str(int(answer)) if answer.is_integer() else repr(answer)
     if isinstance(answer, int):
@@ -69,9 +75,7 @@ def normalize_gold(answer) -> str:
     s = str(answer).strip()
     if s.endswith(".") and not s.endswith("..."):
         s = s[:-1].rstrip()
-    if len(s) >= 2 and s.startswith("$") and s.endswith("$") and "$" not in s[1:-1]:
-        s = s[1:-1].strip()
-    return s
+    return _MATH_DOLLAR.sub("", s).strip()
 
 
 def join_answers(parts: list[str]) -> str:

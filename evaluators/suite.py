@@ -128,6 +128,13 @@ def run_benchmark_suite(
                 raise SuiteError(
                     f"{backend.name} returned {len(completions)} outputs for {len(probs)} prompts"
                 )
+            want = 1 if sampling.greedy else sampling.n
+            got = next((len(texts) for texts in completions if len(texts) != want), None)
+            if got is not None:  # fewer samples would score pass@k on them under pass@k's name
+                raise SuiteError(
+                    f"{backend.name} returned {got} sample(s) for a problem of {b.key}, where the "
+                    f"protocol asks {want} (does the server honour `n`?)"
+                )
             pairs = [(p.gold, text) for p, texts in zip(probs, completions) for text in texts]
             stage = f"grade {b.key}"
             report(stage, 0, len(pairs))
@@ -166,6 +173,16 @@ def run_benchmark_suite(
             {k: r["per_problem"] for k, r in results.items()}, n_boot=n_boot, seed=seed
         ),
     }
+
+
+def suite_metric_names(benches: tuple[Benchmark, ...]) -> set[str]:
+    """The names of the metrics :func:`build_metrics` records for a run on ``benches``."""
+    names = {"mean_length", "valid_rate", "grader_failures"}
+    for b in benches:
+        names |= {b.key, f"{b.key}/mean_length", f"{b.key}/valid_rate", f"{b.key}/mean_accuracy"}
+    if all(k in names for k in MATH6_WEIGHTS):
+        names.add("overall")
+    return names
 
 
 def build_metrics(run: dict[str, Any]) -> dict[str, float]:

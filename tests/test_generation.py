@@ -297,6 +297,19 @@ def test_openai_backend_falls_back_to_completions():
     )
 
 
+def test_the_api_a_suite_fell_back_to_is_recorded(archive):
+    """A server without chat: the suite's prompts went through /v1/completions as the Qwen ChatML
+    text, and the result says so (not the ``auto`` it was started with)."""
+    from engine.operators.evaluate_suite import evaluate_node_on_suite
+
+    with _Server(*_scripted(limit=1), chat=False) as srv:
+        result = evaluate_node_on_suite(
+            archive, "grpo", generator="openai", model="m", base_url=srv.url, limit=1, n_boot=20
+        )
+    assert result.ok and result.metrics["overall"] == pytest.approx(100.0)
+    assert result.details["generation"]["api"] == "completions"
+
+
 def test_unreachable_server_marks_node_failed(archive):
     import socket
 
@@ -313,12 +326,58 @@ def test_unreachable_server_marks_node_failed(archive):
         model="m",
         base_url=f"http://127.0.0.1:{port}/v1",
         limit=1,
+        seed=7,
         generator_kwargs={"max_retries": 0},
     )
     assert result.status == "failed" and "cannot reach" in result.reason
+    assert result.seeds == (7,)  # the sampling seed, as every result records its seeds
     node = archive.node("grpo")
     assert node.status == "failed" and node.results["math6/paper"].status == "failed"
     assert archive.fsck()
+
+
+def test_a_server_that_ignores_n_fails_the_node(archive):
+    """A server that answers one choice where the protocol asks 32 (it ignores ``n``): pass@1 must not
+    be recorded as pass@32; the node is failed, saying so."""
+    from openai_server import ScriptedOpenAI
+
+    from engine.operators.evaluate_suite import evaluate_node_on_suite
+
+    answers, _ = _scripted(limit=1)
+    with ScriptedOpenAI(
+        default=lambda body: f"\\boxed{{{answers[body['messages'][-1]['content']]}}}"
+    ) as srv:
+        result = evaluate_node_on_suite(
+            archive,
+            "grpo",
+            generator="openai",
+            model="m",
+            base_url=srv.base_url,
+            limit=1,
+            n_boot=20,
+        )
+        asked = {r["n"] for r in srv.requests}
+    assert asked == {32}  # only aime24 was asked for: the run stopped there
+    assert result.status == "failed" and result.metrics == {}
+    assert "aime24" in result.reason and "1 sample" in result.reason and "32" in result.reason
+    assert archive.node("grpo").status == "failed"
+
+
+def test_an_objective_the_suite_does_not_measure_is_refused_before_anything_runs(tmp_path):
+    """An experiment ranking by a metric the suite does not record (a proxy metric): refused up
+    front, not after hours of generation with the node left "evaluating" and nothing recorded."""
+    from engine.archive.store import Archive
+    from engine.config import DEFAULT_TOML
+    from engine.operators.evaluate_suite import evaluate_node_on_suite
+
+    toml = DEFAULT_TOML.replace('objective = "overall" ', 'objective = "hard/accuracy" ', 1)
+    arch = Archive.init(tmp_path / "exp", config_toml=toml)
+    tip = arch.tip("grpo")
+    with pytest.raises(EvaluationError, match="hard/accuracy"):
+        evaluate_node_on_suite(
+            arch, "grpo", generator="openai", model="m", base_url="http://127.0.0.1:9/v1"
+        )
+    assert arch.tip("grpo") == tip and arch.node("grpo").status != "evaluating"
 
 
 def test_bad_input_is_rejected_before_the_archive_changes(archive):
@@ -331,6 +390,8 @@ def test_bad_input_is_rejected_before_the_archive_changes(archive):
         ({"model": None}, "--model"),
         ({"model": "m", "preset": "huge"}, "preset"),
         ({"generator": "openai", "model": "m"}, "--base-url"),
+        ({"model": "m", "n_boot": 0}, "n_boot"),  # else it failed after the whole generation
+        ({"model": "m", "seed": -1}, "seed"),
     ]:
         with pytest.raises(EvaluationError, match=msg):
             evaluate_node_on_suite(archive, "grpo", **kwargs)
@@ -410,5 +471,6 @@ def test_scores_are_recorded_when_mlflow_is_unreachable(archive, monkeypatch, tm
             n_boot=50,
         )
     assert result.ok and result.mlflow_run_ids == () and result.details["mlflow_error"]
+    assert result.seeds == (0,) and result.protocol.settings["seed"] == 0
     node = archive.nodes("math6/paper")["grpo"]
     assert node.status == "evaluated" and node.overall == pytest.approx(100.0)

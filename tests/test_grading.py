@@ -73,6 +73,24 @@ def test_gold_extraction_per_benchmark():
     assert all(len(load_problems(b)) == LINES[b.dataset] for b in SUITES["math6"])
 
 
+def test_golds_with_dollars_inside_grade_the_whole_answer():
+    """Three golds carry ``$`` inside the answer (OlympiadBench ``"$221,$8$"`` and
+    ``"$f(n)=n$, $g(n)=1$"``; a Minerva solution boxing ``…+$ $…``): the whole answer is graded right
+    and a part of it wrong, never the reverse."""
+    probs = {(p.benchmark, p.index): p for b in SUITES["math6"] for p in load_problems(b)}
+    assert not [k for k, p in probs.items() if re.search(r"(?<!\\)\$", p.gold)]
+    mn = probs["olympiadbench", 194].gold
+    assert is_equivalent(mn, "221, 8") and is_equivalent(mn, "m=221, n=8")
+    assert not is_equivalent(mn, "221") and not is_equivalent(mn, "8")
+    fg = probs["olympiadbench", 17].gold
+    assert is_equivalent(fg, "f(n)=n, g(n)=1") and not is_equivalent(fg, "f(n)=n")
+    x = probs["minerva", 72].gold
+    whole = "x_{0} \\cos (\\omega t)+\\dot{x}_{0} \\sin (\\omega t) / \\omega"
+    assert is_equivalent(x, whole)
+    assert not is_equivalent(x, "\\dot{x}_{0} \\sin (\\omega t) / \\omega")
+    assert probs["math500", 242].gold == "\\$32,\\!348"  # an escaped dollar is the answer's own
+
+
 def test_every_gold_grades_as_its_own_boxed_answer():
     """Each benchmark's extracted gold, boxed as a model would write it, is graded correct (process pool):
     every 20th problem plus every multi-answer gold (all 1,547 pass too; kept small for CI time)."""

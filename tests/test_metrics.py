@@ -18,7 +18,7 @@ from evaluators.metrics import (
     pass_at_k,
     word_count,
 )
-from evaluators.suite import build_metrics, score_benchmark
+from evaluators.suite import build_metrics, score_benchmark, suite_metric_names
 
 
 def binomial(n, c, k):
@@ -117,3 +117,4 @@ def test_score_benchmark_pass_at_k_and_acc():
     assert (
         m["overall"] == pytest.approx(50.0) and m["aime24"] == 50.0 and m["grader_failures"] == 3.0
     )
+    assert set(m) == suite_metric_names(SUITES["math6"])  # what an objective is checked against

@@ -27,7 +27,13 @@ from evaluators.errors import SuiteError
 from evaluators.generation import BACKENDS, make_backend
 from evaluators.grading import GRADER_VERSION
 from evaluators.metrics import suite_metric_unit
-from evaluators.suite import build_metrics, protocol, protocol_hash, run_benchmark_suite
+from evaluators.suite import (
+    build_metrics,
+    protocol,
+    protocol_hash,
+    run_benchmark_suite,
+    suite_metric_names,
+)
 
 
 def evaluate_node_on_suite(
@@ -59,12 +65,23 @@ def evaluate_node_on_suite(
         raise EvaluationError("a suite evaluation needs --model (a path, or the served model name)")
     if limit is not None and limit < 1:
         raise EvaluationError("--limit must be >= 1")
+    if n_boot < 1:  # checked now: the intervals are computed after the whole generation
+        raise EvaluationError(f"n_boot (bootstrap replicates) must be >= 1, got {n_boot!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise EvaluationError(f"a suite evaluation's seed must be an integer >= 0, got {seed!r}")
     try:
         benches, max_tokens = suite_spec(suite, preset)
     except SuiteError as exc:
         raise EvaluationError(str(exc)) from None
     node = archive.node(name)  # unknown node: one clear error before anything runs
     cfg = archive.config()
+    measured = suite_metric_names(benches)
+    if cfg.experiment.objective not in measured:  # its result could not be recorded
+        raise EvaluationError(
+            f"this experiment ranks by {cfg.experiment.objective!r}, which the {suite} suite does "
+            f"not measure (it records {', '.join(sorted(measured))}); evaluate it in an archive "
+            "whose [experiment].objective is one of these"
+        )
     settings = protocol(suite, preset, benches, max_tokens, limit, grade_timeout_s, seed)
     proto = Protocol(f"{suite}/{preset}", protocol_hash(settings), "suite", preset, settings)
     t0 = time.time()
@@ -78,7 +95,9 @@ def evaluate_node_on_suite(
         "generation": gen.describe(),
         "versions": _versions(),
     }
-    base = dict(protocol=proto, node_commit=node.commit, utility=cfg.experiment.objective)
+    base = dict(
+        protocol=proto, seeds=(seed,), node_commit=node.commit, utility=cfg.experiment.objective
+    )
     archive.set_status(name, "evaluating")
     try:
         run = run_benchmark_suite(
@@ -93,6 +112,7 @@ def evaluate_node_on_suite(
             on_progress=on_progress,
         )
     except (Exception, KeyboardInterrupt) as exc:  # the node must not stay "evaluating"
+        details["generation"] = gen.describe()  # as it ran (the API it fell back to)
         reason = str(exc) if isinstance(exc, SuiteError) else f"{type(exc).__name__}: {exc}"
         failed = EvaluationResult(
             **base,
@@ -108,6 +128,7 @@ def evaluate_node_on_suite(
         raise
     finally:
         gen.close()
+    details["generation"] = gen.describe()  # as it ran (the API it fell back to)
     result = _result(base, run, details, t0)
     try:  # the scores are recorded on the node even when the tracking store is unreachable
         run_ids = (_log_mlflow(archive, name, result, run["samples"]),)
