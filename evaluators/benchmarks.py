@@ -16,7 +16,7 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 SHA256 = {
     "aime24": "af2b8bd2aa911b6333ad0df32f3ca05c7ae8ed10f1731f4372c8ae26990bf7ac",
     "aime25": "3611f1360ce5e8bfe13bee53bff5020de005f1d18152cd594402db58a848a64e",
-    "amc23": "43707e1ca784602d8479de24ee8ce36609dbebc46dd152b0b12a46611aa898a4",
+    "amc83": "1acf00e3602ed7be2ecd77951c56b02e2130e1e3534bb07493a884f60c0699c0",
     "math500": "35dc41080a3680858b27fa7e0533d2d547825316fc5dafe5d316f4ccc5a06132",
     "minerva_math": "0e656b430d3a0a1dab6aa853f453ba3805e28e2cabe4fc72486a897cc09d8ba2",
     "olympiadbench": "bb8c1e38a16ea9eacb77530315a674d883f267fbff79183effc53681b4fcc416",
@@ -49,7 +49,7 @@ class Benchmark:
 
 def gold_answer(dataset: str, row: dict) -> str:
     """The gold answer of one row, per the dataset's layout."""
-    if dataset in ("aime24", "aime25", "amc23", "math500"):
+    if dataset in ("aime24", "aime25", "amc83", "math500"):
         return normalize_gold(row["answer"])
     if dataset == "minerva_math":
         boxed = extract_boxed(row["solution"])
@@ -100,7 +100,7 @@ SUITES: dict[str, tuple[Benchmark, ...]] = {
     "math6": (
         Benchmark("aime24", "aime24", "problem", 32, 32, 1.0),
         Benchmark("aime25", "aime25", "question", 32, 32, 1.0),
-        Benchmark("amc", "amc23", "problem", 32, 32, 1.0),
+        Benchmark("amc", "amc83", "problem", 32, 32, 1.0),  # the paper's 83 AMC problems
         Benchmark("math500", "math500", "problem", 1, 1, 0.0),
         Benchmark("minerva", "minerva_math", "problem", 1, 1, 0.0),
         Benchmark("olympiadbench", "olympiadbench", "question", 1, 1, 0.0),
