@@ -225,3 +225,32 @@ def test_pool_matches_single_process_grading():
     with GraderPool(workers=2, chunk=3) as pool:
         pooled = pool.grade(pairs)
     assert pooled == [grade_completion(g, t) for g, t in pairs]
+
+
+@pytest.mark.slow
+def test_the_verl_reward_is_bounded_in_any_thread():
+    """verl's reward workers may grade from a thread other than the main one, where no alarm can
+    bound math-verify; a response it would grade for ever (a power tower) scores 0 within the bound
+    there too, and right answers still score 1."""
+    import threading
+    import time
+
+    from trainer_template.verl_backend import reward
+
+    out: dict = {}
+
+    def score() -> None:
+        t0 = time.monotonic()
+        out["tower"] = reward.compute_score("math", "so \\boxed{9^{9^{9^{9}}}}", "5")
+        out["s"] = time.monotonic() - t0
+        out["right"] = reward.compute_score("math", "so \\boxed{\\frac{1}{2}}", "0.5")
+
+    t = threading.Thread(target=score, daemon=True)
+    t.start()
+    t.join(timeout=45)
+    assert not t.is_alive(), "grading in a thread did not return"
+    assert out["tower"] == {"score": 0.0, "acc": 0.0, "format_valid": 1.0}
+    assert out["s"] < reward.GRADE_TIMEOUT_S + 20
+    assert out["right"]["score"] == 1.0
+    main = reward.compute_score("math", "so \\boxed{9^{9^{9^{9}}}}", "5")  # the main thread's alarm
+    assert main["score"] == 0.0

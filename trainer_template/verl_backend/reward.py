@@ -11,19 +11,26 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from evaluators.grading import _wrap, extract_boxed, is_equivalent
+from evaluators.grading import extract_boxed, is_equivalent
+from evaluators.pool import GraderPool
+
+GRADE_TIMEOUT_S = 5.0
+"""the bound on grading one response (math-verify can take for ever, e.g. on ``9^{9^{9^{9}}}``)"""
+_pool: GraderPool | None = None
+_pool_lock = threading.Lock()
 
 
 def _equivalent(gold: str, pred: str) -> bool:
     if threading.current_thread() is threading.main_thread():
-        return is_equivalent(gold, pred)
-    # math-verify's timeouts use SIGALRM, which only works in the main thread; verl's reward workers
-    # may call from another thread, where an alarm error would silently grade everything wrong.
-    from math_verify import parse, verify  # lazy: math_verify is heavy (only this path needs it)
-
-    g = parse(_wrap(gold), parsing_timeout=None)
-    p = parse(_wrap(pred), parsing_timeout=None)
-    return bool(g and p and verify(g, p, timeout_seconds=None))
+        return is_equivalent(gold, pred, timeout_s=GRADE_TIMEOUT_S)
+    # the bound is an alarm (SIGALRM), which only a main thread can take; verl's reward workers may
+    # call from another thread, so there one grader process (its own main thread, killed when it
+    # overruns) grades, one response at a time: a response that would grade for ever scores 0
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = GraderPool(workers=1, timeout_s=GRADE_TIMEOUT_S, grace_s=2.0, extract=False)
+        return _pool.grade([(gold, pred)])[0].correct
 
 
 def compute_score(
