@@ -255,6 +255,32 @@ def test_tracking_never_leaks_the_store_into_the_environment(tmp_path, monkeypat
     assert (tmp_path / "a" / "mlflow.db").is_file()
 
 
+def test_tracking_set_from_threads_at_once_leaves_the_environment_alone(tmp_path, monkeypatch):
+    """Evaluations in threads of one process (the loop's in-process executor) point MLflow at their
+    archives at once; none leaves $MLFLOW_TRACKING_URI exported, which would send every later
+    archive's runs, in this process and its children, into that store."""
+    import threading
+
+    from engine.archive.tracking import set_uri, tracking_uri
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uris = [f"sqlite:///{tmp_path / name / 'mlflow.db'}" for name in "abcd"]
+    start = threading.Barrier(len(uris))
+
+    def point(i: int) -> None:
+        start.wait()
+        for j in range(300):
+            set_uri(uris[(i + j) % len(uris)])
+
+    threads = [threading.Thread(target=point, args=(i,)) for i in range(len(uris))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert os.environ.get("MLFLOW_TRACKING_URI") is None
+    assert tracking_uri(tmp_path / "e") == f"sqlite:///{(tmp_path / 'e').resolve() / 'mlflow.db'}"
+
+
 _OPEN_AT = """
 import sys, time
 from engine.archive.store import Archive

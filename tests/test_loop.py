@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import mark_verified
 from results_util import record
 
 REPO = Path(__file__).resolve().parents[1]
@@ -247,7 +248,8 @@ def test_hung_candidate_is_cut_off_by_the_limit(archive):
         "def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:\n"
         "    while True:\n        pass\n"
     )
-    archive.spawn("grpo", "hangs", edit, trailers={"Poise-Round": "1"}, status="verified")
+    archive.spawn("grpo", "hangs", edit, trailers={"Poise-Round": "1"})
+    mark_verified(archive, "hangs")  # else evaluate refuses it at once and nothing hangs
     ex = LocalExecutor(1)
     t0 = time.monotonic()
     try:
@@ -262,7 +264,8 @@ def test_hung_candidate_is_cut_off_by_the_limit(archive):
     node = archive.node("hangs")
     assert out.status == "failed" and node.status == "failed", (out, node.status)
     assert wall < 8 + 60, wall
-    assert node.trailer("Poise-Reason")
+    assert "wall-clock limit" in node.trailer("Poise-Reason"), node.trailer("Poise-Reason")
+    assert "wall-clock limit" in out.reason
     assert archive.fsck()
 
 

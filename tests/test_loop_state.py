@@ -143,6 +143,48 @@ def test_executor_records_a_crashed_evaluation_as_failed(archive):
     assert archive.fsck()
 
 
+HANGS = (
+    "def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:\n"
+    "    while True:\n        pass\n"
+)
+
+
+@pytest.mark.slow  # W worker processes start and warm up before the stop: 15-30 s on 2 cores
+def test_a_stopped_executor_starts_none_of_its_queued_evaluations(archive):
+    """Stopping (Ctrl-C, a wall-time budget) kills the running evaluations and starts no queued one:
+    the threads whose workers were killed took the next queued job while the rest were still being
+    killed, so the stop waited out whole evaluations and recorded their outcomes."""
+    from conftest import mark_verified
+
+    from engine.loop.executor import STOPPED, EvalJob, LocalExecutor
+    from engine.loop.state import pending_work
+
+    workers, queued = 8, 8
+    names = [f"hangs-{i}" for i in range(workers + queued)]
+    for name in names:
+        archive.spawn("grpo", name, HANGS, trailers={"Poise-Round": "1"})
+        mark_verified(archive, name)
+    ex = LocalExecutor(workers)
+    futures = [
+        ex.submit(EvalJob(str(archive.path), n, seeds=1, preset="smoke", timeout_s=20))
+        for n in names
+    ]
+    deadline = time.monotonic() + 240
+    while sum(n.status == "evaluating" for n in archive.nodes().values()) < workers:
+        assert time.monotonic() < deadline, "the workers never started evaluating"
+        time.sleep(0.2)
+    t0 = time.monotonic()
+    ex.shutdown(kill=True)
+    took = time.monotonic() - t0
+    outcomes = [f.result().status for f in futures if not f.cancelled()]
+    statuses = {k: n.status for k, n in archive.nodes().items() if k in names}
+    assert took < 10, took
+    assert outcomes == [STOPPED] * len(outcomes), outcomes
+    assert sorted(statuses.values()) == ["evaluating"] * workers + ["verified"] * queued, statuses
+    assert set(names) <= set(pending_work(archive, archive.nodes("proxy/smoke")).evaluate)
+    assert archive.fsck()
+
+
 def test_kill_tree_reaches_descendants_in_their_own_sessions(tmp_path):
     import subprocess
     import sys

@@ -21,6 +21,7 @@ MLFLOW_DB = "mlflow.db"
 ARTIFACTS = "mlruns"
 STORE_LOCK = ".poise/mlflow.lock"  # beside the archive's other local state, excluded from git
 _opened: set[str] = set()  # SQLite stores this process has opened (created or migrated) already
+_uri_lock = threading.Lock()  # one set_uri at a time: each saves and puts back the environment
 
 
 def tracking_uri(archive_path: str | Path) -> str:
@@ -92,15 +93,18 @@ def set_uri(uri: str) -> None:
     """Point MLflow at ``uri`` in this process without touching ``$MLFLOW_TRACKING_URI``.
 
     ``mlflow.set_tracking_uri`` also exports the variable, which would make the next archive opened in
-    the same process (and every child process) log into this archive's store."""
+    the same process (and every child process) log into this archive's store. Evaluations in
+    threads of one process call it at once: without the lock one thread could read as "before" the
+    value another had just exported, and put it back for good."""
     import mlflow  # lazy: mlflow is heavy (only this path needs it)
 
-    before = os.environ.get("MLFLOW_TRACKING_URI")
-    mlflow.set_tracking_uri(uri)
-    if before is None:
-        os.environ.pop("MLFLOW_TRACKING_URI", None)
-    else:
-        os.environ["MLFLOW_TRACKING_URI"] = before
+    with _uri_lock:
+        before = os.environ.get("MLFLOW_TRACKING_URI")
+        mlflow.set_tracking_uri(uri)
+        if before is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = before
 
 
 def _client_setup(archive):

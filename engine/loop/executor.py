@@ -65,9 +65,14 @@ def _grace(timeout_s: float) -> float:
     return min(60.0, 0.25 * timeout_s) + 15.0
 
 
-def run_job(job: EvalJob) -> EvalOutcome:
-    """Run one evaluation in a limited worker process; record a failure on the node if it dies."""
+def run_job(job: EvalJob, live: _Live | None = None) -> EvalOutcome:
+    """Run one evaluation in a limited worker process; record a failure on the node if it dies.
+    ``live``: the executor's register of its workers (a Ray task's process has its own); once it is
+    stopped no worker starts, and one that started meanwhile is killed at once."""
+    live = live if live is not None else _LIVE
     start = time.monotonic()
+    if live.stopped():
+        return _stopped(job, 0.0)
     limit = job.timeout_s + _grace(job.timeout_s)
     cmd = [sys.executable, "-m", "engine.loop.executor", json.dumps(asdict(job))]
     proc = subprocess.Popen(
@@ -79,22 +84,24 @@ def run_job(job: EvalJob) -> EvalOutcome:
         env=child_env(),
         start_new_session=True,
     )
-    _LIVE.add(proc)
     timed_out = False
     try:
+        if not live.add(proc):  # the executor stopped while this worker was starting
+            raise _Stop
         out, err = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
         timed_out = True
         kill_tree(proc.pid)
         out, err = proc.communicate()
+    except _Stop:
+        kill_tree(proc.pid)
+        proc.communicate()
     finally:
         kill_tree(proc.pid)
-        _LIVE.discard(proc)
+        live.discard(proc)
     wall = time.monotonic() - start
-    if _LIVE.was_stopped(proc.pid):
-        return EvalOutcome(
-            job.node, STOPPED, "stopped by the loop; left for --resume", None, wall, False
-        )
+    if live.was_stopped(proc):
+        return _stopped(job, wall)
     for line in reversed((out or "").splitlines()):
         if line.startswith(RESULT_MARK):
             data = json.loads(line[len(RESULT_MARK) :])
@@ -111,6 +118,14 @@ def run_job(job: EvalJob) -> EvalOutcome:
             tail[-1][:250] if tail else f"exit status {proc.returncode}"
         )
     return record_failure(job, reason, wall, timed_out)
+
+
+class _Stop(Exception):
+    """The worker started after its executor was stopped."""
+
+
+def _stopped(job: EvalJob, wall_s: float) -> EvalOutcome:
+    return EvalOutcome(job.node, STOPPED, "stopped by the loop; left for --resume", None, wall_s)
 
 
 def record_failure(
@@ -177,31 +192,44 @@ def kill_tree(pid: int) -> None:
 
 
 class _Live:
-    """Worker processes in flight, so that shutdown can kill them."""
+    """An executor's worker processes in flight, so that shutdown can kill them. Once killed, the
+    register stays stopped: a worker started afterwards (its job was taken from the queue while
+    the others were being killed) is refused and killed too."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._procs: set = set()
-        self._stopped: set[int] = set()
+        self._killed: set = set()
+        self._stopping = False
 
-    def add(self, p) -> None:
+    def add(self, p) -> bool:
+        """Register ``p``; False (not registered) once the register is stopped."""
         with self._lock:
+            if self._stopping:
+                self._killed.add(p)
+                return False
             self._procs.add(p)
+            return True
 
     def discard(self, p) -> None:
         with self._lock:
             self._procs.discard(p)
 
+    def stopped(self) -> bool:
+        with self._lock:
+            return self._stopping
+
     def kill_all(self) -> None:
         with self._lock:
+            self._stopping = True
             procs = list(self._procs)
-            self._stopped.update(p.pid for p in procs)
+            self._killed.update(procs)
         for p in procs:
             kill_tree(p.pid)
 
-    def was_stopped(self, pid: int) -> bool:
+    def was_stopped(self, p) -> bool:
         with self._lock:
-            return pid in self._stopped
+            return p in self._killed
 
 
 _LIVE = _Live()
@@ -217,13 +245,17 @@ class LocalExecutor:
         self._pool = cf.ThreadPoolExecutor(
             max_workers=self.workers, thread_name_prefix="poise-eval"
         )
+        self._live = _Live()
 
     def submit(self, job: EvalJob) -> cf.Future:
-        return self._pool.submit(run_job, job)
+        return self._pool.submit(run_job, job, self._live)
 
     def shutdown(self, kill: bool = False) -> None:
+        """Wait for the evaluations; with ``kill``, cancel the queued ones and kill those running
+        (their nodes are left for ``--resume``), so that no evaluation starts after this call."""
         if kill:
-            _LIVE.kill_all()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._live.kill_all()
         self._pool.shutdown(wait=True, cancel_futures=kill)
 
 
