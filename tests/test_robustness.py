@@ -159,3 +159,23 @@ def test_code_from_an_llm_reply_is_bounded_too(tmp_path, cli, code):
     )
     arch = Archive(tmp_path / "exp")
     assert all(n.status in ("spawned", "rejected") for n in arch.nodes().values()) and arch.fsck()
+
+
+def test_a_ref_lock_left_by_a_killed_writer_is_named(archive):
+    """git's lock file of a node's ref, left behind by a writer killed mid-update, makes every write
+    to that node fail: the error names the file (not "the branch kept moving"), and removing it is
+    all it takes."""
+    from engine.errors import ArchiveError
+
+    archive.spawn("grpo", "n")
+    lock = archive.path / ".git" / "refs" / "heads" / "poise" / "n.lock"
+    lock.write_text("")
+    with pytest.raises(ArchiveError, match=r"git's lock file .*n\.lock exists") as exc:
+        archive.commit_files("n", {"notes.md": "x"}, subject="a record", retries=2)
+    assert "kept moving" not in str(exc.value)
+    (archive.path / ".git" / "refs" / "heads" / "poise" / "m.lock").write_text("")
+    with pytest.raises(ArchiveError, match=r"m\.lock exists"):
+        archive.spawn("grpo", "m")
+    lock.unlink()
+    archive.commit_files("n", {"notes.md": "x"}, subject="a record")
+    assert "m" not in archive.nodes() and archive.fsck()

@@ -545,7 +545,10 @@ class Archive:
         msg = _message(title, body, name, parents, status, created, extra)
         commit = self.git.commit_tree(tree, parent_commits, msg)
         if not self.git.update_ref(REF_PREFIX + name, commit, None, f"poise spawn {name}"):
-            raise ArchiveError(f"a node named {name!r} already exists (created concurrently)")
+            raise ArchiveError(
+                self._stale_lock(REF_PREFIX + name)
+                or f"a node named {name!r} already exists (created concurrently)"
+            )
         log.info("spawned %s from %s (%s)", name, " + ".join(parents), commit[:12])
         # Built locally: a full lineage read here would cost ~0.3 s at 10k nodes.
         return Node(
@@ -621,7 +624,21 @@ class Archive:
                 return commit
             time.sleep(min(0.005 * (attempt + 1), 0.1))
         raise ArchiveError(
-            f"could not record on {name!r}: the branch kept moving (lost {retries} compare-and-swaps)"
+            self._stale_lock(ref)
+            or f"could not record on {name!r}: the branch kept moving (lost {retries} compare-and-swaps)"
+        )
+
+    def _stale_lock(self, ref: str) -> str:
+        """Why writing ``ref`` keeps failing when git's lock file for it is left behind (a writer
+        killed in the middle of an update), else ``""``."""
+        git_dir = Path(self.git.text("rev-parse", "--absolute-git-dir").strip())
+        lock = git_dir / f"{ref}.lock"
+        if not lock.exists():
+            return ""
+        return (
+            f"cannot write {ref}: git's lock file {lock} exists (a git process writing it was killed, "
+            "or is still running); when no poise-git or git process is running on this archive, "
+            "remove that file"
         )
 
     def record_result(
