@@ -323,3 +323,9 @@ def test_bench_cpu_kernels_runs_each_capability_in_its_own_process(tmp_path):
         timeout=120,
     )
     assert bad.returncode != 0 and "unknown mechanism(s) nope" in bad.stderr
+
+
+def test_bench_fingerprint_times_the_fingerprints_of_published_mechanisms(tmp_path):
+    text = _bench("bench_fingerprint.py", ["--sources", "2", "--repeats", "1"], tmp_path)
+    assert "repeat 1:" in text and "fingerprints() of 2 sources" in text
+    assert "2 recording children at a time: median" in text

@@ -169,23 +169,89 @@ def test_static_bypass_is_still_rejected(bypass_reasons, case, why):
     assert CANARY not in reason
 
 
-@pytest.mark.slow  # two recording children and a replay, each importing torch
-def test_fingerprinting_survives_a_recorded_key_that_names_no_source():
-    """The recording child chooses its calls' keys: one that names no source ('fpx#0'), open when
-    the child dies, leaves that source failed and the next one fingerprinted, not a crash of the
-    engine's screening."""
+def test_a_scoped_recorder_refuses_the_calls_of_another_scope():
+    """A fingerprint's recording child records one source: the parent refuses a call keyed for any
+    other (another source's ``fp1#...``, a longer index ``fp10#...``), and accepts its own."""
+    from engine.operators.recording import Recorder
+    from engine.sandbox.channel import ChannelError
+    from engine.sandbox.runner import Session
+
+    rec = Recorder(1.0, scope="fp1")
+    rec({"type": "begin", "key": "fp1#load", "digest": ""}, Session())
+    rec({"type": "end", "key": "fp1#load"}, Session())
+    for key in ("fp0#load", "fp10#load", "fp1", "session#0"):
+        with pytest.raises(ChannelError, match="is not one of fp1's"):
+            rec({"type": "begin", "key": key, "digest": ""}, Session())
+    assert list(rec.calls) == ["fp1#load"]
+
+
+@pytest.mark.slow  # three recording children and a replay, each importing torch
+def test_fingerprinting_survives_a_child_that_dies_or_sends_a_key_of_no_source():
+    """The recording child chooses its calls' keys. One that dies with a call of its own open leaves
+    its source failed with how it ended; one that sends a key naming no source ('fpx#0') is refused,
+    and its source with it; the next source is fingerprinted, not a crash of the engine's screening."""
     require_boundary()
     from engine.operators.fingerprint import fingerprints
 
-    head = (
-        "import os\n"
-        "from trainer_template.channel import Channel\n"
-        "_c = Channel.from_env()\n"
-        "_c.send({'type': 'end', 'key': 'fp0#load', 'out': {'t': 'scalar', 'v': None}})\n"
-        "_c.send({'type': 'begin', 'key': 'fpx#0', 'fn': 'x', 'digest': ''})\n"
-        "os._exit(1)\n"
-    )
-    src = ROOT.replace("# ALGO LOGIC", head + "\n\n# ALGO LOGIC", 1)
-    bad, good = fingerprints([src, ROOT], timeout_s=60)
-    assert isinstance(bad, str) and "exited with status 1" in bad, bad
+    def dying(i: int, key: str) -> str:
+        """Source ``i``: its load ends (a forged end frame), a call keyed ``key`` begins, it dies."""
+        head = (
+            "import os\n"
+            "from trainer_template.channel import Channel\n"
+            "_c = Channel.from_env()\n"
+            f"_c.send({{'type': 'end', 'key': 'fp{i}#load', 'out': {{'t': 'scalar', 'v': None}}}})\n"
+            f"_c.send({{'type': 'begin', 'key': '{key}', 'fn': 'x', 'digest': ''}})\n"
+            "os._exit(1)\n"
+        )
+        return ROOT.replace("# ALGO LOGIC", head + "\n\n# ALGO LOGIC", 1)
+
+    died, foreign, good = fingerprints([dying(0, "fp0#0"), dying(1, "fpx#0"), ROOT], timeout_s=60)
+    assert isinstance(died, str) and "exited with status 1" in died, died
+    assert isinstance(foreign, str) and "'fpx#0' is not one of fp1's" in foreign, foreign
     assert isinstance(good, list) and len(good) > 100
+
+
+# Source 0's code wraps the channel of the process it runs in: every call it records is sent a second
+# time under source 1's key, and source 1's own calls are dropped — a forged recording of source 1
+# that makes it behave exactly like source 0 (a near-duplicate that screening would drop).
+FORGE_NEXT_SOURCE = """
+from trainer_template.channel import Channel
+
+_send = Channel.send
+_begin = {"digest": "", "fn": "load"}
+
+
+def _forge(self, message, blob=None):
+    key = str(message.get("key", ""))
+    if key.startswith("fp1#"):
+        return None
+    _send(self, message, blob)
+    if message.get("type") == "begin":
+        _begin.update(message)
+    elif message.get("type") == "end" and key.startswith("fp0#"):
+        twin = "fp1#" + key[4:]
+        _send(self, {"type": "begin", "key": twin, "fn": _begin["fn"], "digest": _begin["digest"]})
+        _send(self, {**message, "key": twin})
+    return None
+
+
+Channel.send = _forge
+"""
+
+
+@pytest.mark.slow  # fingerprints three sources in the sandbox, in two calls
+def test_a_source_cannot_forge_the_fingerprint_of_another():
+    """Each source is recorded by a process that loaded no other source: source 0's code, which sends
+    a recording of itself under source 1's key and drops source 1's own calls, fails itself and
+    leaves source 1's fingerprint exactly what it is alone."""
+    require_boundary()
+    from engine.archive.edit import prior_source
+    from engine.operators.fingerprint import DUPLICATE_TOL, distance, fingerprints
+
+    other = prior_source("dr_grpo")
+    root_fp, alone = fingerprints([ROOT, other], timeout_s=60)
+    assert isinstance(alone, list) and distance(root_fp, alone) > DUPLICATE_TOL  # a real difference
+    hostile = ROOT.replace("# ALGO LOGIC", FORGE_NEXT_SOURCE + "\n\n# ALGO LOGIC", 1)
+    bad, good = fingerprints([hostile, other], timeout_s=60)
+    assert good == alone, "source 1's recording was forged by source 0"
+    assert isinstance(bad, str) and "fp1#" in bad, bad

@@ -8,15 +8,18 @@ constant positive scale; loss probes in relative L2) are near-duplicates, whatev
 
 Computing a fingerprint executes candidate code: the engine runs it only behind the sandbox, after
 the static checks, as recorded calls (``engine.operators.probe``) replayed on the trusted side, where
-``compute`` assembles the vector (``fingerprints(...)`` and ``verify``).
+``compute`` assembles the vector (``fingerprints(...)`` and ``verify``). ``fingerprints`` records each
+source in a child that loads that source alone and accepts only calls keyed for it, so one source's
+code cannot forge or overwrite another's recording.
 """
 
 from __future__ import annotations
 
+import json
 import math
-import re
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from engine.operators import recording
 from engine.operators.recording import Recorder
@@ -27,8 +30,8 @@ from engine.sandbox.runner import Feed, run_sandboxed
 from trainer_template.loader import make_config
 
 DUPLICATE_TOL = 1e-3
-_SOURCE_KEY = re.compile(r"fp([0-9]{1,9})#")
-"""a recorded call's key names its source: ``fp<index>#...`` (the recording child chose the key)"""
+RECORDERS = 2
+"""recording children at a time: a child's start (Python and torch) is most of its cost"""
 BANK_NAMES = (
     "mixed",
     "all_correct",
@@ -199,20 +202,54 @@ def nearest(
     return best, dist, (novelty(fp, others[best]) if best is not None else math.inf)
 
 
+def _record(
+    i: int, source: str, limits: Limits, call_s: float, b: boundary.Boundary
+) -> tuple[dict, str, str]:
+    """Source ``i``'s recording from a sandboxed child that loads it alone: (its calls, why the child
+    stopped early or '', why the recording was refused or ''). A call keyed for another source is
+    refused (``Recorder``'s scope), and the source with it."""
+    rec = Recorder(call_s, scope=f"fp{i}")
+    run = run_sandboxed(
+        "engine.operators.verify_child",
+        ["fp-record", "{input}", str(i)],
+        limits=limits,
+        inputs={f"src{i}.py": source.encode("utf-8")},
+        env={"POISE_VERIFY_MODE": "record"},
+        on_frame=rec,
+        boundary=b,
+    )
+    if run.protocol_error:
+        return {}, "", f"fingerprinting failed: {run.reason()}"
+    ended = rec.finish(run)  # the call open when the child stopped keeps the error
+    return rec.calls, ended, ""
+
+
 def fingerprints(
-    sources: Sequence[str], *, timeout_s: float = 120.0, memory_mb: int = 4096, call_s: float = 10.0
+    sources: Sequence[str],
+    *,
+    timeout_s: float = 120.0,
+    memory_mb: int = 4096,
+    call_s: float = 10.0,
+    parallel: int = RECORDERS,
 ) -> list[list[float] | str]:
     """Fingerprint many (statically checked) sources; an error string per failure.
 
-    A sandboxed child runs the probes of every source and streams each call's raw output (it is
-    restarted after the source that stopped it); the vectors are computed by a second sandboxed child
-    that replays the recording and loads no candidate code."""
+    Each source is recorded by a sandboxed child of its own that loads no other source (``parallel``
+    of them at a time), which streams each call's raw output, keyed for that source alone: no source's
+    code runs in the process that records another's. The vectors are computed by one more sandboxed
+    child that replays the recordings and loads no candidate code. A source whose child crashes, is
+    killed or sends a malformed frame (one keyed for another source) gets its error; the others are
+    fingerprinted."""
     if not sources:
         return []
 
     b = boundary.resolve()
+    n = len(sources)
     limits = Limits(wall_s=timeout_s, cpu_s=timeout_s, memory_mb=memory_mb)
-    inputs = {f"src{i}.py": src.encode("utf-8") for i, src in enumerate(sources)}
+    # what the recording children of one call may send in all (each at least 1 MiB; a source's
+    # recording is about 8 KB): the engine holds the recordings in memory until the replay reads them
+    per_child = limits.with_(channel_mb=max(1, recording.RECORDING_CHANNEL_MB // n))
+    workers = max(1, min(parallel, n))
     values: list = []
 
     def on_result(frame: dict, _session) -> None:
@@ -226,8 +263,9 @@ def fingerprints(
         target=lambda: judging.update(
             run=run_sandboxed(
                 "engine.operators.verify_child",
-                ["fp-replay", "{input}", str(len(sources))],
-                limits=limits.with_(wall_s=2 * timeout_s),
+                ["fp-replay", "{input}", str(n)],
+                # it waits on stdin while the recording children run, one batch after another
+                limits=limits.with_(wall_s=(math.ceil(n / workers) + 1) * timeout_s),
                 env={"POISE_VERIFY_MODE": "replay"},
                 on_frame=on_result,
                 boundary=b,
@@ -237,36 +275,22 @@ def fingerprints(
         name="poise-fingerprint-replay",
     )
     judge.start()
-    rec = Recorder(call_s)
-    start, ended, refused = 0, "", ""
     try:
-        while start < len(sources):
-            run = run_sandboxed(
-                "engine.operators.verify_child",
-                ["fp-record", "{input}", str(start)],
-                limits=limits.with_(channel_mb=recording.RECORDING_CHANNEL_MB),
-                inputs=inputs,
-                env={"POISE_VERIFY_MODE": "record"},
-                on_frame=rec,
-                boundary=b,
+        with ThreadPoolExecutor(workers, thread_name_prefix="poise-fingerprint-record") as pool:
+            recorded = list(
+                pool.map(lambda i: _record(i, sources[i], per_child, call_s, b), range(n))
             )
-            if run.protocol_error:
-                refused = f"fingerprinting failed: {run.reason()}"
-                break
-            stop = rec.finish(run)
-            if not stop:
-                break
-            ended, rec.done = stop, False
-            # the source it stopped at keeps its recorded error; a key naming no source is ignored
-            seen = [int(m[1]) for k in rec.calls if (m := _SOURCE_KEY.match(k))]
-            start = max([start, *(i for i in seen if i < len(sources))]) + 1
-        feed.put(None if refused else rec.to_json(ended).encode())
+        calls = {k: v for part, _, _ in recorded for k, v in part.items()}
+        ended = {f"fp{i}": why for i, (_, why, _) in enumerate(recorded) if why}
+        feed.put(json.dumps({"calls": calls, "ended": ended}, allow_nan=True).encode())
     finally:
         feed.put(None)
         judge.join()
-    if refused:
-        return [refused] * len(sources)
+    refused = [why for _, _, why in recorded]
     judged = judging["run"]
-    if not judged.ok or len(values) != len(sources):
-        return [f"fingerprinting failed: {judged.reason()}"] * len(sources)
-    return [[float(x) for x in v] if isinstance(v, list) else f"{v}"[:300] for v in values]
+    if not judged.ok or len(values) != n:
+        return [why or f"fingerprinting failed: {judged.reason()}" for why in refused]
+    return [
+        why or ([float(x) for x in v] if isinstance(v, list) else f"{v}"[:300])
+        for v, why in zip(values, refused)
+    ]

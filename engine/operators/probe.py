@@ -46,7 +46,8 @@ class _State:
         self.counts: dict[str, int] = {}
         self.channel: Channel | None = None
         self.recording: dict[str, Any] | None = None
-        self.ended = ""
+        self.ended: dict[str, str] = {}
+        """why the recording stopped early, by scope ('' for every scope)"""
         self.module: Any = None
 
     def key(self) -> str:
@@ -79,14 +80,18 @@ def _recording() -> dict[str, Any]:
     if _S.recording is None:
         data = json.loads(Path(os.environ[RECORDING_ENV]).read_text(encoding="utf-8"))
         _S.recording = data.get("calls", {})
-        _S.ended = str(data.get("ended", ""))
+        # one reason for the whole recording, or one per scope (a recording child per source)
+        ended = data.get("ended", "")
+        ended = ended if isinstance(ended, dict) else {"": ended}
+        _S.ended = {str(k): str(v) for k, v in ended.items()}
     return _S.recording
 
 
 def _entry(key: str, dig: str | None = None) -> dict:
     rec = _recording().get(key)
     if rec is None:
-        why = f" ({_S.ended})" if _S.ended else ""
+        ended = _S.ended.get(key.split("#", 1)[0], _S.ended.get("", ""))
+        why = f" ({ended})" if ended else ""
         raise NotRecorded(f"not run: the candidate's process was stopped at an earlier call{why}")
     if not isinstance(rec, dict):
         raise codec.RecordingError("a recorded call is malformed")

@@ -218,7 +218,7 @@ def screen(
         return [], dropped
     archived, todo = archived_fingerprints(archive, nodes)
     runnable = [src for _, src in candidates if src is not None]
-    computed = fingerprints([src for _, src in todo] + runnable)  # one sandboxed process for all
+    computed = fingerprints([src for _, src in todo] + runnable)  # a recording child each
     for (name, _), fp in zip(todo, computed):
         if isinstance(fp, list):
             archived[name] = fp

@@ -23,10 +23,12 @@ _FIELDS = ("out", "mutated", "grads", "fields")
 
 
 class Recorder:
-    """``on_frame`` for a recording child."""
+    """``on_frame`` for a recording child. With ``scope`` every call's key must be ``<scope>#...``:
+    the child recorded that one scope (one source) and may not send the calls of another."""
 
-    def __init__(self, call_s: float):
+    def __init__(self, call_s: float, scope: str = ""):
         self.call_s = call_s
+        self.scope = scope
         self.calls: dict[str, dict] = {}
         self.open: str | None = None
         self.done = False
@@ -39,6 +41,8 @@ class Recorder:
             key = expect(frame, "key", str)
             if len(key) > 400 or key in self.calls:
                 raise ChannelError("a call key is too long or was recorded twice")
+            if self.scope and not key.startswith(f"{self.scope}#"):
+                raise ChannelError(f"the call {text(key, 60)!r} is not one of {self.scope}'s")
             if len(self.calls) >= MAX_CALLS:
                 raise ChannelError(f"more than {MAX_CALLS} calls")
             digest = frame.get("digest", "")

@@ -4,7 +4,8 @@
                             call (sandboxed, candidate code), then the fingerprint probes
     replay INPUT            run the suite against the recording on stdin (trusted: no candidate
                             code); sends {"type": "result", "returncode", "tests", "fingerprint"}
-    fp-record INPUT START   fingerprint probes of INPUT/src<i>.py for i >= START (candidate code)
+    fp-record INPUT I       fingerprint probes of INPUT/src<I>.py, the one source this child loads
+                            (candidate code; calls keyed ``fp<I>#...``)
     fp-replay INPUT N       the fingerprint vectors of sources 0..N-1 from the recording on stdin
 
 The replays start together with their recording child: they import pytest and torch, then block
@@ -103,15 +104,12 @@ def replay(root: Path) -> None:
     )
 
 
-def fp_record(root: Path, start: int) -> None:
-    i = start
-    while (root / f"src{i}.py").is_file():
-        try:
-            ns = probe.load_candidate(root / f"src{i}.py", key=f"fp{i}")
-            _fingerprint(ns, f"fp{i}")
-        except Exception:  # noqa: BLE001
-            pass
-        i += 1
+def fp_record(root: Path, i: int) -> None:
+    try:
+        ns = probe.load_candidate(root / f"src{i}.py", key=f"fp{i}")
+        _fingerprint(ns, f"fp{i}")
+    except Exception:  # noqa: BLE001 - recorded call by call; the trusted side decides
+        pass
     Channel.from_env().send({"type": "done"})
 
 

@@ -35,6 +35,7 @@ POLL_S = 0.5
 """the longest a supervised child's reader waits before it looks again at the engine's stop flag"""
 _UID_BASE = 1_500_000_000
 _uid_counter = 0
+_uid_lock = threading.Lock()
 
 
 class Feed:
@@ -134,9 +135,12 @@ class SandboxRun:
 
 
 def _next_uid() -> int:
+    """A uid of its own for each child, also for children started at once from several threads
+    (RLIMIT_NPROC counts the processes of a uid)."""
     global _uid_counter
-    _uid_counter += 1
-    return _UID_BASE + (os.getpid() * 1009 + _uid_counter) % 90_000_000
+    with _uid_lock:
+        _uid_counter += 1
+        return _UID_BASE + (os.getpid() * 1009 + _uid_counter) % 90_000_000
 
 
 def run_sandboxed(
