@@ -297,6 +297,7 @@ def test_openai_backend_falls_back_to_completions():
     )
 
 
+@pytest.mark.slow
 def test_the_api_a_suite_fell_back_to_is_recorded(archive):
     """A server without chat: the suite's prompts went through /v1/completions as the Qwen ChatML
     text, and the result says so (not the ``auto`` it was started with)."""
