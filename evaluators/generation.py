@@ -127,9 +127,19 @@ class VLLMBackend(Backend):
 
     def requests(
         self, problems: Sequence[str], sampling: Sampling, tokenizer=None
-    ) -> tuple[list[str], dict]:
-        """(prompt texts, SamplingParams kwargs) for one call of ``LLM.generate``."""
-        return [render_prompt(p, tokenizer) for p in problems], vllm_sampling_kwargs(sampling)
+    ) -> tuple[list, dict]:
+        """(prompts, SamplingParams kwargs) for one call of ``LLM.generate``.
+
+        A prompt rendered through the model's chat template is handed over as its token ids
+        (``{"prompt_token_ids": [...]}``), tokenized without special tokens: the template already
+        writes the ones the model needs, and vLLM tokenizing the text would add its start-of-text
+        token a second time (Llama-style models). The ChatML text for a model without a template
+        goes as text, and gets the model's start-of-text token from vLLM as a plain prompt does."""
+        texts = [render_prompt(p, tokenizer) for p in problems]
+        if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+            ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+            return [{"prompt_token_ids": list(i)} for i in ids], vllm_sampling_kwargs(sampling)
+        return texts, vllm_sampling_kwargs(sampling)
 
     def generate(self, problems, sampling, progress=None):
         from vllm import SamplingParams  # lazy: optional dependency (vllm extra)

@@ -96,13 +96,37 @@ def test_vllm_request_construction(tiny):
     assert b.llm_kwargs["model"] == "some/model" and b.llm_kwargs["tensor_parallel_size"] == 2
     tok = AutoTokenizer.from_pretrained(tiny)
     prompts, kw = b.requests(["Find $x$.", "Find $y$."], Sampling(n=32, temperature=1.0), tok)
-    assert (
-        prompts == [render_prompt("Find $x$.", tok), render_prompt("Find $y$.", tok)]
-        and kw["n"] == 32
-    )
+    assert [tok.decode(p["prompt_token_ids"]) for p in prompts] == [
+        render_prompt("Find $x$.", tok),
+        render_prompt("Find $y$.", tok),
+    ]
+    assert kw["n"] == 32
     assert b.requests(["Find $x$."], Sampling())[0] == [
         QWEN25_MATH_COT.format(system=SYSTEM_PROMPT, problem="Find $x$.")
     ]
+
+
+def test_a_chat_template_writing_the_start_token_gets_it_once_in_vllms_prompt(tiny):
+    """A Llama-style tokenizer adds its start-of-text token when it encodes text, and its chat
+    template writes that token too: vLLM given the rendered text would start the prompt with two.
+    The prompt vLLM gets is the template's token ids, with the token once."""
+    from tokenizers.processors import TemplateProcessing
+    from transformers import AutoTokenizer
+
+    from evaluators.generation import VLLMBackend
+
+    tok = AutoTokenizer.from_pretrained(tiny)
+    tok.add_special_tokens({"bos_token": "<s>"})
+    bos = tok.bos_token_id
+    tok._tokenizer.post_processor = TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
+    )
+    tok.chat_template = "{{ bos_token }}" + tok.chat_template
+    text = render_prompt("Find $x$.", tok)
+    assert tok(text)["input_ids"][:2] == [bos, bos]  # what tokenizing the text would hand vLLM
+    (prompt,), _ = VLLMBackend("m").requests(["Find $x$."], Sampling(), tok)
+    ids = prompt["prompt_token_ids"]
+    assert ids[0] == bos and ids[1] != bos and tok.decode(ids) == text
 
 
 def test_vllm_missing_is_one_clear_error():
