@@ -354,3 +354,72 @@ def test_the_seed_cache_is_keyed_by_the_harness_as_well_as_the_code(tmp_path, mo
     edited = source_digest((pkg,))
     (pkg / "sub" / "b.py").rename(pkg / "sub" / "c.py")
     assert len({before, edited, source_digest((pkg,))}) == 3
+
+
+HOLD_NODE = """
+import sys
+from engine.archive.store import Archive
+from engine.operators.evaluate import node_evaluation
+with node_evaluation(Archive(sys.argv[1]), "grpo"):
+    print("held", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def _holder(path):
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD_NODE, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_node_another_process_evaluates_is_refused_at_once_or_waited_for(tmp_path, cli):
+    """One process at a time evaluates a node: `poise-git evaluate` of a node another process is
+    evaluating fails at once, naming it, and changes nothing; a loop's worker (``wait_for_other``)
+    waits, and takes the result the other recorded under its protocol version and seeds instead of
+    evaluating again."""
+    import threading
+    import time
+
+    from results_util import record
+
+    from engine.operators.evaluate import evaluate_node
+
+    arch = Archive.init(tmp_path / "exp")
+    tip = arch.node("grpo").commit
+    holder = _holder(arch.path)
+    try:
+        r = cli("evaluate", "grpo", "--preset", "smoke", "--seeds", "1", "-C", str(arch.path))
+        assert r.returncode == 1, r.stdout
+        assert f"grpo is being evaluated by another process (pid {holder.pid}, since" in r.stderr
+        assert arch.node("grpo").commit == tip
+        got: dict = {}
+
+        def work() -> None:
+            try:
+                got["r"] = evaluate_node(arch, "grpo", seeds=1, preset="smoke", wait_for_other=True)
+            except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+                got["error"] = exc
+
+        worker = threading.Thread(target=work)
+        worker.start()
+        time.sleep(0.5)
+        assert worker.is_alive() and not got  # waiting for the holder
+        record(arch, "grpo", {"overall": 0.42}, preset="smoke")  # what the holder recorded
+        mine = arch.node("grpo").commit
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        worker.join(timeout=60)
+        assert not worker.is_alive()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert "error" not in got, got
+    assert got["r"].metrics == {"overall": 0.42} and arch.node("grpo").commit == mine
+    assert arch.fsck()

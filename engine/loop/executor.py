@@ -382,6 +382,7 @@ def _worker(job: EvalJob) -> None:
         preset=job.preset,
         timeout_s=job.timeout_s,
         tags=job.tags,
+        wait_for_other=True,  # a `poise-git evaluate` of this node in flight: its result, if ours
     )
     out = {"status": result.status, "reason": result.reason, "overall": result.value}
     print(RESULT_MARK + json.dumps(out), flush=True)

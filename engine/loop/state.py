@@ -11,16 +11,16 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import secrets
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.archive.locks import LockHeld, git_dir, held
 from engine.archive.store import REFLECTION, Archive, Node
 from engine.errors import PoiseError
 from engine.operators.verify import is_template
@@ -85,22 +85,15 @@ def run_lock(archive: Archive) -> Iterator[None]:
     """Held for as long as a ``poise-git run`` runs in ``archive``, so that a second one (``--resume``
     included) is refused at once instead of taking the run record over from the first. The kernel
     releases the lock when the process ends, however it ends: a killed run never leaves it held."""
-    git_dir = archive.git.text("rev-parse", "--absolute-git-dir").strip()
-    fd = os.open(os.path.join(git_dir, RUN_LOCK), os.O_CREAT | os.O_RDWR, 0o600)
-    try:
+    with ExitStack() as stack:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 200).decode("utf-8", "replace").strip() or "another process"
+            stack.enter_context(held(os.path.join(git_dir(archive), RUN_LOCK)))
+        except LockHeld as exc:
             raise RunStateError(
-                f"another `poise-git run` is running in this archive ({holder}); wait for it to "
-                "finish, or stop it (Ctrl-C) and continue with `poise-git run --resume`"
+                f"another `poise-git run` is running in this archive ({exc.holder}); wait for it "
+                "to finish, or stop it (Ctrl-C) and continue with `poise-git run --resume`"
             ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode())
         yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def new_run_id() -> str:

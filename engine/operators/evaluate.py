@@ -19,14 +19,16 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import trainer_template
+from engine.archive.locks import LockHeld, git_dir, held
 from engine.archive.results import EvaluationResult, Protocol, now
 from engine.archive.tracking import node_run, open_store_meanwhile
 from engine.errors import EvaluationError
@@ -112,11 +114,15 @@ def evaluate_node(
     *,
     on_event: Callable[[str], None] | None = None,
     cache_dir: str | None = None,
+    wait_for_other: bool = False,
 ) -> EvaluationResult:
     """Evaluate ``name`` and record its result under ``proxy/<preset>`` (status evaluated | failed).
 
     ``seeds``: a count N (seeds 0..N-1) or an explicit list; default ``[evaluation].seeds``.
     ``preset``: the proxy protocol preset (default ``[proxy].preset``). ``on_event``: progress lines.
+    One process at a time evaluates a node (:func:`node_evaluation`): when another holds it, this
+    call fails at once, or with ``wait_for_other`` (the loop's workers) waits, and then returns the
+    result the other recorded when it is this evaluation's (same protocol version and seeds).
     """
     if backend not in ("proxy", "verl"):
         raise EvaluationError(
@@ -133,6 +139,44 @@ def evaluate_node(
             on_event=on_event,
         )
     job = _Job.prepare(archive, name, seeds, preset, timeout_s, cache_dir)
+    asked = now()
+    with node_evaluation(archive, name, wait=wait_for_other) as waited:
+        ours: Protocol = job.base["protocol"]
+        done = archive.node(name).results.get(ours.id) if waited else None
+        if (
+            done is not None
+            and done.recorded_at >= asked
+            and done.protocol.hash == ours.hash
+            and list(done.seeds) == job.seeds
+        ):
+            return done  # the process this one waited for has just evaluated it so
+        return _evaluate(archive, name, job, tags, on_event)
+
+
+EVAL_LOCKS = "poise-eval"
+"""the directory in the archive's git directory holding one lock file per node being evaluated"""
+
+
+@contextmanager
+def node_evaluation(archive, name: str, *, wait: bool = False) -> Iterator[bool]:
+    """Held while this process evaluates ``name`` (``poise-git evaluate`` and the loop's workers
+    alike), so that two never evaluate one node at once and the later result silently replaces
+    the earlier. Yields whether it waited for another process; without ``wait``, EvaluationError
+    at once when another holds it."""
+    locks = os.path.join(git_dir(archive), EVAL_LOCKS)
+    os.makedirs(locks, exist_ok=True)
+    with ExitStack() as stack:
+        try:
+            waited = stack.enter_context(held(os.path.join(locks, f"{name}.lock"), wait=wait))
+        except LockHeld as exc:
+            raise EvaluationError(
+                f"{name} is being evaluated by another process ({exc.holder}); wait for it to "
+                "finish, then read its result with `poise-git show`"
+            ) from None
+        yield waited
+
+
+def _evaluate(archive, name: str, job: _Job, tags, on_event) -> EvaluationResult:
     if job.compile_error is not None:
         archive.record_result(name, job.compile_error)
         return job.compile_error

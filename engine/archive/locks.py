@@ -1,0 +1,48 @@
+"""Process locks on files in an archive's git directory (``flock``): the kernel releases one when its
+process ends, however it ends, so a killed holder never leaves a lock behind. The file holds who took
+it (``pid N, since …``) for the message of whoever finds it taken."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from engine.errors import PoiseError
+
+
+class LockHeld(PoiseError):
+    """The lock is held by another process; ``holder`` says which (``pid N, since …``)."""
+
+    def __init__(self, holder: str) -> None:
+        super().__init__(f"held by {holder}")
+        self.holder = holder
+
+
+def git_dir(archive) -> str:
+    return archive.git.text("rev-parse", "--absolute-git-dir").strip()
+
+
+@contextmanager
+def held(path: str, *, wait: bool = False) -> Iterator[bool]:
+    """Hold the lock of ``path`` (created if missing) for the ``with`` block; yields whether another
+    process held it first (``wait``: this one waited for it). Without ``wait``, a held lock raises
+    :class:`LockHeld` at once."""
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        waited = False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not wait:
+                holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+                raise LockHeld(holder or "another process") from None
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            waited = True
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode(), 0)
+        yield waited
+    finally:
+        os.close(fd)  # releases the lock
