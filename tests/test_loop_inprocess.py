@@ -276,3 +276,28 @@ def test_implement_is_bounded_by_the_population():
         PoiseError, match="--implement must be between 0 .all. and --population .4."
     ):
         RunPlan(population=4, implement=5)
+
+
+@pytest.mark.slow  # a real loop: proposing, verifying, then the tiny evaluation on resume
+def test_a_failed_warm_start_stops_the_run_and_fails_no_candidate(tmp_path, monkeypatch):
+    """The proxy's warm start is the engine's trusted set-up, not the candidate's code: when it fails,
+    the run stops with one clear error and the candidate stays pending (not `failed`, which would
+    cost it for good and every candidate after it), and `--resume` evaluates it once it works."""
+    import shutil
+
+    from engine.errors import EvaluationError
+    from engine.operators import evaluate
+
+    arch = archive_with_root(tmp_path)
+    monkeypatch.setattr(evaluate, "_WARM", {})  # no warm start known to this process
+    monkeypatch.setattr(evaluate, "_python", lambda: shutil.which("false"))  # exits 1
+    with pytest.raises(EvaluationError, match=r"warm start failed.*`poise-git run --resume`"):
+        run(arch, rounds=1, population=1)
+    (kid,) = children(arch).values()
+    assert kid.status == "verified" and not kid.results
+    rec = load_run(arch)
+    assert rec.data["status"] == "stopped" and "warm start failed" in rec.data["stop_reason"]
+    assert pending_work(arch, arch.nodes("proxy/tiny")).evaluate == [kid.name]
+    monkeypatch.undo()
+    run(arch, resume=True, rounds=1, population=1)
+    assert children(arch)[kid.name].status == "evaluated" and arch.fsck()

@@ -21,9 +21,9 @@ from engine import secrets
 from engine.archive.results import configured_protocol
 from engine.archive.store import Archive
 from engine.archive.tracking import MLFLOW_DB, find_runs, mlflow_client
-from engine.errors import PoiseError
+from engine.errors import EvaluationError, PoiseError
 from engine.loop.budget import Budget, RunUsage, exhausted
-from engine.loop.executor import STOPPED, EvalJob, EvalOutcome, make_executor
+from engine.loop.executor import SETUP_FAILED, STOPPED, EvalJob, EvalOutcome, make_executor
 from engine.loop.plan import resolve_plan
 from engine.loop.state import (
     RunRecord,
@@ -471,6 +471,11 @@ class Loop:
                         }
                     )
                     continue
+                if out.status == SETUP_FAILED:  # every evaluation after it would fail alike
+                    raise EvaluationError(
+                        f"{out.reason}; nothing was recorded on {name}, which `poise-git run "
+                        "--resume` evaluates once that is fixed"
+                    )
                 if out.status != STOPPED:
                     self._after_eval(out, r)
             if not block:

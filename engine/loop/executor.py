@@ -24,13 +24,16 @@ from typing import Any
 
 from engine.archive.results import EvaluationResult, Protocol, now
 from engine.archive.store import Archive
-from engine.operators.evaluate import evaluate_node, proxy_protocol
+from engine.operators.evaluate import WarmStartFailed, evaluate_node, proxy_protocol
 from engine.sandbox.process import child_env
 from trainer_template.proxy.protocol import get_protocol
 
 RESULT_MARK = "POISE-EVAL-RESULT "
 STOPPED = "stopped"
 """outcome status of an evaluation the loop itself stopped (budget, interrupt): nothing is recorded"""
+SETUP_FAILED = "setup failed"
+"""outcome status of an evaluation whose trusted set-up failed (the proxy's warm start), not the
+candidate: nothing is recorded, the node is left for ``--resume``, and the loop stops"""
 
 
 @dataclass
@@ -374,16 +377,21 @@ def _worker(job: EvalJob) -> None:
     # no torch here: the seeds train in sandboxed children, and child_env() already gives this
     # process one OMP/MKL thread for anything that loads it
 
-    result = evaluate_node(
-        Archive(job.archive),
-        job.node,
-        backend=job.backend,
-        seeds=job.seeds,
-        preset=job.preset,
-        timeout_s=job.timeout_s,
-        tags=job.tags,
-        wait_for_other=True,  # a `poise-git evaluate` of this node in flight: its result, if ours
-    )
+    try:
+        result = evaluate_node(
+            Archive(job.archive),
+            job.node,
+            backend=job.backend,
+            seeds=job.seeds,
+            preset=job.preset,
+            timeout_s=job.timeout_s,
+            tags=job.tags,
+            wait_for_other=True,  # a `poise-git evaluate` of this node in flight: its result, if ours
+        )
+    except WarmStartFailed as exc:  # not the candidate's doing: it must not be recorded as failed
+        out = {"status": SETUP_FAILED, "reason": str(exc), "overall": None}
+        print(RESULT_MARK + json.dumps(out), flush=True)
+        return
     out = {"status": result.status, "reason": result.reason, "overall": result.value}
     print(RESULT_MARK + json.dumps(out), flush=True)
 

@@ -13,8 +13,8 @@ import time
 
 from engine.archive.store import Archive
 from engine.errors import PoiseError
-from engine.loop.executor import EvalJob, EvalOutcome, record_failure
-from engine.operators.evaluate import evaluate_node
+from engine.loop.executor import SETUP_FAILED, EvalJob, EvalOutcome, record_failure
+from engine.operators.evaluate import WarmStartFailed, evaluate_node
 
 
 class InlineExecutor:
@@ -36,7 +36,8 @@ class InlineExecutor:
 
 
 def evaluate_job(job: EvalJob) -> EvalOutcome:
-    """Run ``job`` here; an engine error (a failed warm start, a bad preset) fails the node with it."""
+    """Run ``job`` here; an engine error (a bad preset) fails the node with it, a failed warm start
+    (the trusted set-up, not the candidate) is a :data:`SETUP_FAILED` outcome that records nothing."""
     start = time.monotonic()
     try:
         result = evaluate_node(
@@ -48,6 +49,8 @@ def evaluate_job(job: EvalJob) -> EvalOutcome:
             timeout_s=job.timeout_s,
             tags=job.tags,
         )
+    except WarmStartFailed as exc:
+        return EvalOutcome(job.node, SETUP_FAILED, str(exc), None, time.monotonic() - start)
     except PoiseError as exc:
         return record_failure(job, f"evaluation error: {exc}", time.monotonic() - start)
     return EvalOutcome(
