@@ -278,6 +278,20 @@ def test_select_points_at_the_last_runs_protocol_when_it_ranks_another(archive, 
     assert "last run" not in cli("select", "-C", str(archive.path)).stdout
 
 
+def test_select_ranks_whatever_state_the_run_record_is_in(archive, cli):
+    """The pointer at the last run's protocol is a hint: a run record that cannot be read (damaged,
+    or written by something else) leaves select's ranking and exit status as they are."""
+    from engine.loop.state import RUN_FILE, RUN_REF
+
+    record(archive, "grpo", {"overall": 0.5})
+    oid = archive.git.write_blobs([b"[1, 2]"])[0]
+    tree = archive.git.write_tree({RUN_FILE: ("100644", oid)})
+    archive.git.update_ref(RUN_REF, archive.git.commit_tree(tree, [], "damaged"), None, "test")
+    r = cli("select", "-C", str(archive.path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "chosen: grpo" in r.stdout and "last run" not in r.stdout
+
+
 def _metrics(overall: float, length: float) -> dict:
     return {
         "overall": overall,

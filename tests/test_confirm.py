@@ -372,6 +372,24 @@ def test_a_forged_search_difference_is_refused_and_never_reaches_the_report(arch
     assert archive.fsck()
 
 
+def test_a_confirmation_nested_too_deep_to_parse_is_unreadable_and_left_out(archive):
+    """A confirmation file is archive data anyone who can push a branch can write: JSON nested deeper
+    than the parser recurses is an unreadable record like any other, so the report and the log
+    leave it out instead of stopping on a RecursionError."""
+    from engine.report.html import render_report
+
+    archive.spawn("grpo", "child", edit=DR_GRPO)
+    good = _conf({2: 0.6, 3: 0.63}, {2: 0.5, 3: 0.52})
+    deep = "[" * 100_000 + "]" * 100_000
+    with pytest.raises(ArchiveError, match="unreadable confirmation"):
+        Confirmation.from_json(deep)
+    archive.commit_files("child", {good.path: deep}, subject="a deep confirmation")
+    page = render_report(archive).read_text()
+    assert "Held-out confirmations" not in page
+    r = run_cli_inprocess("log", "-C", str(archive.path))
+    assert r.returncode == 0, r.stderr
+
+
 def test_log_and_the_report_mark_a_confirmation_of_another_protocol_version(archive):
     """A confirmation recorded before the protocol changed (same id, another hash) measured another
     version than the results the log and the report compare: each names the confirmation's version

@@ -206,7 +206,7 @@ class Confirmation:
             if sd is not None:
                 kw["search_difference"] = (sd[0], tuple(sd[1]) if sd[1] else None, sd[2])
             return cls(**kw)
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
+        except (KeyError, TypeError, ValueError, IndexError, RecursionError) as exc:
             raise ArchiveError(
                 f"unreadable confirmation{' ' + where if where else ''}: {exc}"
             ) from None

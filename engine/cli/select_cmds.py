@@ -20,9 +20,13 @@ def _f(v: float | None, nd: int = 3) -> str:
 def _last_run_hint(arch: Archive, ranked: str) -> str:
     """A pointer at the last run's protocol when it is not the one ``select`` ranked under (a run
     with ``--preset`` or ``--backend`` ranked its parents under its own), else ``""``."""
+    from engine.loop.state import RunStateError  # lazy: imported with the report's modules below
     from engine.report.html import report_protocol  # lazy: numpy is heavy (only this path needs it)
 
-    last = report_protocol(arch)
+    try:
+        last = report_protocol(arch)
+    except RunStateError:  # an unreadable run record names no protocol; the ranking stands
+        return ""
     if last.key == ranked or (last.id == ranked.partition("@")[0] and not last.hash):
         return ""
     return (
