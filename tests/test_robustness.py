@@ -179,3 +179,28 @@ def test_a_ref_lock_left_by_a_killed_writer_is_named(archive):
     lock.unlink()
     archive.commit_files("n", {"notes.md": "x"}, subject="a record")
     assert "m" not in archive.nodes() and archive.fsck()
+
+
+def test_locks_hold_across_linked_worktrees_of_an_archive(archive, tmp_path):
+    """Refs live in the common git directory, shared by every linked worktree of an archive: the
+    run lock taken through one worktree holds through another, and a stale ref lock is found there."""
+    import subprocess
+
+    from engine.archive.store import Archive
+    from engine.errors import ArchiveError
+    from engine.loop.state import RunStateError, run_lock
+
+    archive.spawn("grpo", "n")
+    other = tmp_path / "linked"
+    subprocess.run(
+        ["git", "-C", str(archive.path), "worktree", "add", "-q", "--detach", str(other)],
+        check=True,
+    )
+    linked = Archive(other)
+    with run_lock(archive):
+        with pytest.raises(RunStateError, match="another `poise-git run`"):
+            with run_lock(linked):
+                pass
+    (archive.path / ".git" / "refs" / "heads" / "poise" / "n.lock").write_text("")
+    with pytest.raises(ArchiveError, match=r"n\.lock exists"):
+        linked.commit_files("n", {"notes.md": "x"}, subject="a record", retries=2)

@@ -22,7 +22,10 @@ class LockHeld(PoiseError):
 
 
 def git_dir(archive) -> str:
-    return archive.git.text("rev-parse", "--absolute-git-dir").strip()
+    """The archive's common git directory: where its refs live, shared by every linked worktree of
+    it (so that a lock taken in one worktree holds in all)."""
+    path = archive.git.text("rev-parse", "--path-format=absolute", "--git-common-dir").strip()
+    return os.path.realpath(path)
 
 
 @contextmanager

@@ -25,6 +25,7 @@ from typing import Any
 
 from engine.archive.edit import apply_edit, check_interface
 from engine.archive.gitio import Git, GitError, parse_tree
+from engine.archive.locks import git_dir
 from engine.archive.results import (
     LEGACY_FILE,
     RESULTS_DIR,
@@ -631,8 +632,7 @@ class Archive:
     def _stale_lock(self, ref: str) -> str:
         """Why writing ``ref`` keeps failing when git's lock file for it is left behind (a writer
         killed in the middle of an update), else ``""``."""
-        git_dir = Path(self.git.text("rev-parse", "--absolute-git-dir").strip())
-        lock = git_dir / f"{ref}.lock"
+        lock = Path(git_dir(self)) / f"{ref}.lock"  # refs live in the common directory
         if not lock.exists():
             return ""
         return (
