@@ -25,8 +25,10 @@ _uri_lock = threading.Lock()  # one set_uri at a time: each saves and puts back 
 
 
 def tracking_uri(archive_path: str | Path) -> str:
-    """``$MLFLOW_TRACKING_URI`` when set (a server at scale), else ``sqlite:///<archive>/mlflow.db``."""
-    env = os.environ.get("MLFLOW_TRACKING_URI")
+    """``$MLFLOW_TRACKING_URI`` when set (a server at scale), else ``sqlite:///<archive>/mlflow.db``.
+    Read under :func:`set_uri`'s lock: not in the moment another thread has the variable exported."""
+    with _uri_lock:
+        env = os.environ.get("MLFLOW_TRACKING_URI")
     if env:
         return env
     return f"sqlite:///{Path(archive_path).resolve() / MLFLOW_DB}"
