@@ -301,3 +301,23 @@ def test_a_failed_warm_start_stops_the_run_and_fails_no_candidate(tmp_path, monk
     monkeypatch.undo()
     run(arch, resume=True, rounds=1, population=1)
     assert children(arch)[kid.name].status == "evaluated" and arch.fsck()
+
+
+@pytest.mark.slow  # a real loop: proposing and verifying before the evaluation fails to start
+def test_an_evaluation_that_cannot_start_stops_the_run_and_fails_no_candidate(
+    tmp_path, monkeypatch
+):
+    """An error of the evaluation machinery itself (here: the interpreter it starts is missing) is
+    not the candidate's: the run stops with one clear error, instead of carrying on and ending
+    "finished" with the node silently pending, and nothing is recorded on the node."""
+    from engine.errors import EvaluationError
+    from engine.operators import evaluate
+
+    arch = archive_with_root(tmp_path)
+    monkeypatch.setattr(evaluate, "_WARM", {})
+    monkeypatch.setattr(evaluate, "_python", lambda: str(tmp_path / "no-such-python"))
+    with pytest.raises(EvaluationError, match=r"could not run \(FileNotFoundError.*--resume"):
+        run(arch, rounds=1, population=1)
+    (kid,) = children(arch).values()
+    assert kid.status == "verified" and not kid.results
+    assert load_run(arch).data["status"] == "stopped" and arch.fsck()

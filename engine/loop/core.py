@@ -461,16 +461,12 @@ class Loop:
                 name, r = self.futures.pop(fut)
                 try:
                     out: EvalOutcome = fut.result()
-                except (
-                    Exception
-                ) as exc:  # the executor itself failed: the node stays pending for --resume
-                    self.emit(
-                        {
-                            "kind": "log",
-                            "msg": f"{name}: evaluation error {type(exc).__name__}: {exc}",
-                        }
-                    )
-                    continue
+                except Exception as exc:  # the executor itself, not the candidate: stop the run
+                    raise EvaluationError(
+                        f"{name}: the evaluation could not run ({type(exc).__name__}: {exc}); "
+                        f"nothing was recorded on {name}, which `poise-git run --resume` evaluates "
+                        "once that is fixed"
+                    ) from exc
                 if out.status == SETUP_FAILED:  # every evaluation after it would fail alike
                     raise EvaluationError(
                         f"{out.reason}; nothing was recorded on {name}, which `poise-git run "
