@@ -35,6 +35,7 @@ from engine.errors import EvaluationError
 from engine.operators.evaluate_seed import run_seed
 from engine.operators.evaluate_verl import evaluate_node_verl
 from engine.operators.verify import refuse_unverified
+from engine.sandbox import live
 from engine.sandbox.limits import Limits
 from engine.sandbox.process import run_limited, trusted_env
 from engine.secrets import scrub
@@ -394,7 +395,7 @@ def _run(job: _Job, tags: Mapping[str, str] | None, say: Callable[[str], None]) 
         return data
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        runs = list(pool.map(one, seed_list))
+        runs = live.results([pool.submit(one, s) for s in seed_list])
 
     store.join()
     run_ids = _log_mlflow(archive, name, runs, base, tags, say)

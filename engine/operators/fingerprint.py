@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from engine.operators import recording
 from engine.operators.recording import Recorder
-from engine.sandbox import boundary
+from engine.sandbox import boundary, live
 from engine.sandbox.channel import ChannelError
 from engine.sandbox.limits import Limits
 from engine.sandbox.runner import Feed, run_sandboxed
@@ -277,15 +277,15 @@ def fingerprints(
     judge.start()
     try:
         with ThreadPoolExecutor(workers, thread_name_prefix="poise-fingerprint-record") as pool:
-            recorded = list(
-                pool.map(lambda i: _record(i, sources[i], per_child, call_s, b), range(n))
+            recorded = live.results(
+                [pool.submit(_record, i, sources[i], per_child, call_s, b) for i in range(n)]
             )
         calls = {k: v for part, _, _ in recorded for k, v in part.items()}
         ended = {f"fp{i}": why for i, (_, why, _) in enumerate(recorded) if why}
         feed.put(json.dumps({"calls": calls, "ended": ended}, allow_nan=True).encode())
     finally:
         feed.put(None)
-        judge.join()
+        live.join(judge)
     refused = [why for _, _, why in recorded]
     judged = judging["run"]
     if not judged.ok or len(values) != n:

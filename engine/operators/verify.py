@@ -26,6 +26,7 @@ from engine.operators.recording import Recorder
 from engine.operators.static_check import static_check
 from engine.operators.verify_suite import CONFTEST, INTENT_TESTS, INTERFACE_TESTS, intent_suite
 from engine.sandbox import boundary as _boundary
+from engine.sandbox import live
 from engine.sandbox.channel import ChannelError
 from engine.sandbox.limits import Limits
 from engine.sandbox.runner import Feed, run_sandboxed
@@ -140,7 +141,7 @@ def run_suite(
         feed.put(None if run.protocol_error else rec.to_json(ended).encode())
     finally:
         feed.put(None)
-        judge.join()
+        live.join(judge)
     judged = judging["run"]
     report: dict[str, Any] = {
         "wall_s": round(max(run.wall_s, judged.wall_s), 2),

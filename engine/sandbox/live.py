@@ -4,6 +4,7 @@ new one starts once the engine is stopping."""
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import os
 import signal
 import subprocess
@@ -62,3 +63,24 @@ def kill_all() -> None:
         procs = list(_live)
     for proc in procs:
         kill_sandbox_tree(proc.pid)
+
+
+WAIT_STEP_S = 0.25
+"""how often a thread waiting on others wakes (see :func:`results`)"""
+
+
+def results(futures: list) -> list:
+    """The futures' results, in order, waited for in short steps. A signal the kernel delivers to
+    another thread of the process only sets a flag for the main thread, whose handler (kill every
+    child, then unwind) runs when it next executes Python: a main thread blocked for good in one
+    wait would never run it, and the children it waits on would never be killed."""
+    pending = set(futures)
+    while pending:
+        _, pending = cf.wait(pending, timeout=WAIT_STEP_S)
+    return [f.result() for f in futures]
+
+
+def join(thread: threading.Thread) -> None:
+    """``thread.join()`` in short steps (see :func:`results`)."""
+    while thread.is_alive():
+        thread.join(WAIT_STEP_S)
