@@ -7,18 +7,8 @@ from __future__ import annotations
 import fcntl
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-
-from engine.errors import PoiseError
-
-
-class LockHeld(PoiseError):
-    """The lock is held by another process; ``holder`` says which (``pid N, since …``)."""
-
-    def __init__(self, holder: str) -> None:
-        super().__init__(f"held by {holder}")
-        self.holder = holder
 
 
 def git_dir(archive) -> str:
@@ -29,10 +19,10 @@ def git_dir(archive) -> str:
 
 
 @contextmanager
-def held(path: str, *, wait: bool = False) -> Iterator[bool]:
+def held(path: str, busy: Callable[[str], Exception], *, wait: bool = False) -> Iterator[bool]:
     """Hold the lock of ``path`` (created if missing) for the ``with`` block; yields whether another
     process held it first (``wait``: this one waited for it). Without ``wait``, a held lock raises
-    :class:`LockHeld` at once."""
+    ``busy(holder)`` at once, ``holder`` saying which process holds it (``pid N, since …``)."""
     fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
     try:
         waited = False
@@ -41,7 +31,7 @@ def held(path: str, *, wait: bool = False) -> Iterator[bool]:
         except BlockingIOError:
             if not wait:
                 holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
-                raise LockHeld(holder or "another process") from None
+                raise busy(holder or "another process") from None
             fcntl.flock(fd, fcntl.LOCK_EX)
             waited = True
         os.ftruncate(fd, 0)

@@ -15,12 +15,11 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.archive.locks import LockHeld, git_dir, held
+from engine.archive.locks import git_dir, held
 from engine.archive.store import REFLECTION, Archive, Node
 from engine.errors import PoiseError
 from engine.operators.verify import is_template
@@ -80,20 +79,17 @@ def save_run(archive: Archive, rec: RunRecord, subject: str) -> RunRecord:
     return rec
 
 
-@contextmanager
-def run_lock(archive: Archive) -> Iterator[None]:
+def run_lock(archive: Archive) -> AbstractContextManager[bool]:
     """Held for as long as a ``poise-git run`` runs in ``archive``, so that a second one (``--resume``
     included) is refused at once instead of taking the run record over from the first. The kernel
     releases the lock when the process ends, however it ends: a killed run never leaves it held."""
-    with ExitStack() as stack:
-        try:
-            stack.enter_context(held(os.path.join(git_dir(archive), RUN_LOCK)))
-        except LockHeld as exc:
-            raise RunStateError(
-                f"another `poise-git run` is running in this archive ({exc.holder}); wait for it "
-                "to finish, or stop it (Ctrl-C) and continue with `poise-git run --resume`"
-            ) from None
-        yield
+    return held(
+        os.path.join(git_dir(archive), RUN_LOCK),
+        lambda holder: RunStateError(
+            f"another `poise-git run` is running in this archive ({holder}); wait for it to "
+            "finish, or stop it (Ctrl-C) and continue with `poise-git run --resume`"
+        ),
+    )
 
 
 def new_run_id() -> str:

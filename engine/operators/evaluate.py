@@ -19,16 +19,16 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import trainer_template
-from engine.archive.locks import LockHeld, git_dir, held
+from engine.archive.locks import git_dir, held
 from engine.archive.results import EvaluationResult, Protocol, now
 from engine.archive.tracking import node_run, open_store_meanwhile
 from engine.errors import EvaluationError
@@ -158,23 +158,21 @@ EVAL_LOCKS = "poise-eval"
 """the directory in the archive's git directory holding one lock file per node being evaluated"""
 
 
-@contextmanager
-def node_evaluation(archive, name: str, *, wait: bool = False) -> Iterator[bool]:
+def node_evaluation(archive, name: str, *, wait: bool = False) -> AbstractContextManager[bool]:
     """Held while this process evaluates ``name`` (``poise-git evaluate`` and the loop's workers
     alike), so that two never evaluate one node at once and the later result silently replaces
     the earlier. Yields whether it waited for another process; without ``wait``, EvaluationError
     at once when another holds it."""
     locks = os.path.join(git_dir(archive), EVAL_LOCKS)
     os.makedirs(locks, exist_ok=True)
-    with ExitStack() as stack:
-        try:
-            waited = stack.enter_context(held(os.path.join(locks, f"{name}.lock"), wait=wait))
-        except LockHeld as exc:
-            raise EvaluationError(
-                f"{name} is being evaluated by another process ({exc.holder}); wait for it to "
-                "finish, then read its result with `poise-git show`"
-            ) from None
-        yield waited
+    return held(
+        os.path.join(locks, f"{name}.lock"),
+        lambda holder: EvaluationError(
+            f"{name} is being evaluated by another process ({holder}); wait for it to finish, "
+            "then read its result with `poise-git show`"
+        ),
+        wait=wait,
+    )
 
 
 def _evaluate(archive, name: str, job: _Job, tags, on_event) -> EvaluationResult:
