@@ -372,27 +372,32 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
+def evaluate_job_node(job: EvalJob, *, wait_for_other: bool = False) -> EvaluationResult:
+    """``evaluate_node`` of ``job``'s node with the job's settings, in this process (the worker's
+    and the in-process executor's one call)."""
+    return evaluate_node(
+        Archive(job.archive),
+        job.node,
+        backend=job.backend,
+        seeds=job.seeds,
+        preset=job.preset,
+        timeout_s=job.timeout_s,
+        tags=job.tags,
+        wait_for_other=wait_for_other,
+    )
+
+
 def _worker(job: EvalJob) -> None:
     _die_with_parent()
     # no torch here: the seeds train in sandboxed children, and child_env() already gives this
     # process one OMP/MKL thread for anything that loads it
 
     try:
-        result = evaluate_node(
-            Archive(job.archive),
-            job.node,
-            backend=job.backend,
-            seeds=job.seeds,
-            preset=job.preset,
-            timeout_s=job.timeout_s,
-            tags=job.tags,
-            wait_for_other=True,  # a `poise-git evaluate` of this node in flight: its result, if ours
-        )
+        # a `poise-git evaluate` of this node in flight: its result, if ours
+        result = evaluate_job_node(job, wait_for_other=True)
+        out = {"status": result.status, "reason": result.reason, "overall": result.value}
     except WarmStartFailed as exc:  # not the candidate's doing: it must not be recorded as failed
         out = {"status": SETUP_FAILED, "reason": str(exc), "overall": None}
-        print(RESULT_MARK + json.dumps(out), flush=True)
-        return
-    out = {"status": result.status, "reason": result.reason, "overall": result.value}
     print(RESULT_MARK + json.dumps(out), flush=True)
 
 

@@ -11,10 +11,15 @@ from __future__ import annotations
 import concurrent.futures as cf
 import time
 
-from engine.archive.store import Archive
 from engine.errors import PoiseError
-from engine.loop.executor import SETUP_FAILED, EvalJob, EvalOutcome, record_failure
-from engine.operators.evaluate import WarmStartFailed, evaluate_node
+from engine.loop.executor import (
+    SETUP_FAILED,
+    EvalJob,
+    EvalOutcome,
+    evaluate_job_node,
+    record_failure,
+)
+from engine.operators.evaluate import WarmStartFailed
 
 
 class InlineExecutor:
@@ -40,15 +45,7 @@ def evaluate_job(job: EvalJob) -> EvalOutcome:
     (the trusted set-up, not the candidate) is a :data:`SETUP_FAILED` outcome that records nothing."""
     start = time.monotonic()
     try:
-        result = evaluate_node(
-            Archive(job.archive),
-            job.node,
-            backend=job.backend,
-            seeds=job.seeds,
-            preset=job.preset,
-            timeout_s=job.timeout_s,
-            tags=job.tags,
-        )
+        result = evaluate_job_node(job)
     except WarmStartFailed as exc:
         return EvalOutcome(job.node, SETUP_FAILED, str(exc), None, time.monotonic() - start)
     except PoiseError as exc:
