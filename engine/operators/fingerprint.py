@@ -15,7 +15,6 @@ code cannot forge or overwrite another's recording.
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 from collections.abc import Sequence
@@ -282,7 +281,7 @@ def fingerprints(
             )
         calls = {k: v for part, _, _ in recorded for k, v in part.items()}
         ended = {f"fp{i}": why for i, (_, why, _) in enumerate(recorded) if why}
-        feed.put(json.dumps({"calls": calls, "ended": ended}, allow_nan=True).encode())
+        feed.put(recording.recording_json(calls, ended).encode())
     finally:
         feed.put(None)
         live.join(judge)

@@ -9,6 +9,7 @@ computed there, never received.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from engine import secrets
 from engine.sandbox.channel import ChannelError, expect, text
@@ -88,4 +89,10 @@ class Recorder:
         return f"the candidate's process ended early: {run.reason()}"
 
     def to_json(self, ended: str) -> str:
-        return json.dumps({"calls": self.calls, "ended": ended}, allow_nan=True)
+        return recording_json(self.calls, ended)
+
+
+def recording_json(calls: Mapping[str, dict], ended: str | Mapping[str, str]) -> str:
+    """The recording a replay child reads (``engine.operators.probe``): the calls by key, and why the
+    recording stopped early, one reason, or one per scope (``fp<i>``), '' for none."""
+    return json.dumps({"calls": dict(calls), "ended": ended}, allow_nan=True)
