@@ -394,13 +394,18 @@ def _measured(nodes, keep: set[str]) -> tuple[str, dict[str, str]]:
     for r in results:
         for metric, unit in r.units.items():
             units.setdefault(metric, unit)
-    return f"{', '.join(sorted({r.protocol.key for r in results}))}, {seeds}", units
+    return f"{', '.join(_ranked_keys(nodes, keep))}, {seeds}", units
+
+
+def _ranked_keys(nodes, keep: set[str]) -> list[str]:
+    """The protocol keys (``id@hash``) of the ranked nodes' results."""
+    return sorted({nodes[k].result.protocol.key for k in keep if nodes[k].result is not None})
 
 
 def _protocol_line(ref, nodes, keep: set[str]) -> str:
     """What the report ranks under: the protocol (with the hash of its ranked results where the
     reference names none) and the other protocols nodes have results under."""
-    keys = sorted({nodes[k].result.protocol.key for k in keep if nodes[k].result is not None})
+    keys = _ranked_keys(nodes, keep)
     text = ", ".join(keys) if keys else f"{ref.key} (no node has a result under it)"
     others = protocols_with_results(nodes, besides=ref.matches)
     if others:
