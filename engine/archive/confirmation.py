@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.archive.results import Protocol, ProtocolRef, now
+from engine.archive.results import Protocol, ProtocolRef, is_finite_number, now
 from engine.errors import ArchiveError
 from engine.stats import paired_interval
 
@@ -37,10 +36,6 @@ CONFIRMED, NOT_CONFIRMED, REVERSED, UNRESOLVED, FAILED = (
 )
 VERDICTS = (CONFIRMED, NOT_CONFIRMED, REVERSED, UNRESOLVED, FAILED)
 _TOL = 1e-9
-
-
-def _finite(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def verdict_of(mean: float, interval: tuple[float, float] | None) -> str:
@@ -101,14 +96,14 @@ class Confirmation:
         for what, vals in (("values", self.values), ("reference", self.reference)):
             for s, v in vals.items():
                 check(s in self.seeds, f"{what} at seed {s}, which is not a held-out seed")
-                check(_finite(v), f"{what} at seed {s} must be a finite number, got {v!r}")
+                check(is_finite_number(v), f"{what} at seed {s} must be a finite number, got {v!r}")
         sd = self.search_difference
         check(
             sd is None
             or (
                 len(sd) == 3
-                and _finite(sd[0])
-                and (sd[1] is None or (len(sd[1]) == 2 and all(_finite(x) for x in sd[1])))
+                and is_finite_number(sd[0])
+                and (sd[1] is None or (len(sd[1]) == 2 and all(is_finite_number(x) for x in sd[1])))
                 and isinstance(sd[2], int)
                 and not isinstance(sd[2], bool)
                 and sd[2] >= 0

@@ -134,7 +134,7 @@ class EvaluationResult:
         for k, v in self.metrics.items():
             check(isinstance(k, str) and k != "", f"bad metric name {k!r}")
             check(
-                not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v),
+                is_finite_number(v),
                 f"metric {k!r} must be a finite number, got {v!r}",
             )
             unit = self.units.get(k)
@@ -449,8 +449,13 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def is_finite_number(v: Any) -> bool:
+    """A finite int or float (not a bool): what a recorded number must be."""
+    return _is_number(v) and math.isfinite(v)
+
+
 def _record_seed(s: Any) -> int:
-    if _is_number(s) and math.isfinite(s) and s >= 0 and s == int(s):
+    if is_finite_number(s) and s >= 0 and s == int(s):
         return int(s)
     raise ArchiveError(
         f"results: seeds must be a list of non-negative integers, got {_brief.repr(s)} in it"
@@ -488,7 +493,7 @@ def from_record(
     for k, v in raw.items():
         if isinstance(v, bool):
             continue
-        if not (_is_number(v) and math.isfinite(v)):
+        if not is_finite_number(v):
             hint = "" if nested else ' (put units, intervals and seeds beside a "metrics" object)'
             raise ArchiveError(
                 f"results: metric {k!r} must be a finite number, got {_brief.repr(v)}{hint}"
@@ -567,11 +572,7 @@ def _record_mapping(meta: Mapping[str, Any], key: str, what: str) -> Mapping[str
 def _record_interval(k: str, iv: Any, metrics: Mapping[str, float]) -> tuple[float, float]:
     if k not in metrics:
         raise ArchiveError(f"results: intervals name {k!r}, which is not a metric")
-    if not (
-        isinstance(iv, list)
-        and len(iv) == 2
-        and all(_is_number(x) and math.isfinite(x) for x in iv)
-    ):
+    if not (isinstance(iv, list) and len(iv) == 2 and all(is_finite_number(x) for x in iv)):
         raise ArchiveError(
             f"results: the interval of {k!r} must be [low, high], two finite numbers, "
             f"got {_brief.repr(iv)}"
