@@ -122,6 +122,7 @@ def compare(
     from engine.report.compare import compare as build  # lazy: keeps `poise-git --help` fast
     from engine.report.compare import (  # lazy: keeps `poise-git --help` fast
         compared_protocol,
+        compared_protocol_id,
         to_csv_rows,
     )
 
@@ -162,7 +163,7 @@ def compare(
         )
         if elsewhere:
             console.print(
-                f"results under {describe_elsewhere(elsewhere, _compared_id(protocol, configured))}; "
+                f"results under {describe_elsewhere(elsewhere, compared_protocol_id(protocol, configured))}; "
                 f"pass --protocol {next(iter(elsewhere))} or --protocol all",
                 markup=False,
                 highlight=False,
@@ -171,15 +172,6 @@ def compare(
     from engine.cli.pager import show  # lazy: keeps `poise-git --help` fast
 
     show(render_table(cmp, compact=console.is_terminal), no_pager=no_pager)
-
-
-def _compared_id(protocol: str | None, configured) -> str | None:
-    """The protocol id a comparison keeps (None for a family or ``all``): results under it with
-    another hash are another version of it, not another protocol."""
-    if protocol is None:
-        return configured.id
-    text = protocol.strip()
-    return text.partition("@")[0] if "/" in text else None
 
 
 def register(app: typer.Typer) -> None:

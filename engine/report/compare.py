@@ -105,6 +105,19 @@ def compared_protocol(protocol: str | None, exp_protocol: Any):
     return ref.matches
 
 
+def compared_protocol_id(protocol: str | None, exp_protocol: Any) -> str | None:
+    """The protocol id :func:`compared_protocol` keeps results of, read by the same rules (None for
+    ``all`` or a family): results under it with another hash are another version of it."""
+    if protocol == "all":
+        return None
+    if protocol is None:
+        return exp_protocol.id
+    text = protocol.strip()
+    if "/" not in text and "@" not in text:
+        return None
+    return ProtocolRef.parse(text).id
+
+
 def compare(
     nodes: Mapping[str, Any],
     exp: ExperimentConfig,
