@@ -459,18 +459,17 @@ class Loop:
             )
             for fut in done:
                 name, r = self.futures.pop(fut)
+                # not the candidate's doing, and every evaluation after it would fail alike: the
+                # executor itself failed, or the evaluation's trusted set-up did; stop the run
                 try:
                     out: EvalOutcome = fut.result()
-                except Exception as exc:  # the executor itself, not the candidate: stop the run
+                    why = out.reason if out.status == SETUP_FAILED else ""
+                except Exception as exc:
+                    why = f"{name}: the evaluation could not run ({type(exc).__name__}: {exc})"
+                if why:
                     raise EvaluationError(
-                        f"{name}: the evaluation could not run ({type(exc).__name__}: {exc}); "
-                        f"nothing was recorded on {name}, which `poise-git run --resume` evaluates "
-                        "once that is fixed"
-                    ) from exc
-                if out.status == SETUP_FAILED:  # every evaluation after it would fail alike
-                    raise EvaluationError(
-                        f"{out.reason}; nothing was recorded on {name}, which `poise-git run "
-                        "--resume` evaluates once that is fixed"
+                        f"{why}; nothing was recorded on {name}, which `poise-git run --resume` "
+                        "evaluates once that is fixed"
                     )
                 if out.status != STOPPED:
                     self._after_eval(out, r)
