@@ -143,6 +143,42 @@ def test_executor_records_a_crashed_evaluation_as_failed(archive):
     assert archive.fsck()
 
 
+def test_a_dead_worker_leaves_no_mlflow_run_running(archive):
+    """A worker killed while it logs to MLflow never ends its run: the run it opened, carrying the
+    job's tags, is marked KILLED when its node is recorded failed. A RUNNING run of the same node
+    without the job's tags (another process's evaluation) is left alone."""
+    from engine.archive.tracking import find_runs, node_run
+    from engine.loop.executor import EvalJob, LocalExecutor
+
+    archive.spawn("grpo", "dies-logging", trailers={"Poise-Round": "1"}, status="verified")
+    job_tags = {"poise.run": "r7", "poise.round": "1"}
+    with node_run(archive, "dies-logging", tags=job_tags) as run:  # the dead worker's run
+        mine = run.info.run_id
+    with node_run(archive, "dies-logging", tags={"poise.run": "elsewhere"}) as run:
+        theirs = run.info.run_id
+    client = __import__("mlflow").MlflowClient(f"sqlite:///{archive.path / 'mlflow.db'}")
+    for rid in (mine, theirs):  # as a process killed inside `node_run` leaves them
+        client.update_run(rid, status="RUNNING")
+    ex = LocalExecutor(1)
+    try:
+        out = ex.submit(
+            EvalJob(
+                str(archive.path),
+                "dies-logging",
+                backend="no-such-backend",
+                seeds=1,
+                timeout_s=120,
+                tags=job_tags,
+            )
+        ).result(timeout=180)
+    finally:
+        ex.shutdown()
+    assert out.status == "failed"
+    status = {r.info.run_id: r.info.status for r in find_runs(archive, "dies-logging")}
+    assert status == {mine: "KILLED", theirs: "RUNNING"}
+    assert archive.fsck()
+
+
 HANGS = (
     "def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:\n"
     "    while True:\n        pass\n"

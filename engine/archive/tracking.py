@@ -157,6 +157,30 @@ def node_run(
         yield run
 
 
+def has_store(archive) -> bool:
+    """Whether the archive logs anywhere yet: a tracking server, or its SQLite store exists."""
+    return bool(os.environ.get("MLFLOW_TRACKING_URI")) or (Path(archive.path) / MLFLOW_DB).exists()
+
+
+def end_dangling_runs(archive, node: str, tags: Mapping[str, str] | None = None) -> int:
+    """Mark KILLED the MLflow runs of ``node`` left RUNNING by an evaluation that died (a killed
+    worker never ends the run it was logging into), so none reads as live or is counted twice.
+    ``tags``: only runs carrying all of them (those of one loop run's job). Call it only once the
+    evaluation that opened them is dead. Returns how many it ended; no store, nothing to end."""
+    if not has_store(archive):
+        return 0
+    client = mlflow_client(archive.path)
+    ended = 0
+    for run in find_runs(archive, node):
+        if run.info.status != "RUNNING":
+            continue
+        if any(run.data.tags.get(k) != str(v) for k, v in (tags or {}).items()):
+            continue
+        client.set_terminated(run.info.run_id, "KILLED")
+        ended += 1
+    return ended
+
+
 def find_runs(archive, node: str | None = None):
     """The MLflow runs of the archive (of one node when given), as a list of mlflow Run objects."""
     mlflow, exp_id = _client_setup(archive)

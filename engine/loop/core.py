@@ -20,7 +20,7 @@ from typing import Any
 from engine import secrets
 from engine.archive.results import configured_protocol
 from engine.archive.store import Archive
-from engine.archive.tracking import MLFLOW_DB, find_runs, mlflow_client
+from engine.archive.tracking import end_dangling_runs
 from engine.errors import EvaluationError, PoiseError
 from engine.loop.budget import Budget, RunUsage, exhausted
 from engine.loop.executor import SETUP_FAILED, STOPPED, EvalJob, EvalOutcome, make_executor
@@ -623,13 +623,8 @@ def _llm_usage(llm) -> tuple[int, float]:
 
 def _close_dangling_runs(archive: Archive, names: list[str]) -> None:
     """MLflow runs a killed evaluation left RUNNING are marked KILLED, so none is counted twice."""
-    if not os.environ.get("MLFLOW_TRACKING_URI") and not (archive.path / MLFLOW_DB).exists():
-        return
     try:
-        client = mlflow_client(archive.path)
         for name in names:
-            for run in find_runs(archive, name):
-                if run.info.status == "RUNNING":
-                    client.set_terminated(run.info.run_id, "KILLED")
+            end_dangling_runs(archive, name)
     except Exception as exc:  # tracking is best effort here; the node's own state is in git
         log.warning("could not close the MLflow runs a stopped evaluation left: %s", exc)

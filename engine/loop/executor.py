@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import ctypes
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -24,10 +25,12 @@ from typing import Any
 
 from engine.archive.results import EvaluationResult, Protocol, now
 from engine.archive.store import Archive
+from engine.archive.tracking import end_dangling_runs
 from engine.operators.evaluate import WarmStartFailed, evaluate_node, proxy_protocol
 from engine.sandbox.process import child_env
 from trainer_template.proxy.protocol import get_protocol
 
+log = logging.getLogger(__name__)
 RESULT_MARK = "POISE-EVAL-RESULT "
 STOPPED = "stopped"
 """outcome status of an evaluation the loop itself stopped (budget, interrupt): nothing is recorded"""
@@ -120,7 +123,20 @@ def run_job(job: EvalJob, live: _Live | None = None) -> EvalOutcome:
         reason = "evaluation crashed: " + (
             tail[-1][:250] if tail else f"exit status {proc.returncode}"
         )
+    _end_worker_runs(job)
     return record_failure(job, reason, wall, timed_out)
+
+
+def _end_worker_runs(job: EvalJob) -> None:
+    """The MLflow runs the dead worker was logging into, marked KILLED: a worker killed while it
+    logs (its wall-clock limit, a signal) never ends them, and they would read as live for good.
+    Only the runs carrying the job's tags: another process may be evaluating the node meanwhile."""
+    if not job.tags:
+        return
+    try:
+        end_dangling_runs(Archive(job.archive), job.node, job.tags)
+    except Exception as exc:  # tracking is best effort; the node's outcome is recorded in git
+        log.warning("could not end the MLflow runs of %s's dead worker: %s", job.node, exc)
 
 
 class _Stop(Exception):
