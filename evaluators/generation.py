@@ -4,7 +4,8 @@
 - ``openai``: an OpenAI-compatible server (``vllm serve``, a shared inference cluster);
 - ``transformers``: ``model.generate`` (the CPU path).
 Prompts are the Qwen2.5-Math chain-of-thought prompt, rendered through the model's chat template when
-it has one, else as the Qwen ChatML text of that prompt.
+it has one, else as the Qwen ChatML text of that prompt; vLLM and transformers tokenize it by one rule
+(:func:`encode_prompts`).
 """
 
 from __future__ import annotations
@@ -45,9 +46,21 @@ def messages(problem: str) -> list[dict[str, str]]:
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": problem}]
 
 
+def has_chat_template(tokenizer) -> bool:
+    return tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
+
+
+def encode_prompts(texts: Sequence[str], tokenizer, **kwargs):
+    """The rendered prompts' token ids, one rule for every backend that tokenizes: a chat template
+    writes the special tokens the model needs, so nothing is added to its text; the ChatML text of a
+    model without one gets the tokenizer's own (a Llama-style start-of-text token), as any plain
+    prompt does, and as an OpenAI-compatible server's completions endpoint gives it."""
+    return tokenizer(list(texts), add_special_tokens=not has_chat_template(tokenizer), **kwargs)
+
+
 def render_prompt(problem: str, tokenizer=None) -> str:
     """The prompt text: the tokenizer's chat template when it has one, else :data:`QWEN25_MATH_COT`."""
-    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+    if has_chat_template(tokenizer):
         return tokenizer.apply_chat_template(
             messages(problem), tokenize=False, add_generation_prompt=True
         )
@@ -130,16 +143,15 @@ class VLLMBackend(Backend):
     ) -> tuple[list, dict]:
         """(prompts, SamplingParams kwargs) for one call of ``LLM.generate``.
 
-        A prompt rendered through the model's chat template is handed over as its token ids
-        (``{"prompt_token_ids": [...]}``), tokenized without special tokens: the template already
-        writes the ones the model needs, and vLLM tokenizing the text would add its start-of-text
-        token a second time (Llama-style models). The ChatML text for a model without a template
-        goes as text, and gets the model's start-of-text token from vLLM as a plain prompt does."""
+        Each prompt is handed over as its token ids (``{"prompt_token_ids": [...]}``), tokenized by
+        :func:`encode_prompts`, the rule the transformers backend follows too: vLLM tokenizing a
+        chat template's text would add its start-of-text token a second time (Llama-style models).
+        Without a tokenizer the prompts go as text."""
         texts = [render_prompt(p, tokenizer) for p in problems]
-        if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-            ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
-            return [{"prompt_token_ids": list(i)} for i in ids], vllm_sampling_kwargs(sampling)
-        return texts, vllm_sampling_kwargs(sampling)
+        if tokenizer is None:
+            return texts, vllm_sampling_kwargs(sampling)
+        ids = encode_prompts(texts, tokenizer)["input_ids"]
+        return [{"prompt_token_ids": list(i)} for i in ids], vllm_sampling_kwargs(sampling)
 
     def generate(self, problems, sampling, progress=None):
         from vllm import SamplingParams  # lazy: optional dependency (vllm extra)
@@ -294,6 +306,12 @@ class TransformersBackend(Backend):
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token or self.tokenizer.unk_token
 
+    def encode(self, texts: Sequence[str]):
+        """The rendered prompts as the model's left-padded input tensors (:func:`encode_prompts`)."""
+        return encode_prompts(texts, self.tokenizer, return_tensors="pt", padding=True).to(
+            self.device
+        )
+
     def generate(self, problems, sampling, progress=None):
         import torch  # lazy: torch is heavy (only this path needs it)
 
@@ -304,9 +322,7 @@ class TransformersBackend(Backend):
             batch = [
                 render_prompt(p, self.tokenizer) for p in problems[start : start + self.batch_size]
             ]
-            enc = self.tokenizer(
-                batch, return_tensors="pt", padding=True, add_special_tokens=False
-            ).to(self.device)
+            enc = self.encode(batch)
             kw = dict(
                 max_new_tokens=sampling.max_tokens,
                 num_return_sequences=n,

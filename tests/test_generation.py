@@ -129,6 +129,42 @@ def test_a_chat_template_writing_the_start_token_gets_it_once_in_vllms_prompt(ti
     assert ids[0] == bos and ids[1] != bos and tok.decode(ids) == text
 
 
+def test_every_backend_gives_a_model_without_a_template_its_start_token_once(tiny, tmp_path):
+    """The ChatML text of a model without a chat template is tokenized the same way by vLLM and by
+    transformers: with the tokenizer's own start-of-text token, once. vLLM added it and the
+    transformers backend did not, so one protocol gave two backends two different prompts."""
+    from tokenizers.processors import TemplateProcessing
+    from transformers import AutoTokenizer
+
+    from evaluators.generation import VLLMBackend
+
+    model = make_tiny_model(tmp_path / "plain", chat_template=False)
+    tb = TransformersBackend(str(model), batch_size=2)
+    tok = AutoTokenizer.from_pretrained(model)
+    tok.add_special_tokens({"bos_token": "<s>"})
+    bos = tok.bos_token_id
+    tok._tokenizer.post_processor = TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
+    )
+    tb.tokenizer = tok
+    text = render_prompt("Find $x$.", tok)
+    assert text == QWEN25_MATH_COT.format(system=SYSTEM_PROMPT, problem="Find $x$.")
+    (prompt,), _ = VLLMBackend("m").requests(["Find $x$."], Sampling(), tok)
+    ids = tb.encode([text])["input_ids"][0].tolist()
+    assert ids == prompt["prompt_token_ids"]
+    assert (
+        ids[0] == bos
+        and ids[1] != bos
+        and ids[1:] == tok(text, add_special_tokens=False)["input_ids"]
+    )
+    # with a template, neither adds one: the template writes what the model needs
+    tb.tokenizer = AutoTokenizer.from_pretrained(tiny)
+    (prompt,), _ = VLLMBackend("m").requests(["Find $x$."], Sampling(), tb.tokenizer)
+    text = render_prompt("Find $x$.", tb.tokenizer)
+    assert tb.encode([text])["input_ids"][0].tolist() == prompt["prompt_token_ids"]
+    assert tb.tokenizer.decode(prompt["prompt_token_ids"]) == text
+
+
 def test_vllm_missing_is_one_clear_error():
     pytest.importorskip("torch")
     try:
