@@ -66,10 +66,15 @@ def protocol(
     limit: int | None,
     grade_timeout_s: float,
     seed: int,
+    generator: str,
 ) -> dict[str, Any]:
+    """The suite's protocol settings, hashed into its identity. ``generator`` (vllm | openai |
+    transformers) is part of it: two engines sample differently from one model and seed, so their
+    results are never ranked or paired together."""
     return {
         "suite": suite,
         "preset": preset,
+        "generator": generator,
         "limit": limit,
         "max_tokens": max_tokens,
         "seed": seed,

@@ -369,6 +369,7 @@ def test_the_api_a_suite_fell_back_to_is_recorded(archive):
         )
     assert result.ok and result.metrics["overall"] == pytest.approx(100.0)
     assert result.details["generation"]["api"] == "completions"
+    assert result.protocol.settings["generator"] == "openai"
 
 
 def test_unreachable_server_marks_node_failed(archive):

@@ -118,3 +118,19 @@ def test_score_benchmark_pass_at_k_and_acc():
         m["overall"] == pytest.approx(50.0) and m["aime24"] == 50.0 and m["grader_failures"] == 3.0
     )
     assert set(m) == suite_metric_names(SUITES["math6"])  # what an objective is checked against
+
+
+def test_the_generation_backend_is_part_of_the_suites_protocol():
+    """vLLM, a server and transformers sample differently from one model and seed: a suite result
+    names its generator in its protocol, whose hash differs by it, so no two are ranked or paired."""
+    from evaluators.benchmarks import suite
+    from evaluators.suite import protocol, protocol_hash
+
+    benches, max_tokens = suite("math6", "paper")
+    hashes = {
+        g: protocol_hash(protocol("math6", "paper", benches, max_tokens, None, 10.0, 0, g))
+        for g in ("vllm", "openai", "transformers")
+    }
+    assert len(set(hashes.values())) == 3
+    again = protocol("math6", "paper", benches, max_tokens, None, 10.0, 0, "vllm")
+    assert again["generator"] == "vllm" and protocol_hash(again) == hashes["vllm"]

@@ -82,7 +82,7 @@ def evaluate_node_on_suite(
             f"not measure (it records {', '.join(sorted(measured))}); evaluate it in an archive "
             "whose [experiment].objective is one of these"
         )
-    settings = protocol(suite, preset, benches, max_tokens, limit, grade_timeout_s, seed)
+    settings = protocol(suite, preset, benches, max_tokens, limit, grade_timeout_s, seed, generator)
     proto = Protocol(f"{suite}/{preset}", protocol_hash(settings), "suite", preset, settings)
     t0 = time.time()
     try:

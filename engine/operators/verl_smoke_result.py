@@ -74,7 +74,7 @@ def evaluate_checkpoint(checkpoint: str, *, limit: int = 2, seed: int = 0) -> di
     """math6 under the suite's smoke preset, ``limit`` problems per benchmark, transformers backend:
     ``{"settings", "metrics", "units", "intervals", "counts", "wall_time_s"}``."""
     benches, max_tokens = suite_spec(SUITE, SUITE_PRESET)
-    settings = protocol(SUITE, SUITE_PRESET, benches, max_tokens, limit, 10.0, seed)
+    settings = protocol(SUITE, SUITE_PRESET, benches, max_tokens, limit, 10.0, seed, "transformers")
     gen = make_backend("transformers", checkpoint)
     t0 = time.time()
     try:
