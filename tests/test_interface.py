@@ -334,3 +334,36 @@ def test_training_state_reaches_policy_losses_that_take_it():
     assert float(loss) == 12.0
     with pytest.raises(ValueError, match="progress"):
         TrainingState(progress=1.5)
+
+
+def test_rollout_batch_rewards_must_be_one_dimensional():
+    """rewards fixes B; a [B, 1] (or token-level [B, T]) reward tensor is refused, not broadcast later."""
+    rest = (
+        torch.zeros(3, dtype=torch.long),
+        torch.ones(3, dtype=torch.bool),
+        torch.ones(3, dtype=torch.bool),
+        torch.ones(3, dtype=torch.long),
+    )
+    with pytest.raises(ValueError, match=r"rewards must be 1-D \[B\], got \(3, 1\)"):
+        RolloutBatch(torch.zeros(3, 1), *rest)
+    with pytest.raises(ValueError, match=r"rewards must be 1-D \[B\], got \(\)"):
+        RolloutBatch(torch.tensor(1.0), *rest)
+
+
+def test_group_stats_masked_out_members_never_enter():
+    """A member the mask leaves out enters no statistic, whatever its value: a NaN or inf there (e.g.
+    the entropy of an invalid response) leaves count / sum / mean / var / std / loo_mean as min / max
+    and row_mean_std already were, equal to the statistics with 0 in its place."""
+    group = torch.tensor([0, 0, 0, 1, 1, 0, 1])
+    mask = torch.tensor([True, True, False, True, False, True, True])
+    clean = torch.tensor([0.1, 0.2, 0.0, 0.4, 0.0, 0.7, 0.3])
+    dirty = clean.clone()
+    dirty[2], dirty[4] = float("nan"), float("inf")
+    a, b = group_stats(clean, group, mask), group_stats(dirty, group, mask)
+    for name in ("count", "sum", "mean", "var", "std", "min", "max"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert torch.equal(a.unbiased_std(), b.unbiased_std())
+    assert torch.equal(a.row_mean_std()[0], b.row_mean_std()[0])
+    masked_in = mask.nonzero().reshape(-1)
+    assert torch.equal(a.loo_mean[masked_in], b.loo_mean[masked_in])
+    assert torch.isfinite(b.loo_mean).all()

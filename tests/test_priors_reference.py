@@ -264,3 +264,53 @@ def test_vectorized_equals_loop_over_groups(modules, name, graded):
         ref = REFERENCES[name](b, cfg)
         for i, (x, y) in enumerate(zip(ours, ref)):
             assert math.isclose(x, y, rel_tol=1e-4, abs_tol=1e-4), (name, seed, i, x, y)
+
+
+def degenerate_batch():
+    """Legal but degenerate groups in one batch, shuffled ids: zero-length responses (correct and
+    wrong), a correct subset of only zero-length answers, equal lengths, an all-invalid group, an
+    all-correct group, all-wrong valid, a singleton success and a singleton failure."""
+    groups = [
+        # (rewards, valid, lengths)
+        ([1, 1, 0, 0], [1, 1, 1, 1], [0, 4, 0, 8]),
+        ([1, 1, 0], [1, 1, 1], [0, 0, 5]),
+        ([1, 0, 1, 0], [1, 1, 1, 1], [7, 7, 7, 7]),
+        ([0, 0, 0], [0, 0, 0], [3, 0, 9]),
+        ([1, 1, 1], [1, 1, 1], [2, 6, 10]),
+        ([0, 0, 0, 0], [1, 1, 1, 1], [1, 0, 2, 6]),
+        ([1], [1], [0]),
+        ([0], [1], [5]),
+    ]
+    ids = [41, -3, 7, 1000, 0, 12, 5, 99]
+    b = {"r": [], "group": [], "valid": [], "correct": [], "len": [], "ent": []}
+    for gid, (r, v, ln) in zip(ids, groups):
+        for k, (ri, vi, li) in enumerate(zip(r, v, ln)):
+            b["r"].append(float(ri))
+            b["group"].append(gid)
+            b["valid"].append(bool(vi))
+            b["correct"].append(bool(ri))
+            b["len"].append(li)
+            b["ent"].append(0.1 + 0.2 * k)
+    perm = random.Random(5).sample(range(len(b["r"])), len(b["r"]))
+    return {k: [v[i] for i in perm] for k, v in b.items()}
+
+
+@pytest.mark.parametrize("name", list_priors())
+def test_degenerate_groups_equal_the_loop_and_stay_finite(modules, name):
+    """Every prior on the degenerate batch equals the loop written from the paper (with the floors the
+    cards declare), is finite, leaves its input unchanged and is the same in float64."""
+    mod = modules[name]
+    cfg = make_config(mod)
+    b = degenerate_batch()
+    batch = to_batch(b)
+    before = {k: v.clone() for k, v in vars(batch).items() if isinstance(v, torch.Tensor)}
+    adv = mod.compute_advantages(batch, cfg)
+    assert torch.isfinite(adv).all(), adv.tolist()
+    for k, v in before.items():
+        assert torch.equal(getattr(batch, k), v), f"{name} mutated batch.{k}"
+    ref = REFERENCES[name](b, cfg)
+    for i, (x, y) in enumerate(zip(adv.tolist(), ref)):
+        assert math.isclose(x, y, rel_tol=1e-4, abs_tol=1e-4), (name, i, x, y)
+    wide = to_batch(b)
+    wide.rewards, wide.token_entropy = wide.rewards.double(), wide.token_entropy.double()
+    assert torch.allclose(mod.compute_advantages(wide, cfg).double(), adv.double(), atol=1e-5)

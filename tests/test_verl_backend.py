@@ -20,6 +20,7 @@ from verl.trainer.ppo.ray_trainer import compute_advantage  # noqa: E402
 from engine.archive.edit import prior_source  # noqa: E402
 from trainer_template.interface import RolloutBatch  # noqa: E402
 from trainer_template.loader import load_algorithm, make_config  # noqa: E402
+from trainer_template.priors import list_priors  # noqa: E402
 from trainer_template.verl_backend import registered_name  # noqa: E402
 from trainer_template.verl_backend.adapter import (  # noqa: E402
     VerlRegistrationError,
@@ -601,3 +602,76 @@ def test_verl_refuses_unverified_code_before_running_it(cli, archive):
     mark_verified(archive, "fresh")
     ok = cli("train", "fresh", "--backend", "verl", "--dry-run", "-C", a)
     assert ok.returncode == 0 and "-m verl.trainer.main_ppo" in ok.stdout, ok.stderr
+
+
+def _proxy_view(n_prompts=4, group=6, t=12, seed=3):
+    """One step's rollout as the CPU proxy sees it (trainer_template/proxy/rl.py): contiguous groups,
+    binary rewards = correct, correct implies valid, lengths = the response mask's row sums, each
+    response's mean token entropy over its mask; one group all invalid, one all correct."""
+    gen = torch.Generator().manual_seed(seed)
+    n = n_prompts * group
+    lengths = torch.randint(1, t + 1, (n,), generator=gen)
+    mask = torch.arange(t).unsqueeze(0) < lengths.unsqueeze(1)
+    valid = torch.rand(n, generator=gen) < 0.75
+    correct = valid & (torch.rand(n, generator=gen) < 0.5)
+    valid[:group], correct[:group] = False, False  # prompt 0: every response invalid
+    valid[group : 2 * group], correct[group : 2 * group] = True, True  # prompt 1: all correct
+    ent = torch.rand(n, t, generator=gen) * 2.0
+    mf = mask.to(torch.float32)
+    batch = RolloutBatch(
+        rewards=correct.to(torch.float32),
+        group=torch.arange(n_prompts).repeat_interleave(group),
+        valid=valid,
+        correct=correct,
+        lengths=mask.sum(1),
+        token_entropy=(ent * mf).sum(1) / mf.sum(1).clamp(min=1),
+        progress=0.5,
+    )
+    return batch, mask, ent
+
+
+@pytest.mark.parametrize("prior", list_priors())
+def test_bridge_advantages_equal_the_proxys_for_every_prior(prior, monkeypatch):
+    """The same rollout, in shuffled row order as verl may hold it, through the poise_sync trainer's
+    advantage step (reward extras routed as valid / correct, token entropy from verl's `entropy`
+    field, uids as labels) and verl's compute_advantage, gives each prior the advantages the proxy's
+    batch gives it, broadcast over each response's tokens and zero on padding."""
+    from trainer_template.verl_backend import trainer as trainer_mod
+
+    proxy, mask, ent = _proxy_view()
+    mod = load_algorithm(prior_source(prior), prior)
+    expected = mod.compute_advantages(proxy, make_config(mod))
+    perm = torch.randperm(proxy.size, generator=torch.Generator().manual_seed(7))
+    n, t = mask.shape
+    tok = torch.zeros(n, t)
+    last = proxy.lengths[perm] - 1
+    tok[torch.arange(n), last] = proxy.rewards[perm]  # verl's score sits on the last response token
+    data = DataProto.from_dict(
+        tensors={"token_level_rewards": tok, "response_mask": mask[perm].to(torch.int64)},
+        non_tensors={"uid": np.array([f"u{int(g)}" for g in proxy.group[perm]], dtype=object)},
+    )
+    records = [
+        {"format_valid": float(v), "acc": float(c), "score": float(c)}
+        for v, c in zip(proxy.valid[perm].tolist(), proxy.correct[perm].tolist())
+    ]
+    monkeypatch.setattr(
+        trainer_mod,
+        "_get",
+        lambda batch, fields: {"response_mask": mask[perm].to(torch.int64), "entropy": ent[perm]},
+    )
+    name = register_node(f"vb_same_{prior}", prior_source(prior))
+
+    class Base:
+        global_steps, total_training_steps = 3, 5  # 0-based step 2 of 5: progress 0.5
+
+        def _compute_advantage(self, batch, metrics):
+            return compute_advantage(batch, adv_estimator=name, config=None)
+
+    class Trainer(ExtrasRoutingMixin, Base):
+        def _poise_reward_extras(self, batch):
+            return extras_from_records(records)
+
+    out = Trainer()._compute_advantage(data, {})
+    adv = out.batch["advantages"]
+    assert torch.allclose(adv, expected[perm].unsqueeze(-1) * mask[perm], atol=1e-5)
+    assert torch.equal(adv, out.batch["returns"])

@@ -68,6 +68,10 @@ class RolloutBatch:
     progress: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.rewards.dim() != 1:
+            raise ValueError(
+                f"RolloutBatch.rewards must be 1-D [B], got {tuple(self.rewards.shape)}"
+            )
         n = self.rewards.shape[0]
         if callable(self.lengths) and not isinstance(self.lengths, Tensor):
             self.__dict__["_lengths_fn"] = self.__dict__.pop("lengths")  # read through __getattr__
@@ -145,7 +149,8 @@ def _check_1d(name: str, t: Tensor, n: int) -> None:
 class GroupStats:
     """Per-sample views of per-group statistics (every field is [B], gathered at each sample's group).
 
-    count: members of the group that pass the mask; sum/mean/var/std over those members (population
+    count: members of the group that pass the mask (a masked-out member enters no statistic, whatever
+    its value, NaN included); sum/mean/var/std over those members (population
     variance, i.e. divided by count; 0 where count < 1); min/max over masked members (0 where none);
     loo_mean: leave-one-out mean of the *other* masked members (the sample itself excluded when it is
     masked in; 0 where no other member exists). ``index`` is the group index [B] in [0, n_slots);
@@ -156,9 +161,11 @@ class GroupStats:
     def __init__(self, values: Tensor, index: Tensor, n_slots: int, mask: Tensor):
         self.index = index
         self._values, self._mask, self._mf = values, mask, mask.to(values.dtype)
+        # masked-out members read as 0 (not value * 0, which is NaN for a NaN or inf left out)
+        self._masked = torch.where(mask, values, torch.zeros_like(values))
         self._zeros = torch.zeros(n_slots, dtype=values.dtype, device=values.device)
         self._count_g = self._zeros.clone().index_add_(0, index, self._mf)
-        self._sum_g = self._zeros.clone().index_add_(0, index, values * self._mf)
+        self._sum_g = self._zeros.clone().index_add_(0, index, self._masked)
         self._mean_g = torch.where(
             self._count_g > 0, self._sum_g / self._count_g.clamp(min=1.0), self._zeros
         )
@@ -188,7 +195,7 @@ class GroupStats:
     @property
     def var(self) -> Tensor:
         def compute() -> Tensor:
-            dev = (self._values - self.mean) * self._mf
+            dev = torch.where(self._mask, self._values - self.mean, torch.zeros_like(self._values))
             ss = self._zeros.clone().index_add_(0, self.index, dev * dev)
             return torch.where(self._count_g > 0, ss / self._count_g.clamp(min=1.0), self._zeros)[
                 self.index
@@ -219,7 +226,7 @@ class GroupStats:
     def loo_mean(self) -> Tensor:
         def compute() -> Tensor:
             others = self.count - self._mf
-            loo = (self.sum - self._values * self._mf) / others.clamp(min=1.0)
+            loo = (self.sum - self._masked) / others.clamp(min=1.0)
             return torch.where(others > 0, loo, torch.zeros_like(self._values))
 
         return self._get("loo_mean", compute)
