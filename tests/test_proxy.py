@@ -279,6 +279,15 @@ def test_short_rl_run_learns(smoke_warmstart):
     )  # the policy moved away from the frozen reference
 
 
+def test_the_proxy_takes_sequence_advantages_only():
+    """The interface's advantages are [B], as verification and the verl bridge require: the proxy
+    took a [B, T] tensor too, so a candidate could pass on the proxy and fail on verl."""
+    adv = rl._expand_advantages(torch.arange(4.0), 4, 7, 0)
+    assert tuple(adv.shape) == (4, 7) and bool((adv[:, 0] == adv[:, 6]).all())
+    with pytest.raises(rl.CandidateFailure, match=r"shape \(4, 7\), expected \[4\]"):
+        rl._expand_advantages(torch.zeros(4, 7), 4, 7, 0)
+
+
 def test_broken_candidates_raise_candidate_failure(smoke_warmstart):
     proto, path = smoke_warmstart
     module, cfg = _grpo()

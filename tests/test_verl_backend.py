@@ -185,6 +185,15 @@ def test_adapter_rejects_mismatched_mask():
         )
 
 
+def test_adapter_refuses_a_batch_without_uids():
+    """Without uids every response was its own group of one: GRPO gave r/(1+eps), silently."""
+    name = register_node("vb_no_uid", prior_source("grpo"))
+    data, _ = _ragged()
+    fn = core_algos.get_adv_estimator_fn(name)
+    with pytest.raises(ValueError, match="no uid"):
+        fn(data.batch["token_level_rewards"], data.batch["response_mask"], None)
+
+
 def test_trainer_mixin_routes_reward_extra_info():
     """The trainer override reads per-sample reward_extra_info records (as V1 stores them) and runs the
     base trainer's own advantage step with valid / correct delivered."""

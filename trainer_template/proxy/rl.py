@@ -95,9 +95,9 @@ def _expand_advantages(adv: Any, b: int, t: int, step: int) -> torch.Tensor:
             f"compute_advantages returned {type(adv).__name__}, not a Tensor (step {step})"
         )
     adv = adv.detach().to(torch.float32)
-    if tuple(adv.shape) == (b,):
+    if tuple(adv.shape) == (b,):  # the interface's [B], as verification and the verl bridge require
         adv = adv[:, None].expand(b, t)
-    elif tuple(adv.shape) != (b, t):
+    else:
         raise CandidateFailure(
             f"compute_advantages returned shape {tuple(adv.shape)}, expected [{b}] (step {step})"
         )

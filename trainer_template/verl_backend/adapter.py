@@ -112,9 +112,14 @@ def extras_from_records(records: Sequence[Mapping[str, Any] | None]) -> dict[str
 
 
 def _group_ids(index, n: int, device) -> torch.Tensor:
-    """Dense group ids [n] from verl's uid array (any hashable labels; first-seen order)."""
+    """Dense group ids [n] from verl's uid array (any hashable labels; first-seen order). No uids is
+    an error, as in verl's own GRPO: a group of one per response would give every mechanism's group
+    statistics nothing to compare, silently."""
     if index is None:
-        return torch.arange(n, device=device)
+        raise ValueError(
+            "the batch carries no uid (verl's `index`): group advantages need the prompt group "
+            "of each response; run through verl's trainer, which sets one per prompt"
+        )
     if isinstance(index, torch.Tensor):
         return index.reshape(-1).to(device=device, dtype=torch.long)
     try:  # pandas (a verl dependency) factorizes object arrays of uids in C: ~5x a Python dict
