@@ -319,3 +319,12 @@ def test_reflection_names_a_parent_measured_only_elsewhere_or_failed(archive):
     record(archive, "kid2", results(0.40, 0.37, 0.43, SICK))
     text = reflect_node(archive, "kid2", archive.config())
     assert "- the parent's evaluation under proxy/default@" in text and "(timed out)" in text
+
+
+def test_a_negative_kl_estimate_is_no_ratio_to_the_parents():
+    """The harness's KL is the mean log-ratio (k1), negative on some batches: a negative tail over
+    a positive one is no 'x-1.00, stayed closer to the reference'."""
+    c = compare_trajectories({"train/kl": [0.01, -0.02, -0.02, -0.02]}, {"train/kl": [0.01] * 4})
+    assert c.large == () and c.findings() == [] and c.verdict("train/kl") is None
+    c = compare_trajectories({"train/kl": [0.01, 0.0, 0.0, 0.0]}, {"train/kl": [0.04] * 4})
+    assert c.large == (("stayed closer to the reference", c.large[0][1]),)

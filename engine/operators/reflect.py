@@ -256,7 +256,7 @@ def compare_trajectories(
         if a is None or b is None:
             continue
         if how == "ratio":
-            if b <= 1e-9:
+            if b <= 1e-9 or a < 0:  # a ratio to or of a negative estimate (k1's KL) says nothing
                 continue
             r = a / b
             change, big = f"x{r:.2f}", r >= needs or r <= 1 / needs
