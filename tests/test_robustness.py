@@ -234,3 +234,23 @@ def test_a_branch_edited_by_hand_is_named_with_its_repair(archive, cli):
     archive.git.run("branch", "-m", "poise/bee", "poise/b")
     assert set(archive.nodes()) == {"grpo", "a", "b"} and archive.skipped == {}
     assert archive.fsck()
+
+
+def test_a_node_whose_parent_branch_was_deleted_still_shows_its_mechanism(archive, cli, tmp_path):
+    """``git branch -D poise/a`` under a child ``b``: ``show b`` and the diff it reflects on are
+    taken against ``a`` as ``b`` was forked from it (its commit in ``b``'s own history)."""
+    edit = tmp_path / "e.py"
+    edit.write_text("def helper_scale():\n    return 2.0\n")
+    archive.spawn("grpo", "a")
+    archive.spawn("a", "b", edit.read_text())
+    a = str(archive.path)
+    archive.git.run("branch", "-D", "poise/a")
+    r = cli("show", "b", "-C", a)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "mechanism diff vs a as b was forked from it" in r.stdout, r.stdout
+    assert "+def helper_scale():" in r.stdout
+    diff, against = archive.parent_diff("b", ["algorithm.py"])
+    assert "+def helper_scale():" in diff and "its branch is gone" in against
+    r = cli("reflect", "b", "--no-llm", "-C", a)
+    assert r.returncode == 1 and "evaluate it first" in r.stderr  # one clear error, not 'a'
+    assert archive.fsck()

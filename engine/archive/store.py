@@ -746,6 +746,39 @@ class Archive:
             args += ["--", *paths]
         return self.git.text(*args)
 
+    def parent_diff(self, name: str, paths: list[str] | None = None) -> tuple[str, str]:
+        """(the diff of ``name`` against its first parent, what it was taken against): the parent's
+        branch where it is a node; where that branch was deleted or edited into no node's, the
+        parent's last commit in ``name``'s own history (the state it was forked from)."""
+        nodes = self.nodes()
+        node = nodes.get(name) or self.node(name)
+        parent = node.parent
+        if parent is None:
+            raise ArchiveError(f"node {name!r} has no parent")
+        if parent in nodes:
+            base, against = nodes[parent].commit, parent
+        else:
+            log_text = self.git.run(
+                "log", "--format=%H%x00%B%x01", node.commit, "--", check=False
+            ).decode("utf-8", "replace")
+            base = next(
+                (
+                    commit
+                    for commit, _, msg in (
+                        e.strip().partition("\x00") for e in log_text.split("\x01")
+                    )
+                    if (parse_trailers(msg).get("Poise-Node") or [None])[-1] == parent
+                ),
+                None,
+            )
+            if base is None:
+                raise ArchiveError(
+                    f"node {name!r}'s parent {parent!r} has no branch and is not in its history"
+                )
+            against = f"{parent} as {name} was forked from it ({base[:12]}; its branch is gone)"
+        args = ["diff", "--no-color", base, node.commit] + (["--", *paths] if paths else [])
+        return self.git.text(*args), against
+
     def maintain(self) -> None:
         """Pack refs and let git gc decide (plumbing writes never trigger auto-gc): keeps reads fast."""
         self.git.run("pack-refs", "--all")

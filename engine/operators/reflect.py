@@ -488,7 +488,7 @@ def reflect_node(archive, name: str, cfg, llm=None) -> str:
     traj_rows = list(vs_parent.rows) if vs_parent is not None else []
     narrative = ""
     if llm is not None:
-        diff = archive.diff(parent, name, ["algorithm.py"]) if parent else archive.algorithm(name)
+        diff = archive.parent_diff(name, ["algorithm.py"])[0] if parent else archive.algorithm(name)
         prompt = (
             f"Node `{name}` (parent `{parent}`).\n\nProposal:\n{archive.read_file(name, 'PROPOSAL.md') or '(none)'}\n\n"
             f"Mechanism diff vs parent:\n```diff\n{diff[:6000]}\n```\n\nComputed diagnostics:\n"
