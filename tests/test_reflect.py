@@ -328,3 +328,15 @@ def test_a_negative_kl_estimate_is_no_ratio_to_the_parents():
     assert c.large == () and c.findings() == [] and c.verdict("train/kl") is None
     c = compare_trajectories({"train/kl": [0.01, 0.0, 0.0, 0.0]}, {"train/kl": [0.04] * 4})
     assert c.large == (("stayed closer to the reference", c.large[0][1]),)
+
+
+def test_a_trajectory_edited_into_no_series_is_read_as_none(archive):
+    """A results file edited by hand whose trajectory holds a number where a series belongs: the
+    reflection reads that series as not recorded instead of stopping with a TypeError."""
+    bad = {"step": 3, "train/kl": 0.5, "train/entropy": [1.0, 0.5, 0.1, 0.05]}
+    assert trajectory_diagnostics(bad)[0].startswith("entropy collapse")
+    assert [r[0] for r in compare_trajectories(bad, bad).rows] == ["policy entropy"]
+    record(archive, "grpo", results(0.50, 0.47, 0.53, HEALTHY))
+    archive.spawn("grpo", "kid", proposal="# kid\n")
+    record(archive, "kid", results(0.40, 0.37, 0.43, bad))
+    assert "entropy collapse" in reflect_node(archive, "kid", archive.config())

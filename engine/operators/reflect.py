@@ -25,17 +25,23 @@ from engine.stats import paired_interval, tail_mean
 log = logging.getLogger(__name__)
 
 
+def _list(traj: dict[str, Any], key: str) -> list:
+    """A recorded series as a list ([] for a value that is none: a results file edited by hand)."""
+    vals = traj.get(key)
+    return list(vals) if isinstance(vals, (list, tuple)) else []
+
+
 def _series(traj: dict[str, Any], key: str) -> list[float]:
-    vals = traj.get(key) or []
+    vals = _list(traj, key)
     return [float(v) for v in vals if isinstance(v, (int, float)) and math.isfinite(float(v))]
 
 
 def _step_of(traj: dict[str, Any], key: str, k: int) -> float:
     """The training step of the ``k``-th number of :func:`_series` (traj, key): the step recorded at
     its own index (a missing entry before it does not shift it), or that index without steps."""
-    raw = traj.get(key) or []
+    raw = _list(traj, key)
     i = [j for j, v in enumerate(raw) if isinstance(v, (int, float)) and math.isfinite(float(v))][k]
-    steps = traj.get("step") or []
+    steps = _list(traj, "step")
     step = steps[i] if len(steps) >= len(raw) else i
     return float(step) if isinstance(step, (int, float)) else float(i)
 
