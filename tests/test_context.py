@@ -137,3 +137,19 @@ def test_a_reply_of_many_more_proposals_than_asked_is_cut_to_a_bound(arch):
         ctx = build_context(arch, "p", arch.config(), seed=0)
         out = LLMProposer(llm).propose(arch, "p", ctx, arch.config(), 2, 0)
     assert [p.name for p in out] == [f"p{i}" for i in range(2 * MAX_PROPOSALS_PER_ASKED)]
+
+
+def test_a_failed_parent_is_not_among_the_nodes_to_avoid(archive):
+    """Proposing from a failed node (``poise-git propose NODE``) shows it as the parent, not also
+    among the rejected or failed nodes to avoid, where it took the place of one of them."""
+    from engine.operators.context import MAX_PER_TIER, build_context
+
+    for i in range(MAX_PER_TIER + 1):
+        archive.spawn("grpo", f"f{i}", proposal=f"# f{i}\n")
+        record(archive, f"f{i}", {"status": "failed", "reason": f"diverged {i}", "metrics": {}})
+    parent = f"f{MAX_PER_TIER}"  # the newest failure
+    ctx = build_context(archive, parent, archive.config())
+    assert ctx.parent.name == parent
+    assert [s.name for s in ctx.rejected] == [f"f{i}" for i in range(MAX_PER_TIER - 1, -1, -1)]
+    avoid = ctx.render().split("## Rejected or failed nodes")[1].split("## ")[0]
+    assert f"- {parent} [failed]" not in avoid and "- f0 [failed]" in avoid

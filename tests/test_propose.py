@@ -1084,3 +1084,15 @@ def test_propose_learned_share_makes_the_favoured_move(archive):
     assert parse_config("[propose]\nmin_gain = 0.005\n").propose.min_gain == 0.005
     with pytest.raises(ConfigError, match=r"\[propose\]\.min_gain must lie in \[0, 1\)"):
         parse_config("[propose]\nmin_gain = -0.01\n")
+
+
+def test_offline_proposer_reads_a_parent_trajectory_edited_into_no_series(tmp_path):
+    """A parent whose results file was edited by hand to hold numbers where series belong: the
+    offline proposer reads those series as not recorded instead of stopping with a TypeError."""
+    from engine.operators.proposers.offline import parent_findings, parent_ratios
+
+    arch = Archive.init(tmp_path / "exp")
+    traj = {"step": 3, "train/clipfrac": 0.5, "train/entropy": [1.0, 0.5, 0.1, 0.05]}
+    record(arch, "grpo", {"metrics": {"overall": 0.5}, "trajectory": traj})
+    assert parent_ratios(arch, "grpo") is None
+    assert parent_findings(arch, "grpo")[0].startswith("entropy collapse")

@@ -272,3 +272,71 @@ def test_rejected_node_reflection(archive):
     assert "import of 'os'" in reflect_node(archive, "bad", archive.config())
     with pytest.raises(PoiseError):
         reflect_node(archive, "grpo", archive.config())
+
+
+def test_kl_spike_names_the_step_it_was_recorded_at():
+    """A series with a missing entry (a step no seed recorded) keeps each number at its own step."""
+    traj = {
+        "step": [0, 10, 20, 30, 40, 50],
+        "train/kl": [None, 0.01, 0.012, 0.011, 0.01, 0.5],
+    }
+    assert "KL spike: 0.5 at step 50 (median 0.011)" in trajectory_diagnostics(traj)
+
+
+def test_reflection_of_a_failed_node_says_it_failed(archive):
+    """A failed evaluation is no measurement: its reflection says why it failed, not that its
+    metrics did not move or that the parent's protocol differs."""
+    record(archive, "grpo", results(0.50, 0.47, 0.53, HEALTHY))
+    archive.spawn("grpo", "kid", proposal="# kid\n")
+    record(
+        archive,
+        "kid",
+        {
+            "status": "failed",
+            "reason": "training diverged: NaN loss",
+            "metrics": {},
+            **{"trajectory": SICK},
+        },
+    )
+    text = reflect_node(archive, "kid", archive.config())
+    assert "- evaluation under proxy/default@" in text and "failed: training diverged" in text
+    assert "not compared" not in text and "no metric moved" not in text, text
+    assert "## Metrics vs parent" not in text and "entropy collapse" in text
+
+
+def test_reflection_names_a_parent_measured_only_elsewhere_or_failed(archive):
+    """A parent measured under another protocol id is named as such (not 'no evaluated parent'),
+    and one whose evaluation failed is named as failed; neither is compared with."""
+    record(archive, "grpo", results(0.50, 0.47, 0.53, HEALTHY))
+    archive.spawn("grpo", "kid", proposal="# kid\n")
+    record(archive, "kid", results(0.40, 0.37, 0.43, SICK), preset="smoke")
+    text = reflect_node(archive, "kid", archive.config())
+    assert "- the parent was evaluated under proxy/default@" in text, text
+    assert "not proxy/smoke@" in text and "## Training trajectory vs parent" not in text
+    archive.spawn("grpo", "bad", proposal="# bad\n")
+    record(archive, "bad", {"status": "failed", "reason": "timed out", "metrics": {}})
+    archive.spawn("bad", "kid2", proposal="# kid2\n")
+    record(archive, "kid2", results(0.40, 0.37, 0.43, SICK))
+    text = reflect_node(archive, "kid2", archive.config())
+    assert "- the parent's evaluation under proxy/default@" in text and "(timed out)" in text
+
+
+def test_a_negative_kl_estimate_is_no_ratio_to_the_parents():
+    """The harness's KL is the mean log-ratio (k1), negative on some batches: a negative tail over
+    a positive one is no 'x-1.00, stayed closer to the reference'."""
+    c = compare_trajectories({"train/kl": [0.01, -0.02, -0.02, -0.02]}, {"train/kl": [0.01] * 4})
+    assert c.large == () and c.findings() == [] and c.verdict("train/kl") is None
+    c = compare_trajectories({"train/kl": [0.01, 0.0, 0.0, 0.0]}, {"train/kl": [0.04] * 4})
+    assert c.large == (("stayed closer to the reference", c.large[0][1]),)
+
+
+def test_a_trajectory_edited_into_no_series_is_read_as_none(archive):
+    """A results file edited by hand whose trajectory holds a number where a series belongs: the
+    reflection reads that series as not recorded instead of stopping with a TypeError."""
+    bad = {"step": 3, "train/kl": 0.5, "train/entropy": [1.0, 0.5, 0.1, 0.05]}
+    assert trajectory_diagnostics(bad)[0].startswith("entropy collapse")
+    assert [r[0] for r in compare_trajectories(bad, bad).rows] == ["policy entropy"]
+    record(archive, "grpo", results(0.50, 0.47, 0.53, HEALTHY))
+    archive.spawn("grpo", "kid", proposal="# kid\n")
+    record(archive, "kid", results(0.40, 0.37, 0.43, bad))
+    assert "entropy collapse" in reflect_node(archive, "kid", archive.config())

@@ -204,3 +204,53 @@ def test_locks_hold_across_linked_worktrees_of_an_archive(archive, tmp_path):
     (archive.path / ".git" / "refs" / "heads" / "poise" / "n.lock").write_text("")
     with pytest.raises(ArchiveError, match=r"n\.lock exists"):
         linked.commit_files("n", {"notes.md": "x"}, subject="a record", retries=2)
+
+
+def test_a_branch_edited_by_hand_is_named_with_its_repair(archive, cli):
+    """A commit a user added on ``poise/a`` and a renamed node branch each make that branch no
+    node's: the warning and a command naming it say why and how to repair it, in one line each, and
+    the repair brings the node back with the archive intact."""
+    archive.spawn("grpo", "a")
+    archive.spawn("a", "b")
+    a = str(archive.path)
+    node_commit = archive.tip("a")
+    tree = archive.git.text("rev-parse", "poise/a^{tree}").strip()
+    archive.git.run(
+        "update-ref", "refs/heads/poise/a", archive.git.commit_tree(tree, [node_commit], "tweak\n")
+    )
+    archive.git.run("branch", "-m", "poise/b", "poise/bee")
+    r = cli("log", "-C", a)
+    assert r.returncode == 0, r.stderr
+    assert f"git -C {a} branch -f poise/a {node_commit}" in r.stderr, r.stderr
+    assert f"git -C {a} branch -m poise/bee poise/b" in r.stderr, r.stderr
+    r = cli("show", "a", "-C", a)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    error = next(ln for ln in r.stderr.splitlines() if ln.startswith("error:"))
+    assert "unknown node 'a'" in error and "no Poise-Node trailer" in error, r.stderr
+    assert f"branch -f poise/a {node_commit}" in error
+    r = cli("show", "bee", "-C", a)
+    assert r.returncode == 1 and "branch -m poise/bee poise/b" in r.stderr, r.stderr
+    archive.git.run("branch", "-f", "poise/a", node_commit)  # as the messages say
+    archive.git.run("branch", "-m", "poise/bee", "poise/b")
+    assert set(archive.nodes()) == {"grpo", "a", "b"} and archive.skipped == {}
+    assert archive.fsck()
+
+
+def test_a_node_whose_parent_branch_was_deleted_still_shows_its_mechanism(archive, cli, tmp_path):
+    """``git branch -D poise/a`` under a child ``b``: ``show b`` and the diff it reflects on are
+    taken against ``a`` as ``b`` was forked from it (its commit in ``b``'s own history)."""
+    edit = tmp_path / "e.py"
+    edit.write_text("def helper_scale():\n    return 2.0\n")
+    archive.spawn("grpo", "a")
+    archive.spawn("a", "b", edit.read_text())
+    a = str(archive.path)
+    archive.git.run("branch", "-D", "poise/a")
+    r = cli("show", "b", "-C", a)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "mechanism diff vs a as b was forked from it" in r.stdout, r.stdout
+    assert "+def helper_scale():" in r.stdout
+    diff, against = archive.parent_diff("b", ["algorithm.py"])
+    assert "+def helper_scale():" in diff and "its branch is gone" in against
+    r = cli("reflect", "b", "--no-llm", "-C", a)
+    assert r.returncode == 1 and "evaluate it first" in r.stderr  # one clear error, not 'a'
+    assert archive.fsck()

@@ -308,12 +308,9 @@ class Archive:
                 self.skipped[ref] = problem
                 if (str(self.path), ref, oid) not in _WARNED:
                     _WARNED.add((str(self.path), ref, oid))
-                    if kind == "missing":
-                        problem += (
-                            f"; remove the ref: git -C {shlex.quote(str(self.path))} "
-                            f"update-ref -d {shlex.quote(ref)}"
-                        )
-                    log.warning("poise-git: ignoring %s: %s", ref, problem)
+                    log.warning(
+                        "poise-git: ignoring %s: %s%s", ref, problem, self._repair(ref, oid, kind)
+                    )
                 continue
             nodes[name] = node
         wanted = [(n, p) for n in nodes.values() for p in _result_paths(n)]
@@ -334,6 +331,38 @@ class Archive:
             n.result = r
         _assign_depths(nodes)
         return nodes
+
+    def _repair(self, ref: str, oid: str, kind: str) -> str:
+        """'; <how to repair>' for a ref :meth:`nodes` ignores, where there is a known way ('' else):
+        remove a ref to a missing object, move a branch a user committed on back to its node's last
+        commit, rename a renamed node branch back."""
+        at = f"git -C {shlex.quote(str(self.path))}"
+        name = ref[len(REF_PREFIX) :]
+        if kind == "missing":
+            return f"; remove the ref: {at} update-ref -d {shlex.quote(ref)}"
+        if kind != "commit":
+            return ""
+        log_text = self.git.run(
+            "log", "-n", "50", "--format=%H%x00%B%x01", oid, "--", check=False
+        ).decode("utf-8", "replace")
+        for i, entry in enumerate(log_text.split("\x01")):
+            commit, _, msg = entry.strip().partition("\x00")
+            owner = (parse_trailers(msg).get("Poise-Node") or [None])[-1]
+            if owner is None:
+                continue
+            if i and owner == name:
+                return (
+                    f"; commits were added on top of node {name}'s last commit {commit}: move the "
+                    f"branch back to it ({at} branch -f {shlex.quote('poise/' + name)} {commit}; "
+                    "the added commits stay in git reflog) and spawn the change as a new node"
+                )
+            if not i and owner != name and not self.exists(owner):
+                return (
+                    f"; a node branch renamed: rename it back ({at} branch -m "
+                    f"{shlex.quote('poise/' + name)} {shlex.quote('poise/' + owner)})"
+                )
+            return ""
+        return ""
 
     def _branch_tips(self) -> list[tuple[str, str, str, str]]:
         """``(ref, object id, object type, message)`` of every ref under refs/heads/poise/, in one
@@ -368,6 +397,17 @@ class Archive:
     def node(self, name: str) -> Node:
         nodes = self.nodes()
         if name not in nodes:
+            ref = REF_PREFIX + name
+            if ref in self.skipped:  # its branch is there, edited into no node's: say so, and how
+                oid = self.git.run("rev-parse", "-q", "--verify", ref, check=False).decode().strip()
+                kind = (
+                    self.git.run("cat-file", "-t", oid or "0", check=False).decode().strip()
+                    or "missing"
+                )
+                raise ArchiveError(
+                    f"unknown node {name!r}: its branch {ref} is ignored, "
+                    f"{self.skipped[ref]}{self._repair(ref, oid, kind)}"
+                )
             raise ArchiveError(f"unknown node {name!r}" + _did_you_mean(name, nodes))
         return nodes[name]
 
@@ -705,6 +745,39 @@ class Archive:
         if paths:
             args += ["--", *paths]
         return self.git.text(*args)
+
+    def parent_diff(self, name: str, paths: list[str] | None = None) -> tuple[str, str]:
+        """(the diff of ``name`` against its first parent, what it was taken against): the parent's
+        branch where it is a node; where that branch was deleted or edited into no node's, the
+        parent's last commit in ``name``'s own history (the state it was forked from)."""
+        nodes = self.nodes()
+        node = nodes.get(name) or self.node(name)
+        parent = node.parent
+        if parent is None:
+            raise ArchiveError(f"node {name!r} has no parent")
+        if parent in nodes:
+            base, against = nodes[parent].commit, parent
+        else:
+            log_text = self.git.run(
+                "log", "--format=%H%x00%B%x01", node.commit, "--", check=False
+            ).decode("utf-8", "replace")
+            base = next(
+                (
+                    commit
+                    for commit, _, msg in (
+                        e.strip().partition("\x00") for e in log_text.split("\x01")
+                    )
+                    if (parse_trailers(msg).get("Poise-Node") or [None])[-1] == parent
+                ),
+                None,
+            )
+            if base is None:
+                raise ArchiveError(
+                    f"node {name!r}'s parent {parent!r} has no branch and is not in its history"
+                )
+            against = f"{parent} as {name} was forked from it ({base[:12]}; its branch is gone)"
+        args = ["diff", "--no-color", base, node.commit] + (["--", *paths] if paths else [])
+        return self.git.text(*args), against
 
     def maintain(self) -> None:
         """Pack refs and let git gc decide (plumbing writes never trigger auto-gc): keeps reads fast."""

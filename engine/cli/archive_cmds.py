@@ -451,8 +451,8 @@ def show(
     if proposal:
         section("PROPOSAL.md", proposal, "markdown")
     if n.parent:
-        diff = arch.diff(n.parent, node, [ALGORITHM])
-        section(f"mechanism diff vs {n.parent}", diff or "(no change)", "diff")
+        diff, against = arch.parent_diff(node, [ALGORITHM])
+        section(f"mechanism diff vs {against}", diff or "(no change)", "diff")
     for _pid, r in sorted(n.results.items()):
         seeds = f"seeds {', '.join(map(str, r.seeds))}" if r.seeds else "no seeds"
         title = f"results under {r.protocol.key} ({r.status}; {seeds})"

@@ -340,9 +340,9 @@ def build_context(archive, parent: str, cfg, *, seed: int | None = None, nodes=N
         and n not in front[:MAX_PER_TIER]
         and n not in comp_pool[:MAX_PER_TIER]
     ]
-    rejected = [n for n in reversed(names) if nodes[n].status in ("rejected", "failed")][
-        :MAX_PER_TIER
-    ]
+    rejected = [
+        n for n in reversed(names) if n != parent and nodes[n].status in ("rejected", "failed")
+    ][:MAX_PER_TIER]
     return Context(
         parent=summary(parent),
         parent_code=files[parent]["algo"] or "",

@@ -25,14 +25,25 @@ from engine.stats import paired_interval, tail_mean
 log = logging.getLogger(__name__)
 
 
+def _list(traj: dict[str, Any], key: str) -> list:
+    """A recorded series as a list ([] for a value that is none: a results file edited by hand)."""
+    vals = traj.get(key)
+    return list(vals) if isinstance(vals, (list, tuple)) else []
+
+
 def _series(traj: dict[str, Any], key: str) -> list[float]:
-    vals = traj.get(key) or []
+    vals = _list(traj, key)
     return [float(v) for v in vals if isinstance(v, (int, float)) and math.isfinite(float(v))]
 
 
-def _steps(traj: dict[str, Any], n: int) -> list[float]:
-    steps = traj.get("step") or []
-    return [float(s) for s in steps][:n] if len(steps) >= n else list(range(n))
+def _step_of(traj: dict[str, Any], key: str, k: int) -> float:
+    """The training step of the ``k``-th number of :func:`_series` (traj, key): the step recorded at
+    its own index (a missing entry before it does not shift it), or that index without steps."""
+    raw = _list(traj, key)
+    i = [j for j, v in enumerate(raw) if isinstance(v, (int, float)) and math.isfinite(float(v))][k]
+    steps = _list(traj, "step")
+    step = steps[i] if len(steps) >= len(raw) else i
+    return float(step) if isinstance(step, (int, float)) else float(i)
 
 
 def trajectory_diagnostics(traj: dict[str, Any]) -> list[str]:
@@ -52,7 +63,8 @@ def trajectory_diagnostics(traj: dict[str, Any]) -> list[str]:
         peak_i = max(range(len(kl)), key=lambda i: abs(kl[i]))
         if abs(kl[peak_i]) > max(5 * med, 1e-3):
             out.append(
-                f"KL spike: {kl[peak_i]:.3g} at step {_steps(traj, len(kl))[peak_i]:.0f} (median {med:.3g})"
+                f"KL spike: {kl[peak_i]:.3g} at step {_step_of(traj, 'train/kl', peak_i):.0f} "
+                f"(median {med:.3g})"
             )
     rew = _series(traj, "train/reward_mean")
     if len(rew) >= 6:
@@ -250,7 +262,7 @@ def compare_trajectories(
         if a is None or b is None:
             continue
         if how == "ratio":
-            if b <= 1e-9:
+            if b <= 1e-9 or a < 0:  # a ratio to or of a negative estimate (k1's KL) says nothing
                 continue
             r = a / b
             change, big = f"x{r:.2f}", r >= needs or r <= 1 / needs
@@ -312,23 +324,39 @@ def training_vs_parent(result: EvaluationResult | None, parent_res: EvaluationRe
 
 
 def comparable_parent(node_res: EvaluationResult, parent_res: EvaluationResult | None) -> bool:
-    """The parent has a successful result under the node's protocol: the only one compared with."""
-    return parent_res is not None and parent_res.ok and comparable(node_res, parent_res)
+    """Both results are successful and the parent's is under the node's protocol: the only one
+    compared with (a failed evaluation has no metrics to compare, and its unit lookups would say
+    that two results of one protocol are of two)."""
+    return (
+        node_res.ok
+        and parent_res is not None
+        and parent_res.ok
+        and comparable(node_res, parent_res)
+    )
 
 
 def metric_diagnostics(
     node_res: EvaluationResult, parent_res: EvaluationResult | None
 ) -> tuple[list[str], list[tuple]]:
     """(findings, table rows ``(metric, node, parent, delta, significant)``) of node vs parent metrics;
-    the parent is compared only when its result is under the same protocol."""
+    the parent is compared only when its result is under the same protocol. A failed ``node_res``
+    is its failure, with no rows."""
     nm = dict(node_res.metrics)
+    if not node_res.ok:
+        return [f"evaluation under {node_res.protocol.key} failed: {node_res.reason}"], []
     if not comparable_parent(node_res, parent_res):
-        why = (
-            "no evaluated parent to compare with"
-            if parent_res is None or not parent_res.ok
-            else f"the parent was evaluated under {parent_res.protocol.key}, not "
-            f"{node_res.protocol.key}: not compared"
-        )
+        if parent_res is None:
+            why = "no evaluated parent to compare with"
+        elif not parent_res.ok:
+            why = (
+                f"the parent's evaluation under {parent_res.protocol.key} failed "
+                f"({parent_res.reason}): not compared"
+            )
+        else:
+            why = (
+                f"the parent was evaluated under {parent_res.protocol.key}, not "
+                f"{node_res.protocol.key}: not compared"
+            )
         return [why], [(k, v, None, None, False) for k, v in sorted(nm.items())]
     pm = dict(parent_res.metrics)
     ni, pi = dict(node_res.intervals), dict(parent_res.intervals)
@@ -452,7 +480,13 @@ def reflect_node(archive, name: str, cfg, llm=None) -> str:
         )
     parent = node.parent
     parent_node = nodes.get(parent) if parent else None
-    parent_res = parent_node.results.get(result.protocol.id) if parent_node is not None else None
+    parent_res = None
+    if parent_node is not None and parent_node.results:
+        # the parent's result under the node's protocol; else its latest, which the diagnostics
+        # name as another protocol's and do not compare with
+        parent_res = parent_node.results.get(result.protocol.id) or max(
+            parent_node.results.values(), key=lambda r: r.recorded_at
+        )
     findings, rows = metric_diagnostics(result, parent_res)
     traj = trajectory_diagnostics(dict(result.trajectory))
     vs_parent = compare_with_parent(result, parent_res)
@@ -460,7 +494,7 @@ def reflect_node(archive, name: str, cfg, llm=None) -> str:
     traj_rows = list(vs_parent.rows) if vs_parent is not None else []
     narrative = ""
     if llm is not None:
-        diff = archive.diff(parent, name, ["algorithm.py"]) if parent else archive.algorithm(name)
+        diff = archive.parent_diff(name, ["algorithm.py"])[0] if parent else archive.algorithm(name)
         prompt = (
             f"Node `{name}` (parent `{parent}`).\n\nProposal:\n{archive.read_file(name, 'PROPOSAL.md') or '(none)'}\n\n"
             f"Mechanism diff vs parent:\n```diff\n{diff[:6000]}\n```\n\nComputed diagnostics:\n"

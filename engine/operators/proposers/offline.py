@@ -82,11 +82,14 @@ RATIO_MARGIN = 0.02
 
 def parent_trajectory(archive, parent: str, cfg=None, nodes=None) -> dict:
     """The parent's recorded training trajectory: its result under the experiment's protocol ({}
-    when it has none there); ``nodes``: the archive's nodes under it, when already read."""
+    when it has none there; an entry that is no series, as a results file edited by hand may hold,
+    left out); ``nodes``: the archive's nodes under it, when already read."""
     if nodes is None:
         nodes = archive.nodes(configured_protocol(cfg or archive.config()))
     node = nodes.get(parent)
-    return dict(node.result.trajectory) if node is not None and node.result is not None else {}
+    if node is None or node.result is None:
+        return {}
+    return {k: v for k, v in node.result.trajectory.items() if isinstance(v, (list, tuple))}
 
 
 def parent_ratios(archive, parent: str, cfg=None) -> tuple[float, float] | None:
