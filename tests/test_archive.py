@@ -72,6 +72,19 @@ def test_spawn_replaces_definition_and_preserves_other_bytes(archive):
     assert archive.nodes()["dr"].depth == 1
 
 
+def test_a_commented_replacement_keeps_the_blank_lines_before_it(archive):
+    """An edit whose definition carries a leading comment replaces the parent's comment, not the
+    blank lines separating the definition from the one above: only the definition changes."""
+    edit = "# Dr.GRPO: centred only\n" + EDIT
+    archive.spawn("grpo", "commented", edit)
+    parent, child = archive.algorithm("grpo"), archive.algorithm("commented")
+    head = parent[: parent.index("def compute_advantages")]
+    assert child.startswith(head + "# Dr.GRPO: centred only\ndef compute_advantages"), child[
+        len(head) - 80 : len(head) + 80
+    ]
+    assert child.endswith(parent[parent.index("def entropy_coefficient") :])
+
+
 def test_spawn_appends_new_definitions_and_imports(archive):
     edit = "import math\n\nLENGTH_FLOOR = 0.5\n\n\ndef helper(x):\n    return math.sqrt(x)\n"
     archive.spawn("grpo", "h", edit)

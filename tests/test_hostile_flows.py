@@ -309,6 +309,28 @@ def test_sigterm_to_verify_leaves_no_orphan(tmp_path):
     assert Archive(arch.path).node("loops").status == "spawned" and arch.fsck()
 
 
+@pytest.mark.slow
+def test_ctrl_c_during_spawn_verification_says_how_to_resume(tmp_path):
+    """`spawn --edit` commits the node, then verifies it: interrupted there, the node stays
+    spawned (unverified) and the message says which command finishes the job."""
+    require_boundary()
+    arch = Archive.init(tmp_path / "exp")
+    env = dict(os.environ, PYTHONPATH=str(REPO), POISE_VERIFY_CALL_S="600")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "engine", "spawn", "grpo", "--name", "loops",
+         "--edit", str(_write(tmp_path / "e.py", _LOOP_EDIT)), "-C", str(arch.path)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert _wait_for_sandboxes(proc.pid, 1)
+    kids = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    proc.send_signal(signal.SIGINT)
+    out, err = _communicate_or_dump(proc, 60)
+    assert proc.returncode == 130 and "Traceback" not in err, out + err
+    assert "`poise-git verify loops` verifies it" in " ".join(err.split()), err
+    assert _descendants_gone(kids)
+    assert Archive(arch.path).node("loops").status == "spawned" and arch.fsck()
+
+
 _LOOP_EDIT = (
     "def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:\n"
     "    while True:\n"

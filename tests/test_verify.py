@@ -275,3 +275,52 @@ def test_a_non_finite_hyperparameter_is_refused_before_any_code_runs(archive, va
     assert "must be a finite number" in node.trailer("Poise-Reason")
     assert "verification.json" not in archive.git.ls_tree(node.commit)
     assert archive.algorithm("nonfinite") == archive.algorithm("grpo") and archive.fsck()
+
+
+ZERO_EDIT = '''\
+def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:
+    """Ignores the reward: every sample gets 0 (finite, the right shape, trains nothing)."""
+    return torch.zeros(batch.size, dtype=torch.float32)
+'''
+SIGN_EDIT = '''\
+def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:
+    """GRPO with the sign flipped: wrong answers are reinforced."""
+    return -grpo_advantages(batch, cfg)
+'''
+NO_ADV_LOSS_EDIT = '''\
+def policy_loss(log_prob, old_log_prob, advantages, response_mask, cfg, ref_log_prob=None, entropy=None, state=None):
+    """Ignores the advantages: maximises the likelihood of every sampled token."""
+    return -(log_prob * response_mask).sum() / response_mask.sum().clamp(min=1), {}
+'''
+ASCENT_LOSS_EDIT = '''\
+def policy_loss(log_prob, old_log_prob, advantages, response_mask, cfg, ref_log_prob=None, entropy=None, state=None):
+    """The PPO surrogate without its minus sign: gradient ascent on the loss."""
+    ratio = torch.exp(log_prob - old_log_prob)
+    return (advantages * ratio * response_mask).sum() / response_mask.sum().clamp(min=1), {}
+'''
+
+
+@pytest.mark.slow  # a sandboxed verification each
+@pytest.mark.parametrize(
+    "edit, test",
+    [
+        (ZERO_EDIT, "test_advantages_follow_the_reward"),
+        (SIGN_EDIT, "test_advantages_follow_the_reward"),
+        (NO_ADV_LOSS_EDIT, "test_loss_follows_the_advantages"),
+        (ASCENT_LOSS_EDIT, "test_loss_follows_the_advantages"),
+    ],
+    ids=["zero-advantages", "flipped-advantages", "loss-ignores-advantages", "loss-ascends"],
+)
+def test_a_mechanism_that_does_not_learn_from_the_reward_is_rejected(edit, test):
+    """Finite, well-shaped, deterministic and still wrong: advantages that ignore the reward or
+    reinforce wrong answers, a loss whose gradient ignores the advantages or points uphill. Every
+    interface test but the direction ones passes these; the verdict must still be a rejection."""
+    from engine.archive.edit import apply_edit
+    from engine.operators.verify import verify_source
+    from trainer_template import ALGORITHM_FILE
+
+    root = ALGORITHM_FILE.read_text(encoding="utf-8")
+    res = verify_source(apply_edit(root, edit), root)
+    assert not res.ok and res.reason.startswith(test), res.reason
+    failed = {t.split("[")[0] for t in res.report["failed"]}
+    assert failed == {test}, failed

@@ -146,6 +146,22 @@ def _has_comment(lines) -> bool:
     return any(line.comment is not None for line in lines)
 
 
+def _lead(old_lines, new: cst.CSTNode) -> list:
+    """The lines above a replaced definition: the parent's, or, when the edit's definition carries
+    comments, the parent's blank separator lines followed by the edit's comments (the blank lines
+    between two definitions are the parent's formatting, not part of the definition)."""
+    lines = list(new.leading_lines)
+    if not _has_comment(lines):
+        return list(old_lines)
+    first = next(i for i, ln in enumerate(lines) if ln.comment is not None)
+    blanks = []
+    for ln in old_lines:
+        if ln.comment is not None:
+            break
+        blanks.append(ln)
+    return [*blanks, *lines[first:]]
+
+
 def apply_edit(parent_src: str, edit_src: str) -> str:
     """Return ``parent_src`` with the edit's top-level definitions replaced or appended."""
     parent = _parse(parent_src, "the parent's algorithm.py")
@@ -186,8 +202,7 @@ def apply_edit(parent_src: str, edit_src: str) -> str:
         names = defined_names(stmt)
         if len(names) == 1 and names[0] in replacements and names[0] not in used:
             new = replacements[names[0]]
-            lead = new.leading_lines if _has_comment(new.leading_lines) else stmt.leading_lines
-            new_body.append(new.with_changes(leading_lines=lead))
+            new_body.append(new.with_changes(leading_lines=_lead(stmt.leading_lines, new)))
             used.add(names[0])
         else:
             new_body.append(stmt)

@@ -26,7 +26,7 @@ from engine.archive.results import (
     from_record,
 )
 from engine.archive.store import ALGORITHM, Archive, Node, check_name
-from engine.cli import EXIT_REJECTED, ArchiveOpt, console, fail, plain
+from engine.cli import EXIT_REJECTED, ArchiveOpt, console, err_console, fail, plain
 from engine.cli.confirm_cmds import VERDICT_COLOURS
 from engine.cli.operator_cmds import make_llm, print_usage, report_verification
 from engine.config import parse_config
@@ -259,8 +259,16 @@ def spawn(
     if edit_src is not None and not no_verify:
         from engine.operators.verify import verify_node  # lazy: keeps `poise-git --help` fast
 
-        with console.status(f"verifying {name}…"):
-            res = verify_node(arch, name, arch.config())
+        try:
+            with console.status(f"verifying {name}…"):
+                res = verify_node(arch, name, arch.config())
+        except KeyboardInterrupt:  # the node is committed: say how to finish, then stop as usual
+            err_console.print(
+                f"{name} stays spawned, unverified: `poise-git verify {name}` verifies it",
+                highlight=False,
+                markup=False,
+            )
+            raise
         report_verification(name, res)
 
 

@@ -199,6 +199,38 @@ def test_advantages_feed_the_loss(mod, cfg):
                    ref_log_prob=ref, entropy=ent)
     call(loss.backward)
     assert bool(torch.isfinite(loss)) and bool(torch.isfinite(logp.grad).all()), "advantages -> loss -> gradients is not finite"
+
+
+@pytest.mark.parametrize("progress", [0.0, 1.0])
+def test_advantages_follow_the_reward(mod, cfg, progress):
+    """In every group with both, correct samples get a larger mean advantage than wrong ones (all
+    valid, equal lengths): advantages that ignore the reward, or reinforce wrong answers, fail."""
+    b = make_batch([1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1],
+                   group=[0] * 8 + [1] * 8 + [2] * 8 + [3] * 2, progress=progress)
+    adv = call(mod.compute_advantages, b, cfg)
+    for g in range(4):
+        right, wrong = adv[(b.group == g) & b.correct], adv[(b.group == g) & ~b.correct]
+        assert float(right.mean()) > float(wrong.mean()), \\
+            f"in group {g} the correct samples' mean advantage ({float(right.mean()):.4g}) is not above the wrong ones' ({float(wrong.mean()):.4g}): the advantages do not follow the reward"
+
+
+@pytest.mark.parametrize("extras", [False, True])
+def test_loss_follows_the_advantages(mod, cfg, extras):
+    """On-policy (log_prob == old_log_prob), descending the loss raises the log-probability of
+    positive-advantage tokens and lowers that of negative ones: a loss that ignores the advantages,
+    or ascends them, fails."""
+    _, old, _, _, ref, ent = loss_inputs(seed=5)
+    logp = old.detach().clone().requires_grad_(True)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0]).unsqueeze(-1).expand_as(old).contiguous()
+    mask = torch.ones_like(old, dtype=torch.bool)
+    mask[:, 7:] = False
+    loss, _ = call(mod.policy_loss, logp, old, adv, mask, cfg, ref_log_prob=ref if extras else None, entropy=ent if extras else None)
+    assert isinstance(loss, torch.Tensor) and loss.requires_grad, "the loss is not differentiable with respect to log_prob"
+    call(loss.backward)
+    assert logp.grad is not None, "the loss has no gradient with respect to log_prob"
+    up, down = float(logp.grad[adv > 0].sum()), float(logp.grad[adv < 0].sum())
+    assert up < 0 < down, \\
+        f"on-policy, d loss / d log_prob sums to {up:.4g} on positive-advantage tokens and {down:.4g} on negative ones (expected < 0 and > 0): the loss does not follow the advantages"
 '''
 
 INTENT_TESTS = {
