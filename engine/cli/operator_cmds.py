@@ -17,7 +17,7 @@ from engine.cli import EXIT_REJECTED, ArchiveOpt, console, err_console
 ProposerOpt = typer.Option(
     None,
     "--proposer",
-    help="offline (no API key) | llm (default: [propose].proposer in poise.toml).",
+    help="offline (no API key) | llm (default: \\[propose].proposer in poise.toml).",
 )
 ReplayOpt = typer.Option(
     False,
@@ -47,7 +47,7 @@ def print_usage(llm) -> None:
 def propose(
     parent: str = typer.Argument(..., help="The parent node to propose children of."),
     n: int | None = typer.Option(
-        None, "--n", help="How many screened proposals to return (default: [propose].population)."
+        None, "--n", help="How many screened proposals to return (default: \\[propose].population)."
     ),
     proposer: str | None = ProposerOpt,
     replay: bool = ReplayOpt,
@@ -132,7 +132,7 @@ def reflect(
     use_llm: bool | None = typer.Option(
         None,
         "--llm/--no-llm",
-        help="Add an LLM narrative (default: when [propose].proposer is llm and a key or base URL is set).",
+        help="Add an LLM narrative (default: when \\[propose].proposer is llm and a key or base URL is set).",
     ),
     replay: bool = ReplayOpt,
     archive: Path = ArchiveOpt,
