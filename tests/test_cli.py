@@ -463,3 +463,23 @@ def test_a_path_with_brackets_and_spaces_is_printed_whole_and_quoted_in_commands
     r = cli("report", "-C", str(path))
     assert r.returncode == 0 and str(path / ".poise" / "report" / "index.html") in r.stdout
     assert subprocess.run(["git", "-C", str(path), "fsck"], capture_output=True).returncode == 0
+
+
+def test_propose_tells_same_named_proposals_apart():
+    """The offline proposer may draw one component twice with other hyperparameters under one
+    name; ``propose`` then labels each with its hyperparameters, so that "dropped NAME" is not
+    read as the kept NAME. A name used once stays bare."""
+    from engine.cli.operator_cmds import proposal_labels
+    from engine.operators.propose import Proposal
+
+    def prop(name, **hp):
+        return Proposal(
+            name=name, motivation="m", mechanism="x", expected_effect="e", hyperparameters=hp
+        )
+
+    kept = [prop("grpo-annealed", entropy_coef_max=0.0106), prop("grpo-kl0", kl_coef=0.0)]
+    dropped = [prop("grpo-annealed", entropy_coef_max=0.0327)]
+    labels = proposal_labels(kept, dropped)
+    assert labels[id(kept[0])] == "grpo-annealed (entropy_coef_max=0.0106)"
+    assert labels[id(dropped[0])] == "grpo-annealed (entropy_coef_max=0.0327)"
+    assert labels[id(kept[1])] == "grpo-kl0"

@@ -26,6 +26,27 @@ ReplayOpt = typer.Option(
 )
 
 
+def proposal_labels(kept: list, dropped: list) -> dict[int, str]:
+    """Each proposal's label in ``propose``'s output, by ``id``: its name, and where another
+    proposal of the call has the same name (two draws of one component's hyperparameters), its
+    hyperparameters too, so that the kept one and the dropped one are told apart."""
+    every = [*kept, *dropped]
+    counts: dict[str, int] = {}
+    for prop in every:
+        counts[prop.name] = counts.get(prop.name, 0) + 1
+    labels = {}
+    for prop in every:
+        label = prop.name
+        if counts[prop.name] > 1 and prop.hyperparameters:
+            values = ", ".join(
+                f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                for k, v in sorted(prop.hyperparameters.items())
+            )
+            label = f"{prop.name} ({values})"
+        labels[id(prop)] = label
+    return labels
+
+
 def make_llm(arch, cfg, proposer: str | None, replay: bool):
     """An LLM client when the llm proposer is in use, else None."""
     if (proposer or cfg.propose.proposer) != "llm":
@@ -78,6 +99,7 @@ def propose(
             )
         )
         return
+    labels = proposal_labels(kept, dropped)
     table = Table(title=f"proposals for {parent}")
     for col in ("#", "name", "score", "novelty", "gain", "mechanism"):
         table.add_column(col, overflow="fold")
@@ -85,7 +107,7 @@ def propose(
         nov = p.screening.get("novelty")
         table.add_row(
             str(i),
-            p.name,
+            escape(labels[id(p)]),
             f"{p.score:.3f}",
             "—" if nov is None else f"{nov:.3g}",
             f"{p.expected_gain:.2f}",
@@ -94,7 +116,8 @@ def propose(
     console.print(table)
     for p in dropped:
         console.print(
-            f"[dim]dropped {p.name}: {escape(p.screening.get('reason', 'ranked below the top N'))}[/]"
+            f"[dim]dropped {escape(labels[id(p)])}: "
+            f"{escape(p.screening.get('reason', 'ranked below the top N'))}[/]"
         )
     print_usage(llm)
     if not kept:
