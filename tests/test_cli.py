@@ -72,6 +72,69 @@ def test_every_verb_has_examples_and_no_bool_type():
     assert flags and all("<" not in ln.split("  ")[1] for ln in flags if "  " in ln)
 
 
+def test_help_keeps_poise_toml_section_names():
+    """A help text naming a setting as ``[select].k`` shows it so: unescaped, rich markup would
+    read ``[select]`` as a tag and drop it, leaving ``.k`` (rendered: "default: .k in poise.toml")."""
+    import click
+    import typer
+
+    from engine.config import Config
+
+    sections = {f.name for f in __import__("dataclasses").fields(Config)}
+    cmd = typer.main.get_command(_app())
+    ctx = click.Context(cmd)
+    checked = 0
+    for name in cmd.list_commands(ctx):
+        sub = cmd.get_command(ctx, name)
+        raw = " ".join([sub.help or ""] + [getattr(p, "help", None) or "" for p in sub.params])
+        wanted = {
+            m.group(1) + m.group(2)
+            for m in re.finditer(r"\\?\[(\w+)\](\.\w+)", raw)
+            if m.group(1) in sections
+        }
+        if not wanted:
+            continue
+        out = CliRunner().invoke(_app(), [name, "--help"], env={"COLUMNS": "300"}).output
+        for setting in wanted:
+            section, key = setting.split(".", 1)
+            assert f"[{section}].{key}" in out, (name, setting)
+            checked += 1
+    assert checked >= 5
+
+
+def test_verbose_is_a_counted_flag_in_help():
+    """``-v`` / ``-vv`` take no value: the help shows no ``<int>`` (which reads as ``-v 2``)."""
+    out = CliRunner().invoke(_app(), ["--help"], env={"COLUMNS": "200"}).output
+    row = next(ln for ln in out.splitlines() if "--verbose" in ln)
+    assert "<int>" not in row, row
+    assert "[default: 0]" not in out
+
+
+def test_help_examples_parse():
+    """Every example under a verb's ``--help`` parses with that verb's options, and ``--backend``
+    names a trainer (the suite's sampler is ``--generator``)."""
+    import shlex
+
+    import click
+    import typer
+
+    from engine.cli.help import _EXAMPLES
+
+    cmd = typer.main.get_command(_app())
+    ctx = click.Context(cmd)
+    for verb, lines in _EXAMPLES.items():
+        for line in lines:
+            words = shlex.split(line, comments=True)
+            if words[:2] != ["poise-git", verb]:
+                continue
+            cut = [i for i, w in enumerate(words) if w in ("|", ">")]
+            args = words[2 : cut[0] if cut else None]
+            sub = cmd.get_command(ctx, verb)
+            sub.make_context(verb, list(args), parent=ctx)  # raises on an unknown option
+            if "--backend" in args:
+                assert args[args.index("--backend") + 1] in ("proxy", "verl"), line
+
+
 def test_exit_codes_are_stated_once_and_documented():
     import engine.cli as c
     from engine.cli.help import EXIT_CODES
@@ -400,3 +463,23 @@ def test_a_path_with_brackets_and_spaces_is_printed_whole_and_quoted_in_commands
     r = cli("report", "-C", str(path))
     assert r.returncode == 0 and str(path / ".poise" / "report" / "index.html") in r.stdout
     assert subprocess.run(["git", "-C", str(path), "fsck"], capture_output=True).returncode == 0
+
+
+def test_propose_tells_same_named_proposals_apart():
+    """The offline proposer may draw one component twice with other hyperparameters under one
+    name; ``propose`` then labels each with its hyperparameters, so that "dropped NAME" is not
+    read as the kept NAME. A name used once stays bare."""
+    from engine.cli.operator_cmds import proposal_labels
+    from engine.operators.propose import Proposal
+
+    def prop(name, **hp):
+        return Proposal(
+            name=name, motivation="m", mechanism="x", expected_effect="e", hyperparameters=hp
+        )
+
+    kept = [prop("grpo-annealed", entropy_coef_max=0.0106), prop("grpo-kl0", kl_coef=0.0)]
+    dropped = [prop("grpo-annealed", entropy_coef_max=0.0327)]
+    labels = proposal_labels(kept, dropped)
+    assert labels[id(kept[0])] == "grpo-annealed (entropy_coef_max=0.0106)"
+    assert labels[id(dropped[0])] == "grpo-annealed (entropy_coef_max=0.0327)"
+    assert labels[id(kept[1])] == "grpo-kl0"

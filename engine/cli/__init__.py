@@ -54,10 +54,14 @@ def shell_arg(value: object) -> str:
 
 
 def _flags_without_type(params: list) -> list:
-    """A flag takes no value: show no ``<bool>`` type in its help row (typer's rich panel would)."""
+    """A flag takes no value: show no ``<bool>`` type in its help row (typer's rich panel would);
+    nor does a counted one (``-v``, ``-vv``), which would read ``<int>`` and ``[default: 0]``."""
     for p in params:
         if getattr(p, "is_flag", False) and getattr(p, "metavar", "") is None:
             p.metavar = ""
+        if getattr(p, "count", False):
+            p.metavar = ""
+            p.show_default = False
     return params
 
 

@@ -48,7 +48,7 @@ _EXAMPLES: dict[str, list[str]] = {
     "evaluate": [
         "poise-git evaluate clip-wide --seeds 4 -C exp",
         "poise-git evaluate grpo --preset smoke",
-        "poise-git evaluate clip-wide --suite math6 --backend openai --model m --base-url URL",
+        "poise-git evaluate clip-wide --suite math6 --generator openai --model m --base-url URL",
     ],
     "select": [
         "poise-git select --k 3 --explain -C exp",

@@ -17,13 +17,34 @@ from engine.cli import EXIT_REJECTED, ArchiveOpt, console, err_console
 ProposerOpt = typer.Option(
     None,
     "--proposer",
-    help="offline (no API key) | llm (default: [propose].proposer in poise.toml).",
+    help="offline (no API key) | llm (default: \\[propose].proposer in poise.toml).",
 )
 ReplayOpt = typer.Option(
     False,
     "--replay",
     help="Answer every LLM call from the archive's records (refs/poise-llm/*); no endpoint needed.",
 )
+
+
+def proposal_labels(kept: list, dropped: list) -> dict[int, str]:
+    """Each proposal's label in ``propose``'s output, by ``id``: its name, and where another
+    proposal of the call has the same name (two draws of one component's hyperparameters), its
+    hyperparameters too, so that the kept one and the dropped one are told apart."""
+    every = [*kept, *dropped]
+    counts: dict[str, int] = {}
+    for prop in every:
+        counts[prop.name] = counts.get(prop.name, 0) + 1
+    labels = {}
+    for prop in every:
+        label = prop.name
+        if counts[prop.name] > 1 and prop.hyperparameters:
+            values = ", ".join(
+                f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                for k, v in sorted(prop.hyperparameters.items())
+            )
+            label = f"{prop.name} ({values})"
+        labels[id(prop)] = label
+    return labels
 
 
 def make_llm(arch, cfg, proposer: str | None, replay: bool):
@@ -47,7 +68,7 @@ def print_usage(llm) -> None:
 def propose(
     parent: str = typer.Argument(..., help="The parent node to propose children of."),
     n: int | None = typer.Option(
-        None, "--n", help="How many screened proposals to return (default: [propose].population)."
+        None, "--n", help="How many screened proposals to return (default: \\[propose].population)."
     ),
     proposer: str | None = ProposerOpt,
     replay: bool = ReplayOpt,
@@ -78,6 +99,7 @@ def propose(
             )
         )
         return
+    labels = proposal_labels(kept, dropped)
     table = Table(title=f"proposals for {parent}")
     for col in ("#", "name", "score", "novelty", "gain", "mechanism"):
         table.add_column(col, overflow="fold")
@@ -85,7 +107,7 @@ def propose(
         nov = p.screening.get("novelty")
         table.add_row(
             str(i),
-            p.name,
+            escape(labels[id(p)]),
             f"{p.score:.3f}",
             "—" if nov is None else f"{nov:.3g}",
             f"{p.expected_gain:.2f}",
@@ -94,7 +116,8 @@ def propose(
     console.print(table)
     for p in dropped:
         console.print(
-            f"[dim]dropped {p.name}: {escape(p.screening.get('reason', 'ranked below the top N'))}[/]"
+            f"[dim]dropped {escape(labels[id(p)])}: "
+            f"{escape(p.screening.get('reason', 'ranked below the top N'))}[/]"
         )
     print_usage(llm)
     if not kept:
@@ -132,7 +155,7 @@ def reflect(
     use_llm: bool | None = typer.Option(
         None,
         "--llm/--no-llm",
-        help="Add an LLM narrative (default: when [propose].proposer is llm and a key or base URL is set).",
+        help="Add an LLM narrative (default: when \\[propose].proposer is llm and a key or base URL is set).",
     ),
     replay: bool = ReplayOpt,
     archive: Path = ArchiveOpt,

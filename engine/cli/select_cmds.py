@@ -37,10 +37,10 @@ def _last_run_hint(arch: Archive, ranked: str) -> str:
 
 def select(
     k: int | None = typer.Option(
-        None, "--k", help="Parents to pick (default: [select].k in poise.toml)."
+        None, "--k", help="Parents to pick (default: \\[select].k in poise.toml)."
     ),
     seed: int | None = typer.Option(
-        None, "--seed", help="Seed of tie-breaks and GP subsampling (default: [select].seed)."
+        None, "--seed", help="Seed of tie-breaks and GP subsampling (default: \\[select].seed)."
     ),
     explain: bool = typer.Option(
         False, "--explain", help="Also list nodes that cannot be parents, with the reason."
