@@ -44,11 +44,39 @@ def _checkout_state() -> set[str] | None:
 
 def pytest_sessionstart(session):
     session.config._checkout_before = _checkout_state()
+    session.config._scratch_before = _scratch_dirs()
+
+
+def _scratch_dirs() -> set[str]:
+    import tempfile
+
+    from engine.scratch import SCRATCH_PREFIXES
+
+    root = tempfile.gettempdir()
+    try:
+        return {os.path.join(root, n) for n in os.listdir(root) if n.startswith(SCRATCH_PREFIXES)}
+    except OSError:
+        return set()
+
+
+def _remove_left_scratch(before: set[str]) -> None:
+    """The engine's temporary directories that processes this run killed with SIGKILL left behind,
+    as a real kill does (``poise-git gc`` removes those): removed, so that a test run leaves nothing
+    in the machine's temporary directory. One a live process holds is kept."""
+    import shutil
+
+    from engine.scratch import in_use
+
+    for path in sorted(_scratch_dirs() - before):
+        if not in_use(path):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def pytest_sessionfinish(session, exitstatus):
     """Tests leave nothing in the checkout: every file they write goes under tmp_path (archives,
     MLflow stores and artifacts, caches). A file the run added fails the session."""
+    if not hasattr(session.config, "workerinput"):  # once, after every xdist worker has finished
+        _remove_left_scratch(getattr(session.config, "_scratch_before", set()))
     before = getattr(session.config, "_checkout_before", None)
     after = _checkout_state()
     if before is None or after is None:
