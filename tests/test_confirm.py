@@ -139,6 +139,9 @@ def test_log_marks_each_confirmed_node_under_the_compared_protocol(archive):
     assert f"held out vs grpo: confirmed +0.1050 (2 seeds, {PROTO.key})" in child
     assert f"held out vs grpo: reversed -0.1050 (2 seeds, {PROTO.key})" in other
     assert "another protocol version" not in out.stdout  # both confirm the results' version
+    from engine.cli.archive_cmds import _held_out
+
+    assert f"(1 seed, {PROTO.key})" in _held_out(_conf({2: 0.6}, {2: 0.5}))
     (root,) = (ln for ln in lines if "grpo" in ln and "held out" not in ln)
     assert "evaluated" in root
     rows = {

@@ -75,7 +75,7 @@ def _held_out(c: Confirmation | None, other_version: str = "") -> str:
     )
     return (
         f"  held out vs {escape(c.against)}: [{style}]{c.verdict}{diff}[/] "
-        f"({len(c.seeds)} seeds, {escape(c.protocol.key)}){mark}"
+        f"({len(c.seeds)} seed{'' if len(c.seeds) == 1 else 's'}, {escape(c.protocol.key)}){mark}"
     )
 
 
