@@ -65,6 +65,24 @@ def test_trajectory_diagnostics():
         assert what in found, found
 
 
+def test_one_noisy_step_is_no_drift_and_a_fall_then_flat_is_a_decline():
+    """Length, reward and valid rate are read by the means of their thirds: a last step of 140
+    after five near 100 read as a length drift of x1.40, and a reward that fell at once and then
+    stayed flat read as a plateau, not a decline."""
+    steps = list(range(6))
+    noisy = {"step": steps, "train/response_length": [100, 101, 99, 100, 102, 140]}
+    assert trajectory_diagnostics(noisy) == []
+    fell = {"step": steps, "train/reward_mean": [0.5, 0.1, 0.1, 0.1, 0.1, 0.1]}
+    (finding,) = trajectory_diagnostics(fell)
+    assert finding.startswith("reward decline: reward_mean fell 0.3 -> 0.1")
+    blip = {"step": steps, "train/valid_rate": [0.9, 0.9, 0.9, 0.9, 0.9, 0.82]}
+    assert trajectory_diagnostics(blip) == []
+    drift = {"step": steps, "train/response_length": [100, 110, 120, 130, 140, 150]}
+    assert trajectory_diagnostics(drift) == [
+        "length drift: mean response length 105 -> 145 tokens (x1.38, first to last third)"
+    ]
+
+
 def test_trajectory_vs_parent_says_what_the_child_changed():
     """An entropy collapse fires on a parent and its child alike; against the parent's trajectory
     the reflection says which of them collapsed further, and by how much, over the last third."""

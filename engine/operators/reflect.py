@@ -46,6 +46,14 @@ def _step_of(traj: dict[str, Any], key: str, k: int) -> float:
     return float(step) if isinstance(step, (int, float)) else float(i)
 
 
+def _thirds(x: list[float]) -> tuple[float, float, float]:
+    """The means of the first, middle and last thirds of ``x`` (at least one value each; the middle
+    is the whole series where nothing is left between the ends)."""
+    k = max(1, len(x) // 3)
+    mid = x[k:-k] or x
+    return statistics.fmean(x[:k]), statistics.fmean(mid), statistics.fmean(x[-k:])
+
+
 def trajectory_diagnostics(traj: dict[str, Any]) -> list[str]:
     """One line per finding in a results.json trajectory (empty when nothing stands out)."""
     out: list[str] = []
@@ -66,28 +74,38 @@ def trajectory_diagnostics(traj: dict[str, Any]) -> list[str]:
                 f"KL spike: {kl[peak_i]:.3g} at step {_step_of(traj, 'train/kl', peak_i):.0f} "
                 f"(median {med:.3g})"
             )
+    # the series below are compared by the means of their first, middle and last thirds, not by
+    # single steps: one noisy last step is no drift, and a fall followed by a flat stretch is a
+    # decline, not a plateau
     rew = _series(traj, "train/reward_mean")
     if len(rew) >= 6:
-        total = rew[-1] - rew[0]
-        half = len(rew) // 2
-        late = rew[-1] - rew[half]
-        if abs(late) < max(0.01, 0.1 * abs(total)):
+        head, mid, tail = _thirds(rew)
+        total, late = tail - head, tail - mid
+        if total < -0.01:
             out.append(
-                f"reward plateau: reward_mean moved {late:+.3g} over the second half (total {total:+.3g}, "
-                f"{rew[0]:.3g} -> {rew[-1]:.3g})"
+                f"reward decline: reward_mean fell {head:.3g} -> {tail:.3g} (first to last third)"
             )
-        elif total < 0:
-            out.append(f"reward decline: reward_mean fell {rew[0]:.3g} -> {rew[-1]:.3g}")
+        elif abs(late) < max(0.01, 0.1 * abs(total)):
+            out.append(
+                f"reward plateau: reward_mean moved {late:+.3g} from the middle to the last third "
+                f"of training (total {total:+.3g}, {head:.3g} -> {tail:.3g})"
+            )
     ln = _series(traj, "train/response_length")
-    if len(ln) >= 3 and ln[0] > 0:
-        ratio = ln[-1] / ln[0]
+    if len(ln) >= 3:
+        head, _, tail = _thirds(ln)
+        ratio = tail / head if head > 0 else 1.0
         if ratio > 1.3 or ratio < 0.7:
             out.append(
-                f"length drift: mean response length {ln[0]:.4g} -> {ln[-1]:.4g} tokens (x{ratio:.2f})"
+                f"length drift: mean response length {head:.4g} -> {tail:.4g} tokens (x{ratio:.2f}, "
+                "first to last third)"
             )
     vr = _series(traj, "train/valid_rate")
-    if len(vr) >= 2 and abs(vr[-1] - vr[0]) >= 0.05:
-        out.append(f"valid-rate change during training: {vr[0]:.3g} -> {vr[-1]:.3g}")
+    if len(vr) >= 3:
+        head, _, tail = _thirds(vr)
+        if abs(tail - head) >= 0.05:
+            out.append(
+                f"valid-rate change during training: {head:.3g} -> {tail:.3g} (first to last third)"
+            )
     gn = _series(traj, "train/grad_norm")
     if len(gn) >= 4:
         med = statistics.median(gn)
