@@ -356,6 +356,16 @@ def test_the_seed_cache_is_keyed_by_the_harness_as_well_as_the_code(tmp_path, mo
     assert len({before, edited, source_digest((pkg,))}) == 3
 
 
+def test_a_proxy_result_names_the_harness_sources_it_was_measured_with(exp):
+    """The protocol hash covers the settings and the warm start, not the code that turns them into
+    numbers: a result records the digest of the trainer's and scorer's sources beside it."""
+    from engine.operators.evaluate import _Job, harness_digest
+
+    job = _Job.prepare(exp, "drgrpo", 1, "tiny", None, None)
+    assert job.base["details"]["harness_sha256"] == harness_digest()
+    assert len(harness_digest()) == 64
+
+
 HOLD_NODE = """
 import sys
 from engine.archive.store import Archive

@@ -304,7 +304,13 @@ class _Job:
             "protocol": proxy_protocol(preset, protocol),
             "seeds": tuple(seed_list),
             "node_commit": node.commit,
-            "details": {"versions": _versions(), "machine": machine()},
+            # the harness's sources: the protocol hash covers settings and warm start, not the code
+            # that turns them into numbers (the task generator, the RL loop, the scorer)
+            "details": {
+                "versions": _versions(),
+                "machine": machine(),
+                "harness_sha256": harness_digest(),
+            },
         }
         job = cls(
             archive=archive,

@@ -147,6 +147,13 @@ def _judge_training(run: SandboxRun, train: _Training, seed: int) -> dict | None
     if failure and not failure.startswith("collapsed"):
         data["reason"] = f"seed {seed}: {failure}"
         return data
+    if not failure and len(train.rows) != train.max_steps:
+        # a completed run sends one step frame per RL step (steps are unique and in range)
+        data["reason"] = (
+            f"seed {seed}: the training process reported success after {len(train.rows)} of "
+            f"{train.max_steps} RL steps"
+        )
+        return data
     if not train.weights:
         data["reason"] = f"seed {seed}: the training process sent no trained weights"
         return data
