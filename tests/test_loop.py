@@ -299,3 +299,78 @@ def test_ray_backed_run_on_a_local_instance(evaluated_root, tmp_path, cli):
     kids = [n for n in nodes.values() if n.parents]
     assert len(kids) == 1 and kids[0].status in ("evaluated", "failed", "rejected")
     assert all(n.status in ("evaluated", "failed", "rejected") for n in nodes.values())
+
+
+def test_sigterm_during_a_ray_evaluation_stops_like_ctrl_c(evaluated_root, tmp_path):
+    """`ray.init` puts its own SIGTERM handler (`sys.exit`) in place of the CLI's, whose kill of the
+    sandboxed children never ran, and the driver died of SIGABRT (exit 134) with a native stack
+    dump. The run must stop as on Ctrl-C: exit 130, `interrupted`, the node left for --resume,
+    nothing of the run's process tree left."""
+    pytest.importorskip("ray")
+    from engine.archive.store import Archive
+
+    exp = _copy(evaluated_root, tmp_path)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    )
+    cmd = [sys.executable, "-m", "engine", "run", "-C", str(exp), "--rounds", "1"]
+    cmd += ["--parents", "1", "--population", "1", "--ray", "local", "--workers", "1"]
+    proc = subprocess.Popen(
+        [*cmd, *SMALL, "--no-report"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    sent = False
+    deadline = time.time() + 400
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+            if any("engine.loop.executor" in c and str(exp) in c for _, c in _processes()):
+                time.sleep(1)
+                proc.send_signal(signal.SIGTERM)
+                sent = True
+                break
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert sent, "the run never reached a Ray evaluation"
+    assert proc.returncode == 130, (proc.returncode, err[-3000:])
+    assert "interrupted" in err and "SIGTERM received" not in err, err[-3000:]
+    time.sleep(2)
+    # Ray's own processes share the run's session; its evaluation worker names the archive
+    left = [
+        c
+        for p, c in _processes()
+        if p.pid != proc.pid and (_session(p) == proc.pid or str(exp) in c)
+    ]
+    assert not left, left
+    arch = Archive(exp)
+    kid = next(n for n in arch.nodes().values() if n.parents)
+    assert kid.status in ("verified", "evaluating"), kid.status
+    assert "KeyboardInterrupt" in arch.git.text("show", "refs/poise/run:run.json")
+    assert arch.fsck()
+
+
+def _processes() -> list:
+    """(process, command line) of every live process that is not a zombie."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        if p.info["status"] != psutil.STATUS_ZOMBIE:
+            out.append((p, " ".join(p.info["cmdline"] or [])))
+    return out
+
+
+def _session(p) -> int | None:
+    try:
+        return os.getsid(p.pid)
+    except OSError:
+        return None

@@ -314,7 +314,14 @@ class RayExecutor:
         else:
             kwargs["address"] = address
         self._owns = not ray.is_initialized()
+        # ray.init puts `sys.exit` in place of the process's SIGTERM handler (the CLI's, which
+        # kills the sandboxed children and unwinds as on Ctrl-C): a SIGTERM then left the run by
+        # SystemExit and often died of SIGABRT with a native stack dump. Ours is put back.
+        main = threading.current_thread() is threading.main_thread()
+        sigterm = signal.getsignal(signal.SIGTERM) if main else None
         ray.init(**kwargs)
+        if main and sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
         self.num_gpus = num_gpus
         self._remote = ray.remote(max_retries=0)(run_job)
         self._pool = cf.ThreadPoolExecutor(max_workers=64, thread_name_prefix="poise-ray")
