@@ -374,3 +374,44 @@ def _session(p) -> int | None:
         return os.getsid(p.pid)
     except OSError:
         return None
+
+
+def test_a_ray_task_that_dies_is_the_nodes_failure_at_its_own_wall_time(archive):
+    """A Ray worker killed mid-evaluation: the node is recorded failed with the reason, at the time
+    the task ran, not at the executor's backstop limit (which the gpu-hours budget would charge),
+    and the evaluation's own worker dies with it."""
+    pytest.importorskip("ray")
+    from engine.loop.executor import EvalJob, RayExecutor
+
+    record(archive, "grpo", {"overall": 0.5})
+    edit = (
+        "def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:\n"
+        "    while True:\n        pass\n"
+    )
+    archive.spawn("grpo", "hangs", edit, trailers={"Poise-Round": "1"})
+    mark_verified(archive, "hangs")
+    ex = RayExecutor("local", 1)
+    try:
+        job = EvalJob(str(archive.path), "hangs", seeds=1, preset="smoke", timeout_s=300)
+        fut = ex.submit(job)
+        task = None
+        deadline = time.time() + 120
+        while task is None and time.time() < deadline:
+            time.sleep(0.5)
+            for p, c in _processes():
+                if "engine.loop.executor" in c and str(archive.path) in c:
+                    task = p.parent()
+        assert task is not None, "the Ray task never started its evaluation"
+        time.sleep(1)
+        task.kill()
+        out = fut.result(timeout=120)
+    finally:
+        ex.shutdown(kill=True)
+    node = archive.node("hangs")
+    assert out.status == "failed" and node.status == "failed", (out, node.status)
+    assert "Ray task failed" in node.trailer("Poise-Reason"), node.trailer("Poise-Reason")
+    assert out.wall_s < 60, out.wall_s
+    assert node.results["proxy/smoke"].wall_time_s < 60, node.results["proxy/smoke"].wall_time_s
+    time.sleep(2)
+    assert not [c for _, c in _processes() if str(archive.path) in c]
+    assert archive.fsck()

@@ -333,6 +333,8 @@ class RayExecutor:
         ref = self._remote.options(num_cpus=cpus, num_gpus=self.num_gpus).remote(job)
         self._refs.add(ref)
 
+        start = time.monotonic()
+
         def wait() -> EvalOutcome:
             # the task enforces the limit itself; this is only a backstop for a lost worker
             limit = job.timeout_s + 2 * _grace(job.timeout_s) + 60
@@ -342,10 +344,13 @@ class RayExecutor:
                 if self._stopping:
                     return EvalOutcome(job.node, STOPPED, "stopped by the loop; left for --resume")
                 self.ray.cancel(ref, force=True)
+                _end_worker_runs(job)
+                # the time since submission (the gpu-hours budget counts it), not the backstop's
+                # limit: a worker lost after seconds costs seconds
                 return record_failure(
                     job,
                     f"Ray task failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}",
-                    limit,
+                    time.monotonic() - start,
                 )
             finally:
                 self._refs.discard(ref)
