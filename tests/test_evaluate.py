@@ -423,3 +423,45 @@ def test_a_node_another_process_evaluates_is_refused_at_once_or_waited_for(tmp_p
     assert "error" not in got, got
     assert got["r"].metrics == {"overall": 0.42} and arch.node("grpo").commit == mine
     assert arch.fsck()
+
+
+def _closed_port() -> int:
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there any more: connections are refused
+    return port
+
+
+@pytest.mark.slow  # one seed of the tiny preset
+def test_an_unreachable_tracking_server_is_one_clear_line_and_costs_no_result(tmp_path, cli):
+    """MLflow retried every call to a dead server with backoff for about four minutes per seed,
+    before the result was recorded in git (a worker's wall-clock limit could then kill the
+    evaluation and lose it), and the loop said nothing. The evaluation is recorded at once, with
+    one line naming the server."""
+    import time
+
+    arch = Archive.init(tmp_path / "exp")
+    uri = f"http://127.0.0.1:{_closed_port()}"
+    t0 = time.monotonic()
+    out = cli(
+        "evaluate",
+        "grpo",
+        "--preset",
+        "tiny",
+        "--seeds",
+        "1",
+        "-C",
+        str(arch.path),
+        env={"MLFLOW_TRACKING_URI": uri, "POISE_CACHE_DIR": str(tmp_path / "cache")},
+    )
+    wall = time.monotonic() - t0
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert wall < 90, wall
+    assert f"MLflow tracking server {uri} is unreachable" in out.stdout + out.stderr, out.stdout
+    node = arch.node("grpo")
+    assert node.status == "evaluated" and not node.results["proxy/tiny"].mlflow_run_ids
+    assert not (arch.path / "mlflow.db").exists()
+    assert arch.fsck()

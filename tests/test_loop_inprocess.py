@@ -321,3 +321,22 @@ def test_an_evaluation_that_cannot_start_stops_the_run_and_fails_no_candidate(
     (kid,) = children(arch).values()
     assert kid.status == "verified" and not kid.results
     assert load_run(arch).data["status"] == "stopped" and arch.fsck()
+
+
+def test_an_unreachable_tracking_server_is_said_when_the_run_starts(tmp_path, monkeypatch):
+    """The evaluations log in their own worker processes, whose lines the loop does not show: a
+    dead tracking server went unmentioned for a whole run. The run says so when it starts."""
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    uri = f"http://127.0.0.1:{s.getsockname()[1]}"
+    s.close()  # nothing listens there
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    arch = archive_with_root(tmp_path)
+    events: list[dict] = []
+    summary = run(arch, events.append, budget=["candidates=0"], rounds=1, population=1)
+    said = [e["msg"] for e in events if e["kind"] == "log"]
+    assert any(f"MLflow tracking server {uri} is unreachable" in m for m in said), said
+    assert summary.stop_reason.startswith("candidate budget exhausted"), summary.stop_reason
+    assert arch.fsck()
