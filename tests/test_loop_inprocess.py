@@ -340,3 +340,38 @@ def test_an_unreachable_tracking_server_is_said_when_the_run_starts(tmp_path, mo
     assert any(f"MLflow tracking server {uri} is unreachable" in m for m in said), said
     assert summary.stop_reason.startswith("candidate budget exhausted"), summary.stop_reason
     assert arch.fsck()
+
+
+def test_proposals_paid_for_are_implemented_before_a_token_budget_stops(tmp_path, monkeypatch):
+    """The token budget was checked again between the proposal call and its first candidate: the
+    proposals just paid for were thrown away, and `--resume` asked (and paid) for them again, so a
+    resume whose budget had room for less than a proposal and its candidate never made one. The
+    candidates of a paid proposal call are made; the budget stops the run before the next call."""
+    import openai_server
+    from results_util import record
+
+    edit = (
+        "def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:\n"
+        "    scores = batch.rewards.to(torch.float32)\n"
+        "    stats = group_stats(scores, batch.group)\n"
+        "    return scores - torch.where(stats.count < 2, torch.zeros_like(scores), stats.mean)\n"
+    )
+    reply = openai_server.proposal_reply("centred", edit)
+    monkeypatch.setenv("POISE_BUDGET_KEY", "sk-test")
+    with openai_server.ScriptedOpenAI(default=lambda _body: reply) as srv:
+        toml = (
+            '[propose]\nproposer = "llm"\npopulation = 1\n'
+            f'[llm]\nbase_url = "{srv.base_url}"\napi_key_env = "POISE_BUDGET_KEY"\n'
+        )
+        arch = Archive.init(tmp_path / "exp", config_toml=toml)
+        record(arch, "grpo", {"overall": 0.5}, preset="tiny")
+        summary = run(arch, budget=["tokens=1"], rounds=2, population=1, proposer="llm")
+        asked = sum(  # proposal calls (the reflection asks the LLM too)
+            r["messages"][-1]["content"].startswith("## Parent node") for r in srv.requests
+        )
+    kids = children(arch)
+    assert asked == 1, asked  # one proposal call; the budget stopped the run before a second
+    assert [k.trailer("Poise-Proposer") for k in kids.values()] == ["llm"], kids
+    assert all(k.status in FINAL for k in kids.values()), {n: k.status for n, k in kids.items()}
+    assert summary.stop_reason.startswith("LLM-token budget exhausted"), summary.stop_reason
+    assert not pending_work(arch, arch.nodes("proxy/tiny")) and arch.fsck()

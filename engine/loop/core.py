@@ -191,9 +191,17 @@ class Loop:
                 u.device_hours += float(r.wall_time_s) * devices / 3600.0
         return u
 
-    def _check_budget(self) -> bool:
+    def _check_budget(self, paid: bool = False) -> bool:
+        """Whether there is room for more. ``paid``: for a candidate of a proposal call already
+        made, whose tokens and cost are spent; only the other limits can stop it (a proposal
+        dropped here would be asked for, and paid, again on `--resume`)."""
         if self.stop_reason is None:
-            self.stop_reason = exhausted(self.budget, self.usage())
+            budget = (
+                dataclasses.replace(self.budget, tokens=None, cost_usd=None)
+                if paid
+                else self.budget
+            )
+            self.stop_reason = exhausted(budget, self.usage())
         return self.stop_reason is None
 
     def _save(self, subject: str) -> None:
@@ -392,7 +400,7 @@ class Loop:
     def _implement_all(self, r: int, entry: dict, proposals: list) -> None:
         parent = entry["node"]
         for prop in proposals:
-            if not self._check_budget():
+            if not self._check_budget(paid=True):
                 return
             name = self._name(prop.name)
             self.emit(
