@@ -375,3 +375,17 @@ def test_proposals_paid_for_are_implemented_before_a_token_budget_stops(tmp_path
     assert all(k.status in FINAL for k in kids.values()), {n: k.status for n, k in kids.items()}
     assert summary.stop_reason.startswith("LLM-token budget exhausted"), summary.stop_reason
     assert not pending_work(arch, arch.nodes("proxy/tiny")) and arch.fsck()
+
+
+def test_the_roots_evaluation_carries_no_round_tag(tmp_path):
+    """The root is evaluated before the first round: its MLflow run was tagged poise.round="None"
+    (a round named None, matched by a filter on that string). It carries the run's tag and no round."""
+    from engine.archive.tracking import find_runs
+
+    arch = Archive.init(tmp_path / "exp")  # the root unevaluated: the run evaluates it first
+    run(arch, budget=["candidates=0"], rounds=1, population=1)
+    runs = find_runs(arch, "grpo")
+    assert runs and arch.node("grpo").status == "evaluated"
+    for r in runs:
+        assert "poise.round" not in r.data.tags, r.data.tags
+        assert r.data.tags["poise.run"] == load_run(arch).id

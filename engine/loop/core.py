@@ -463,7 +463,8 @@ class Loop:
             p.seeds,
             p.preset,
             p.eval_timeout_s,
-            tags={"poise.round": str(r), "poise.run": self.rec.id},
+            # the root, evaluated before the first round, has no round
+            tags={"poise.run": self.rec.id, **({"poise.round": str(r)} if r is not None else {})},
         )
         self.emit({"kind": "stage", "round": r, "stage": "evaluate", "node": name})
         self.futures[self.executor.submit(job)] = (name, r)
