@@ -10,6 +10,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import ssl
 import threading
 import time
 import urllib.error
@@ -56,7 +57,8 @@ def server_problem(uri: str) -> str:
         pass  # it answered: authentication and the like are MLflow's to report
     except (OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
-        why = f"{type(reason).__name__}: {reason}" if str(reason) else type(reason).__name__
+        if not isinstance(reason, ssl.SSLError):  # TLS answered: its settings are MLflow's
+            why = f"{type(reason).__name__}: {reason}" if str(reason) else type(reason).__name__
     _probed[uri] = (time.monotonic(), why)
     return why
 
