@@ -433,3 +433,88 @@ def test_a_node_another_process_evaluates_is_refused_at_once_or_waited_for(tmp_p
     assert "error" not in got, got
     assert got["r"].metrics == {"overall": 0.42} and arch.node("grpo").commit == mine
     assert arch.fsck()
+
+
+def _closed_port() -> int:
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there any more: connections are refused
+    return port
+
+
+@pytest.mark.slow  # one seed of the tiny preset
+def test_an_unreachable_tracking_server_is_one_clear_line_and_costs_no_result(tmp_path, cli):
+    """MLflow retried every call to a dead server with backoff for about four minutes per seed,
+    before the result was recorded in git (a worker's wall-clock limit could then kill the
+    evaluation and lose it), and the loop said nothing. The evaluation is recorded at once, with
+    one line naming the server."""
+    import time
+
+    arch = Archive.init(tmp_path / "exp")
+    uri = f"http://127.0.0.1:{_closed_port()}"
+    t0 = time.monotonic()
+    out = cli(
+        "evaluate",
+        "grpo",
+        "--preset",
+        "tiny",
+        "--seeds",
+        "1",
+        "-C",
+        str(arch.path),
+        env={"MLFLOW_TRACKING_URI": uri, "POISE_CACHE_DIR": str(tmp_path / "cache")},
+    )
+    wall = time.monotonic() - t0
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert wall < 90, wall
+    assert f"MLflow tracking server {uri} is unreachable" in out.stdout + out.stderr, out.stdout
+    node = arch.node("grpo")
+    assert node.status == "evaluated" and not node.results["proxy/tiny"].mlflow_run_ids
+    assert not (arch.path / "mlflow.db").exists()
+    assert arch.fsck()
+
+
+def test_the_tracking_probe_tells_a_dead_server_from_one_it_cannot_verify(tmp_path):
+    """Only a server that does not answer is unreachable: one whose TLS certificate this process
+    cannot verify answered (MLflow's own TLS settings may accept it), and a URI's credentials
+    never appear in the message."""
+    import shutil
+    import socket
+    import ssl
+    import threading
+
+    from engine.archive import tracking
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs openssl to make a certificate")
+    key, cert = tmp_path / "k.pem", tmp_path / "c.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key)]
+        + ["-out", str(cert), "-days", "1", "-subj", "/CN=localhost"],
+        check=True,
+        capture_output=True,
+    )
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+
+    def serve() -> None:
+        while True:
+            conn, _ = srv.accept()
+            try:
+                ctx.wrap_socket(conn, server_side=True).close()
+            except OSError:
+                pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    assert tracking.server_problem(f"https://127.0.0.1:{srv.getsockname()[1]}") == ""
+    dead = f"http://127.0.0.1:{_closed_port()}"
+    assert "ConnectionRefused" in tracking.server_problem(dead)
+    assert tracking.shown_uri("https://me:sk-x@h.example:8443/p") == "https://h.example:8443/p"
+    assert tracking.server_problem("sqlite:///x/mlflow.db") == ""
+    srv.close()

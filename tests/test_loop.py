@@ -299,3 +299,119 @@ def test_ray_backed_run_on_a_local_instance(evaluated_root, tmp_path, cli):
     kids = [n for n in nodes.values() if n.parents]
     assert len(kids) == 1 and kids[0].status in ("evaluated", "failed", "rejected")
     assert all(n.status in ("evaluated", "failed", "rejected") for n in nodes.values())
+
+
+def test_sigterm_during_a_ray_evaluation_stops_like_ctrl_c(evaluated_root, tmp_path):
+    """`ray.init` puts its own SIGTERM handler (`sys.exit`) in place of the CLI's, whose kill of the
+    sandboxed children never ran, and the driver died of SIGABRT (exit 134) with a native stack
+    dump. The run must stop as on Ctrl-C: exit 130, `interrupted`, the node left for --resume,
+    nothing of the run's process tree left."""
+    pytest.importorskip("ray")
+    from engine.archive.store import Archive
+
+    exp = _copy(evaluated_root, tmp_path)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    )
+    cmd = [sys.executable, "-m", "engine", "run", "-C", str(exp), "--rounds", "1"]
+    cmd += ["--parents", "1", "--population", "1", "--ray", "local", "--workers", "1"]
+    proc = subprocess.Popen(
+        [*cmd, *SMALL, "--no-report"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    sent = False
+    deadline = time.time() + 400
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+            if any("engine.loop.executor" in c and str(exp) in c for _, c in _processes()):
+                time.sleep(1)
+                proc.send_signal(signal.SIGTERM)
+                sent = True
+                break
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert sent, "the run never reached a Ray evaluation"
+    assert proc.returncode == 130, (proc.returncode, err[-3000:])
+    assert "interrupted" in err and "SIGTERM received" not in err, err[-3000:]
+    time.sleep(2)
+    # Ray's own processes share the run's session; its evaluation worker names the archive
+    left = [
+        c
+        for p, c in _processes()
+        if p.pid != proc.pid and (_session(p) == proc.pid or str(exp) in c)
+    ]
+    assert not left, left
+    arch = Archive(exp)
+    kid = next(n for n in arch.nodes().values() if n.parents)
+    assert kid.status in ("verified", "evaluating"), kid.status
+    assert "KeyboardInterrupt" in arch.git.text("show", "refs/poise/run:run.json")
+    assert arch.fsck()
+
+
+def _processes() -> list:
+    """(process, command line) of every live process that is not a zombie."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        if p.info["status"] != psutil.STATUS_ZOMBIE:
+            out.append((p, " ".join(p.info["cmdline"] or [])))
+    return out
+
+
+def _session(p) -> int | None:
+    try:
+        return os.getsid(p.pid)
+    except OSError:
+        return None
+
+
+def test_a_ray_task_that_dies_is_the_nodes_failure_at_its_own_wall_time(archive):
+    """A Ray worker killed mid-evaluation: the node is recorded failed with the reason, at the time
+    the task ran, not at the executor's backstop limit (which the gpu-hours budget would charge),
+    and the evaluation's own worker dies with it."""
+    pytest.importorskip("ray")
+    from engine.loop.executor import EvalJob, RayExecutor
+
+    record(archive, "grpo", {"overall": 0.5})
+    edit = (
+        "def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:\n"
+        "    while True:\n        pass\n"
+    )
+    archive.spawn("grpo", "hangs", edit, trailers={"Poise-Round": "1"})
+    mark_verified(archive, "hangs")
+    ex = RayExecutor("local", 1)
+    try:
+        job = EvalJob(str(archive.path), "hangs", seeds=1, preset="smoke", timeout_s=300)
+        fut = ex.submit(job)
+        task = None
+        deadline = time.time() + 120
+        while task is None and time.time() < deadline:
+            time.sleep(0.5)
+            for p, c in _processes():
+                if "engine.loop.executor" in c and str(archive.path) in c:
+                    task = p.parent()
+        assert task is not None, "the Ray task never started its evaluation"
+        time.sleep(1)
+        task.kill()
+        out = fut.result(timeout=120)
+    finally:
+        ex.shutdown(kill=True)
+    node = archive.node("hangs")
+    assert out.status == "failed" and node.status == "failed", (out, node.status)
+    assert "Ray task failed" in node.trailer("Poise-Reason"), node.trailer("Poise-Reason")
+    assert out.wall_s < 60, out.wall_s
+    assert node.results["proxy/smoke"].wall_time_s < 60, node.results["proxy/smoke"].wall_time_s
+    time.sleep(2)
+    assert not [c for _, c in _processes() if str(archive.path) in c]
+    assert archive.fsck()

@@ -321,3 +321,71 @@ def test_an_evaluation_that_cannot_start_stops_the_run_and_fails_no_candidate(
     (kid,) = children(arch).values()
     assert kid.status == "verified" and not kid.results
     assert load_run(arch).data["status"] == "stopped" and arch.fsck()
+
+
+def test_an_unreachable_tracking_server_is_said_when_the_run_starts(tmp_path, monkeypatch):
+    """The evaluations log in their own worker processes, whose lines the loop does not show: a
+    dead tracking server went unmentioned for a whole run. The run says so when it starts."""
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    uri = f"http://127.0.0.1:{s.getsockname()[1]}"
+    s.close()  # nothing listens there
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    arch = archive_with_root(tmp_path)
+    events: list[dict] = []
+    summary = run(arch, events.append, budget=["candidates=0"], rounds=1, population=1)
+    said = [e["msg"] for e in events if e["kind"] == "log"]
+    assert any(f"MLflow tracking server {uri} is unreachable" in m for m in said), said
+    assert summary.stop_reason.startswith("candidate budget exhausted"), summary.stop_reason
+    assert arch.fsck()
+
+
+def test_proposals_paid_for_are_implemented_before_a_token_budget_stops(tmp_path, monkeypatch):
+    """The token budget was checked again between the proposal call and its first candidate: the
+    proposals just paid for were thrown away, and `--resume` asked (and paid) for them again, so a
+    resume whose budget had room for less than a proposal and its candidate never made one. The
+    candidates of a paid proposal call are made; the budget stops the run before the next call."""
+    import openai_server
+    from results_util import record
+
+    edit = (
+        "def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:\n"
+        "    scores = batch.rewards.to(torch.float32)\n"
+        "    stats = group_stats(scores, batch.group)\n"
+        "    return scores - torch.where(stats.count < 2, torch.zeros_like(scores), stats.mean)\n"
+    )
+    reply = openai_server.proposal_reply("centred", edit)
+    monkeypatch.setenv("POISE_BUDGET_KEY", "sk-test")
+    with openai_server.ScriptedOpenAI(default=lambda _body: reply) as srv:
+        toml = (
+            '[propose]\nproposer = "llm"\npopulation = 1\n'
+            f'[llm]\nbase_url = "{srv.base_url}"\napi_key_env = "POISE_BUDGET_KEY"\n'
+        )
+        arch = Archive.init(tmp_path / "exp", config_toml=toml)
+        record(arch, "grpo", {"overall": 0.5}, preset="tiny")
+        summary = run(arch, budget=["tokens=1"], rounds=2, population=1, proposer="llm")
+        asked = sum(  # proposal calls (the reflection asks the LLM too)
+            r["messages"][-1]["content"].startswith("## Parent node") for r in srv.requests
+        )
+    kids = children(arch)
+    assert asked == 1, asked  # one proposal call; the budget stopped the run before a second
+    assert [k.trailer("Poise-Proposer") for k in kids.values()] == ["llm"], kids
+    assert all(k.status in FINAL for k in kids.values()), {n: k.status for n, k in kids.items()}
+    assert summary.stop_reason.startswith("LLM-token budget exhausted"), summary.stop_reason
+    assert not pending_work(arch, arch.nodes("proxy/tiny")) and arch.fsck()
+
+
+def test_the_roots_evaluation_carries_no_round_tag(tmp_path):
+    """The root is evaluated before the first round: its MLflow run was tagged poise.round="None"
+    (a round named None, matched by a filter on that string). It carries the run's tag and no round."""
+    from engine.archive.tracking import find_runs
+
+    arch = Archive.init(tmp_path / "exp")  # the root unevaluated: the run evaluates it first
+    run(arch, budget=["candidates=0"], rounds=1, population=1)
+    runs = find_runs(arch, "grpo")
+    assert runs and arch.node("grpo").status == "evaluated"
+    for r in runs:
+        assert "poise.round" not in r.data.tags, r.data.tags
+        assert r.data.tags["poise.run"] == load_run(arch).id

@@ -10,11 +10,17 @@ import contextlib
 import fcntl
 import logging
 import os
+import ssl
 import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from engine import secrets
+from engine.errors import PoiseError
 
 log = logging.getLogger(__name__)
 MLFLOW_DB = "mlflow.db"
@@ -22,6 +28,47 @@ ARTIFACTS = "mlruns"
 STORE_LOCK = ".poise/mlflow.lock"  # beside the archive's other local state, excluded from git
 _opened: set[str] = set()  # SQLite stores this process has opened (created or migrated) already
 _uri_lock = threading.Lock()  # one set_uri at a time: each saves and puts back the environment
+PROBE_TIMEOUT_S = 10.0
+"""how long a tracking server has to answer the reachability probe"""
+PROBE_TTL_S = 60.0
+"""how long a probe's answer holds in this process (each seed's run would probe again)"""
+_probed: dict[str, tuple[float, str]] = {}  # server URI -> (monotonic time, "" or why unreachable)
+
+
+class TrackingUnavailable(PoiseError):
+    """The MLflow tracking server cannot be reached: nothing is logged there, the result is in git."""
+
+
+def server_problem(uri: str) -> str:
+    """Why the tracking server at ``uri`` cannot be reached ("" when it answers, with any HTTP
+    status, and for a URI that is no server). One request bounded by :data:`PROBE_TIMEOUT_S`:
+    MLflow's own client retries a dead server with backoff for about four minutes per call."""
+    if not uri.startswith(("http://", "https://")):
+        return ""
+    hit = _probed.get(uri)
+    if hit is not None and time.monotonic() - hit[0] < PROBE_TTL_S:
+        return hit[1]
+    why = ""
+    try:
+        url = uri.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1"
+        with urllib.request.urlopen(url, timeout=PROBE_TIMEOUT_S):
+            pass
+    except urllib.error.HTTPError:
+        pass  # it answered: authentication and the like are MLflow's to report
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        if not isinstance(reason, ssl.SSLError):  # TLS answered: its settings are MLflow's
+            why = f"{type(reason).__name__}: {reason}" if str(reason) else type(reason).__name__
+    _probed[uri] = (time.monotonic(), why)
+    return why
+
+
+def shown_uri(uri: str) -> str:
+    """``uri`` without the user and password a server URI may carry."""
+    parts = urllib.parse.urlsplit(uri)
+    host = parts.hostname or ""
+    netloc = host + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 def tracking_uri(archive_path: str | Path) -> str:
@@ -43,8 +90,15 @@ def open_store(archive_path: str | Path) -> str:
     """The archive's tracking URI, its SQLite store created (or migrated) by this process under a
     file lock first: MLflow builds a new store's schema on first use, and two processes doing it at
     once (two evaluations starting on a fresh archive) both run the migrations and fail. Opened once
-    per process; a tracking server needs no lock."""
+    per process; a tracking server needs no lock, and one that does not answer is
+    :class:`TrackingUnavailable` within seconds (MLflow would retry each call for minutes)."""
     uri = tracking_uri(archive_path)
+    why = server_problem(uri)
+    if why:
+        raise TrackingUnavailable(
+            f"the MLflow tracking server {shown_uri(uri)} is unreachable ({why}); "
+            "nothing is logged there, results are recorded in git"
+        )
     if uri in _opened or not uri.startswith("sqlite:"):
         return uri
     from mlflow.tracking import MlflowClient  # lazy: mlflow is heavy (only this path needs it)

@@ -20,7 +20,7 @@ from typing import Any
 from engine import secrets
 from engine.archive.results import configured_protocol
 from engine.archive.store import Archive
-from engine.archive.tracking import end_dangling_runs
+from engine.archive.tracking import end_dangling_runs, server_problem, shown_uri, tracking_uri
 from engine.errors import EvaluationError, PoiseError
 from engine.loop.budget import Budget, RunUsage, exhausted
 from engine.loop.executor import SETUP_FAILED, STOPPED, EvalJob, EvalOutcome, make_executor
@@ -191,9 +191,17 @@ class Loop:
                 u.device_hours += float(r.wall_time_s) * devices / 3600.0
         return u
 
-    def _check_budget(self) -> bool:
+    def _check_budget(self, paid: bool = False) -> bool:
+        """Whether there is room for more. ``paid``: for a candidate of a proposal call already
+        made, whose tokens and cost are spent; only the other limits can stop it (a proposal
+        dropped here would be asked for, and paid, again on `--resume`)."""
         if self.stop_reason is None:
-            self.stop_reason = exhausted(self.budget, self.usage())
+            budget = (
+                dataclasses.replace(self.budget, tokens=None, cost_usd=None)
+                if paid
+                else self.budget
+            )
+            self.stop_reason = exhausted(budget, self.usage())
         return self.stop_reason is None
 
     def _save(self, subject: str) -> None:
@@ -234,6 +242,15 @@ class Loop:
                 ),
             }
         )
+        why = server_problem(tracking_uri(self.archive.path))
+        if why:  # the workers' own lines never reach this log: said once, here
+            self.emit(
+                {
+                    "kind": "log",
+                    "msg": f"warning: the MLflow tracking server {shown_uri(tracking_uri(self.archive.path))}"
+                    f" is unreachable ({why}); evaluations are recorded in git without MLflow runs",
+                }
+            )
         if self.executor is None:
             self.executor = make_executor(
                 workers,
@@ -383,7 +400,7 @@ class Loop:
     def _implement_all(self, r: int, entry: dict, proposals: list) -> None:
         parent = entry["node"]
         for prop in proposals:
-            if not self._check_budget():
+            if not self._check_budget(paid=True):
                 return
             name = self._name(prop.name)
             self.emit(
@@ -446,7 +463,8 @@ class Loop:
             p.seeds,
             p.preset,
             p.eval_timeout_s,
-            tags={"poise.round": str(r), "poise.run": self.rec.id},
+            # the root, evaluated before the first round, has no round
+            tags={"poise.run": self.rec.id, **({"poise.round": str(r)} if r is not None else {})},
         )
         self.emit({"kind": "stage", "round": r, "stage": "evaluate", "node": name})
         self.futures[self.executor.submit(job)] = (name, r)

@@ -314,7 +314,14 @@ class RayExecutor:
         else:
             kwargs["address"] = address
         self._owns = not ray.is_initialized()
+        # ray.init puts `sys.exit` in place of the process's SIGTERM handler (the CLI's, which
+        # kills the sandboxed children and unwinds as on Ctrl-C): a SIGTERM then left the run by
+        # SystemExit and often died of SIGABRT with a native stack dump. Ours is put back.
+        main = threading.current_thread() is threading.main_thread()
+        sigterm = signal.getsignal(signal.SIGTERM) if main else None
         ray.init(**kwargs)
+        if main and sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
         self.num_gpus = num_gpus
         self._remote = ray.remote(max_retries=0)(run_job)
         self._pool = cf.ThreadPoolExecutor(max_workers=64, thread_name_prefix="poise-ray")
@@ -326,6 +333,8 @@ class RayExecutor:
         ref = self._remote.options(num_cpus=cpus, num_gpus=self.num_gpus).remote(job)
         self._refs.add(ref)
 
+        start = time.monotonic()
+
         def wait() -> EvalOutcome:
             # the task enforces the limit itself; this is only a backstop for a lost worker
             limit = job.timeout_s + 2 * _grace(job.timeout_s) + 60
@@ -335,10 +344,13 @@ class RayExecutor:
                 if self._stopping:
                     return EvalOutcome(job.node, STOPPED, "stopped by the loop; left for --resume")
                 self.ray.cancel(ref, force=True)
+                _end_worker_runs(job)
+                # the time since submission (the gpu-hours budget counts it), not the backstop's
+                # limit: a worker lost after seconds costs seconds
                 return record_failure(
                     job,
                     f"Ray task failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}",
-                    limit,
+                    time.monotonic() - start,
                 )
             finally:
                 self._refs.discard(ref)

@@ -30,7 +30,7 @@ from typing import Any
 import trainer_template
 from engine.archive.locks import git_dir, held
 from engine.archive.results import EvaluationResult, Protocol, now
-from engine.archive.tracking import node_run, open_store_meanwhile
+from engine.archive.tracking import TrackingUnavailable, node_run, open_store_meanwhile
 from engine.errors import EvaluationError
 from engine.operators.evaluate_seed import run_seed
 from engine.operators.evaluate_verl import evaluate_node_verl
@@ -625,6 +625,9 @@ def _log_mlflow(
                 if r["status"] != "ok":
                     client.set_tag(rid, "poise.reason", scrub(str(r.get("reason", "")))[:500])
                 ids[r["seed"]] = rid
+        except TrackingUnavailable as exc:  # the same for every seed: said once
+            say(f"MLflow logging skipped: {exc}")
+            break
         except Exception as exc:
             say(f"MLflow logging failed for seed {r['seed']}: {type(exc).__name__}: {exc}")
     return ids
