@@ -769,7 +769,8 @@ class Archive:
                 raise ArchiveError(
                     f"node {name!r}'s parent {parent!r} has no branch and is not in its history"
                 )
-            against = f"{parent} as {name} was forked from it ({base[:12]}; its branch is gone)"
+            branch = "is no node's (edited by hand)" if self.exists(parent) else "is gone"
+            against = f"{parent} as {name} was forked from it ({base[:12]}; its branch {branch})"
         args = ["diff", "--no-color", base, node.commit] + (["--", *paths] if paths else [])
         return self.git.text(*args), against
 
