@@ -62,13 +62,21 @@ def _scratch_dirs() -> set[str]:
 def _remove_left_scratch(before: set[str]) -> None:
     """The engine's temporary directories that processes this run killed with SIGKILL left behind,
     as a real kill does (``poise-git gc`` removes those): removed, so that a test run leaves nothing
-    in the machine's temporary directory. One a live process holds is kept."""
+    in the machine's temporary directory. One a live process holds is kept, and so is one whose
+    lock file is missing or a few seconds old: the temporary directory is shared with other test
+    sessions, and a directory another process is making has no lock, or an unlocked one, until it
+    takes it (a dead process's lock file was made before it was killed)."""
     import shutil
+    import time
 
-    from engine.scratch import in_use
+    from engine.scratch import IN_USE, in_use
 
     for path in sorted(_scratch_dirs() - before):
-        if not in_use(path):
+        try:
+            age = time.time() - os.stat(os.path.join(path, IN_USE)).st_mtime
+        except OSError:  # not locked yet, or being removed: another process's to finish
+            continue
+        if age > 5.0 and not in_use(path):
             shutil.rmtree(path, ignore_errors=True)
 
 

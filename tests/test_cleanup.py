@@ -319,3 +319,37 @@ def test_gc_knows_every_prefix_the_engine_makes_scratch_under():
         used |= set(re.findall(r"scratch_dir\((\w+_PREFIX)", path.read_text(encoding="utf-8")))
     assert used >= {"SANDBOX_PREFIX", "BLOBS_PREFIX", "SUITE_PREFIX"}
     assert {getattr(scratch, name) for name in used} <= set(scratch.SCRATCH_PREFIXES)
+
+
+def test_the_test_runs_scratch_sweep_spares_directories_another_session_is_making(
+    tmp_path, monkeypatch
+):
+    """The temporary directory is shared with other test sessions. The sweep at the end of a run
+    removes only a scratch directory a dead process left (its lock file there, unlocked, not new):
+    one still without its lock file, or whose lock file was created a moment ago, is another
+    process's between creating the directory and locking it, and stays."""
+    import fcntl
+    import os
+    import tempfile
+    import time
+
+    from conftest import _remove_left_scratch
+
+    from engine.scratch import IN_USE, SANDBOX_PREFIX
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    made = {k: tmp_path / f"{SANDBOX_PREFIX}{k}" for k in ("bare", "fresh", "held", "dead")}
+    for d in made.values():
+        d.mkdir()
+    for k in ("fresh", "held", "dead"):
+        (made[k] / IN_USE).write_text("")
+    old = time.time() - 600
+    os.utime(made["dead"] / IN_USE, (old, old))
+    os.utime(made["held"] / IN_USE, (old, old))
+    fd = os.open(made["held"] / IN_USE, os.O_WRONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        _remove_left_scratch(set())
+    finally:
+        os.close(fd)
+    assert {k for k, d in made.items() if d.exists()} == {"bare", "fresh", "held"}

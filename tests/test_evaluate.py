@@ -518,3 +518,15 @@ def test_the_tracking_probe_tells_a_dead_server_from_one_it_cannot_verify(tmp_pa
     assert tracking.shown_uri("https://me:sk-x@h.example:8443/p") == "https://h.example:8443/p"
     assert tracking.server_problem("sqlite:///x/mlflow.db") == ""
     srv.close()
+
+
+def test_a_shown_tracking_uri_keeps_its_host_and_port_as_written():
+    """Only the user and password leave a shown server URI: an IPv6 host keeps its brackets (it
+    read ``http://::1:5000``) and a port out of range is shown, not raised from the warning that
+    names the server (a ValueError at the start of a run)."""
+    from engine.archive.tracking import shown_uri
+
+    assert shown_uri("http://u:p@[::1]:5000/x") == "http://[::1]:5000/x"
+    assert shown_uri("https://me:sk-x@h.example:8443/p") == "https://h.example:8443/p"
+    assert shown_uri("http://127.0.0.1:99999") == "http://127.0.0.1:99999"
+    assert shown_uri("http://a@b@h:1/") == "http://h:1/"

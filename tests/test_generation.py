@@ -536,3 +536,24 @@ def test_scores_are_recorded_when_mlflow_is_unreachable(archive, monkeypatch, tm
     assert result.seeds == (0,) and result.protocol.settings["seed"] == 0
     node = archive.nodes("math6/paper")["grpo"]
     assert node.status == "evaluated" and node.overall == pytest.approx(100.0)
+
+
+def test_cli_suite_says_an_unreachable_tracking_server_in_one_line(archive, cli):
+    """As the proxy's evaluate does: the suite's scores are recorded in git and the command says,
+    in one line naming the server, that nothing went to MLflow (it recorded that silently)."""
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    uri = f"http://127.0.0.1:{s.getsockname()[1]}"
+    s.close()  # nothing listens there
+    with _Server(*_scripted(limit=1)) as srv:
+        r = cli(
+            "evaluate", "grpo", "--suite", "math6", "--generator", "openai", "--model", "m",
+            "--base-url", srv.url, "--limit", "1", "-C", str(archive.path),
+            env={"MLFLOW_TRACKING_URI": uri},
+        )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    said = [ln for ln in (r.stdout + r.stderr).splitlines() if "MLflow" in ln]
+    assert len(said) == 1 and f"MLflow tracking server {uri} is unreachable" in said[0], said
+    assert archive.nodes("math6/paper")["grpo"].status == "evaluated"

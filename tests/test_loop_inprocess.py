@@ -342,6 +342,7 @@ def test_an_unreachable_tracking_server_is_said_when_the_run_starts(tmp_path, mo
     assert arch.fsck()
 
 
+@pytest.mark.slow  # a verification and an evaluation of the candidate (~11 s)
 def test_proposals_paid_for_are_implemented_before_a_token_budget_stops(tmp_path, monkeypatch):
     """The token budget was checked again between the proposal call and its first candidate: the
     proposals just paid for were thrown away, and `--resume` asked (and paid) for them again, so a

@@ -358,3 +358,25 @@ def test_a_trajectory_edited_into_no_series_is_read_as_none(archive):
     archive.spawn("grpo", "kid", proposal="# kid\n")
     record(archive, "kid", results(0.40, 0.37, 0.43, bad))
     assert "entropy collapse" in reflect_node(archive, "kid", archive.config())
+
+
+def test_a_reflection_with_an_unreachable_tracking_server_is_recorded_without_error(
+    archive, monkeypatch
+):
+    """The reflection is attached to the node's MLflow runs after it is committed; a tracking
+    server that does not answer (now refused within seconds) must not turn the committed reflection
+    into an error for `poise-git reflect` or 'reflection failed' in the loop."""
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    uri = f"http://127.0.0.1:{s.getsockname()[1]}"
+    s.close()  # nothing listens there
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    record(archive, "grpo", results(0.50, 0.47, 0.53, HEALTHY))
+    archive.spawn("grpo", "kid", proposal="# kid\n")
+    record(archive, "kid", results(0.40, 0.37, 0.43, SICK, run_ids=["0123abcd"]))
+    text = reflect_node(archive, "kid", archive.config())
+    assert "entropy collapse" in text
+    assert archive.read_file("kid", "REFLECTION.md") == text
+    assert archive.fsck()

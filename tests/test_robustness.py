@@ -254,3 +254,20 @@ def test_a_node_whose_parent_branch_was_deleted_still_shows_its_mechanism(archiv
     r = cli("reflect", "b", "--no-llm", "-C", a)
     assert r.returncode == 1 and "evaluate it first" in r.stderr  # one clear error, not 'a'
     assert archive.fsck()
+
+
+def test_a_parent_branch_edited_by_hand_is_not_said_to_be_gone(archive):
+    """``b``'s parent ``a`` has a branch, with a commit a user added on top (no node's now): the diff
+    is still taken against ``a`` as ``b`` was forked from it, and says the branch is there, edited,
+    not that it is gone."""
+    archive.spawn("grpo", "a")
+    archive.spawn("a", "b", "def helper_scale():\n    return 2.0\n")
+    node_commit = archive.tip("a")
+    tree = archive.git.text("rev-parse", "poise/a^{tree}").strip()
+    archive.git.run(
+        "update-ref", "refs/heads/poise/a", archive.git.commit_tree(tree, [node_commit], "tweak\n")
+    )
+    diff, against = archive.parent_diff("b", ["algorithm.py"])
+    assert "+def helper_scale():" in diff
+    assert f"({node_commit[:12]}; its branch is no node's" in against, against
+    assert "gone" not in against

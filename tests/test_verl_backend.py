@@ -684,3 +684,23 @@ def test_bridge_advantages_equal_the_proxys_for_every_prior(prior, monkeypatch):
     adv = out.batch["advantages"]
     assert torch.allclose(adv, expected[perm].unsqueeze(-1) * mask[perm], atol=1e-5)
     assert torch.equal(adv, out.batch["returns"])
+
+
+def test_the_verl_run_carries_the_jobs_tags_so_a_dead_workers_run_is_ended(archive):
+    """The loop's verl evaluation hands its job's tags (poise.run, poise.round) to the run verl
+    logs into, as the proxy's seed runs carry them: a worker killed mid-training leaves that run
+    RUNNING, and only the job's tags let the loop mark it KILLED without touching another
+    process's run of the node."""
+    from engine.archive.tracking import end_dangling_runs, find_runs, mlflow_client
+    from engine.operators.verl_launch import node_launch
+
+    job_tags = {"poise.run": "r7", "poise.round": "2"}
+    launch = node_launch(archive, "grpo", tags=job_tags)
+    rid = launch.env["MLFLOW_RUN_ID"]
+    (run,) = find_runs(archive, "grpo")
+    assert run.data.tags["poise.run"] == "r7" and run.data.tags["poise.backend"] == "verl"
+    mlflow_client(archive.path).update_run(
+        rid, status="RUNNING"
+    )  # as verl killed mid-run leaves it
+    assert end_dangling_runs(archive, "grpo", job_tags) == 1
+    assert find_runs(archive, "grpo")[0].info.status == "KILLED"

@@ -342,12 +342,7 @@ class Archive:
             return f"; remove the ref: {at} update-ref -d {shlex.quote(ref)}"
         if kind != "commit":
             return ""
-        log_text = self.git.run(
-            "log", "-n", "50", "--format=%H%x00%B%x01", oid, "--", check=False
-        ).decode("utf-8", "replace")
-        for i, entry in enumerate(log_text.split("\x01")):
-            commit, _, msg = entry.strip().partition("\x00")
-            owner = (parse_trailers(msg).get("Poise-Node") or [None])[-1]
+        for i, (commit, owner) in enumerate(self._owners(oid, 50)):
             if owner is None:
                 continue
             if i and owner == name:
@@ -746,6 +741,17 @@ class Archive:
             args += ["--", *paths]
         return self.git.text(*args)
 
+    def _owners(self, rev: str, limit: int | None = None) -> list[tuple[str, str | None]]:
+        """(commit, the node its ``Poise-Node`` trailer names, or None) of ``rev``'s history, newest
+        first, at most ``limit`` commits; [] where git cannot read it."""
+        args = ["log", *(["-n", str(limit)] if limit else []), "--format=%H%x00%B%x01", rev, "--"]
+        out = self.git.run(*args, check=False).decode("utf-8", "replace")
+        return [
+            (commit, (parse_trailers(msg).get("Poise-Node") or [None])[-1])
+            for commit, _, msg in (e.strip().partition("\x00") for e in out.split("\x01"))
+            if commit
+        ]
+
     def parent_diff(self, name: str, paths: list[str] | None = None) -> tuple[str, str]:
         """(the diff of ``name`` against its first parent, what it was taken against): the parent's
         branch where it is a node; where that branch was deleted or edited into no node's, the
@@ -758,24 +764,13 @@ class Archive:
         if parent in nodes:
             base, against = nodes[parent].commit, parent
         else:
-            log_text = self.git.run(
-                "log", "--format=%H%x00%B%x01", node.commit, "--", check=False
-            ).decode("utf-8", "replace")
-            base = next(
-                (
-                    commit
-                    for commit, _, msg in (
-                        e.strip().partition("\x00") for e in log_text.split("\x01")
-                    )
-                    if (parse_trailers(msg).get("Poise-Node") or [None])[-1] == parent
-                ),
-                None,
-            )
+            base = next((c for c, owner in self._owners(node.commit) if owner == parent), None)
             if base is None:
                 raise ArchiveError(
                     f"node {name!r}'s parent {parent!r} has no branch and is not in its history"
                 )
-            against = f"{parent} as {name} was forked from it ({base[:12]}; its branch is gone)"
+            branch = "is no node's (edited by hand)" if self.exists(parent) else "is gone"
+            against = f"{parent} as {name} was forked from it ({base[:12]}; its branch {branch})"
         args = ["diff", "--no-color", base, node.commit] + (["--", *paths] if paths else [])
         return self.git.text(*args), against
 

@@ -65,10 +65,8 @@ def server_problem(uri: str) -> str:
 
 def shown_uri(uri: str) -> str:
     """``uri`` without the user and password a server URI may carry."""
-    parts = urllib.parse.urlsplit(uri)
-    host = parts.hostname or ""
-    netloc = host + (f":{parts.port}" if parts.port else "")
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    parts = urllib.parse.urlsplit(uri)  # host and port as written: an IPv6 host keeps its brackets
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 def tracking_uri(archive_path: str | Path) -> str:

@@ -115,6 +115,11 @@ def evaluate(
                 preset=preset,
                 on_progress=on_progress,
             )
+        if result.details.get("mlflow_error"):  # recorded in git all the same: said, as the proxy's
+            console.print(
+                f"  MLflow logging skipped: {escape(str(result.details['mlflow_error']))}",
+                highlight=False,
+            )
     else:
         from engine.operators.evaluate import evaluate_node  # lazy: keeps `poise-git --help` fast
 

@@ -67,7 +67,7 @@ def evaluate_node_verl(
     )
     prior = archive.node(name).status
     try:
-        launch = node_launch(archive, name, protocol=proto, extra=_SAVE_OVERRIDES)
+        launch = node_launch(archive, name, protocol=proto, extra=_SAVE_OVERRIDES, tags=tags)
     except AlgorithmLoadError as exc:  # its settings could not be read: one line, no run opened
         raise EvaluationError(str(exc)) from None
     archive.set_status(name, "evaluating")

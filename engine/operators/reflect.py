@@ -18,7 +18,7 @@ from typing import Any
 
 from engine import secrets
 from engine.archive.results import EvaluationResult, comparable, configured_protocol
-from engine.archive.tracking import mlflow_client
+from engine.archive.tracking import TrackingUnavailable, mlflow_client
 from engine.errors import PoiseError
 from engine.stats import paired_interval, tail_mean
 
@@ -542,7 +542,11 @@ def _log_mlflow(archive, result: EvaluationResult, text: str) -> None:
     if not run_ids:
         return
 
-    client = mlflow_client(archive.path)
+    try:
+        client = mlflow_client(archive.path)
+    except TrackingUnavailable as exc:  # the reflection is committed; the server only mirrors it
+        log.warning("the reflection is not attached to MLflow: %s", exc)
+        return
     for rid in run_ids:
         try:
             # as git holds it: an LLM narrative may quote what its endpoint echoed, a key included

@@ -26,16 +26,17 @@ def node_launch(
     extra: Sequence[str] = (),
     dry_run: bool = False,
     run_id: str | None = None,
+    tags: Mapping[str, str] | None = None,
 ) -> Launch:
     """Everything ``poise-git train NODE --backend verl`` runs. Unless ``dry_run`` (or ``run_id`` is
     given), opens the node's MLflow run, which verl's MLflow logger attaches to (``MLFLOW_RUN_ID``).
     A node whose settings cannot be read (a bad source or ``--hparam``) raises AlgorithmLoadError
-    before any run is opened."""
+    before any run is opened. ``tags``: more tags of that run (the loop's job's ``poise.run``)."""
     source = archive.algorithm(node)
     settings = verl_settings(source, node, hparams)  # a bad source or --hparam opens no run
     if not dry_run and run_id is None:
         with node_run(
-            archive, node, run_name=f"{node}-verl", tags={"poise.backend": "verl"}
+            archive, node, run_name=f"{node}-verl", tags={"poise.backend": "verl", **(tags or {})}
         ) as run:
             run_id = run.info.run_id
     return prepare_launch(
