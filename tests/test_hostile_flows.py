@@ -35,6 +35,15 @@ def hostile(head: str = "", first: str = "") -> str:
     return src
 
 
+# a replacement of the harness's training loop that trains nothing but sends every step frame the
+# engine counts (a seed reporting success before its last RL step fails), so that the defences
+# after training are the ones tested
+FAKE_STEPS = (
+    "def _fake_steps(rl_settings, on_step):\n"
+    "    for s in range(rl_settings.steps):\n"
+    "        on_step(s)\n"
+)
+
 CASES = {
     "forged-result-then-systemexit": (
         hostile(
@@ -89,7 +98,9 @@ CASES = {
     "nan-weights": (
         hostile(
             "import sys\n"
-            "def _poison(model, *a, **k):\n"
+            + FAKE_STEPS
+            + "def _poison(model, module, cfg, rl, seed, *a, on_step, **k):\n"
+            "    _fake_steps(rl, on_step)\n"
             "    for p in model.parameters():\n"
             "        p.data.fill_(float('nan'))\n"
             "    return model\n"
@@ -106,7 +117,11 @@ CASES = {
             "_torch = sys.modules['torch']\n"
             "_save = _torch.save\n"
             "_torch.save = lambda obj, f, *a, **k: _save({'x': _Boom()}, f)\n"
-            "sys.modules['trainer_template.proxy.rl'].train = lambda model, *a, **k: model"
+            + FAKE_STEPS
+            + "def _skip(model, module, cfg, rl, seed, *a, on_step, **k):\n"
+            "    _fake_steps(rl, on_step)\n"
+            "    return model\n"
+            "sys.modules['trainer_template.proxy.rl'].train = _skip"
         ),
         "not a weights-only checkpoint",
     ),
@@ -135,7 +150,11 @@ def lab(tmp_path_factory):
             "import trainer_template.proxy.evalset\n"
             "_m = sys.modules\n"
             "_m['trainer_template.proxy.evalset'].evaluate = lambda *a, **k: {'overall': 0.99}\n"
-            "_m['trainer_template.proxy.rl'].train = lambda model, *a, **k: model"
+            + FAKE_STEPS
+            + "def _skip(model, module, cfg, rl, seed, *a, on_step, **k):\n"
+            "    _fake_steps(rl, on_step)\n"
+            "    return model\n"
+            "_m['trainer_template.proxy.rl'].train = _skip"
         ),
     )
     mark_verified(arch, "patched-harness")
@@ -171,8 +190,8 @@ def test_hostile_evaluation_leaves_the_node_failed_with_its_reason(lab, outcomes
 
 @pytest.mark.slow
 def test_patched_harness_changes_no_number(lab, outcomes):
-    """The candidate replaced the harness's own evaluation (and skipped training) in its process:
-    the numbers are the trusted scorer's, of the untrained warm start."""
+    """The candidate replaced the harness's own evaluation (and skipped training, sending every
+    step frame) in its process: the numbers are the trusted scorer's, of the untrained warm start."""
     result = outcomes["patched-harness"]
     assert result.status == "evaluated", result.reason
     m = result.metrics
