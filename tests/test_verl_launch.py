@@ -6,7 +6,9 @@ passes its id. The engine's process never executes the node's code."""
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -220,3 +222,38 @@ def test_cli_dry_run_says_why_the_nodes_hyperparameters_failed(cli, archive):
     assert good.returncode == 0, good.stderr
     assert "algorithm.adv_estimator=poise_checked" in good.stdout
     assert loaded_here("checked") == [] and not (archive.path / "mlflow.db").exists()
+
+
+@pytest.mark.slow  # several CLI runs, each composing verl's config
+def test_verl_config_refusals_come_before_anything_starts(cli, archive, tmp_path, monkeypatch):
+    """An unknown ``--set`` key, a value verl's config rejects, a local model path that does not
+    exist and zero GPUs are one line each, before any MLflow run, data or node file exists (the dry
+    run and the real launch alike); the printed environment names each path once."""
+    from engine.archive.tracking import find_runs
+    from engine.errors import ConfigError
+    from engine.operators.verl_launch import node_launch
+    from trainer_template.verl_backend.launch import PROJECT_ROOT, VerlProtocol
+
+    monkeypatch.setenv("PYTHONPATH", str(PROJECT_ROOT))
+    a = str(archive.path)
+    cases = (
+        (("--set", "trainer.nosuch=1"), "Could not override 'trainer.nosuch'"),
+        (("--set", "actor_rollout_ref.actor.loss_agg_mode=bogus"), "Invalid loss_agg_mode"),
+        (("--model", str(tmp_path / "no-model")), "does not exist"),
+    )
+    for args, why in cases:
+        r = cli("train", "grpo", "--backend", "verl", "--dry-run", *args, "-C", a)
+        assert r.returncode == 1 and why in r.stderr, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    with pytest.raises(ConfigError, match="Could not override"):
+        node_launch(archive, "grpo", extra=["trainer.nosuch=1"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        node_launch(archive, "grpo", protocol=VerlProtocol(model=str(tmp_path / "no-model")))
+    zero = cli("train", "grpo", "--backend", "verl", "--dry-run", "--gpus", "0", "-C", a)
+    assert zero.returncode == 2 and "--gpus" in zero.stderr
+    assert not (Path(a) / ".poise" / "verl").exists() and not find_runs(archive, "grpo")
+    ok = cli("train", "grpo", "--backend", "verl", "--dry-run", "--model", str(tmp_path), "-C", a)
+    assert ok.returncode == 0, ok.stderr
+    env = dict(line.split("=", 1) for line in ok.stdout.splitlines() if line[:1].isupper())
+    paths = env["PYTHONPATH"].rstrip(" \\").split(os.pathsep)
+    assert paths[0] == str(PROJECT_ROOT) and len(paths) == len(set(paths))

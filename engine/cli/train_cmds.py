@@ -46,7 +46,7 @@ def train(
     model: str = typer.Option(
         "Qwen/Qwen2.5-Math-1.5B", "--model", help="Policy model path or hub id."
     ),
-    gpus: int = typer.Option(8, "--gpus", help="GPUs per node (trainer.n_gpus_per_node)."),
+    gpus: int = typer.Option(8, "--gpus", min=1, help="GPUs per node (trainer.n_gpus_per_node)."),
     seed: int = typer.Option(
         0, "--seed", help="Seed of the 5,000-problem MATH L3-5 subset and the data loader."
     ),

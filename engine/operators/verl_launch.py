@@ -10,8 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from engine.archive.tracking import node_run, tracking_uri
+from engine.errors import ConfigError
 from engine.operators.verl_settings import verl_settings
-from trainer_template.verl_backend.launch import Launch, VerlProtocol, prepare_launch
+from trainer_template.verl_backend.launch import (
+    Launch,
+    VerlConfigError,
+    VerlProtocol,
+    check_overrides,
+    prepare_launch,
+)
 
 VERL_DIR = Path(".poise") / "verl"
 """the node's algorithm, hyperparameters, checkpoints and the parquet data, under the archive"""
@@ -31,24 +38,26 @@ def node_launch(
     """Everything ``poise-git train NODE --backend verl`` runs. Unless ``dry_run`` (or ``run_id`` is
     given), opens the node's MLflow run, which verl's MLflow logger attaches to (``MLFLOW_RUN_ID``).
     A node whose settings cannot be read (a bad source or ``--hparam``) raises AlgorithmLoadError
-    before any run is opened. ``tags``: more tags of that run (the loop's job's ``poise.run``)."""
+    before any run is opened, and overrides verl's config refuses (an unknown ``--set`` key, a model
+    path that does not exist) raise ConfigError, also before. ``tags``: more tags of that run (the
+    loop's job's ``poise.run``)."""
     source = archive.algorithm(node)
     settings = verl_settings(source, node, hparams)  # a bad source or --hparam opens no run
+    common = dict(
+        work_dir=Path(archive.path).resolve() / VERL_DIR,
+        tracking_uri=tracking_uri(archive.path),
+        project=archive.config().experiment.name or "poise",
+        protocol=protocol,
+        hparams=hparams,
+        extra=extra,
+    )
+    try:  # nor does a config verl would refuse: checked on the dry launch, which writes nothing
+        check_overrides(prepare_launch(node, source, settings, dry_run=True, **common).overrides)
+    except VerlConfigError as exc:
+        raise ConfigError(str(exc)) from None
     if not dry_run and run_id is None:
         with node_run(
             archive, node, run_name=f"{node}-verl", tags={"poise.backend": "verl", **(tags or {})}
         ) as run:
             run_id = run.info.run_id
-    return prepare_launch(
-        node,
-        source,
-        settings,
-        work_dir=Path(archive.path).resolve() / VERL_DIR,
-        tracking_uri=tracking_uri(archive.path),
-        run_id=run_id,
-        project=archive.config().experiment.name or "poise",
-        protocol=protocol,
-        hparams=hparams,
-        extra=extra,
-        dry_run=dry_run,
-    )
+    return prepare_launch(node, source, settings, run_id=run_id, dry_run=dry_run, **common)

@@ -9,10 +9,13 @@ recipe; 0 turns verl's KL loss off, as DAPO does), the protocol's 0.001 for a no
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,6 +158,38 @@ def build_overrides(
     return [o for o in ov if _key(o) not in replaced] + list(extra)
 
 
+class VerlConfigError(ValueError):
+    """The overrides do not make a config verl's ``ppo_trainer`` accepts (one line)."""
+
+
+def check_overrides(overrides: Sequence[str]) -> None:
+    """Compose ``overrides`` over verl's own ``ppo_trainer.yaml`` as ``main_ppo`` does and run verl's
+    ``validate_config``, so an unknown key, a bad value or a local model path that does not exist is
+    one line here rather than a traceback after the MLflow run and the data exist."""
+    import verl  # lazy: optional dependency (verl extra)
+    from hydra import compose, initialize_config_dir  # lazy: verl's dependency
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy  # lazy: verl extra
+    from verl.utils.config import validate_config  # lazy: verl extra
+
+    config_dir = Path(verl.__file__).resolve().parent / "trainer" / "config"
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+            cfg = compose("ppo_trainer", overrides=list(overrides))
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # verl prints and warns as it checks
+            validate_config(
+                config=cfg,
+                use_reference_policy=need_reference_policy(cfg),
+                use_critic=need_critic(cfg),
+            )
+    except Exception as exc:  # noqa: BLE001 - hydra, OmegaConf and verl's assertions alike
+        why = " ".join(str(exc).split()) or type(exc).__name__
+        raise VerlConfigError(f"verl refuses the config: {why}") from None
+    model = str(cfg.actor_rollout_ref.model.path)
+    if model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().exists():
+        raise VerlConfigError(f"the model path {model} does not exist")
+
+
 def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
@@ -201,7 +236,11 @@ def prepare_launch(
         ENV_HPARAMS: files["hparams"],
         "VERL_USE_EXTERNAL_MODULES": PLUGIN,
         "PYTHONPATH": os.pathsep.join(
-            p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p
+            dict.fromkeys(  # the project first, once
+                p
+                for p in (str(PROJECT_ROOT), *os.environ.get("PYTHONPATH", "").split(os.pathsep))
+                if p
+            )
         ),
         "MLFLOW_TRACKING_URI": tracking_uri,
         "MLFLOW_RUN_ID": run_id or "new-run-created-at-launch",
