@@ -93,16 +93,44 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> None:
+    from trainer_template.proxy.protocol import PRESETS, get_protocol
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=6, help="paired seeds 0..S-1 (default 6)")
-    ap.add_argument("--preset", default="default")
-    ap.add_argument("--parallel", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--only", default="", help="comma-separated subset (GRPO always runs)")
-    ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "calibration.json"))
+    ap.add_argument(
+        "--preset",
+        default="default",
+        choices=list(PRESETS),
+        help="proxy protocol (default: default; tiny and smoke are for tests, their figures mean "
+        "nothing)",
+    )
+    ap.add_argument(
+        "--parallel",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="seed runs at a time (default: the CPU count)",
+    )
+    ap.add_argument(
+        "--only",
+        default="",
+        help=f"comma-separated subset of {', '.join(PAPER_OVERALL)} (GRPO always runs)",
+    )
+    results = ROOT / "benchmarks" / "results" / "calibration.json"
+    ap.add_argument(
+        "--json",
+        default=str(results),
+        help=f"where the JSON goes (default {results.relative_to(ROOT)}, the recorded result)",
+    )
     ap.add_argument("--no-cache", action="store_true", help="ignore and do not fill the cache")
     args = ap.parse_args()
+    unknown = sorted(set(filter(None, args.only.split(","))) - set(PAPER_OVERALL))
+    if unknown:
+        ap.error(
+            f"--only: unknown mechanism {', '.join(unknown)} (known: {', '.join(PAPER_OVERALL)})"
+        )
+    if args.seeds < 1 or args.parallel < 1:
+        ap.error("--seeds and --parallel must be at least 1")
     os.environ.setdefault("POISE_EVAL_CACHE", str(ROOT / ".cache" / "poise-eval"))
-    from trainer_template.proxy.protocol import get_protocol
 
     proto = get_protocol(args.preset)
     t0 = time.monotonic()
@@ -120,15 +148,28 @@ def main() -> None:
     )
     sources = {n: mechanism_source(n) for n in names}
     jobs = [(n, s) for s in seeds for n in names]  # seed-major: early results cover every mechanism
-    with ThreadPoolExecutor(args.parallel) as pool:
-        runs = list(
-            pool.map(
-                lambda j: run_seed(
-                    j[0], sources[j[0]], j[1], args.preset, phash, use_cache=not args.no_cache
-                ),
-                jobs,
-            )
+    pool = ThreadPoolExecutor(args.parallel)
+    futures = [
+        pool.submit(run_seed, n, sources[n], s, args.preset, phash, use_cache=not args.no_cache)
+        for n, s in jobs
+    ]
+    try:
+        runs = [f.result() for f in futures]
+    except KeyboardInterrupt:
+        # the queued seed runs are dropped; a seed run that finished stays in the cache, so the
+        # same command resumes from it (an interrupted one is not cached: it runs again)
+        pool.shutdown(wait=False, cancel_futures=True)
+        done = sum(1 for f in futures if f.done() and not f.cancelled() and not f.exception())
+        where = (
+            "not cached (--no-cache)"
+            if args.no_cache
+            else f"cached in {os.environ['POISE_EVAL_CACHE']}"
         )
+        raise SystemExit(
+            f"interrupted: {done} of {len(jobs)} seed runs finished, {where}; nothing written to "
+            f"{args.json}; the same command resumes from the cached ones"
+        ) from None
+    pool.shutdown()
     loads.append(load_average())
     by: dict[str, dict[int, dict]] = {}
     for r in runs:
@@ -163,12 +204,14 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "preset": args.preset,
+        "protocol_id": f"proxy/{args.preset}",
         "protocol": proto.to_dict(),
         "protocol_hash": phash,
         "warmstart_sha256": sha,
         "device": device,
         "seeds": seeds,
         "unit": "Overall (fraction; the paper's in percentage points)",
+        "intervals": "95% Student-t over the paired seeds (none for a single seed)",
         "rows": rows,
         "targets": {
             k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in targets.items()

@@ -20,6 +20,7 @@ the curves as a figure (``--figure``) and everything as JSON (``--json``).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -29,6 +30,8 @@ import time
 from pathlib import Path
 
 from proxy_runs import ROOT, load_average, mean_interval, paired, stamp, write_results
+
+from trainer_template.proxy.protocol import PRESETS
 
 
 def per_seed_overall(node) -> dict[int, float]:
@@ -147,6 +150,26 @@ def loop_config(args) -> str | None:
     if not lines:
         return None
     return DEFAULT_TOML.replace("[propose]\n", "[propose]\n" + "\n".join(lines) + "\n", 1)
+
+
+LOOP_ONLY = ("parents", "population", "implement", "remedies", "directed", "learned", "explore")
+LOOP_ONLY += ("min_gain", "remedy_trials")
+
+
+def search_settings(args, method: str) -> dict:
+    """What a finished search of ``method`` depends on besides its search seed: a later invocation
+    reads it back only under the same settings (the protocol's hash among them)."""
+    from trainer_template.proxy.protocol import get_protocol
+
+    keys = ("candidates", "seeds", "preset", "root_name") + (LOOP_ONLY if method == "loop" else ())
+    out = {k: getattr(args, k) for k in keys}
+    out["protocol_hash"] = get_protocol(args.preset).hash()
+    out["root_source_sha256"] = (
+        hashlib.sha256(Path(args.root_source).read_bytes()).hexdigest()
+        if args.root_source
+        else None
+    )
+    return out
 
 
 def run_loop(path: Path, search_seed: int, args) -> dict:
@@ -319,8 +342,13 @@ def main() -> None:
         help="loop: of the N screened proposals, how many are implemented per parent (0: all N; "
         "1: the paper's highest-ranked one)",
     )
-    ap.add_argument("--preset", default="default")
-    ap.add_argument("--methods", default="loop,random")
+    ap.add_argument(
+        "--preset",
+        default="default",
+        choices=list(PRESETS),
+        help="proxy protocol (default: default; tiny and smoke are for tests)",
+    )
+    ap.add_argument("--methods", default="loop,random", help="comma-separated: loop, random")
     ap.add_argument(
         "--remedies",
         default=None,
@@ -373,13 +401,33 @@ def main() -> None:
         default="grpo",
         help="the root node's name (default grpo; with --root-source)",
     )
-    ap.add_argument("--workdir", default=str(ROOT / ".cache" / "discovery"))
+    ap.add_argument(
+        "--workdir",
+        default=str(ROOT / ".cache" / "discovery"),
+        help="the searches' archives and finished-search JSONs (default .cache/discovery); a "
+        "finished search there is read, not run again",
+    )
     ap.add_argument(
         "--fresh", action="store_true", help="redo searches that finished in an earlier invocation"
     )
-    ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "discovery.json"))
-    ap.add_argument("--figure", default=str(ROOT / "docs" / "figures" / "discovery.png"))
+    ap.add_argument(
+        "--json",
+        default=str(ROOT / "benchmarks" / "results" / "discovery.json"),
+        help="where the JSON goes (default benchmarks/results/discovery.json, the recorded result)",
+    )
+    ap.add_argument(
+        "--figure",
+        default=str(ROOT / "docs" / "figures" / "discovery.png"),
+        help="where the figure goes (default docs/figures/discovery.png, the recorded one)",
+    )
     args = ap.parse_args()
+    bad = [m for m in args.methods.split(",") if m not in ("loop", "random")]
+    if bad or not args.methods:
+        ap.error(f"--methods: unknown method {', '.join(bad) or '(none)'} (known: loop, random)")
+    if min(args.candidates, args.seeds, args.search_seeds, args.parents, args.population) < 1:
+        ap.error("--candidates, --seeds, --search-seeds, --parents and --population must be >= 1")
+    if args.root_source and not Path(args.root_source).is_file():
+        ap.error(f"--root-source: no such file {args.root_source}")
     os.environ.setdefault("POISE_EVAL_CACHE", str(ROOT / ".cache" / "poise-eval"))
 
     work = Path(args.workdir)
@@ -398,6 +446,17 @@ def main() -> None:
             done = work / f"{method}-s{s}.json"
             if done.is_file() and not args.fresh:  # a finished search of an interrupted benchmark
                 res = json.loads(done.read_text())
+                earlier, settings = res.get("settings"), search_settings(args, method)
+                if earlier is not None and earlier != settings:
+                    diff = ", ".join(
+                        f"{k} {earlier.get(k)!r} (now {v!r})"
+                        for k, v in settings.items()
+                        if earlier.get(k) != v
+                    )
+                    raise SystemExit(
+                        f"error: {done} was searched with other settings: {diff}; not combined "
+                        "with this run: give another --workdir, or --fresh to search again"
+                    )
                 res["curve"] = best_so_far(res["candidates"], res["root_overall"])
                 results.setdefault(method, {})[s] = res
                 print(f"{stamp()} {method} search seed {s}: finished earlier ({done})", flush=True)
@@ -406,7 +465,13 @@ def main() -> None:
                 shutil.rmtree(path)
             t = time.monotonic()
             res = (run_loop if method == "loop" else run_random)(path, s, args)
+            if res.get("root_overall") is None:  # not recorded as finished: the next run redoes it
+                raise SystemExit(
+                    f"error: {method} search seed {s}: the root {args.root_name} has no Overall "
+                    f"under proxy/{args.preset} (its evaluation failed); see the archive {path}"
+                )
             res["wall_s"] = round(time.monotonic() - t, 1)
+            res["settings"] = search_settings(args, method)
             done.write_text(json.dumps(res, default=str))
             results.setdefault(method, {})[s] = res
             print(
@@ -450,6 +515,7 @@ def main() -> None:
         args.json,
         args,
         "Overall (fraction); paired differences over seeds 0..seeds-1, 95% Student-t",
+        seeds=list(range(args.seeds)),
         results=results,
         summary=summary,
         wall_s=round(wall, 1),

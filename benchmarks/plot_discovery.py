@@ -30,6 +30,8 @@ def load(spec: str) -> tuple[str, dict, dict]:
         data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise SystemExit(f"plot_discovery: cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict) or not data.get("protocol") or not data.get("protocol_hash"):
+        raise SystemExit(f"plot_discovery: {path} names no protocol: not a bench_discovery.py JSON")
     runs = (data.get("results") or {}).get(method)
     if not runs:
         known = ", ".join(data.get("results") or {}) or "none"

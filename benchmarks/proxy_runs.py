@@ -119,7 +119,7 @@ def run_seed(
     *,
     overrides: dict | None = None,
     use_cache: bool = True,
-    log=print,
+    log=None,
 ) -> dict:
     """The worker's result for one seed (``status``, ``metrics``, ``trajectory``, ``timings``...),
     from the cache (``$POISE_EVAL_CACHE``) when this code already ran under this protocol."""
@@ -143,6 +143,9 @@ def run_seed(
             if cache and res.ok:
                 cache.store(seed, data)
     data.update(label=label, seed=seed)
+    log = log or (
+        lambda line: print(line, flush=True)
+    )  # progress shows as it happens, also in a pipe
     ov = data.get("metrics", {}).get("overall", float("nan"))
     log(
         f"  {label:>12} seed {seed}: {data['status']:6} overall {ov:.3f}  "

@@ -329,3 +329,68 @@ def test_bench_fingerprint_times_the_fingerprints_of_published_mechanisms(tmp_pa
     text = _bench("bench_fingerprint.py", ["--sources", "2", "--repeats", "1"], tmp_path)
     assert "repeat 1:" in text and "fingerprints() of 2 sources" in text
     assert "2 recording children at a time: median" in text
+
+
+def _fails(script: str, args: list[str], tmp_path: Path) -> str:
+    """A benchmark's command that must fail: its stderr, after checking it failed."""
+    env = {**os.environ, "POISE_EVAL_CACHE": str(tmp_path / "cache")}
+    cmd = [sys.executable, str(ROOT / "benchmarks" / script), *args]
+    res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode != 0 and "Traceback" not in res.stderr, res.stdout + res.stderr
+    return res.stderr
+
+
+def test_bench_calibration_and_discovery_refuse_bad_arguments_in_one_line(tmp_path):
+    d = ["--workdir", str(tmp_path / "w"), "--json", str(tmp_path / "d.json")]
+    for script, args, says in [
+        ("bench_calibration.py", ["--preset", "nope"], "invalid choice: 'nope'"),
+        ("bench_calibration.py", ["--only", "sa_grpp"], "unknown mechanism sa_grpp"),
+        ("bench_calibration.py", ["--seeds", "0"], "at least 1"),
+        ("bench_discovery.py", ["--preset", "nope", *d], "invalid choice: 'nope'"),
+        ("bench_discovery.py", ["--methods", "lop", *d], "unknown method lop"),
+        ("bench_discovery.py", ["--candidates", "0", *d], "must be >= 1"),
+    ]:
+        assert says in _fails(script, args, tmp_path)
+    assert not (tmp_path / "w").exists() and not (tmp_path / "d.json").exists()
+    bad = tmp_path / "calibration.json"
+    bad.write_text(json.dumps({"rows": []}))
+    err = _fails("plot_discovery.py", ["--figure", str(tmp_path / "p.png"), f"a={bad}"], tmp_path)
+    assert "not a bench_discovery.py JSON" in err
+
+
+def test_bench_discovery_reads_the_calibrations_cache_and_refuses_other_settings(tmp_path):
+    # the calibration's GRPO seed run fills the shared cache from the worker's own `run` (no
+    # trajectory): the discovery's root evaluation must run that seed again, not crash on it
+    cal = ["--preset", "tiny", "--seeds", "1", "--only", "grpo", "--parallel", "1"]
+    _bench("bench_calibration.py", cal + ["--json", str(tmp_path / "c.json")], tmp_path)
+    work = tmp_path / "work"
+    args = ["--preset", "tiny", "--candidates", "1", "--search-seeds", "1", "--methods", "random"]
+    args += ["--workdir", str(work), "--json", str(tmp_path / "d.json")]
+    args += ["--figure", str(tmp_path / "d.png")]
+    _bench("bench_discovery.py", args + ["--seeds", "1"], tmp_path)
+    data = json.loads((tmp_path / "d.json").read_text())
+    assert data["results"]["random"]["0"]["root_overall"] is not None and data["seeds"] == [0]
+    # a finished search measured at other seeds is not combined with this run's
+    err = _fails("bench_discovery.py", args + ["--seeds", "2"], tmp_path)
+    assert "searched with other settings: seeds 1 (now 2)" in err
+
+
+def test_bench_calibration_interrupted_says_so_and_resumes_from_the_cache(tmp_path):
+    import signal
+
+    args = ["--preset", "tiny", "--seeds", "2", "--only", "sa_grpo", "--parallel", "1"]
+    args += ["--json", str(tmp_path / "a.json")]
+    env = {**os.environ, "POISE_EVAL_CACHE": str(tmp_path / "cache")}
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_calibration.py"), *args]
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    for line in proc.stdout:  # progress arrives line by line, also through a pipe
+        if " seed 0: ok" in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 1 and "interrupted: " in err and "resumes" in err, out + err
+    assert not (tmp_path / "a.json").exists()
+    again = _bench("bench_calibration.py", args, tmp_path)
+    assert ", 0 cached)" not in again and " cached); mean" in again
