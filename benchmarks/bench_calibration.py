@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -123,6 +124,9 @@ def main() -> None:
     )
     ap.add_argument("--no-cache", action="store_true", help="ignore and do not fill the cache")
     args = ap.parse_args()
+    # Ctrl-C stops the run (see below) even where this process was started with SIGINT ignored
+    # (a background job of a script, a test runner's worker): Python then leaves it ignored
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     unknown = sorted(set(filter(None, args.only.split(","))) - set(PAPER_OVERALL))
     if unknown:
         ap.error(
