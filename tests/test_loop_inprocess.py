@@ -378,6 +378,7 @@ def test_proposals_paid_for_are_implemented_before_a_token_budget_stops(tmp_path
     assert not pending_work(arch, arch.nodes("proxy/tiny")) and arch.fsck()
 
 
+@pytest.mark.slow  # the root's evaluation at the tiny preset: about 7 s
 def test_the_roots_evaluation_carries_no_round_tag(tmp_path):
     """The root is evaluated before the first round: its MLflow run was tagged poise.round="None"
     (a round named None, matched by a filter on that string). It carries the run's tag and no round."""
