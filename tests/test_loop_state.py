@@ -116,25 +116,26 @@ def test_run_record_lives_on_a_git_ref_with_compare_and_swap(archive):
     assert archive.fsck()
 
 
+def _crashing_evaluation(archive, name: str, tags: dict | None = None):
+    """The outcome of evaluating verified node ``name`` in a worker that dies (its evaluation
+    raises inside the worker: an unknown backend), through the loop's local executor."""
+    from engine.loop.executor import EvalJob, LocalExecutor
+
+    job = EvalJob(
+        str(archive.path), name, backend="no-such-backend", seeds=1, timeout_s=120, tags=tags or {}
+    )
+    ex = LocalExecutor(1)
+    try:
+        return ex.submit(job).result(timeout=180)
+    finally:
+        ex.shutdown()
+
+
 def test_executor_records_a_crashed_evaluation_as_failed(archive):
     """A worker that dies (here: the node's evaluation raises inside the worker) gives a failed node
     with the reason, never an exception in the loop."""
-    from engine.loop.executor import EvalJob, LocalExecutor
-
     archive.spawn("grpo", "ghost-backend", trailers={"Poise-Round": "1"}, status="verified")
-    ex = LocalExecutor(2)
-    try:
-        out = ex.submit(
-            EvalJob(
-                str(archive.path),
-                "ghost-backend",
-                backend="no-such-backend",
-                seeds=1,
-                timeout_s=120,
-            )
-        ).result(timeout=180)
-    finally:
-        ex.shutdown()
+    out = _crashing_evaluation(archive, "ghost-backend")
     node = archive.node("ghost-backend")
     assert out.status == "failed" and node.status == "failed"
     assert node.trailer("Poise-Reason") and out.reason
@@ -147,8 +148,7 @@ def test_a_dead_worker_leaves_no_mlflow_run_running(archive):
     """A worker killed while it logs to MLflow never ends its run: the run it opened, carrying the
     job's tags, is marked KILLED when its node is recorded failed. A RUNNING run of the same node
     without the job's tags (another process's evaluation) is left alone."""
-    from engine.archive.tracking import find_runs, node_run
-    from engine.loop.executor import EvalJob, LocalExecutor
+    from engine.archive.tracking import find_runs, mlflow_client, node_run
 
     archive.spawn("grpo", "dies-logging", trailers={"Poise-Round": "1"}, status="verified")
     job_tags = {"poise.run": "r7", "poise.round": "1"}
@@ -156,23 +156,10 @@ def test_a_dead_worker_leaves_no_mlflow_run_running(archive):
         mine = run.info.run_id
     with node_run(archive, "dies-logging", tags={"poise.run": "elsewhere"}) as run:
         theirs = run.info.run_id
-    client = __import__("mlflow").MlflowClient(f"sqlite:///{archive.path / 'mlflow.db'}")
+    client = mlflow_client(archive.path)
     for rid in (mine, theirs):  # as a process killed inside `node_run` leaves them
         client.update_run(rid, status="RUNNING")
-    ex = LocalExecutor(1)
-    try:
-        out = ex.submit(
-            EvalJob(
-                str(archive.path),
-                "dies-logging",
-                backend="no-such-backend",
-                seeds=1,
-                timeout_s=120,
-                tags=job_tags,
-            )
-        ).result(timeout=180)
-    finally:
-        ex.shutdown()
+    out = _crashing_evaluation(archive, "dies-logging", job_tags)
     assert out.status == "failed"
     status = {r.info.run_id: r.info.status for r in find_runs(archive, "dies-logging")}
     assert status == {mine: "KILLED", theirs: "RUNNING"}
