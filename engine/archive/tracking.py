@@ -211,7 +211,8 @@ def node_run(
 
 def has_store(archive) -> bool:
     """Whether the archive logs anywhere yet: a tracking server, or its SQLite store exists."""
-    return bool(os.environ.get("MLFLOW_TRACKING_URI")) or (Path(archive.path) / MLFLOW_DB).exists()
+    uri = tracking_uri(archive.path)  # read as tracking_uri reads it: not mid-set_uri
+    return not uri.startswith("sqlite:") or (Path(archive.path) / MLFLOW_DB).exists()
 
 
 def end_dangling_runs(archive, node: str, tags: Mapping[str, str] | None = None) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from pathlib import Path
 
 import typer
@@ -31,9 +32,7 @@ def proposal_labels(kept: list, dropped: list) -> dict[int, str]:
     proposal of the call has the same name (two draws of one component's hyperparameters), its
     hyperparameters too, so that the kept one and the dropped one are told apart."""
     every = [*kept, *dropped]
-    counts: dict[str, int] = {}
-    for prop in every:
-        counts[prop.name] = counts.get(prop.name, 0) + 1
+    counts = Counter(prop.name for prop in every)
     labels = {}
     for prop in every:
         label = prop.name

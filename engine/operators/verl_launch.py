@@ -51,13 +51,16 @@ def node_launch(
         hparams=hparams,
         extra=extra,
     )
+    dry = prepare_launch(node, source, settings, run_id=run_id, dry_run=True, **common)
     try:  # nor does a config verl would refuse: checked on the dry launch, which writes nothing
-        check_overrides(prepare_launch(node, source, settings, dry_run=True, **common).overrides)
+        check_overrides(dry.overrides)
     except VerlConfigError as exc:
         raise ConfigError(str(exc)) from None
-    if not dry_run and run_id is None:
+    if dry_run:
+        return dry
+    if run_id is None:
         with node_run(
             archive, node, run_name=f"{node}-verl", tags={"poise.backend": "verl", **(tags or {})}
         ) as run:
             run_id = run.info.run_id
-    return prepare_launch(node, source, settings, run_id=run_id, dry_run=dry_run, **common)
+    return prepare_launch(node, source, settings, run_id=run_id, dry_run=False, **common)
