@@ -63,6 +63,19 @@ def server_problem(uri: str) -> str:
     return why
 
 
+def unreachable(archive_path: str | Path) -> str:
+    """The one line saying that the archive's tracking server does not answer ("" when it does, or
+    when the archive logs into its own store)."""
+    uri = tracking_uri(archive_path)
+    why = server_problem(uri)
+    if not why:
+        return ""
+    return (
+        f"the MLflow tracking server {shown_uri(uri)} is unreachable ({why}); "
+        "nothing is logged there, results are recorded in git"
+    )
+
+
 def shown_uri(uri: str) -> str:
     """``uri`` without the user and password a server URI may carry."""
     parts = urllib.parse.urlsplit(uri)  # host and port as written: an IPv6 host keeps its brackets
@@ -90,13 +103,10 @@ def open_store(archive_path: str | Path) -> str:
     once (two evaluations starting on a fresh archive) both run the migrations and fail. Opened once
     per process; a tracking server needs no lock, and one that does not answer is
     :class:`TrackingUnavailable` within seconds (MLflow would retry each call for minutes)."""
+    problem = unreachable(archive_path)
+    if problem:
+        raise TrackingUnavailable(problem)
     uri = tracking_uri(archive_path)
-    why = server_problem(uri)
-    if why:
-        raise TrackingUnavailable(
-            f"the MLflow tracking server {shown_uri(uri)} is unreachable ({why}); "
-            "nothing is logged there, results are recorded in git"
-        )
     if uri in _opened or not uri.startswith("sqlite:"):
         return uri
     from mlflow.tracking import MlflowClient  # lazy: mlflow is heavy (only this path needs it)

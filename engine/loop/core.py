@@ -20,7 +20,7 @@ from typing import Any
 from engine import secrets
 from engine.archive.results import configured_protocol
 from engine.archive.store import Archive
-from engine.archive.tracking import end_dangling_runs, server_problem, shown_uri, tracking_uri
+from engine.archive.tracking import end_dangling_runs, unreachable
 from engine.errors import EvaluationError, PoiseError
 from engine.loop.budget import Budget, RunUsage, exhausted
 from engine.loop.executor import SETUP_FAILED, STOPPED, EvalJob, EvalOutcome, make_executor
@@ -242,15 +242,9 @@ class Loop:
                 ),
             }
         )
-        why = server_problem(tracking_uri(self.archive.path))
-        if why:  # the workers' own lines never reach this log: said once, here
-            self.emit(
-                {
-                    "kind": "log",
-                    "msg": f"warning: the MLflow tracking server {shown_uri(tracking_uri(self.archive.path))}"
-                    f" is unreachable ({why}); evaluations are recorded in git without MLflow runs",
-                }
-            )
+        problem = unreachable(self.archive.path)
+        if problem:  # the workers' own lines never reach this log: said once, here
+            self.emit({"kind": "log", "msg": f"warning: {problem}"})
         if self.executor is None:
             self.executor = make_executor(
                 workers,
