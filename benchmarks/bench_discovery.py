@@ -31,7 +31,7 @@ from pathlib import Path
 
 from proxy_runs import ROOT, load_average, mean_interval, paired, stamp, write_results
 
-from trainer_template.proxy.protocol import PRESETS
+from trainer_template.proxy.protocol import PRESETS, get_protocol
 
 
 def per_seed_overall(node) -> dict[int, float]:
@@ -159,8 +159,6 @@ LOOP_ONLY += ("min_gain", "remedy_trials")
 def search_settings(args, method: str) -> dict:
     """What a finished search of ``method`` depends on besides its search seed: a later invocation
     reads it back only under the same settings (the protocol's hash among them)."""
-    from trainer_template.proxy.protocol import get_protocol
-
     keys = ("candidates", "seeds", "preset", "root_name") + (LOOP_ONLY if method == "loop" else ())
     out = {k: getattr(args, k) for k in keys}
     out["protocol_hash"] = get_protocol(args.preset).hash()
