@@ -62,6 +62,7 @@ def test_launch_is_built_from_plain_values(tmp_path):
     assert not (tmp_path / "verl").exists()  # a dry run writes nothing
 
 
+@pytest.mark.slow
 def test_engine_glue_reads_the_node_and_refuses_bad_hparams_before_any_run(archive):
     from engine.operators.verl_launch import node_launch
     from trainer_template.loader import AlgorithmLoadError
@@ -80,6 +81,7 @@ def test_engine_glue_reads_the_node_and_refuses_bad_hparams_before_any_run(archi
     assert "actor_rollout_ref.actor.clip_ratio_high=0.28" in launch.overrides  # the --hparam
 
 
+@pytest.mark.slow
 def test_the_nodes_hyperparameters_run_in_the_child_never_in_the_engine(archive):
     """The settings are those of the node's own ``__post_init__``, which ran in the sandboxed child:
     this process made no module of the node's code."""
@@ -91,6 +93,7 @@ def test_the_nodes_hyperparameters_run_in_the_child_never_in_the_engine(archive)
     assert loaded_here("widened") == []
 
 
+@pytest.mark.slow
 def test_a_failing_hyperparameters_is_one_clear_error_before_any_run(archive):
     """A ``__post_init__`` that refuses the --hparam: the child's one line, for the launch and the
     smoke alike, and no MLflow run, no files, no module of the node's code here."""
