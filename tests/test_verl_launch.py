@@ -260,3 +260,46 @@ def test_verl_config_refusals_come_before_anything_starts(cli, archive, tmp_path
     env = dict(line.split("=", 1) for line in ok.stdout.splitlines() if line[:1].isupper())
     paths = env["PYTHONPATH"].rstrip(" \\").split(os.pathsep)
     assert paths[0] == str(PROJECT_ROOT) and len(paths) == len(set(paths))
+
+
+def test_a_tracking_uri_with_credentials_stays_off_verls_command_line(tmp_path):
+    """A server URI with a user and password went onto verl's command line as a Ray runtime-env
+    override, where ``ps`` (and verl's printed config) showed it: it now reaches verl only through
+    the launched process's environment; a URI without credentials still rides the override (a Ray
+    that verl joins inherits nothing from the launch)."""
+    from trainer_template.verl_backend import smoke
+    from trainer_template.verl_backend.launch import VerlProtocol, main_ppo_launch
+
+    uri = "https://u:s3cret@mlflow.example:8443/"
+    kw = dict(work_dir=tmp_path / "verl", run_id="r1", project="exp", dry_run=True)
+    launch = prepare_launch("cand", ROOT, {}, tracking_uri=uri, **kw)
+    assert "s3cret" not in " ".join(launch.cmd) and "s3cret" not in " ".join(launch.overrides)
+    assert launch.env["MLFLOW_TRACKING_URI"] == uri  # the driver and the workers it starts get it
+    assert any(o.endswith("env_vars.MLFLOW_RUN_ID='r1'") for o in launch.cmd)
+    plain = prepare_launch("cand", ROOT, {}, tracking_uri="sqlite:////x/mlflow.db", **kw)
+    assert (
+        "+ray_kwargs.ray_init.runtime_env.env_vars.MLFLOW_TRACKING_URI='sqlite:////x/mlflow.db'"
+        in plain.cmd
+    )
+    files = {"algorithm": "/a.py", "hparams": "/h.json", "train": "/t", "val": "/v", "ckpt": "/c"}
+    env = smoke.worker_env("cand", files, tracking_uri=uri, run_id="r2", progress_file="/p")
+    extra = smoke.cpu_overrides(smoke.SmokeProtocol(), "/m", str(tmp_path), "127.0.0.1:6379")
+    cpu = main_ppo_launch(
+        "cand", {}, files, env, project="exp", protocol=VerlProtocol(), extra=extra
+    )  # the CPU smoke's launch
+    assert "s3cret" not in " ".join(cpu.cmd) and cpu.env["MLFLOW_TRACKING_URI"] == uri
+
+
+@pytest.mark.slow  # the CLI composes verl's config and reads the settings in a sandboxed child
+def test_cli_dry_run_shows_no_tracking_credentials(cli, archive):
+    """``train --backend verl --dry-run`` printed ``MLFLOW_TRACKING_URI=https://u:s3cret@host`` and
+    the same URI again in a Ray override."""
+    pytest.importorskip("verl")
+    uri = "https://u:s3cret@mlflow.example:8443/"
+    out = cli(
+        "train", "grpo", "--backend", "verl", "--dry-run", "-C", str(archive.path),
+        env={"MLFLOW_TRACKING_URI": uri},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "s3cret" not in out.stdout + out.stderr
+    assert "MLFLOW_TRACKING_URI=https://mlflow.example:8443/" in out.stdout

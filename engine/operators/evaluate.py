@@ -30,7 +30,12 @@ from typing import Any
 import trainer_template
 from engine.archive.locks import git_dir, held
 from engine.archive.results import EvaluationResult, Protocol, now
-from engine.archive.tracking import TrackingUnavailable, node_run, open_store_meanwhile
+from engine.archive.tracking import (
+    TrackingUnavailable,
+    node_run,
+    open_store_meanwhile,
+    unreachable,
+)
 from engine.errors import EvaluationError
 from engine.operators.evaluate_seed import run_seed
 from engine.operators.evaluate_verl import evaluate_node_verl
@@ -632,5 +637,9 @@ def _log_mlflow(
             say(f"MLflow logging skipped: {exc}")
             break
         except Exception as exc:
+            problem = unreachable(archive.path, fresh=True)  # the server died after the probe?
+            if problem:  # as when it was dead from the start: said once, the rest not tried
+                say(f"MLflow logging skipped: {problem}")
+                break
             say(f"MLflow logging failed for seed {r['seed']}: {type(exc).__name__}: {exc}")
     return ids
