@@ -146,3 +146,16 @@ def test_a_failure_under_another_protocol_is_no_evidence_here(archive, tmp_path)
     archive.set_status("side", "evaluated")
     record(archive, "side", failed)
     unchanged_by("smoke", {"overall": 0.5}, "evaluated")  # failed here, evaluated elsewhere: still
+
+
+def test_select_help_explains_every_column_and_the_table_names_the_unit(archive, cli):
+    _chain(archive, [0.40, 0.45])
+    out = cli("select", "--help", env={"COLUMNS": "300"}).stdout
+    legend = " ".join(out.split("Columns:", 1)[1].split("Options")[0].split())
+    for col in ("U =", "layer =", "pareto, perf, div =", "gp_ucb =", "desc. gain =", "score ="):
+        assert col in legend, (col, legend)
+    assert "[0, 1]" in legend and "[-1, 1]" in legend
+    r = cli("select", "-C", str(archive.path), env={"COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr
+    assert "utility: overall (fraction)" in r.stdout, r.stdout
+    assert select_parents(archive).params["unit"] == "fraction"

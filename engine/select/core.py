@@ -159,11 +159,14 @@ def _gp_alpha(
 
 
 def _failed_here(node: Any) -> bool:
-    """Rejected, or failed under the compared protocol: failure evidence for the ranking (a node
-    whose status says failed because it failed under another protocol only is not)."""
+    """Rejected, or failed under the compared protocol, or failed with no result under any: failure
+    evidence for the ranking (a node whose status says failed because it failed under another
+    protocol only is not)."""
     if node.status == "rejected":
         return True
-    return node.result is not None and not node.result.ok
+    if node.result is not None:
+        return not node.result.ok
+    return node.status == "failed" and not node.results
 
 
 def _crowding(mech: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, float]:
@@ -318,6 +321,11 @@ def select_parents(
     cands = [n for n in pop if n not in exclude]
     if not cands:
         return _fallback(nodes, names, rows, exclude, allowed, k, params, ref)
+
+    # the unit U is on (one: require_comparable refused results on different units above)
+    params["unit"] = next(
+        (nodes[n].result.unit(exp.objective) for n in pop if nodes[n].result is not None), None
+    )
 
     # -- population components --------------------------------------------------------------
     y = pareto.objective_matrix([mets[n] for n in pop], objectives)
