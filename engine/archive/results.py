@@ -135,7 +135,7 @@ class EvaluationResult:
             check(isinstance(k, str) and k != "", f"bad metric name {k!r}")
             check(
                 is_finite_number(v),
-                f"metric {k!r} must be a finite number, got {v!r}",
+                f"metric {k!r} must be a finite number, got {_brief.repr(v)}",
             )
             unit = self.units.get(k)
             check(
@@ -244,9 +244,12 @@ def parse_result(text: str | bytes, where: str = "") -> EvaluationResult:
         data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ArchiveError(f"{where or 'result'} is not valid JSON: {exc}") from None
-    if isinstance(data, Mapping) and data.get("schema") == SCHEMA:
-        return EvaluationResult.from_dict(data)
-    return from_legacy(data)
+    try:
+        if isinstance(data, Mapping) and data.get("schema") == SCHEMA:
+            return EvaluationResult.from_dict(data)
+        return from_legacy(data)
+    except OverflowError:  # float() of an integer beyond the float range (an interval, a seed...)
+        raise ArchiveError(f"{where or 'result'} holds a number beyond the float range") from None
 
 
 # -- schema 1 --------------------------------------------------------------------------------
@@ -450,8 +453,12 @@ def _is_number(v: Any) -> bool:
 
 
 def is_finite_number(v: Any) -> bool:
-    """A finite int or float (not a bool): what a recorded number must be."""
-    return _is_number(v) and math.isfinite(v)
+    """A finite int or float (not a bool): what a recorded number must be. An int beyond the float
+    range (JSON integers have no bound) is not one."""
+    try:
+        return _is_number(v) and math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 def _record_seed(s: Any) -> int:
