@@ -80,7 +80,11 @@ def test_evaluate_records_results_on_the_branch_and_mlflow(exp):
         proto["backend"] == "proxy" and res["details"]["versions"]["torch"] and res["node_commit"]
     )
     assert res["details"]["machine"]["cores"] >= 1 and res["details"]["machine"]["cpu"]
+    # the device it trained on, by model (a GPU's name on cuda), and the torch that trained it
+    assert res["details"]["device"] == res["details"]["device_model"] == "cpu"
     import torch
+
+    assert res["details"]["versions"]["torch"] == torch.__version__
 
     assert (
         res["details"]["machine"]["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()

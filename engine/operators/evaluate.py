@@ -264,6 +264,32 @@ def _warm_start(preset: str, env: Mapping[str, str], timeout_s: float) -> list[s
     return lines
 
 
+_MODELS: dict[str, str] = {}
+_MODELS_LOCK = threading.Lock()
+_GPU_NAME = "import torch; print(torch.cuda.get_device_name(0))"
+
+
+def device_model(device: str, env: Mapping[str, str]) -> str:
+    """The device a proxy evaluation trains on, by model, for its result's details: ``cpu``, or
+    ``cuda:<GPU name>`` as torch names the first visible GPU, asked of a trusted child (no
+    candidate's code) once per process and set of visible GPUs; ``cuda:unknown`` where it cannot
+    tell. Not part of the protocol hash: results of one protocol on two GPU models stay comparable,
+    and the model says where they came from."""
+    if device != "cuda":
+        return device
+    key = env.get("CUDA_VISIBLE_DEVICES", "")
+    with _MODELS_LOCK:
+        known = _MODELS.get(key)
+    if known is not None:
+        return known
+    r = run_limited([_python(), "-c", _GPU_NAME], timeout_s=120, env=env)
+    lines = r.stdout.strip().splitlines() if r.ok else []
+    model = f"cuda:{lines[-1].strip()[:100] if lines else 'unknown'}"
+    with _MODELS_LOCK:
+        _MODELS[key] = model
+    return model
+
+
 class WarmStartFailed(EvaluationError):
     """The proxy's warm start (trusted code) failed: no candidate was run."""
 
@@ -363,6 +389,7 @@ def _run(job: _Job, tags: Mapping[str, str] | None, say: Callable[[str], None]) 
     if len(lines) >= 3:  # content hash of the weights (checked against the pin), device, path
         device = lines[-2].strip()
         base["details"] = {**base["details"], "warmstart_sha256": lines[-3], "device": device}
+    base["details"] = {**base["details"], "device_model": device_model(device, env)}
     if len(lines) >= 4:  # the CPU kernels torch picks on this machine (docs/calibration.md)
         machine_ = {**base["details"]["machine"], "torch_cpu_capability": lines[-4].strip()}
         base["details"] = {**base["details"], "machine": machine_}
