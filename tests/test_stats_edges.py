@@ -140,3 +140,17 @@ def test_a_failed_seed_with_metrics_enters_the_recorded_mean_as_evaluations_writ
     )
     node = archive.nodes()["grpo"]
     assert not node.unreadable and node.result.status == "failed"
+
+
+def test_log_and_show_name_an_unreadable_results_file(pair, cli):
+    """``log`` and ``show`` say that a node's results file is unreadable, and why, where before the
+    node showed as evaluated with no number and ``show`` dropped its results without a word."""
+    _edit(pair, "child", lambda d: d["metrics"].update(overall=0.9))
+    log = cli("log", "-C", str(pair.path))
+    assert log.returncode == 0, log.stderr
+    line = next(x for x in log.stdout.splitlines() if "child" in x)
+    assert f"{RESULT} unreadable" in line, log.stdout
+    show = cli("show", "child", "-C", str(pair.path))
+    assert show.returncode == 0, show.stderr
+    assert f"{RESULT} is unreadable:" in show.stdout
+    assert "not the mean of its per-seed values" in " ".join(show.stdout.split())

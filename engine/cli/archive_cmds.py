@@ -113,6 +113,8 @@ def _label(
         extra += f"  [dim]\\[results under: {escape(', '.join(others))}][/]"
     if n.stale is not None:
         extra += "  [dim](evaluated under an older protocol version)[/]"
+    if n.unreadable:  # a hand-edited results file is not "no results": name it
+        extra += f"  [red]({escape(', '.join(sorted(n.unreadable)))} unreadable)[/]"
     reason = n.trailer("Poise-Reason")
     if reason and not full:
         reason = reason[:60] + ("…" if len(reason) > 60 else "")
@@ -512,6 +514,8 @@ def show(
         console.print(table)
         if not r.ok:
             console.print(f"[red]failed:[/] {escape(r.reason)}", highlight=False)
+    for path, why in sorted(n.unreadable.items()):
+        console.print(f"[red]{escape(path)} is unreadable:[/] {escape(why)}", highlight=False)
     for pid in sorted(n.results):
         try:
             conf = read_confirmation(arch, node, pid)
