@@ -358,6 +358,11 @@ def test_the_seed_cache_is_keyed_by_the_harness_as_well_as_the_code(tmp_path, mo
     edited = source_digest((pkg,))
     (pkg / "sub" / "b.py").rename(pkg / "sub" / "c.py")
     assert len({before, edited, source_digest((pkg,))}) == 3
+    # a skipped folder (the verl harness, which never makes a proxy number) does not enter it
+    renamed = source_digest((pkg,))
+    (pkg / "verl_backend").mkdir()
+    (pkg / "verl_backend" / "d.py").write_text("z = 4\n")
+    assert source_digest((pkg,), skip=("verl_backend",)) == renamed != source_digest((pkg,))
 
 
 def test_a_proxy_result_names_the_harness_sources_it_was_measured_with(exp):

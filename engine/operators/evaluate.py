@@ -527,21 +527,26 @@ HARNESS = (
     Path(trainer_template.__file__).resolve().parent,
     Path(__file__).resolve().with_name("evaluate_seed.py"),
 )
+# folders under HARNESS that never train or score a proxy result: the verl harness is the at-scale
+# path's (an edit of it does not change a proxy number, so it does not retire cached proxy results)
+NOT_HARNESS = ("verl_backend",)
 
 
 @functools.cache
 def harness_digest() -> str:
-    """:func:`source_digest` of :data:`HARNESS`, once per process."""
-    return source_digest(HARNESS)
+    """:func:`source_digest` of :data:`HARNESS` (less :data:`NOT_HARNESS`), once per process."""
+    return source_digest(HARNESS, skip=NOT_HARNESS)
 
 
-def source_digest(paths: tuple[Path, ...]) -> str:
-    """sha256 over the Python sources under ``paths`` (files or folders), by relative name and
-    content, in sorted order."""
+def source_digest(paths: tuple[Path, ...], skip: tuple[str, ...] = ()) -> str:
+    """sha256 over the Python sources under ``paths`` (files or folders; a folder named in
+    ``skip`` is left out), by relative name and content, in sorted order."""
     h = hashlib.sha256()
     for root in paths:
         files = sorted(root.rglob("*.py")) if root.is_dir() else [root]
         for f in files:
+            if skip and set(f.relative_to(root).parts[:-1]) & set(skip):
+                continue
             rel = f.relative_to(root.parent).as_posix()
             h.update(rel.encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()
