@@ -673,6 +673,7 @@ def test_overrides_compose_against_verls_config(archive):
     )
 
 
+@pytest.mark.slow
 def test_the_nodes_kl_coefficient_reaches_verl(archive):
     """The root's KL (0.001, low_var_kl) is verl's KL loss; DAPO's kl_coef = 0 turns it off."""
     from engine.operators.verl_launch import node_launch
@@ -686,6 +687,7 @@ def test_the_nodes_kl_coefficient_reaches_verl(archive):
     assert "actor_rollout_ref.actor.kl_loss_coef=0.0" in dapo
 
 
+@pytest.mark.slow
 def test_launch_opens_the_nodes_mlflow_run(archive):
     import mlflow
 
@@ -873,6 +875,7 @@ def test_bridge_advantages_equal_the_proxys_for_every_prior(prior, monkeypatch):
     assert torch.equal(adv, out.batch["returns"])
 
 
+@pytest.mark.slow
 def test_the_verl_run_carries_the_jobs_tags_so_a_dead_workers_run_is_ended(archive):
     """The loop's verl evaluation hands its job's tags (poise.run, poise.round) to the run verl
     logs into, as the proxy's seed runs carry them: a worker killed mid-training leaves that run
