@@ -23,6 +23,7 @@ import json
 import math
 import os
 import signal
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -169,10 +170,13 @@ def main() -> None:
             if args.no_cache
             else f"cached in {os.environ['POISE_EVAL_CACHE']}"
         )
-        raise SystemExit(
+        print(
             f"interrupted: {done} of {len(jobs)} seed runs finished, {where}; nothing written to "
-            f"{args.json}; the same command resumes from the cached ones"
-        ) from None
+            f"{args.json}; the same command resumes from the cached ones",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(130) from None  # the engine's exit status for an interrupt
     pool.shutdown()
     loads.append(load_average())
     by: dict[str, dict[int, dict]] = {}

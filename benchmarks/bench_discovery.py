@@ -26,6 +26,8 @@ import math
 import os
 import random
 import shutil
+import signal
+import sys
 import time
 from pathlib import Path
 
@@ -326,6 +328,66 @@ def draw(
     fig.savefig(path, dpi=120)
 
 
+def _searches(args, work: Path, results: dict, under_way: list) -> None:
+    """Every search of ``args`` into ``results`` (method -> search seed -> search): a finished one
+    read from ``work``, the others run and written there as they finish; ``under_way`` names the
+    one running."""
+    for s in range(args.search_seeds):
+        for method in args.methods.split(","):
+            path = work / f"{method}-s{s}"
+            done = work / f"{method}-s{s}.json"
+            if done.is_file() and not args.fresh:  # a finished search of an interrupted benchmark
+                res = json.loads(done.read_text())
+                earlier, settings = res.get("settings"), search_settings(args, method)
+                if earlier is not None and earlier != settings:
+                    diff = ", ".join(
+                        f"{k} {earlier.get(k)!r} (now {v!r})"
+                        for k, v in settings.items()
+                        if earlier.get(k) != v
+                    )
+                    raise SystemExit(
+                        f"error: {done} was searched with other settings: {diff}; not combined "
+                        "with this run: give another --workdir, or --fresh to search again"
+                    )
+                res["curve"] = best_so_far(res["candidates"], res["root_overall"])
+                results.setdefault(method, {})[s] = res
+                print(f"{stamp()} {method} search seed {s}: finished earlier ({done})", flush=True)
+                continue
+            if path.exists():
+                shutil.rmtree(path)
+            under_way[:] = [f"{method} search seed {s}"]
+            print(f"{stamp()} {method} search seed {s}: searching in {path}", flush=True)
+            t = time.monotonic()
+            res = (run_loop if method == "loop" else run_random)(path, s, args)
+            if res.get("root_overall") is None:  # not recorded as finished: the next run redoes it
+                raise SystemExit(
+                    f"error: {method} search seed {s}: the root {args.root_name} has no Overall "
+                    f"under proxy/{args.preset} (its evaluation failed); see the archive {path}"
+                )
+            res["wall_s"] = round(time.monotonic() - t, 1)
+            res["settings"] = search_settings(args, method)
+            done.write_text(json.dumps(res, default=str))
+            results.setdefault(method, {})[s] = res
+            under_way.clear()
+            print(
+                f"{stamp()} {method} search seed {s}: best {res.get('best')} "
+                f"{res.get('best_overall', float('nan')):.3f} vs root {res['root_overall']:.3f}, "
+                f"paired diff {res.get('best_diff', float('nan')):+.3f} "
+                f"{res.get('best_diff_interval')}, beats root: {res.get('beats_root')} "
+                f"({res['wall_s'] / 60:.1f} min)",
+                flush=True,
+            )
+
+
+def _interrupt(signum, _frame) -> None:
+    """SIGINT: kill the sandboxed children first (they run in sessions of their own and never see
+    the terminal's signal), then unwind."""
+    from engine.sandbox.live import kill_all
+
+    kill_all()
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--candidates", type=int, default=16)
@@ -427,6 +489,9 @@ def main() -> None:
     if args.root_source and not Path(args.root_source).is_file():
         ap.error(f"--root-source: no such file {args.root_source}")
     os.environ.setdefault("POISE_EVAL_CACHE", str(ROOT / ".cache" / "poise-eval"))
+    # Ctrl-C stops the run even where this process was started with SIGINT ignored (a background
+    # job of a script: Python then leaves it ignored), as the engine's own commands stop
+    signal.signal(signal.SIGINT, _interrupt)
 
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -438,48 +503,22 @@ def main() -> None:
         flush=True,
     )
     results: dict[str, dict[int, dict]] = {}
-    for s in range(args.search_seeds):
-        for method in args.methods.split(","):
-            path = work / f"{method}-s{s}"
-            done = work / f"{method}-s{s}.json"
-            if done.is_file() and not args.fresh:  # a finished search of an interrupted benchmark
-                res = json.loads(done.read_text())
-                earlier, settings = res.get("settings"), search_settings(args, method)
-                if earlier is not None and earlier != settings:
-                    diff = ", ".join(
-                        f"{k} {earlier.get(k)!r} (now {v!r})"
-                        for k, v in settings.items()
-                        if earlier.get(k) != v
-                    )
-                    raise SystemExit(
-                        f"error: {done} was searched with other settings: {diff}; not combined "
-                        "with this run: give another --workdir, or --fresh to search again"
-                    )
-                res["curve"] = best_so_far(res["candidates"], res["root_overall"])
-                results.setdefault(method, {})[s] = res
-                print(f"{stamp()} {method} search seed {s}: finished earlier ({done})", flush=True)
-                continue
-            if path.exists():
-                shutil.rmtree(path)
-            t = time.monotonic()
-            res = (run_loop if method == "loop" else run_random)(path, s, args)
-            if res.get("root_overall") is None:  # not recorded as finished: the next run redoes it
-                raise SystemExit(
-                    f"error: {method} search seed {s}: the root {args.root_name} has no Overall "
-                    f"under proxy/{args.preset} (its evaluation failed); see the archive {path}"
-                )
-            res["wall_s"] = round(time.monotonic() - t, 1)
-            res["settings"] = search_settings(args, method)
-            done.write_text(json.dumps(res, default=str))
-            results.setdefault(method, {})[s] = res
-            print(
-                f"{stamp()} {method} search seed {s}: best {res.get('best')} "
-                f"{res.get('best_overall', float('nan')):.3f} vs root {res['root_overall']:.3f}, "
-                f"paired diff {res.get('best_diff', float('nan')):+.3f} "
-                f"{res.get('best_diff_interval')}, beats root: {res.get('beats_root')} "
-                f"({res['wall_s'] / 60:.1f} min)",
-                flush=True,
-            )
+    under_way: list[str] = []
+    try:
+        _searches(args, work, results, under_way)
+    except KeyboardInterrupt:
+        # a finished search stays in --workdir with its JSON, read (not run again) by the same
+        # command; the one under way has none, so that command searches it again from scratch
+        total = args.search_seeds * len(args.methods.split(","))
+        done = sum(len(runs) for runs in results.values())
+        print(
+            f"interrupted: {done} of {total} searches finished, kept in {work}"
+            + "".join(f"; {u} stopped, to be searched again" for u in under_way)
+            + f"; nothing written to {args.json} or {args.figure}; the same command resumes",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(130) from None
     loads.append(load_average())
     print()
     print(

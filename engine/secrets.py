@@ -2,7 +2,8 @@
 
 The configured key variable (``[llm].api_key_env``, whatever its name) is registered when a config is
 loaded or an LLM client is built; variables whose names look secret (``*API_KEY*``, ``*TOKEN*``,
-``*SECRET*``, ``*PASSWORD*``, ``*CRED*``) are registered from the environment on first use. Every
+``*SECRET*``, ``*PASSWORD*``, ``*CRED*``) are registered from the environment on first use, and so
+is the password of any URI in the environment (``MLFLOW_TRACKING_URI=https://user:pass@host/``). Every
 git object the archive writes, every MLflow param / tag and every text received from a sandboxed
 child is scrubbed by value (:func:`scrub`), and no registered variable is passed to a child process.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+import urllib.parse
 
 REDACTED = "[redacted]"
 MIN_LEN = 6
@@ -44,6 +46,20 @@ def register_value(value: str | None) -> None:
             _values.add(value)
 
 
+def _uri_credentials(value: str) -> list[str]:
+    """The password of a URI with one (``https://user:pass@host/``) and its ``user:pass``."""
+    if "://" not in value:
+        return []
+    try:
+        parts = urllib.parse.urlsplit(value)
+    except ValueError:
+        return []
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    if not at or ":" not in userinfo:
+        return []
+    return [userinfo, userinfo.partition(":")[2]]
+
+
 def _scan() -> None:
     global _scanned
     if _scanned:
@@ -63,6 +79,9 @@ def names() -> set[str]:
     found = {n for n in os.environ if looks_secret(n)} | registered
     for n in found:
         register_value(os.environ.get(n))
+    for value in list(os.environ.values()):  # a tracking URI with a password, and the like
+        for part in _uri_credentials(value):
+            register_value(part)
     return found
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-# two-sided 95% Student-t quantiles by degrees of freedom (1..30); 1.96 beyond
+# two-sided 95% Student-t quantiles by degrees of freedom (1..30); the expansion below beyond
 _T95 = [
     12.706,
     4.303,
@@ -40,8 +40,24 @@ _T95 = [
 ]
 
 
+_Z975 = 1.959963984540054
+"""the normal quantile of 0.975"""
+
+
 def t95(df: int) -> float:
-    return _T95[df - 1] if 1 <= df <= len(_T95) else 1.96
+    """The two-sided 95% Student-t quantile at ``df`` degrees of freedom (df >= 1): tabulated to 30,
+    beyond it the Cornish-Fisher expansion in 1/df (within 1e-6 of the exact quantile there; the
+    normal 1.96 it replaced is 4% low at 31 degrees of freedom and 2% low at 52)."""
+    if df < 1:
+        raise ValueError(f"a Student-t quantile needs at least 1 degree of freedom, got {df}")
+    if df <= len(_T95):
+        return _T95[df - 1]
+    z = _Z975
+    g1 = (z**3 + z) / 4
+    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
+    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
+    g4 = (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160
+    return z + g1 / df + g2 / df**2 + g3 / df**3 + g4 / df**4
 
 
 Z80 = 0.8416

@@ -480,6 +480,39 @@ def test_cli_tour(archive, cli, tmp_path):
     assert p.returncode == 0 and "dr" in p.stdout
 
 
+def _log_lines(cli, archive) -> dict[str, str]:
+    out = cli("log", "-C", str(archive.path)).stdout
+    return {
+        n: next(ln for ln in out.splitlines() if f" {n} " in f" {ln} ") for n in ("grpo", "dr")
+    } | {"out": out}
+
+
+def test_cli_log_never_shows_values_of_other_units_or_protocols_unmarked(archive, cli, tmp_path):
+    archive.spawn("grpo", "dr")
+    res = tmp_path / "r.json"
+    res.write_text(json.dumps({"overall": 47.8}))
+    rec = ("record", "dr", "--results", str(res), "--protocol", "lab/math6", "--unit", "percent")
+    assert cli(*rec, "-C", str(archive.path)).returncode == 0
+    record(archive, "grpo", {"overall": 0.53}, preset="smoke")
+    # no node has a result under the compared proxy/default: a fraction and a percentage, each
+    # marked with what it is, and a line that says none is under the compared protocol
+    lines = _log_lines(cli, archive)
+    assert "0.53 (proxy/smoke, fraction)" in lines["grpo"], lines["out"]
+    assert "47.8 (lab/math6, percent)" in lines["dr"], lines["out"]
+    assert "no node has a result under proxy/default" in lines["out"]
+    # the root under the compared protocol: its value bare, the line says what bare values are
+    record(archive, "grpo", {"overall": 0.61})
+    lines = _log_lines(cli, archive)
+    assert "overall 0.61" in lines["grpo"] and "(proxy/" not in lines["grpo"], lines["out"]
+    assert "47.8 (lab/math6, percent)" in lines["dr"], lines["out"]
+    assert "overall under proxy/default (fraction)" in lines["out"]
+    # every value under the compared protocol: nothing else to say
+    record(archive, "dr", {"overall": 0.58})
+    lines = _log_lines(cli, archive)
+    assert "overall 0.58" in lines["dr"] and "percent" not in lines["out"], lines["out"]
+    assert "under proxy/default" not in lines["out"]
+
+
 def test_cli_init_and_help(cli, tmp_path):
     p = cli("init", str(tmp_path / "e"))
     assert p.returncode == 0 and "poise/grpo" in p.stdout

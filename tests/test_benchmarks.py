@@ -390,7 +390,42 @@ def test_bench_calibration_interrupted_says_so_and_resumes_from_the_cache(tmp_pa
             proc.send_signal(signal.SIGINT)
             break
     out, err = proc.communicate(timeout=600)
-    assert proc.returncode == 1 and "interrupted: " in err and "resumes" in err, out + err
+    assert proc.returncode == 130 and "interrupted: " in err and "resumes" in err, out + err
     assert not (tmp_path / "a.json").exists()
     again = _bench("bench_calibration.py", args, tmp_path)
     assert ", 0 cached)" not in again and " cached); mean" in again
+
+
+def test_bench_discovery_interrupted_says_what_was_kept_and_resumes(tmp_path):
+    import signal
+
+    work = tmp_path / "work"
+    args = ["--preset", "tiny", "--candidates", "1", "--seeds", "1", "--search-seeds", "2"]
+    args += ["--methods", "random", "--workdir", str(work), "--json", str(tmp_path / "d.json")]
+    args += ["--figure", str(tmp_path / "d.png")]
+    env = {**os.environ, "POISE_EVAL_CACHE": str(tmp_path / "cache")}
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_discovery.py"), *args]
+    # started with SIGINT ignored, as a background job of a script is: Ctrl-C must still stop it
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    for line in proc.stdout:  # search seed 0 finished, seed 1 under way
+        if "random search seed 1: searching" in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 130 and "Traceback" not in err, out + err
+    last = err.strip().splitlines()[-1]  # after MLflow's own start-up lines
+    assert last.startswith("interrupted: 1 of 2 searches finished"), err
+    assert f"kept in {work}; random search seed 1 stopped, to be searched again" in err
+    assert "nothing written to" in err and "the same command resumes" in err
+    assert not (tmp_path / "d.json").exists() and (work / "random-s0.json").is_file()
+    assert not (work / "random-s1.json").exists()
+    again = _bench("bench_discovery.py", args, tmp_path)
+    assert again.count("finished earlier") == 1 and "| random | 1 |" in again

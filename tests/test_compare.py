@@ -202,6 +202,7 @@ def _run_in_pty(args: list[str], env: dict, timeout: float = 60) -> str:
     return out.decode("utf-8", "replace")
 
 
+@pytest.mark.slow
 def test_pages_like_git_on_a_terminal(arch, tmp_path):
     paged = tmp_path / "paged.txt"
     env = dict(

@@ -80,7 +80,11 @@ def test_evaluate_records_results_on_the_branch_and_mlflow(exp):
         proto["backend"] == "proxy" and res["details"]["versions"]["torch"] and res["node_commit"]
     )
     assert res["details"]["machine"]["cores"] >= 1 and res["details"]["machine"]["cpu"]
+    # the device it trained on, by model (a GPU's name on cuda), and the torch that trained it
+    assert res["details"]["device"] == res["details"]["device_model"] == "cpu"
     import torch
+
+    assert res["details"]["versions"]["torch"] == torch.__version__
 
     assert (
         res["details"]["machine"]["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
@@ -354,6 +358,11 @@ def test_the_seed_cache_is_keyed_by_the_harness_as_well_as_the_code(tmp_path, mo
     edited = source_digest((pkg,))
     (pkg / "sub" / "b.py").rename(pkg / "sub" / "c.py")
     assert len({before, edited, source_digest((pkg,))}) == 3
+    # a skipped folder (the verl harness, which never makes a proxy number) does not enter it
+    renamed = source_digest((pkg,))
+    (pkg / "verl_backend").mkdir()
+    (pkg / "verl_backend" / "d.py").write_text("z = 4\n")
+    assert source_digest((pkg,), skip=("verl_backend",)) == renamed != source_digest((pkg,))
 
 
 def test_a_proxy_result_names_the_harness_sources_it_was_measured_with(exp):
@@ -530,3 +539,88 @@ def test_a_shown_tracking_uri_keeps_its_host_and_port_as_written():
     assert shown_uri("https://me:sk-x@h.example:8443/p") == "https://h.example:8443/p"
     assert shown_uri("http://127.0.0.1:99999") == "http://127.0.0.1:99999"
     assert shown_uri("http://a@b@h:1/") == "http://h:1/"
+
+
+@pytest.mark.slow  # a real MLflow server and two seeds of the tiny preset
+def test_a_tracking_server_that_dies_mid_run_costs_seconds_and_no_result(tmp_path, monkeypatch):
+    """A server that answered the start-up probe and died before the logging went through MLflow's
+    own retries (about four minutes per call, for every seed) before the result reached git. Now
+    the engine's calls are bounded, a failed call probes again, and a dead server is said once and
+    skipped as one dead from the start is; the evaluation is recorded in git."""
+    import sys
+    import time
+
+    from engine.archive import tracking
+    from engine.operators.evaluate import evaluate_node
+
+    port = _closed_port()
+    uri = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port)]
+        + ["--workers", "1", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}"],
+        env=dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"),
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    names = list(tracking.HTTP_BOUNDS)
+    try:
+        deadline = time.monotonic() + 120
+        while tracking.server_problem(uri) and time.monotonic() < deadline:
+            tracking._probed.clear()
+            time.sleep(1)
+        tracking._probed.clear()
+        assert not tracking.server_problem(uri), "the MLflow server did not start"
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        monkeypatch.setattr(tracking, "PROBE_TTL_S", 3600.0)  # the probe's "alive" holds
+        for name in names:
+            monkeypatch.delenv(name, raising=False)
+        arch = Archive.init(tmp_path / "exp")
+        said: list[str] = []
+
+        def on_event(msg: str) -> None:
+            said.append(msg)
+            if msg.startswith("seed ") and server.poll() is None:  # trained: the server dies
+                os.killpg(server.pid, 9)
+                server.wait()
+
+        t0 = time.monotonic()
+        res = evaluate_node(arch, "grpo", seeds=2, preset="tiny", on_event=on_event)
+        wall = time.monotonic() - t0
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, 9)
+            server.wait()
+        for name in names:
+            os.environ.pop(name, None)
+        tracking._bounded.clear()
+    skipped = [m for m in said if "MLflow logging skipped" in m]
+    assert len(skipped) == 1 and f"MLflow tracking server {uri} is unreachable" in skipped[0], said
+    assert wall < 120, (wall, said)
+    node = arch.node("grpo")
+    assert res.status == "evaluated" and node.status == "evaluated", said
+    assert not node.results["proxy/tiny"].mlflow_run_ids
+    assert arch.fsck()
+
+
+def test_the_engines_mlflow_http_bounds_keep_the_users_and_stay_out_of_verl(monkeypatch):
+    """The bounds apply where the user set none, and verl's processes keep MLflow's own retries (a
+    long training rides out a server's short outage)."""
+    from engine.archive import tracking
+    from engine.sandbox.env import without_secrets
+
+    monkeypatch.setattr(tracking, "_bounded", {})
+    for name in tracking.HTTP_BOUNDS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "300")  # the user's
+    tracking.bound_http_retries()
+    try:
+        assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"
+        assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "300"
+        verl = without_secrets()
+        assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in verl
+        assert verl["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "300"
+    finally:
+        for name in tracking._bounded:
+            os.environ.pop(name, None)

@@ -200,6 +200,7 @@ def test_root_option_errors(tmp_path, cli):
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.slow
 def test_a_rejected_root_stops_the_run_with_its_reason(tmp_path, cli):
     nan = ANCHOR.replace(
         "    return grpo_advantages(batch, cfg)\n",

@@ -91,6 +91,7 @@ def test_the_reflection_artifact_is_scrubbed_as_git_is(tmp_path, monkeypatch):
     assert KEY not in text and "[redacted]" in text
 
 
+@pytest.mark.slow
 def test_llm_text_is_printed_as_written(tmp_path, cli):
     code = "def compute_advantages(batch, cfg):\n    return batch.rewards * 0\n"
     reply = json.loads(openai_server.proposal_reply("brackets", code))

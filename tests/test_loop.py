@@ -415,3 +415,62 @@ def test_a_ray_task_that_dies_is_the_nodes_failure_at_its_own_wall_time(archive)
     time.sleep(2)
     assert not [c for _, c in _processes() if str(archive.path) in c]
     assert archive.fsck()
+
+
+def test_a_lost_ray_task_is_charged_from_its_start_not_its_time_in_rays_queue(archive):
+    """One CPU, two evaluations: the second waits in Ray's queue while the first runs. Each task,
+    killed once its evaluation runs, is charged the time it ran (the gpu-hours budget counts it),
+    which for the second leaves out its wait; a task cancelled before it started is charged none."""
+    pytest.importorskip("ray")
+    from engine.loop.executor import EvalJob, RayExecutor
+
+    record(archive, "grpo", {"overall": 0.5})
+    edit = (
+        "def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:\n"
+        "    while True:\n        pass\n"
+    )
+    for name in ("first", "second", "never"):
+        archive.spawn("grpo", name, edit, trailers={"Poise-Round": "1"})
+        mark_verified(archive, name)
+
+    def task_of(name: str):
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            for p, c in _processes():
+                if "engine.loop.executor" in c and f'"node": "{name}"' in c:
+                    return p.parent()
+            time.sleep(0.5)
+        raise AssertionError(f"the Ray task never started {name}'s evaluation")
+
+    ex = RayExecutor("local", 1)
+    try:
+        jobs = {
+            n: EvalJob(str(archive.path), n, seeds=1, preset="smoke", timeout_s=300)
+            for n in ("first", "second")
+        }
+        first = ex.submit(jobs["first"])
+        task = task_of("first")
+        submitted = time.monotonic()
+        second = ex.submit(jobs["second"])  # queued: the one CPU is the first's
+        time.sleep(15)
+        task.kill()
+        out_first = first.result(timeout=120)
+        task = task_of("second")
+        time.sleep(1)
+        task.kill()
+        out_second = second.result(timeout=120)
+        waited = time.monotonic() - submitted
+        # two CPUs asked of one: never scheduled; cancelled, it is a lost task that never started
+        never = ex.submit(EvalJob(str(archive.path), "never", seeds=2, preset="smoke"))
+        time.sleep(3)
+        for ref in list(ex._refs):
+            ex.ray.cancel(ref, force=True)
+        out_never = never.result(timeout=120)
+    finally:
+        ex.shutdown(kill=True)
+    assert out_first.status == out_second.status == out_never.status == "failed"
+    assert 15 <= out_first.wall_s < 60, out_first.wall_s  # it ran all along
+    assert out_second.wall_s < waited - 12, (out_second.wall_s, waited)  # not its 15 s in the queue
+    assert archive.node("second").results["proxy/smoke"].wall_time_s == round(out_second.wall_s, 3)
+    assert out_never.wall_s == 0.0 and "Ray task failed" in out_never.reason
+    assert archive.fsck()

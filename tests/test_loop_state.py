@@ -144,6 +144,7 @@ def test_executor_records_a_crashed_evaluation_as_failed(archive):
     assert archive.fsck()
 
 
+@pytest.mark.slow
 def test_a_dead_worker_leaves_no_mlflow_run_running(archive):
     """A worker killed while it logs to MLflow never ends its run: the run it opened, carrying the
     job's tags, is marked KILLED when its node is recorded failed. A RUNNING run of the same node

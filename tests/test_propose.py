@@ -362,6 +362,7 @@ def test_set_defaults_writes_floats_as_written_by_hand():
     assert '"""numerical floor added to the group std"""' in out
 
 
+@pytest.mark.slow
 def test_an_edit_already_in_the_archive_is_not_proposed_again(archive, caplog):
     from engine.operators.proposers.offline import OfflineProposer
 
@@ -760,6 +761,7 @@ def _offered_from_root(archive, **propose) -> list:
     ]
 
 
+@pytest.mark.slow
 def test_propose_config_chooses_the_remedies_and_their_share(archive):
     """``[propose].remedies`` limits the remedies a diagnosis directs to, ``directed = 0`` turns the
     direction (and its prior) off, and a setting out of range or an unknown remedy is refused."""
@@ -1001,6 +1003,7 @@ def test_propose_explores_an_untried_move_once_per_call(archive):
         assert set(moves[:2]) == {"kl_coef up", "entropy_coef up"}
 
 
+@pytest.mark.slow
 def test_propose_learned_share_makes_the_favoured_move(archive):
     """With ``[propose].learned`` the proposer makes the move the archive's evidence favours (and
     says so), with the diagnosis off; with ``explore`` and nothing favoured it makes an untried move

@@ -202,3 +202,15 @@ def test_a_seed_fails_loudly_when_the_sandbox_hides_the_gpu(mode):
     data = _cuda_seed(mode, gpu=False)
     assert data["status"] == "failed" and not data["metrics"]
     assert "runs on cuda but this process sees no CUDA GPU" in data["reason"], data["reason"]
+
+
+@pytest.mark.gpu
+def test_a_cuda_result_names_the_gpu_model_it_trained_on():
+    import torch
+
+    from engine.operators.evaluate import device_model
+    from engine.sandbox.process import trusted_env
+
+    model = device_model("cuda", trusted_env())
+    assert model == f"cuda:{torch.cuda.get_device_name(0)}" and model != "cuda:unknown"
+    assert device_model("cpu", trusted_env()) == "cpu"

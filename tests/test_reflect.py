@@ -65,6 +65,17 @@ def test_trajectory_diagnostics():
         assert what in found, found
 
 
+def test_one_dip_in_entropy_is_no_collapse_a_sustained_fall_is():
+    """The collapse rule reads the last third's mean entropy: a single low step between steps near
+    the start read as a collapse when it took the last third's lowest step."""
+    steps = list(range(9))
+    dip = {"step": steps, "train/entropy": [1, 1, 1, 1, 1, 1, 1, 0.2, 1]}
+    assert trajectory_diagnostics(dip) == []
+    fell = {"step": steps, "train/entropy": [1, 0.8, 0.6, 0.4, 0.3, 0.25, 0.2, 0.2, 0.2]}
+    (finding,) = trajectory_diagnostics(fell)
+    assert finding == "entropy collapse: policy entropy fell from 1 to 0.2 (20% of its start)"
+
+
 def test_one_noisy_step_is_no_drift_and_a_fall_then_flat_is_a_decline():
     """Length, reward and valid rate are read by the means of their thirds: a last step of 140
     after five near 100 read as a length drift of x1.40, and a reward that fell at once and then

@@ -144,3 +144,17 @@ def test_canary_secret_is_nowhere_after_a_full_flow(tmp_path, cli):
         assert secret.encode() not in blobs + refs + files, secret
         assert not any(secret in out for out in outputs), secret
     assert arch.fsck()
+
+
+def test_a_tracking_uris_credentials_are_scrubbed_and_not_shown(monkeypatch, cli, tmp_path):
+    """``MLFLOW_TRACKING_URI=https://user:pass@host/`` was no secret to the scrubber (its name does
+    not look like one), so an error quoting the URI carried the password into git, MLflow or the
+    terminal; and ``poise-git ui`` printed the URI as it was. The password is now scrubbed like a
+    key, and ``ui`` shows the server without its user and password, even one too short to scrub."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://me:s3cret-pw@mlflow.example/")
+    said = "API request to https://me:s3cret-pw@mlflow.example/api/2.0 failed"
+    assert secrets.scrub(said) == "API request to https://[redacted]@mlflow.example/api/2.0 failed"
+    arch = Archive.init(tmp_path / "exp")
+    out = cli("ui", "-C", str(arch.path), env={"MLFLOW_TRACKING_URI": "https://u:pw1@h.example/"})
+    assert out.returncode == 0, out.stderr
+    assert "pw1" not in out.stdout + out.stderr and "https://h.example/" in out.stdout

@@ -305,6 +305,193 @@ def test_token_entropy_and_training_state_reach_the_mechanism():
     assert m["actor/poise_state_progress"] == 0.25 and m["actor/poise_state_step"] == 1.0
 
 
+def _actor_worker(node: str, source: str, hparams=None):
+    """(fake engine actor worker, verl ActorConfig, registered name): ``node`` registered as verl's
+    workers register it, and the actor config built from the protocol's launch overrides as verl's
+    ``ActorRolloutRefWorker.init_model`` builds it (``omega_conf_to_dataclass``), bound to verl's own
+    ``ppo_loss`` the way the worker binds it (``actor.loss_fn = partial(ppo_loss, config=...)``)."""
+    import functools
+    from types import SimpleNamespace
+
+    import verl
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.utils.losses import ppo_loss
+
+    from trainer_template.verl_backend.launch import build_overrides
+    from trainer_template.verl_backend.settings import node_settings
+
+    name = register_node(node, source, hparams)
+    settings = node_settings(make_config(load_algorithm(source, node), hparams))
+    overrides = build_overrides(
+        node,
+        settings,
+        train_file="/x/t.parquet",
+        val_file="/x/v.parquet",
+        ckpt_dir="/x/ckpt",
+        project="p",
+        env_for_workers={},
+    )
+    with initialize_config_dir(
+        config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None
+    ):
+        cfg = compose("ppo_trainer", overrides=overrides)
+    OmegaConf.resolve(cfg)
+    config = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    assert config.policy_loss.loss_mode == name
+    loss_fn = functools.partial(ppo_loss, config=config)
+    return SimpleNamespace(loss_fn=loss_fn, actor=SimpleNamespace(loss_fn=loss_fn)), config, name
+
+
+def _verl_update_loss(worker) -> tuple[float, dict]:
+    """verl's ``ppo_loss`` as the worker's update calls it on one micro-batch with the entropy computed
+    (3 responses of 4 tokens after 2-token prompts, a reference policy): (loss, {metric: value})."""
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+
+    gen = torch.Generator().manual_seed(0)
+    b, p, t = 3, 2, 4
+    data = TensorDict(
+        {
+            "prompts": torch.ones(b, p, dtype=torch.long),
+            "responses": torch.ones(b, t, dtype=torch.long),
+            "attention_mask": torch.ones(b, p + t, dtype=torch.long),
+            "response_mask": torch.ones(b, t),
+            "old_log_probs": -torch.rand(b, t, generator=gen),
+            "ref_log_prob": -torch.rand(b, t, generator=gen),  # the protocol's KL loss is on
+            "advantages": torch.randn(b, 1, generator=gen).expand(b, t).contiguous(),
+        },
+        batch_size=b,
+    )
+    tu.assign_non_tensor(data, dp_size=1, batch_num_tokens=None, global_batch_size=None)
+    output = {
+        "log_probs": -torch.rand(b * (p + t), generator=gen),
+        "entropy": torch.rand(b * (p + t), generator=gen) + 0.5,
+    }
+    loss, metrics = worker.actor.loss_fn(model_output=output, data=data)
+    return float(loss), {
+        k: float(v.aggregate() if hasattr(v, "aggregate") else v) for k, v in metrics.items()
+    }
+
+
+def test_the_nodes_adaptive_entropy_weight_is_what_verls_actor_loss_applies():
+    """DACE-GRPO's annealed controller with entropy short of its target: the weight the actor worker's
+    loss (verl's own ppo_loss) applies in the update is the node's entropy_coefficient(cfg, state,
+    state.entropy), not the launch's constant (DACE-GRPO's entropy_coef, 0)."""
+    from types import SimpleNamespace
+
+    from trainer_template.interface import TrainingState
+    from trainer_template.verl_backend.adapter import install_training_state_in_actor
+
+    source = prior_source("dace_grpo")
+    worker, config, name = _actor_worker("vb_dace", source)
+    constant = config.entropy_coeff
+    assert constant == 0.0  # the launch's actor.entropy_coeff: DACE-GRPO's entropy_coef
+    base_loss, base = _verl_update_loss(worker)
+    assert base["actor/poise_entropy_coeff"] == 0.0
+
+    mod = load_algorithm(source, "dace")
+    state = TrainingState(progress=0.5, step=3, total_steps=7, entropy=0.05)
+    want = mod.entropy_coefficient(make_config(mod), state, 0.05)
+    assert want == pytest.approx(0.0075) and want != constant  # target 0.2 at half-way, 75% short
+    # the Ray actor verl's trainer reaches is the colocated WorkerDict holding the worker by role
+    colocated = SimpleNamespace(worker_dict={"actor_rollout": worker})
+    try:
+        got = install_training_state_in_actor(colocated, vars(state), name)
+        assert got == want and config.entropy_coeff == want
+        loss, m = _verl_update_loss(worker)
+    finally:
+        install_training_state_in_actor(worker, None)
+    assert m["actor/poise_entropy_coeff"] == want  # what the node's loss saw in verl's config
+    assert m["actor/pg_loss"] == pytest.approx(base["actor/pg_loss"])
+    assert loss == pytest.approx(base_loss - want * m["actor/entropy_loss"], abs=1e-7)
+
+    # above the annealed target (late, entropy 0.5 nats): the controller adds nothing
+    late = TrainingState(progress=1.0, step=6, total_steps=7, entropy=0.5)
+    assert install_training_state_in_actor(worker, vars(late), name) == 0.0
+    assert config.entropy_coeff == 0.0
+
+
+def test_grpos_constant_entropy_weight_is_unchanged_on_verl():
+    """The root's entropy_coefficient is its constant entropy_coef (here 0.002): the worker's weight
+    stays the launch's actor.entropy_coeff whatever the entropy, and with a state that carries none."""
+    from trainer_template.interface import TrainingState
+    from trainer_template.verl_backend.adapter import install_training_state_in_actor
+
+    worker, config, name = _actor_worker(
+        "vb_grpo_ent", prior_source("grpo"), {"entropy_coef": 0.002}
+    )
+    assert config.entropy_coeff == 0.002
+    base_loss, _ = _verl_update_loss(worker)
+    try:
+        for entropy in (0.01, 5.0, None):
+            state = TrainingState(progress=0.3, step=1, total_steps=4, entropy=entropy)
+            assert install_training_state_in_actor(worker, vars(state), name) == 0.002
+            assert config.entropy_coeff == 0.002
+        loss, m = _verl_update_loss(worker)
+    finally:
+        install_training_state_in_actor(worker, None)
+    assert loss == base_loss and m["actor/poise_entropy_coeff"] == 0.002
+
+
+NAN_ENTROPY_EDIT = """
+def entropy_coefficient(
+    cfg: Hyperparameters, state: TrainingState | None, measured_entropy: float
+) -> float:
+    return cfg.entropy_coef + (float("nan") if measured_entropy < 1.0 else 0.0)
+"""
+
+
+def test_an_unusable_entropy_weight_stops_the_step_with_one_error():
+    """Not finite, raising, needing an entropy verl did not measure, or no loss config to set it on:
+    EntropyCoefficientError naming the node, before verl's update. A negative weight (DCBE-GRPO's
+    two-sided controller above its target) is an entropy penalty, applied as on the proxy."""
+    from types import SimpleNamespace
+
+    from engine.archive.edit import apply_edit
+    from trainer_template.interface import TrainingState
+    from trainer_template.verl_backend.adapter import (
+        EntropyCoefficientError,
+        install_training_state_in_actor,
+    )
+
+    low = TrainingState(progress=0.0, step=0, total_steps=2, entropy=0.05)
+    worker, config, name = _actor_worker(
+        "vb_nan", apply_edit(prior_source("grpo"), NAN_ENTROPY_EDIT)
+    )
+    with pytest.raises(
+        EntropyCoefficientError,
+        match=r"poise_vb_nan: entropy_coefficient at step 0 .* returned nan; .* finite",
+    ):
+        install_training_state_in_actor(worker, vars(low), name)
+    assert config.entropy_coeff == 0.0  # left as it was
+    raising = "def entropy_coefficient(cfg, state, measured_entropy):\n    return 1 / 0\n"
+    worker, _, name = _actor_worker("vb_raise", apply_edit(prior_source("grpo"), raising))
+    with pytest.raises(EntropyCoefficientError, match="failed: ZeroDivisionError"):
+        install_training_state_in_actor(worker, vars(low), name)
+
+    worker, config, name = _actor_worker("vb_dace_err", prior_source("dace_grpo"))
+    unmeasured = TrainingState(progress=0.0, step=0, total_steps=2, entropy=None)
+    with pytest.raises(
+        EntropyCoefficientError, match="depends on the measured entropy, and verl measured none"
+    ):
+        install_training_state_in_actor(worker, vars(unmeasured), name)
+    with pytest.raises(EntropyCoefficientError, match="no actor loss config in SimpleNamespace"):
+        install_training_state_in_actor(SimpleNamespace(), vars(low), name)
+    install_training_state_in_actor(worker, None)
+
+    worker, config, name = _actor_worker("vb_dcbe", prior_source("dcbe_grpo"))
+    high = TrainingState(progress=0.5, step=1, total_steps=3, entropy=0.3)
+    try:
+        assert install_training_state_in_actor(worker, vars(high), name) == pytest.approx(-0.005)
+        assert config.entropy_coeff == pytest.approx(-0.005)  # 0.01 * (0.2 - 0.3) / 0.2
+        _, m = _verl_update_loss(worker)
+    finally:
+        install_training_state_in_actor(worker, None)
+    assert m["actor/poise_entropy_coeff"] == pytest.approx(-0.005)
+
+
 def test_registration_rejects_clashes():
     src = prior_source("rloo")
     assert register_node("vb_rloo", src) == register_node("vb_rloo", src)  # idempotent
@@ -486,6 +673,7 @@ def test_overrides_compose_against_verls_config(archive):
     )
 
 
+@pytest.mark.slow
 def test_the_nodes_kl_coefficient_reaches_verl(archive):
     """The root's KL (0.001, low_var_kl) is verl's KL loss; DAPO's kl_coef = 0 turns it off."""
     from engine.operators.verl_launch import node_launch
@@ -499,6 +687,7 @@ def test_the_nodes_kl_coefficient_reaches_verl(archive):
     assert "actor_rollout_ref.actor.kl_loss_coef=0.0" in dapo
 
 
+@pytest.mark.slow
 def test_launch_opens_the_nodes_mlflow_run(archive):
     import mlflow
 
@@ -686,6 +875,7 @@ def test_bridge_advantages_equal_the_proxys_for_every_prior(prior, monkeypatch):
     assert torch.equal(adv, out.batch["returns"])
 
 
+@pytest.mark.slow
 def test_the_verl_run_carries_the_jobs_tags_so_a_dead_workers_run_is_ended(archive):
     """The loop's verl evaluation hands its job's tags (poise.run, poise.round) to the run verl
     logs into, as the proxy's seed runs carry them: a worker killed mid-training leaves that run

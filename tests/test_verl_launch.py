@@ -62,6 +62,7 @@ def test_launch_is_built_from_plain_values(tmp_path):
     assert not (tmp_path / "verl").exists()  # a dry run writes nothing
 
 
+@pytest.mark.slow
 def test_engine_glue_reads_the_node_and_refuses_bad_hparams_before_any_run(archive):
     from engine.operators.verl_launch import node_launch
     from trainer_template.loader import AlgorithmLoadError
@@ -80,6 +81,7 @@ def test_engine_glue_reads_the_node_and_refuses_bad_hparams_before_any_run(archi
     assert "actor_rollout_ref.actor.clip_ratio_high=0.28" in launch.overrides  # the --hparam
 
 
+@pytest.mark.slow
 def test_the_nodes_hyperparameters_run_in_the_child_never_in_the_engine(archive):
     """The settings are those of the node's own ``__post_init__``, which ran in the sandboxed child:
     this process made no module of the node's code."""
@@ -91,6 +93,7 @@ def test_the_nodes_hyperparameters_run_in_the_child_never_in_the_engine(archive)
     assert loaded_here("widened") == []
 
 
+@pytest.mark.slow
 def test_a_failing_hyperparameters_is_one_clear_error_before_any_run(archive):
     """A ``__post_init__`` that refuses the --hparam: the child's one line, for the launch and the
     smoke alike, and no MLflow run, no files, no module of the node's code here."""
@@ -257,3 +260,46 @@ def test_verl_config_refusals_come_before_anything_starts(cli, archive, tmp_path
     env = dict(line.split("=", 1) for line in ok.stdout.splitlines() if line[:1].isupper())
     paths = env["PYTHONPATH"].rstrip(" \\").split(os.pathsep)
     assert paths[0] == str(PROJECT_ROOT) and len(paths) == len(set(paths))
+
+
+def test_a_tracking_uri_with_credentials_stays_off_verls_command_line(tmp_path):
+    """A server URI with a user and password went onto verl's command line as a Ray runtime-env
+    override, where ``ps`` (and verl's printed config) showed it: it now reaches verl only through
+    the launched process's environment; a URI without credentials still rides the override (a Ray
+    that verl joins inherits nothing from the launch)."""
+    from trainer_template.verl_backend import smoke
+    from trainer_template.verl_backend.launch import VerlProtocol, main_ppo_launch
+
+    uri = "https://u:s3cret@mlflow.example:8443/"
+    kw = dict(work_dir=tmp_path / "verl", run_id="r1", project="exp", dry_run=True)
+    launch = prepare_launch("cand", ROOT, {}, tracking_uri=uri, **kw)
+    assert "s3cret" not in " ".join(launch.cmd) and "s3cret" not in " ".join(launch.overrides)
+    assert launch.env["MLFLOW_TRACKING_URI"] == uri  # the driver and the workers it starts get it
+    assert any(o.endswith("env_vars.MLFLOW_RUN_ID='r1'") for o in launch.cmd)
+    plain = prepare_launch("cand", ROOT, {}, tracking_uri="sqlite:////x/mlflow.db", **kw)
+    assert (
+        "+ray_kwargs.ray_init.runtime_env.env_vars.MLFLOW_TRACKING_URI='sqlite:////x/mlflow.db'"
+        in plain.cmd
+    )
+    files = {"algorithm": "/a.py", "hparams": "/h.json", "train": "/t", "val": "/v", "ckpt": "/c"}
+    env = smoke.worker_env("cand", files, tracking_uri=uri, run_id="r2", progress_file="/p")
+    extra = smoke.cpu_overrides(smoke.SmokeProtocol(), "/m", str(tmp_path), "127.0.0.1:6379")
+    cpu = main_ppo_launch(
+        "cand", {}, files, env, project="exp", protocol=VerlProtocol(), extra=extra
+    )  # the CPU smoke's launch
+    assert "s3cret" not in " ".join(cpu.cmd) and cpu.env["MLFLOW_TRACKING_URI"] == uri
+
+
+@pytest.mark.slow  # the CLI composes verl's config and reads the settings in a sandboxed child
+def test_cli_dry_run_shows_no_tracking_credentials(cli, archive):
+    """``train --backend verl --dry-run`` printed ``MLFLOW_TRACKING_URI=https://u:s3cret@host`` and
+    the same URI again in a Ray override."""
+    pytest.importorskip("verl")
+    uri = "https://u:s3cret@mlflow.example:8443/"
+    out = cli(
+        "train", "grpo", "--backend", "verl", "--dry-run", "-C", str(archive.path),
+        env={"MLFLOW_TRACKING_URI": uri},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "s3cret" not in out.stdout + out.stderr
+    assert "MLFLOW_TRACKING_URI=https://mlflow.example:8443/" in out.stdout

@@ -1,9 +1,10 @@
 """verl 0.9.1's real ``main_ppo`` end to end on the CPU, through the CLI, for two nodes on one Ray.
 
 ``grpo`` runs ``poise-git train --backend verl --smoke``; ``centred`` (an edit of it: group-centred
-advantages without the std, that refuse to run without ``RolloutBatch.token_entropy``, and a loss that
-refuses to run without a :class:`TrainingState` and reports what it received) runs ``poise-git evaluate
---backend verl --smoke``, which also scores the checkpoint on the six benchmarks. Both have the same
+advantages without the std, that refuse to run without ``RolloutBatch.token_entropy``, a loss that
+refuses to run without a :class:`TrainingState` and reports what it received, and an entropy weight
+that follows the measured entropy and the progress) runs ``poise-git evaluate --backend verl --smoke``,
+which also scores the checkpoint on the six benchmarks. Both have the same
 seed, so verl samples the same first-step responses for both: equal first-step rewards, different
 advantage statistics show each node's own mechanism computed them inside verl. Both runs join one Ray
 started by :func:`engine.operators.train_verl.shared_ray` (one Ray start for the two).
@@ -54,6 +55,13 @@ def policy_loss(
         "seen_total_steps": float(state.total_steps),
         "seen_entropy": float(state.entropy),
     }
+
+
+def entropy_coefficient(
+    cfg: Hyperparameters, state: TrainingState | None, measured_entropy: float
+) -> float:
+    """An adaptive entropy weight: 1e-4 per nat of measured entropy, doubled by the end of training."""
+    return cfg.entropy_coef + 1e-4 * measured_entropy * (1.0 + state.progress)
 '''
 
 
@@ -158,6 +166,23 @@ def test_each_mechanism_ran_inside_verl(smoke):
     assert [v for _, v in c["actor/seen_progress"]] == [0.0, 1.0]
     ent = c["train/entropy"][0][1]
     assert c["actor/seen_entropy"][0][1] == pytest.approx(ent, rel=1e-5) and ent > 0
+
+
+def test_verls_update_applies_each_nodes_entropy_weight(smoke):
+    """``centred``'s adaptive weight, computed in verl's actor worker from each step's TrainingState, is
+    the weight verl's actor loss applied (the policy loss reads it from the worker's actor config), and
+    verl computed the entropy in the update for it; GRPO keeps its constant 0 and verl's update
+    computes no entropy, as before."""
+    archive, _, _ = smoke
+    g, c = _history(archive, "grpo"), _history(archive, "centred")
+    assert [v for _, v in g["train/entropy_coef"]] == [0.0, 0.0]
+    assert [v for _, v in g["actor/poise_entropy_coeff"]] == [0.0, 0.0]
+    assert "actor/entropy_loss" not in g
+    ent = [v for _, v in c["train/entropy"]]
+    want = [1e-4 * ent[0] * 1.0, 1e-4 * ent[1] * 2.0]  # progress 0, then 1
+    assert [v for _, v in c["train/entropy_coef"]] == pytest.approx(want, rel=1e-6)
+    assert [v for _, v in c["actor/poise_entropy_coeff"]] == pytest.approx(want, rel=1e-6)
+    assert [s for s, _ in c["actor/entropy_loss"]] == [1, 2]
 
 
 def test_results_carry_the_protocol_and_the_checkpoint(smoke):

@@ -258,3 +258,62 @@ def test_poise_sync_routes_reward_extra_info_through_the_queue(composed, queue):
         unrouted[2, 0] != -1.0 and unrouted[6, 0] != -1.0
     )  # the invalid responses were scored as valid
     tq.kv_clear(keys=keys, partition_id="train")
+
+
+def test_update_actor_gives_verls_update_the_nodes_entropy_weight(composed, monkeypatch):
+    """VM-AV-GRPO's adaptive entropy control through verl's own ``_update_actor`` under the mixin: the
+    worker's actor loss config holds the node's entropy_coefficient(cfg, state, state.entropy) when
+    verl's update runs, verl's driver asks the update to compute the entropy (its rule:
+    ``calculate_entropy or entropy_coeff != 0``, here with the launch's constant 0), and the weight is
+    logged as ``train/entropy_coef``. The worker group stands in for verl's Ray workers
+    (``__ray_call__.remote(fn, *args)`` runs ``fn(worker, *args)``); the driver's config is restored."""
+    import functools
+    from types import SimpleNamespace
+
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.utils.losses import ppo_loss
+
+    from trainer_template.interface import TrainingState
+    from trainer_template.verl_backend.adapter import EntropyCoefficientError
+
+    cfg, cls = composed
+    trainer = cls(config=cfg)
+    actor_cfg = cfg.actor_rollout_ref.actor
+    assert actor_cfg.entropy_coeff == 0.0 and not actor_cfg.calculate_entropy  # the launch's
+    config = omega_conf_to_dataclass(actor_cfg)  # the worker's own copy, as init_model builds it
+    loss_fn = functools.partial(ppo_loss, config=config)
+    worker = SimpleNamespace(loss_fn=loss_fn, actor=SimpleNamespace(loss_fn=loss_fn))
+    updates: list[tuple[bool, float]] = []
+
+    class Handle:
+        __ray_call__ = SimpleNamespace(remote=lambda fn, *args: fn(worker, *args))
+
+    class WorkerGroup:
+        workers = [Handle(), Handle()]
+
+        def update_actor(self, batch):
+            updates.append((batch.extra_info["calculate_entropy"], config.entropy_coeff))
+            return {"metrics": {"mfu": [0.0]}}
+
+    trainer.actor_rollout_wg = WorkerGroup()
+    monkeypatch.setattr(ray, "get", lambda refs: refs)
+    mod = load_algorithm(prior_source("vm_av_grpo"), "direct")
+
+    def step(entropy):
+        trainer._poise_state = {"progress": 0.0, "step": 0, "total_steps": 12, "entropy": entropy}
+        metrics: dict = {}
+        trainer._update_actor(SimpleNamespace(extra_info={}), metrics)
+        assert actor_cfg.entropy_coeff == 0.0  # the driver's constant is back
+        return metrics
+
+    want = mod.entropy_coefficient(
+        make_config(mod), TrainingState(progress=0.0, step=0, total_steps=12, entropy=0.05), 0.05
+    )
+    assert want == pytest.approx(0.0075)  # 75% short of the 0.2-nat target
+    assert step(0.05)["train/entropy_coef"] == want
+    assert updates[-1] == (True, want)
+    assert step(0.5)["train/entropy_coef"] == 0.0  # above the target: no bonus, no entropy pass
+    assert updates[-1] == (False, 0.0)
+    with pytest.raises(EntropyCoefficientError, match="poise_v1vm: .* verl measured none"):
+        step(None)
+    assert len(updates) == 2  # no update ran

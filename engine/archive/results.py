@@ -135,7 +135,7 @@ class EvaluationResult:
             check(isinstance(k, str) and k != "", f"bad metric name {k!r}")
             check(
                 is_finite_number(v),
-                f"metric {k!r} must be a finite number, got {v!r}",
+                f"metric {k!r} must be a finite number, got {_brief.repr(v)}",
             )
             unit = self.units.get(k)
             check(
@@ -152,7 +152,15 @@ class EvaluationResult:
                 len(iv) == 2 and all(math.isfinite(float(x)) for x in iv) and iv[0] <= iv[1] + _TOL,
                 f"interval of {k!r} must be [low, high], got {iv!r}",
             )
-        check(all(isinstance(s, int) and s >= 0 for s in self.seeds), f"bad seeds {self.seeds!r}")
+        check(
+            all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in self.seeds),
+            f"bad seeds {self.seeds!r}",
+        )
+        check(
+            len(set(self.seeds)) == len(self.seeds), f"seeds must be distinct, got {self.seeds!r}"
+        )
+        if self.per_seed:
+            self._check_per_seed(check)
         if self.status == "evaluated":
             check(
                 self.utility in self.metrics,
@@ -161,6 +169,44 @@ class EvaluationResult:
             )
         else:
             check(bool(self.reason), "a failed result must say why (reason)")
+
+    def _check_per_seed(self, check: _Checker) -> None:
+        """Per-seed rows are what a paired comparison reads, the recorded metrics what a ranking
+        reads: one row per seed of ``seeds``, and every metric the mean of the rows' values of it
+        (as an evaluation computes it, failed seeds with values included), so both read the same."""
+        seen: list[int] = []
+        sums: dict[str, list[float]] = {}
+        for row in self.per_seed:
+            check(
+                isinstance(row, Mapping),
+                f"a per-seed row must be an object, got {_brief.repr(row)}",
+            )
+            s = row.get("seed")
+            check(
+                isinstance(s, int) and not isinstance(s, bool) and s >= 0,
+                f"a per-seed row's seed must be a non-negative integer, got {_brief.repr(s)}",
+            )
+            seen.append(s)
+            values = row.get("metrics") or {}
+            check(isinstance(values, Mapping), f"the metrics of seed {s} must be an object")
+            for k in self.metrics:
+                if k in values:
+                    v = values[k]
+                    check(
+                        is_finite_number(v),
+                        f"metric {k!r} at seed {s} must be a finite number, got {_brief.repr(v)}",
+                    )
+                    sums.setdefault(k, []).append(float(v))
+        check(
+            sorted(seen) == sorted(self.seeds),
+            f"per-seed rows at seeds {_brief.repr(seen)} are not one per seed of {_brief.repr(list(self.seeds))}",
+        )
+        for k, vals in sums.items():
+            mean, got = sum(vals) / len(vals), float(self.metrics[k])
+            check(
+                abs(mean - got) <= _TOL * max(1.0, abs(mean)),
+                f"metric {k!r} = {got!r} is not the mean of its per-seed values ({mean!r})",
+            )
 
     # -- reading -------------------------------------------------------------------------------
     @property
@@ -244,9 +290,12 @@ def parse_result(text: str | bytes, where: str = "") -> EvaluationResult:
         data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ArchiveError(f"{where or 'result'} is not valid JSON: {exc}") from None
-    if isinstance(data, Mapping) and data.get("schema") == SCHEMA:
-        return EvaluationResult.from_dict(data)
-    return from_legacy(data)
+    try:
+        if isinstance(data, Mapping) and data.get("schema") == SCHEMA:
+            return EvaluationResult.from_dict(data)
+        return from_legacy(data)
+    except OverflowError:  # float() of an integer beyond the float range (an interval, a seed...)
+        raise ArchiveError(f"{where or 'result'} holds a number beyond the float range") from None
 
 
 # -- schema 1 --------------------------------------------------------------------------------
@@ -450,8 +499,12 @@ def _is_number(v: Any) -> bool:
 
 
 def is_finite_number(v: Any) -> bool:
-    """A finite int or float (not a bool): what a recorded number must be."""
-    return _is_number(v) and math.isfinite(v)
+    """A finite int or float (not a bool): what a recorded number must be. An int beyond the float
+    range (JSON integers have no bound) is not one."""
+    try:
+        return _is_number(v) and math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 def _record_seed(s: Any) -> int:

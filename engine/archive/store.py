@@ -90,6 +90,8 @@ class Node:
     """the result under the protocol this lineage read compares (None: not evaluated under it)"""
     stale: EvaluationResult | None = None
     """a result under the compared protocol id but another hash (an older protocol version)"""
+    unreadable: dict[str, str] = field(default_factory=dict)
+    """result files that could not be read (a hand edit, a bad write): path -> why"""
     depth: int = 0
     subject: str = ""
 
@@ -320,8 +322,9 @@ class Archive:
                 continue
             try:
                 r = parse_result(blob, f"{n.name}:{p}")
-            except (ArchiveError, KeyError, TypeError, ValueError, RecursionError):
-                continue  # unreadable: the node shows as not evaluated, `poise-git show` says why
+            except (ArchiveError, KeyError, TypeError, ValueError, RecursionError) as exc:
+                n.unreadable[p] = " ".join(str(exc).split())[:300] or type(exc).__name__
+                continue  # unreadable: the node shows as not evaluated, and says why
             n.results[r.protocol.id] = r
         ref = self.protocol_ref(protocol)
         for n in nodes.values():

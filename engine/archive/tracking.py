@@ -33,6 +33,15 @@ PROBE_TIMEOUT_S = 10.0
 PROBE_TTL_S = 60.0
 """how long a probe's answer holds in this process (each seed's run would probe again)"""
 _probed: dict[str, tuple[float, str]] = {}  # server URI -> (monotonic time, "" or why unreachable)
+HTTP_BOUNDS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
+}
+"""MLflow's HTTP settings for the engine's own calls to a tracking server, each where the user set
+none: a server that dies after the probe costs seconds per call, not MLflow's ~4 minutes (7
+retries, backoff factor 2, 120 s per request)"""
+_bounded: dict[str, str] = {}  # the HTTP_BOUNDS this process set (not the user's)
 
 
 class TrackingUnavailable(PoiseError):
@@ -63,10 +72,13 @@ def server_problem(uri: str) -> str:
     return why
 
 
-def unreachable(archive_path: str | Path) -> str:
+def unreachable(archive_path: str | Path, *, fresh: bool = False) -> str:
     """The one line saying that the archive's tracking server does not answer ("" when it does, or
-    when the archive logs into its own store)."""
+    when the archive logs into its own store). ``fresh``: probe again, whatever an earlier probe
+    said (a server that answered may have died since)."""
     uri = tracking_uri(archive_path)
+    if fresh:
+        _probed.pop(uri, None)
     why = server_problem(uri)
     if not why:
         return ""
@@ -74,6 +86,20 @@ def unreachable(archive_path: str | Path) -> str:
         f"the MLflow tracking server {shown_uri(uri)} is unreachable ({why}); "
         "nothing is logged there, results are recorded in git"
     )
+
+
+def bound_http_retries() -> None:
+    """Export :data:`HTTP_BOUNDS` for this process's MLflow client, each one the user did not set."""
+    with _uri_lock:
+        for name, value in HTTP_BOUNDS.items():
+            if name not in os.environ:
+                os.environ[name] = _bounded[name] = value
+
+
+def bounded_here() -> dict[str, str]:
+    """The MLflow HTTP settings :func:`bound_http_retries` exported (verl keeps MLflow's own)."""
+    with _uri_lock:
+        return dict(_bounded)
 
 
 def shown_uri(uri: str) -> str:
@@ -107,6 +133,8 @@ def open_store(archive_path: str | Path) -> str:
     if problem:
         raise TrackingUnavailable(problem)
     uri = tracking_uri(archive_path)
+    if not uri.startswith("sqlite:"):
+        bound_http_retries()
     if uri in _opened or not uri.startswith("sqlite:"):
         return uri
     from mlflow.tracking import MlflowClient  # lazy: mlflow is heavy (only this path needs it)

@@ -22,6 +22,7 @@ from engine.archive.results import (
     RECORD_MAX_BYTES,
     RECORD_MAX_METRICS,
     UNITS,
+    EvaluationResult,
     ProtocolRef,
     from_record,
 )
@@ -104,21 +105,51 @@ def _label(
     r, extra = n.result, ""
     if r is not None and r.ok:
         extra = f"  {r.utility} [bold]{_fmt(r.value)}[/]"
-    elif r is None and n.results:  # evaluated only under other protocols: say which
-        other = max(n.results.values(), key=lambda x: x.recorded_at)
-        if other.ok:
-            extra = f"  {other.utility} {_fmt(other.value)} [dim]({escape(other.protocol.id)})[/]"
+    elif (other := _other_value(n)) is not None:  # only under other protocols: which, in what unit
+        where = f"{other.protocol.id}, {other.unit(other.utility)}"
+        extra = f"  {other.utility} {_fmt(other.value)} [dim]({escape(where)})[/]"
     others = sorted(set(n.results) - ({r.protocol.id} if r is not None else set()))
     if len(others) > (0 if r is not None else 1):
         extra += f"  [dim]\\[results under: {escape(', '.join(others))}][/]"
     if n.stale is not None:
         extra += "  [dim](evaluated under an older protocol version)[/]"
+    if n.unreadable:  # a hand-edited results file is not "no results": name it
+        extra += f"  [red]({escape(', '.join(sorted(n.unreadable)))} unreadable)[/]"
     reason = n.trailer("Poise-Reason")
     if reason and not full:
         reason = reason[:60] + ("…" if len(reason) > 60 else "")
     why = f"  [dim]({escape(reason)})[/]" if reason and n.status in ("rejected", "failed") else ""
     held = _held_out(confirmation, other_version)
     return f"[bold]{escape(n.name)}[/]  [{style}]{n.status}[/]{extra}{held}{why}"
+
+
+def _other_value(n: Node) -> EvaluationResult | None:
+    """The result ``log`` shows for a node with none under the compared protocol: its latest
+    evaluated one under another protocol (None when it has none)."""
+    if n.result is not None or not n.results:
+        return None
+    other = max(n.results.values(), key=lambda x: x.recorded_at)
+    return other if other.ok else None
+
+
+def _units_note(nodes: dict[str, Node], ref: ProtocolRef) -> str:
+    """What ``log``'s values are where some are under other protocols than the compared one (each
+    of those is marked with its protocol and unit): "" where every value shown is the compared
+    protocol's."""
+    if not any(_other_value(n) is not None for n in nodes.values()):
+        return ""
+    ours = [r for n in nodes.values() if (r := n.result) is not None and r.ok]
+    if not ours:
+        return (
+            f"no node has a result under {ref.id} (choose another with --protocol): each value is "
+            "under the protocol beside it, in its unit; values under different protocols are not "
+            "comparable"
+        )
+    units = ", ".join(sorted({r.unit(r.utility) for r in ours}))
+    return (
+        f"values without a protocol beside them: {ours[0].utility} under {ref.id} ({units}); the "
+        "others are under the protocol beside each, in its unit, and not comparable with them"
+    )
 
 
 ProtocolOpt = typer.Option(
@@ -432,6 +463,8 @@ def log(
                 label = _label(c, full, confs.get(c.name), apart.get(c.name, ""))
                 stack.append((c, t.add(label + extra)))
         console.print(tree)
+    if note := _units_note(nodes, ref):
+        console.print(f"[dim]{escape(note)}[/]", highlight=False)
 
 
 def show(
@@ -481,6 +514,8 @@ def show(
         console.print(table)
         if not r.ok:
             console.print(f"[red]failed:[/] {escape(r.reason)}", highlight=False)
+    for path, why in sorted(n.unreadable.items()):
+        console.print(f"[red]{escape(path)} is unreadable:[/] {escape(why)}", highlight=False)
     for pid in sorted(n.results):
         try:
             conf = read_confirmation(arch, node, pid)

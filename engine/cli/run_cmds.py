@@ -447,12 +447,12 @@ def ui(
     server and every process it started. With MLFLOW_TRACKING_URI pointing at a server, print that
     server instead."""
     # lazy: keeps `poise-git --help` fast
-    from engine.archive.tracking import artifact_root, tracking_uri
+    from engine.archive.tracking import artifact_root, shown_uri, tracking_uri
 
     arch = Archive(archive)
     uri = tracking_uri(arch.path)
     if uri.startswith(("http://", "https://")):
-        console.print(f"the archive's runs are on the MLflow server {plain(uri)}")
+        console.print(f"the archive's runs are on the MLflow server {plain(shown_uri(uri))}")
         return
     exe = shutil.which("mlflow", path=os.path.dirname(sys.executable)) or shutil.which("mlflow")
     cmd = [exe, "server"] if exe else [sys.executable, "-m", "mlflow", "server"]

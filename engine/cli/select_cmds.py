@@ -57,7 +57,14 @@ def select(
     archive: Path = ArchiveOpt,
 ) -> None:
     """Score every node with s(d) = w_pareto*U_pareto + w_perf*U_perf + w_div*U_div + w_bayes*alpha_GP
-    and pick the next parents (greedy, diversity-aware, without replacement)."""
+    and pick the next parents (greedy, diversity-aware, without replacement).
+
+    Columns: U = the node's utility (higher is better; unit under the table); layer = its Pareto
+    layer (0 = the front); pareto, perf, div = U_pareto, U_perf (U min-max scaled over the ranked
+    nodes), U_div, each in [0, 1]; gp_ucb = alpha_GP: the descendant gain where observed, else the
+    GP's mean + kappa*std (it enters the score as clip((gp_ucb+1)/2, 0, 1)); desc. gain = the
+    discounted top-K descendant gain y_d in [-1, 1] (— without an evaluated descendant); score = s(d),
+    at most the sum of the weights. See docs/selection.md."""
     from engine.select import select_parents  # lazy: numpy is heavy (only this path needs it)
 
     arch = Archive(archive)
@@ -121,7 +128,9 @@ def select(
         console.print(
             "objectives: "
             + ", ".join(f"{d['metric']} ({d['direction']})" for d in dirs)
-            + f"   utility: {p['utility']}   mechanism: {p.get('mechanism', '—')}",
+            + f"   utility: {p['utility']}"
+            + (f" ({p['unit']})" if p.get("unit") else "")
+            + f"   mechanism: {p.get('mechanism', '—')}",
             highlight=False,
             markup=False,
         )

@@ -74,13 +74,14 @@ def train(
 ) -> None:
     """Train NODE with verl (lr 1e-6, batch 256 x 8 samples, 8 epochs, prompt 1024 / response 3000,
     KL loss, vLLM rollout), logging into the node's MLflow run; --smoke runs verl on the CPU."""
+    from engine.archive.tracking import shown_uri  # lazy: keeps `poise-git --help` fast
     from engine.operators.verify import refuse_unverified  # lazy: keeps `poise-git --help` fast
     from engine.operators.verl_launch import node_launch  # lazy: keeps `poise-git --help` fast
     from engine.sandbox.env import without_secrets  # lazy: keeps `poise-git --help` fast
     from trainer_template.loader import AlgorithmLoadError  # lazy: keeps `poise-git --help` fast
 
     # lazy: keeps `poise-git --help` fast
-    from trainer_template.verl_backend.launch import VerlProtocol
+    from trainer_template.verl_backend.launch import VerlProtocol, carries_credentials
 
     if backend != "verl":
         raise ConfigError(
@@ -128,7 +129,10 @@ def train(
     except AlgorithmLoadError as exc:
         raise ConfigError(str(exc)) from exc
     if dry_run:
-        lines = [f"{k}={shlex.quote(v)}" for k, v in launch.env.items()]
+        lines = [  # a tracking URI's user and password are not shown
+            f"{k}={shlex.quote(shown_uri(v) if carries_credentials(v) else v)}"
+            for k, v in launch.env.items()
+        ]
         lines.append(shlex.join(launch.cmd[:3]))
         lines += [f"    {shlex.quote(o)}" for o in launch.overrides]
         typer.echo(" \\\n".join(lines))

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -278,6 +279,34 @@ class LocalExecutor:
         self._pool.shutdown(wait=True, cancel_futures=kill)
 
 
+class _StartClock:
+    """A Ray actor that notes when each of an executor's tasks started, on its own clock (no skew
+    between machines): the driver cannot see when a queued task began running without Ray's state
+    API, and a lost task is charged (the gpu-hours budget) from its start, not its submission."""
+
+    def __init__(self) -> None:
+        self._started: dict[str, float] = {}
+
+    def started(self, token: str) -> None:
+        self._started[token] = time.monotonic()
+
+    def ran_s(self, token: str) -> float | None:
+        """Seconds since the task ``token`` reported its start (None: it never started); forgets it."""
+        t = self._started.pop(token, None)
+        return None if t is None else time.monotonic() - t
+
+
+def run_ray_job(job: EvalJob, clock: Any, token: str) -> EvalOutcome:
+    """A Ray task: report the start to the executor's clock (the trusted side, before any of the
+    candidate's code runs), then :func:`run_job`. The report is not waited for: a task blocked in
+    ``ray.get`` lends its CPUs to another task."""
+    try:
+        clock.started.remote(token)
+    except Exception as exc:  # the task is charged from its submission instead
+        log.warning("could not report the start of %s's evaluation: %s", job.node, exc)
+    return run_job(job)
+
+
 class RayExecutor:
     """Each evaluation a Ray task declaring its CPUs / GPUs; the task runs the same limited worker.
 
@@ -323,17 +352,20 @@ class RayExecutor:
         if main and sigterm is not None:
             signal.signal(signal.SIGTERM, sigterm)
         self.num_gpus = num_gpus
-        self._remote = ray.remote(max_retries=0)(run_job)
+        self._remote = ray.remote(max_retries=0)(run_ray_job)
+        self._clock = ray.remote(num_cpus=0)(_StartClock).remote()
         self._pool = cf.ThreadPoolExecutor(max_workers=64, thread_name_prefix="poise-ray")
         self._refs: set = set()
         self._stopping = False
 
     def submit(self, job: EvalJob) -> cf.Future:
         cpus = 1.0 if self.num_gpus else max(1.0, float(job.seeds or 1))
-        ref = self._remote.options(num_cpus=cpus, num_gpus=self.num_gpus).remote(job)
-        self._refs.add(ref)
-
+        token = uuid.uuid4().hex
         start = time.monotonic()
+        ref = self._remote.options(num_cpus=cpus, num_gpus=self.num_gpus).remote(
+            job, self._clock, token
+        )
+        self._refs.add(ref)
 
         def wait() -> EvalOutcome:
             # the task enforces the limit itself; this is only a backstop for a lost worker
@@ -345,17 +377,37 @@ class RayExecutor:
                     return EvalOutcome(job.node, STOPPED, "stopped by the loop; left for --resume")
                 self.ray.cancel(ref, force=True)
                 _end_worker_runs(job)
-                # the time since submission (the gpu-hours budget counts it), not the backstop's
-                # limit: a worker lost after seconds costs seconds
+                # the time since the task started (the gpu-hours budget counts it), not the
+                # backstop's limit nor its time in Ray's queue: a worker lost after seconds costs
+                # seconds, one that never started none
                 return record_failure(
                     job,
                     f"Ray task failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}",
-                    time.monotonic() - start,
+                    self._ran_s(token, time.monotonic() - start),
                 )
             finally:
                 self._refs.discard(ref)
+                self._forget(token)
 
         return self._pool.submit(wait)
+
+    def _ran_s(self, token: str, since_submitted: float) -> float:
+        """How long the task ``token`` ran, by its reported start: 0 if it never started; the time
+        since its submission (an upper bound) where the clock cannot be asked."""
+        try:
+            ran = self.ray.get(self._clock.ran_s.remote(token), timeout=30)
+        except Exception as exc:
+            log.warning(
+                "the Ray tasks' start clock is unreachable (%s): charged from submission", exc
+            )
+            return since_submitted
+        return 0.0 if ran is None else float(ran)
+
+    def _forget(self, token: str) -> None:
+        try:
+            self._clock.ran_s.remote(token)  # not waited for: only drops the entry
+        except Exception:
+            pass
 
     def shutdown(self, kill: bool = False) -> None:
         if kill:

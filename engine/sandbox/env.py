@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping
 
 from engine import secrets
+from engine.archive.tracking import bounded_here
 from engine.sandbox.boundary import PROJECT
 
 PASS_ENV = "POISE_SANDBOX_ENV"
@@ -49,9 +50,11 @@ def candidate_env(
 
 
 def without_secrets(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The engine's environment minus every secret variable, then ``extra`` (the caller's own)."""
+    """The engine's environment minus every secret variable and the MLflow HTTP bounds the engine set
+    for its own logging (a child logging to MLflow sets its own), then ``extra`` (the caller's own)."""
     hidden = secrets.names()
-    env = {k: v for k, v in os.environ.items() if k not in hidden}
+    ours = bounded_here()
+    env = {k: v for k, v in os.environ.items() if k not in hidden and ours.get(k) != v}
     env.update(extra or {})
     return env
 

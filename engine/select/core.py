@@ -17,6 +17,8 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from engine.archive.results import (
+    LEGACY_FILE,
+    RESULTS_DIR,
     ProtocolRef,
     configured_protocol,
     describe_elsewhere,
@@ -27,7 +29,12 @@ from engine.archive.results import (
 from engine.config import Config, SelectConfig, metric_direction, utility
 from engine.errors import ConfigError, PoiseError
 from engine.select import pareto
-from engine.select.features import FINGERPRINT, descendant_gain, mechanism_matrix
+from engine.select.features import (
+    FINGERPRINT,
+    descendant_gain,
+    mechanism_matrix,
+    scaled_into_range,
+)
 from engine.select.objective import utility_label
 
 NOT_PARENTS = ("failed", "rejected")
@@ -95,9 +102,16 @@ def _why_unranked(node: Any, ref: ProtocolRef, objective: str) -> str:
         )
     if getattr(node, "stale", None) is not None:
         return f"evaluated under an older version of {ref.id} ({node.stale.protocol.key})"
+    # a result file that could not be read (hand-edited?) is not "no results": name it
+    unreadable = sorted((getattr(node, "unreadable", None) or {}).items())
+    own = [u for u in unreadable if u[0] in (f"{RESULTS_DIR}/{ref.id}.json", LEGACY_FILE)]
+    if own:
+        return f"{own[0][0]} is unreadable: {own[0][1]}"
     others = sorted(getattr(node, "results", {}) or {})
     if others:
         return f"results under {', '.join(others)} only (not compared with {ref.id})"
+    if unreadable:
+        return f"{unreadable[0][0]} is unreadable: {unreadable[0][1]}"
     return "no results"
 
 
@@ -144,6 +158,17 @@ def _gp_alpha(
     return mu, sd, int(idx.size)
 
 
+def _failed_here(node: Any) -> bool:
+    """Rejected, or failed under the compared protocol, or failed with no result under any: failure
+    evidence for the ranking (a node whose status says failed because it failed under another
+    protocol only is not)."""
+    if node.status == "rejected":
+        return True
+    if node.result is not None:
+        return not node.result.ok
+    return node.status == "failed" and not node.results
+
+
 def _crowding(mech: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, float]:
     """Per row of ``mech`` [N, D]: mean Euclidean distance to its nearest ``CROWD_NEIGHBOURS`` rows
     among ``ref`` (itself excluded); and the 90th percentile of all those N x |ref| distances (> 0)."""
@@ -173,7 +198,7 @@ def _crowding(mech: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, float]:
 def _standardize(a: np.ndarray) -> np.ndarray:
     """Columns to zero mean and unit variance; a missing value takes its column's mean, and a column
     no row measured (an objective no candidate reports) is all 0."""
-    a = np.where(np.isfinite(a), a, np.nan)
+    a = scaled_into_range(np.where(np.isfinite(a), a, np.nan))
     measured = np.isfinite(a).any(axis=0)
     mean = np.nanmean(np.where(measured, a, 0.0), axis=0) if a.size else a
     a = np.where(np.isnan(a), mean, a)
@@ -297,16 +322,22 @@ def select_parents(
     if not cands:
         return _fallback(nodes, names, rows, exclude, allowed, k, params, ref)
 
+    # the unit U is on (one: require_comparable refused results on different units above)
+    params["unit"] = next(
+        (nodes[n].result.unit(exp.objective) for n in pop if nodes[n].result is not None), None
+    )
+
     # -- population components --------------------------------------------------------------
     y = pareto.objective_matrix([mets[n] for n in pop], objectives)
     layer = pareto.layers(y)
     u_par = pareto.strength(layer)
     u = np.array([util[n] for n in pop], dtype=float)
-    span = u.max() - u.min()
-    u_perf = (u - u.min()) / span if span > 0 else np.ones(len(pop))
+    us = scaled_into_range(u)  # u itself unless it nears the float limit (the span would overflow)
+    span = us.max() - us.min()
+    u_perf = (us - us.min()) / span if span > 0 else np.ones(len(pop))
     n_kids = np.array([len(kids.get(n, ())) for n in pop], dtype=float)
     failed_frac = np.array(
-        [sum(nodes[c].status in NOT_PARENTS for c in kids.get(n, ())) for n in pop]
+        [sum(_failed_here(nodes[c]) for c in kids.get(n, ())) for n in pop]
     ) / np.maximum(n_kids, 1)
     depth = np.array([nodes[n].depth for n in pop], dtype=float)
 

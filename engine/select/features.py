@@ -63,7 +63,7 @@ def fingerprint_vector(blob: Any) -> tuple[tuple[str, ...], np.ndarray] | None:
     if isinstance(blob, (bytes, str)):
         try:
             blob = json.loads(blob)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # not JSON, too deeply nested, an int of > 4300 digits
             return None
     if isinstance(blob, dict) and isinstance(blob.get("vector"), list):
         blob = blob["vector"]
@@ -83,11 +83,27 @@ def fingerprint_vector(blob: Any) -> tuple[tuple[str, ...], np.ndarray] | None:
         return None
     try:
         arr = np.asarray(vals, dtype=float)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int beyond the float range
         return None
     if arr.ndim != 1 or arr.size == 0 or not np.isfinite(arr).all():
         return None
     return keys, arr
+
+
+HUGE = 1e150
+"""a column whose magnitude exceeds this is rescaled before standardising: its variance would overflow"""
+
+
+def scaled_into_range(a: np.ndarray) -> np.ndarray:
+    """``a`` with each column (a 1-D array: as one column) whose largest magnitude exceeds
+    :data:`HUGE` divided by that magnitude, so that its mean, span and variance do not overflow;
+    ``a`` itself when there is none. Standardising and min-max scaling are scale-free, so only values
+    near the float limit (a hand edit, a number of unknown scale) are affected. NaN is ignored."""
+    top = np.max(np.abs(np.nan_to_num(a, nan=0.0)), axis=0, initial=0.0)
+    big = top > HUGE
+    if not np.any(big):
+        return a
+    return a / np.where(big, top, 1.0)
 
 
 def mechanism_matrix(
@@ -103,7 +119,7 @@ def mechanism_matrix(
             for n in names
         ]
         if all(p is not None for p in parsed) and len({p[0] for p in parsed}) == 1:  # type: ignore[index]
-            mat = np.stack([p[1] for p in parsed])  # type: ignore[index]
+            mat = scaled_into_range(np.stack([p[1] for p in parsed]))  # type: ignore[index]
             sd = mat.std(axis=0)
             mat = (mat - mat.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
             return mat / math.sqrt(mat.shape[1]), "fingerprint"

@@ -13,8 +13,11 @@ installs this step's :class:`TrainingState` in each actor worker process before 
 (:func:`install_training_state`, a process-global read by the loss), and the node's ``policy_loss``
 receives it as ``state``. verl adds the KL-to-reference and entropy terms itself
 (``actor.use_kl_loss`` / ``actor.entropy_coeff``), so the node's own coefficients are zeroed here and
-carried into verl's config by the launcher instead. The node's loss is normalised over its micro-batch;
-it is rescaled to verl's global-batch normalisation (``config.global_batch_info``).
+carried into verl's config by the launcher instead. The entropy weight is the node's per step: with the
+state, the worker sets the ``entropy_coeff`` its actor loss reads to the node's
+``entropy_coefficient(cfg, state, state.entropy)`` (:func:`install_training_state_in_actor`), so an
+adaptive or annealed controller acts on verl as on the proxy. The node's loss is normalised over its
+micro-batch; it is rescaled to verl's global-batch normalisation (``config.global_batch_info``).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import contextvars
 import dataclasses
 import hashlib
 import json
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -39,6 +43,10 @@ _EXTRAS: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
 )
 _REGISTERED: dict[str, str] = {}  # registered name -> sha1 of (source, hparams)
 _STATE: list[TrainingState | None] = [None]  # this process's training state (set per step)
+_NODES: dict[str, tuple[Any, Any]] = {}  # registered name -> (the node's module, its cfg)
+# measured entropies (nats) at which a coefficient is probed when verl measured none: far apart, and
+# 100 is above any token entropy (ln of a 150k vocabulary is 12)
+_PROBE_ENTROPIES = (0.0, 100.0)
 
 VALID_KEYS = ("valid", "format_valid")
 CORRECT_KEYS = ("correct", "acc")
@@ -46,6 +54,11 @@ CORRECT_KEYS = ("correct", "acc")
 
 class VerlRegistrationError(ValueError):
     """A node could not be registered with verl (a name clash with different code, or bad source)."""
+
+
+class EntropyCoefficientError(ValueError):
+    """A node's ``entropy_coefficient`` gave verl no usable weight for a step (not a finite number, or
+    it raised), or verl's actor loss config could not be found to set it on."""
 
 
 @contextlib.contextmanager
@@ -78,10 +91,99 @@ def install_training_state(state: TrainingState | Mapping[str, Any] | None) -> N
     _STATE[0] = state
 
 
-def install_training_state_in_actor(_actor: Any, state: Mapping[str, Any] | None) -> bool:
-    """``__ray_call__`` target: the trainer runs it in each actor worker before the update."""
+def node_entropy_coefficient(name: str, state: TrainingState | None) -> float | None:
+    """The weight of verl's entropy term this step for the node registered as ``name``: its
+    ``entropy_coefficient(cfg, state, state.entropy)`` (the cfg with its own ``entropy_coef``, which
+    the controllers add to). None when ``name`` is no node of this process or the node defines no
+    ``entropy_coefficient`` (verl's constant ``actor.entropy_coeff`` stays).
+
+    A negative weight is an entropy penalty, applied as the proxy applies it (DCBE-GRPO's controller
+    above its target). Without a measured entropy (verl writes it in its old-log-prob pass, which
+    only rollout-correction bypass mode skips) the coefficient is used only if it does not depend on
+    it: it is evaluated at 0 and 100 nats and must agree (GRPO's constant does)."""
+    entry = _NODES.get(name)
+    if entry is None:
+        return None
+    module, cfg = entry
+    fn = getattr(module, "entropy_coefficient", None)
+    if not callable(fn):
+        return None
+    where = f"{name}: entropy_coefficient"
+    if state is not None and state.entropy is not None:
+        where += f" at step {state.step} (measured entropy {state.entropy:.6g} nats)"
+        probes = (float(state.entropy),)
+    else:
+        probes = _PROBE_ENTROPIES
+    values = []
+    for measured in probes:
+        try:
+            value = float(fn(cfg, state, measured))
+        except Exception as exc:  # noqa: BLE001 - the node's code may raise anything
+            raise EntropyCoefficientError(f"{where} failed: {type(exc).__name__}: {exc}") from exc
+        if not math.isfinite(value):
+            raise EntropyCoefficientError(
+                f"{where} returned {value}; verl's entropy weight must be a finite number"
+            )
+        values.append(value)
+    if len(set(values)) > 1:
+        raise EntropyCoefficientError(
+            f"{where} depends on the measured entropy, and verl measured none this step "
+            "(its old-log-prob pass writes it; rollout-correction bypass mode skips that pass)"
+        )
+    return values[0]
+
+
+def _actor_loss_configs(actor: Any) -> list[Any]:
+    """The actor configs verl 0.9.1's ``ppo_loss`` reads ``entropy_coeff`` from in this worker process.
+
+    In an engine ``ActorRolloutRefWorker`` that is the ``config`` its loss function
+    (``functools.partial(ppo_loss, config=...)``, handed to its ``TrainingWorker`` ``actor`` by
+    ``set_loss_fn``) is bound to. verl's trainer runs the worker colocated: the Ray actor that
+    ``__ray_call__`` reaches is a ``WorkerDict`` (``worker_dict``: {role: worker}) or a ``FusedWorker``
+    (``fused_worker_dict``), so the workers inside it are searched too."""
+    inner = [actor]
+    for attr in ("worker_dict", "fused_worker_dict"):
+        found = getattr(actor, attr, None)
+        if isinstance(found, Mapping):
+            inner.extend(found.values())
+    configs: dict[int, Any] = {}
+    for worker in inner:
+        for owner in (getattr(worker, "actor", None), worker):
+            keywords = getattr(getattr(owner, "loss_fn", None), "keywords", None) or {}
+            config = keywords.get("config")
+            if config is not None and hasattr(config, "entropy_coeff"):
+                configs[id(config)] = config
+    return list(configs.values())
+
+
+def set_entropy_coeff(actor: Any, value: float) -> None:
+    """Set the entropy weight the worker ``actor``'s loss applies in its next updates. verl freezes its
+    config dataclasses (``BaseConfig.__setattr__``) because its weight is a constant; this one field
+    of the worker's own copy is set for the step, before verl's update reads it."""
+    configs = _actor_loss_configs(actor)
+    if not configs:
+        raise EntropyCoefficientError(
+            f"no actor loss config in {type(actor).__name__} to set the node's entropy weight on "
+            "(expected verl 0.9.1's engine worker: actor.loss_fn = partial(ppo_loss, config=...))"
+        )
+    for config in configs:
+        object.__setattr__(config, "entropy_coeff", float(value))
+
+
+def install_training_state_in_actor(
+    actor: Any, state: Mapping[str, Any] | None, node: str | None = None
+) -> float | None:
+    """``__ray_call__`` target: the trainer runs it in each actor worker before the update. Installs
+    ``state`` and, when ``node`` (the registered name, verl's ``policy_loss.loss_mode``) defines
+    ``entropy_coefficient``, sets the worker's entropy weight to its value for this step; returns
+    that weight (None: verl's constant stays)."""
     install_training_state(state)
-    return True
+    if node is None:
+        return None
+    value = node_entropy_coefficient(node, _STATE[0])
+    if value is not None:
+        set_entropy_coeff(actor, value)
+    return value
 
 
 def extras_from_mapping(
@@ -269,6 +371,9 @@ def make_policy_loss(module, cfg):
         mask = response_mask.to(log_prob.dtype)
         ppo_kl = ((old_log_prob - log_prob) * mask).sum() / mask.sum().clamp(min=1.0)
         out = {"actor/ppo_kl": float(ppo_kl.detach())}
+        coeff = getattr(config, "entropy_coeff", None) if config is not None else None
+        if isinstance(coeff, (int, float)):  # the weight verl's ppo_loss gives the entropy next
+            out["actor/poise_entropy_coeff"] = float(coeff)
         state = _STATE[0]
         if state is not None:  # what the node's loss was given (shows the state reached the worker)
             out["actor/poise_state_progress"] = float(state.progress)
@@ -308,6 +413,7 @@ def register_node(node: str, source: str, hparams: Mapping[str, Any] | None = No
     core_algos.register_adv_est(name)(make_estimator(module, cfg))
     core_algos.register_policy_loss(name)(make_policy_loss(module, cfg))
     _REGISTERED[name] = digest
+    _NODES[name] = (module, cfg)
     return name
 
 

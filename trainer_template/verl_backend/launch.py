@@ -15,6 +15,7 @@ import json
 import os
 import re
 import sys
+import urllib.parse
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -78,6 +79,17 @@ def _fmt_str(v: Any) -> str:
     return "'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def carries_credentials(value: str) -> bool:
+    """Whether ``value`` is a URI with a user or password (``https://user:pass@host/``): such a value
+    stays off verl's command line, where ``ps`` and verl's printed config would show it."""
+    if "://" not in value:
+        return False
+    try:
+        return "@" in urllib.parse.urlsplit(value).netloc
+    except ValueError:
+        return True  # not a URI urllib reads: kept off the command line all the same
+
+
 def build_overrides(
     node: str,
     settings: Mapping[str, Any],
@@ -92,7 +104,9 @@ def build_overrides(
 ) -> list[str]:
     """Hydra overrides of verl's ``ppo_trainer`` config for ``node`` (its mechanism registered by name);
     ``settings``: the node's loss-side settings (``settings.node_settings``), protocol defaults where
-    it defines none."""
+    it defines none. ``env_for_workers`` reaches verl's Ray workers through Ray's runtime env, except
+    a value with credentials (:func:`carries_credentials`): that one only through the launched
+    process's environment, which the workers of the Ray instance ``main_ppo`` starts inherit."""
     s = settings
     name = registered_name(node)
     p = protocol
@@ -153,6 +167,7 @@ def build_overrides(
     ov += [
         f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}={_fmt_str(v)}"
         for k, v in sorted(env_for_workers.items())
+        if not carries_credentials(v)
     ]
     replaced = {_key(e) for e in extra}
     return [o for o in ov if _key(o) not in replaced] + list(extra)

@@ -9,7 +9,10 @@ log-probabilities and its actor config. :class:`ExtrasRoutingMixin` adds, per st
   verl's old-log-prob pass writes) as ``RolloutBatch.token_entropy`` and the training progress;
 - the step's :class:`~trainer_template.interface.TrainingState` (progress, 0-based step, total steps,
   mean response entropy) installed in every actor worker before the update, so the node's
-  ``policy_loss`` receives it as ``state``;
+  ``policy_loss`` receives it as ``state``; with it each worker sets verl's entropy weight
+  (``actor.entropy_coeff``) to the node's ``entropy_coefficient(cfg, state, state.entropy)`` for the
+  step, and verl computes the entropy in the update whenever that weight is non-zero
+  (``train/entropy_coef`` logs it);
 - the proxy's signal names (``train/reward_mean``, ``train/adv_std``, ... see
   ``trainer_template.proxy.rl.SIGNALS``) beside verl's own metrics, and one JSON line per step in
   ``$POISE_PROGRESS_FILE`` when set (what the engine renders as progress).
@@ -34,6 +37,7 @@ import torch
 
 from trainer_template.verl_backend import cpu_platform
 from trainer_template.verl_backend.adapter import (
+    EntropyCoefficientError,
     extras_from_mapping,
     extras_from_records,
     install_training_state_in_actor,
@@ -159,16 +163,39 @@ class ExtrasRoutingMixin:
         return out
 
     def _update_actor(self, batch, metrics: dict) -> Any:
+        """Install the step's state and the node's entropy weight in every actor worker, then run verl's
+        update. verl's driver decides from its own ``actor.entropy_coeff`` whether the update computes
+        the entropy (``calculate_entropy or entropy_coeff != 0``), so that value is the step's weight
+        while verl's ``_update_actor`` runs, and is put back after it."""
         import ray  # lazy: optional dependency (ray extra)
 
         state = getattr(self, "_poise_state", None)
-        ray.get(
-            [
-                w.__ray_call__.remote(install_training_state_in_actor, state)
-                for w in self.actor_rollout_wg.workers
-            ]
-        )
-        return super()._update_actor(batch, metrics)
+        actor = self.config.actor_rollout_ref.actor
+        node = actor.policy_loss.get("loss_mode")
+        try:
+            weights = ray.get(
+                [
+                    w.__ray_call__.remote(install_training_state_in_actor, state, node)
+                    for w in self.actor_rollout_wg.workers
+                ]
+            )
+        except EntropyCoefficientError as exc:  # one line, not the worker's wrapped traceback
+            raise EntropyCoefficientError(str(getattr(exc, "cause", None) or exc)) from None
+        if len(set(weights)) > 1:
+            raise EntropyCoefficientError(
+                f"{node}: the actor workers computed different entropy weights {sorted(set(map(str, weights)))}"
+            )
+        weight = weights[0] if weights else None
+        if weight is None:  # the node defines no entropy_coefficient: verl's constant
+            metrics["train/entropy_coef"] = float(actor.entropy_coeff)
+            return super()._update_actor(batch, metrics)
+        metrics["train/entropy_coef"] = weight
+        constant = actor.entropy_coeff
+        actor.entropy_coeff = weight
+        try:
+            return super()._update_actor(batch, metrics)
+        finally:
+            actor.entropy_coeff = constant
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
         super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
