@@ -173,10 +173,14 @@ class VLLMBackend(Backend):
 
 
 # ------------------------------------------------------------------------------- OpenAI-compatible
+OPENAI_TIMEOUT_S = 600.0  # the OpenAI backend's default request timeout
+
+
 class OpenAIBackend(Backend):
     """An OpenAI-compatible server. ``api``: ``chat`` (the server applies the model's chat template),
     ``completions`` (the Qwen ChatML prompt text), or ``auto`` (chat, falling back to completions when
-    the server refuses chat, e.g. a base model without a chat template). Key: ``$OPENAI_API_KEY``."""
+    the server refuses chat, e.g. a base model without a chat template). Key: ``$OPENAI_API_KEY``.
+    ``http_client``: the SDK's HTTP client (the engine passes one that bounds a whole reply)."""
 
     name = "openai"
 
@@ -186,8 +190,9 @@ class OpenAIBackend(Backend):
         base_url: str | None = None,
         api: str = "auto",
         concurrency: int = 8,
-        timeout_s: float = 600.0,
+        timeout_s: float = OPENAI_TIMEOUT_S,
         max_retries: int = 2,
+        http_client=None,
     ):
         if api not in ("auto", "chat", "completions"):
             raise SuiteError(f"unknown OpenAI api {api!r}: chat | completions | auto")
@@ -209,6 +214,7 @@ class OpenAIBackend(Backend):
             api_key=os.environ.get("OPENAI_API_KEY") or "EMPTY",
             timeout=timeout_s,
             max_retries=max_retries,
+            http_client=http_client,
         )
         self._lock = threading.Lock()
         # tokens the server says it spent, summed over the requests answered

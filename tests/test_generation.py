@@ -647,3 +647,32 @@ def test_the_tokens_the_server_spent_are_summed_and_described():
         "completion_tokens": 4,
         "requests_without_usage": 1,
     }
+
+
+def test_a_server_that_trickles_its_reply_is_cut_off_at_the_timeout(archive):
+    """The SDK's timeout bounds each read: a gateway sending a few bytes at a time was waited on for
+    ever. A suite's request is cut off once its whole reply takes past ``timeout_s``; the node fails."""
+    import time
+
+    from openai_server import ScriptedOpenAI
+
+    from engine.operators.evaluate_suite import evaluate_node_on_suite
+
+    slow = _chat_reply([_choice(i, "\\boxed{1}" * 20) for i in range(32)])
+    slow["trickle_s"] = 0.1  # ~8 kB, 16 bytes a piece: over 50 s in all
+    with ScriptedOpenAI(default=slow) as srv:
+        t0 = time.monotonic()
+        result = evaluate_node_on_suite(
+            archive,
+            "grpo",
+            generator="openai",
+            model="m",
+            base_url=srv.base_url,
+            limit=1,
+            n_boot=20,
+            generator_kwargs={"timeout_s": 1.0, "max_retries": 0},
+        )
+        took = time.monotonic() - t0
+    assert result.status == "failed" and "timed out" in result.reason.lower(), result.reason
+    assert took < 15, took
+    assert archive.node("grpo").status == "failed" and archive.fsck()
