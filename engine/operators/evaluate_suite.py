@@ -93,7 +93,9 @@ def evaluate_node_on_suite(
         from engine.operators.llm_deadline import whole_reply_client  # lazy: needs openai
 
         kwargs["http_client"] = whole_reply_client(
-            openai, float(kwargs.get("timeout_s", OPENAI_TIMEOUT_S))
+            openai,
+            float(kwargs.get("timeout_s", OPENAI_TIMEOUT_S)),
+            "the generation backend's timeout_s",
         )
     try:
         gen = make_backend(generator, model, base_url=base_url, **kwargs)
