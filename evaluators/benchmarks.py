@@ -70,27 +70,42 @@ def data_file(dataset: str) -> Path:
     return DATA_DIR / dataset / "test.jsonl"
 
 
+def _shipped_bytes(dataset: str) -> tuple[bytes, str]:
+    """A benchmark file's bytes and sha256, refused (SuiteError) when missing or when it is not the
+    shipped file (:data:`SHA256`): a truncated or edited file would be scored on what is left."""
+    path = data_file(dataset)
+    if not path.is_file():
+        raise SuiteError(f"benchmark file missing: {path}")
+    data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    want = SHA256.get(dataset)
+    if want is not None and digest != want:
+        raise SuiteError(
+            f"benchmark file {path} ({dataset}) is not the shipped one: sha256 {digest[:16]}..., "
+            f"expected {want[:16]}... (truncated or modified? reinstall poise-git)"
+        )
+    return data, digest
+
+
 def file_sha256(dataset: str) -> str:
-    return hashlib.sha256(data_file(dataset).read_bytes()).hexdigest()
+    return _shipped_bytes(dataset)[1]
 
 
 def load_problems(bench: Benchmark, limit: int | None = None) -> list[BenchmarkProblem]:
+    data, _ = _shipped_bytes(bench.dataset)
     path = data_file(bench.dataset)
-    if not path.is_file():
-        raise SuiteError(f"benchmark file missing: {path}")
     out = []
-    with path.open(encoding="utf-8") as f:
-        for i, line in enumerate(f):
-            if limit is not None and len(out) >= limit:
-                break
-            if not line.strip():
-                continue
+    for i, line in enumerate(data.decode("utf-8").split("\n")):
+        if limit is not None and len(out) >= limit:
+            break
+        if not line.strip():
+            continue
+        try:
             row = json.loads(line)
-            out.append(
-                BenchmarkProblem(
-                    bench.key, i, str(row[bench.problem_field]), gold_answer(bench.dataset, row)
-                )
-            )
+            problem = str(row[bench.problem_field])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SuiteError(f"{path}:{i + 1}: not a benchmark row ({exc})") from None
+        out.append(BenchmarkProblem(bench.key, i, problem, gold_answer(bench.dataset, row)))
     return out
 
 
@@ -119,6 +134,8 @@ def suite(name: str, preset: str = "paper") -> tuple[tuple[Benchmark, ...], int]
         raise SuiteError(f"unknown suite {name!r}; known: {', '.join(SUITES)}")
     if preset not in SUITE_PRESETS:
         raise SuiteError(f"unknown suite preset {preset!r}; known: {', '.join(SUITE_PRESETS)}")
+    for dataset in dict.fromkeys(b.dataset for b in SUITES[name]):
+        _shipped_bytes(dataset)  # a missing or damaged file is refused before anything runs
     cap = SUITE_PRESETS[preset]["max_samples"]
     benches = tuple(
         Benchmark(b.key, b.dataset, b.problem_field, min(b.n, cap), min(b.k, cap), b.temperature)

@@ -11,6 +11,7 @@ it has one, else as the Qwen ChatML text of that prompt; vLLM and transformers t
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -172,10 +173,14 @@ class VLLMBackend(Backend):
 
 
 # ------------------------------------------------------------------------------- OpenAI-compatible
+OPENAI_TIMEOUT_S = 600.0  # the OpenAI backend's default request timeout
+
+
 class OpenAIBackend(Backend):
     """An OpenAI-compatible server. ``api``: ``chat`` (the server applies the model's chat template),
     ``completions`` (the Qwen ChatML prompt text), or ``auto`` (chat, falling back to completions when
-    the server refuses chat, e.g. a base model without a chat template). Key: ``$OPENAI_API_KEY``."""
+    the server refuses chat, e.g. a base model without a chat template). Key: ``$OPENAI_API_KEY``.
+    ``http_client``: the SDK's HTTP client (the engine passes one that bounds a whole reply)."""
 
     name = "openai"
 
@@ -185,8 +190,9 @@ class OpenAIBackend(Backend):
         base_url: str | None = None,
         api: str = "auto",
         concurrency: int = 8,
-        timeout_s: float = 600.0,
+        timeout_s: float = OPENAI_TIMEOUT_S,
         max_retries: int = 2,
+        http_client=None,
     ):
         if api not in ("auto", "chat", "completions"):
             raise SuiteError(f"unknown OpenAI api {api!r}: chat | completions | auto")
@@ -208,7 +214,16 @@ class OpenAIBackend(Backend):
             api_key=os.environ.get("OPENAI_API_KEY") or "EMPTY",
             timeout=timeout_s,
             max_retries=max_retries,
+            http_client=http_client,
         )
+        self._lock = threading.Lock()
+        # tokens the server says it spent, summed over the requests answered
+        self.usage = {
+            "requests": 0,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+            "requests_without_usage": 0,
+        }
 
     def _params(self, sampling: Sampling) -> dict:
         if sampling.greedy:
@@ -235,7 +250,7 @@ class OpenAIBackend(Backend):
                 r = self.client.chat.completions.create(
                     model=self.model, messages=messages(problem), **params
                 )
-                return [c.message.content or "" for c in sorted(r.choices, key=lambda c: c.index)]
+                return self._texts(r, chat=True)
             except (openai.BadRequestError, openai.NotFoundError):
                 if self.api == "chat":
                     raise
@@ -243,7 +258,50 @@ class OpenAIBackend(Backend):
         r = self.client.completions.create(
             model=self.model, prompt=render_prompt(problem), **params
         )
-        return [c.text or "" for c in sorted(r.choices, key=lambda c: c.index)]
+        return self._texts(r, chat=False)
+
+    def _texts(self, reply, chat: bool) -> list[str]:
+        """The reply's sample texts in the order of their ``index`` (0..n-1, each once); its token
+        usage is added to :attr:`usage`. A reply of another shape is a SuiteError."""
+        choices = getattr(reply, "choices", None)
+        if not isinstance(choices, list):
+            raise SuiteError(
+                f"the server at {self.base_url} sent a reply without choices: {str(reply)[:200]!r}"
+            )
+        by_index: dict[int, str] = {}
+        for c in choices:
+            index = getattr(c, "index", None)
+            if chat:
+                message = getattr(c, "message", None)
+                if message is None:
+                    raise SuiteError(
+                        f"the server at {self.base_url} sent a choice without its message"
+                    )
+                text = getattr(message, "content", None)
+            else:
+                text = getattr(c, "text", None)
+            if not isinstance(index, int) or index in by_index:
+                got = [getattr(x, "index", None) for x in choices]
+                raise SuiteError(
+                    f"the server at {self.base_url} sent choices with index {got}, not "
+                    f"0..{len(choices) - 1} once each"
+                )
+            by_index[index] = text or ""
+        if sorted(by_index) != list(range(len(by_index))):
+            raise SuiteError(
+                f"the server at {self.base_url} sent choices with index {sorted(by_index)}, not "
+                f"0..{len(by_index) - 1} once each"
+            )
+        usage = getattr(reply, "usage", None)
+        with self._lock:
+            self.usage["requests"] += 1
+            for key in ("prompt_tokens", "completion_tokens"):
+                value = getattr(usage, key, None)
+                if isinstance(value, int):
+                    self.usage[key] += value
+                else:  # a server that does not say: the sums are lower bounds
+                    self.usage["requests_without_usage"] += key == "prompt_tokens"
+        return [by_index[i] for i in range(len(by_index))]
 
     def generate(self, problems, sampling, progress=None):
         import openai  # lazy: openai is heavy (only this path needs it)
@@ -259,10 +317,15 @@ class OpenAIBackend(Backend):
                 raise SuiteError(
                     f"the server at {self.base_url} refused a request: {exc}"
                 ) from None
+            except ValueError as exc:  # a body that is not JSON
+                raise SuiteError(
+                    f"the server at {self.base_url} sent a reply that is not JSON: {exc}"
+                ) from None
             if progress:
                 progress(1)
             return out
 
+        # map cancels the requests not yet started when one fails
         with ThreadPoolExecutor(self.concurrency) as ex:
             return list(ex.map(job, problems))
 
@@ -272,6 +335,7 @@ class OpenAIBackend(Backend):
             "model": self.model,
             "base_url": self.base_url,
             "api": self.api,
+            "usage": dict(self.usage),
         }
 
 

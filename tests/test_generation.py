@@ -557,3 +557,122 @@ def test_cli_suite_says_an_unreachable_tracking_server_in_one_line(archive, cli)
     said = [ln for ln in (r.stdout + r.stderr).splitlines() if "MLflow" in ln]
     assert len(said) == 1 and f"MLflow tracking server {uri} is unreachable" in said[0], said
     assert archive.nodes("math6/paper")["grpo"].status == "evaluated"
+
+
+def _chat_reply(choices):
+    return {
+        "status": 200,
+        "json": {
+            "id": "x",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "m",
+            "choices": choices,
+        },
+    }
+
+
+def _choice(i, text):
+    return {"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+
+
+@pytest.mark.parametrize(
+    "reply, says",
+    [
+        (_chat_reply(None), "choices"),
+        ({"status": 200, "json": {"error": "overloaded"}}, "choices"),
+        ({"status": 200, "body": "<html>gateway</html>", "content_type": "text/html"}, "reply"),
+        ({"status": 200, "body": "{not json", "content_type": "application/json"}, "reply"),
+        ({"status": 200, "json": [1, 2]}, "reply"),
+        (_chat_reply([{"index": 0, "finish_reason": "stop"}] * 2), "choice"),
+        (_chat_reply([{"message": {"role": "assistant", "content": "a"}}] * 2), "index"),
+        (_chat_reply([_choice(0, "a"), _choice(0, "b")]), "index"),  # one sample twice
+    ],
+)
+def test_a_malformed_reply_of_the_server_is_one_clear_error(reply, says):
+    """What a broken gateway sends (no choices, HTML, a choice without its message or index, two
+    choices with one index) is a SuiteError naming the server, not a TypeError from deep inside."""
+    from openai_server import ScriptedOpenAI
+
+    with ScriptedOpenAI([reply]) as srv:
+        b = OpenAIBackend("m", base_url=srv.base_url, api="chat", max_retries=0, timeout_s=10)
+        with pytest.raises(SuiteError, match=f"(?i){srv.base_url}.*{says}"):
+            b.generate(["p"], Sampling(n=2, temperature=1.0, max_tokens=8))
+
+
+def test_choices_out_of_order_are_put_back_by_their_index():
+    from openai_server import ScriptedOpenAI
+
+    reply = _chat_reply([_choice(2, "c"), _choice(0, "a"), _choice(1, "b")])
+    with ScriptedOpenAI([reply]) as srv:
+        b = OpenAIBackend("m", base_url=srv.base_url, api="chat", max_retries=0)
+        assert b.generate(["p"], Sampling(n=3, temperature=1.0)) == [["a", "b", "c"]]
+
+
+def test_a_refused_request_stops_the_generation_without_waiting_for_the_rest():
+    """The first refusal ends the benchmark: the requests still queued are not sent (each could take
+    minutes of generation that would be thrown away)."""
+    import time
+
+    from openai_server import ScriptedOpenAI
+
+    def slow(body):
+        time.sleep(0.3)
+        return "\\boxed{1}"
+
+    with ScriptedOpenAI([{"status": 400, "message": "prompt too long"}], default=slow) as srv:
+        b = OpenAIBackend("m", base_url=srv.base_url, api="chat", max_retries=0, concurrency=2)
+        t0 = time.monotonic()
+        with pytest.raises(SuiteError, match="refused"):
+            b.generate([f"p{i}" for i in range(40)], Sampling())
+        took = time.monotonic() - t0
+        asked = len(srv.requests)
+    assert asked <= 4 and took < 3, (asked, took)
+
+
+def test_the_tokens_the_server_spent_are_summed_and_described():
+    """The usage each reply reports is summed over the requests (what a suite run cost on a shared
+    endpoint is recorded with its result, in details.generation); a reply without usage is counted."""
+    from openai_server import ScriptedOpenAI
+
+    no_usage = _chat_reply([_choice(0, "\\boxed{2} two words")])
+    with ScriptedOpenAI([no_usage], default=lambda body: "so \\boxed{1}") as srv:
+        b = OpenAIBackend("m", base_url=srv.base_url, api="chat", max_retries=0, concurrency=1)
+        out = b.generate(["one two three", "four five", "six"], Sampling())
+    assert [len(o) for o in out] == [1, 1, 1]
+    # the scripted server counts words: system prompt + problem; "so \boxed{1}" is 2
+    assert b.describe()["usage"] == {
+        "requests": 3,
+        "prompt_tokens": 2 * len(SYSTEM_PROMPT.split()) + 2 + 1,
+        "completion_tokens": 4,
+        "requests_without_usage": 1,
+    }
+
+
+def test_a_server_that_trickles_its_reply_is_cut_off_at_the_timeout(archive):
+    """The SDK's timeout bounds each read: a gateway sending a few bytes at a time was waited on for
+    ever. A suite's request is cut off once its whole reply takes past ``timeout_s``; the node fails."""
+    import time
+
+    from openai_server import ScriptedOpenAI
+
+    from engine.operators.evaluate_suite import evaluate_node_on_suite
+
+    slow = _chat_reply([_choice(i, "\\boxed{1}" * 20) for i in range(32)])
+    slow["trickle_s"] = 0.1  # ~8 kB, 16 bytes a piece: over 50 s in all
+    with ScriptedOpenAI(default=slow) as srv:
+        t0 = time.monotonic()
+        result = evaluate_node_on_suite(
+            archive,
+            "grpo",
+            generator="openai",
+            model="m",
+            base_url=srv.base_url,
+            limit=1,
+            n_boot=20,
+            generator_kwargs={"timeout_s": 1.0, "max_retries": 0},
+        )
+        took = time.monotonic() - t0
+    assert result.status == "failed" and "timed out" in result.reason.lower(), result.reason
+    assert took < 15, took
+    assert archive.node("grpo").status == "failed" and archive.fsck()

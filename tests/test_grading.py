@@ -254,3 +254,42 @@ def test_the_verl_reward_is_bounded_in_any_thread():
     assert out["right"]["score"] == 1.0
     main = reward.compute_score("math", "so \\boxed{9^{9^{9^{9}}}}", "5")  # the main thread's alarm
     assert main["score"] == 0.0
+
+
+def _copy_of_the_data(tmp_path, monkeypatch):
+    import shutil
+
+    import evaluators.benchmarks as benchmarks
+
+    data = tmp_path / "data"
+    shutil.copytree(DATA_DIR, data)
+    monkeypatch.setattr(benchmarks, "DATA_DIR", data)
+    return data
+
+
+def test_a_truncated_or_corrupted_benchmark_file_is_one_clear_error_not_a_partial_score(
+    tmp_path, monkeypatch
+):
+    """A benchmark file that is not the shipped one (cut short by a failed copy, edited by hand) is
+    refused by name, before anything is generated: scoring the rows that are left would record a
+    partial score under the benchmark's name."""
+    from evaluators.benchmarks import suite
+    from evaluators.errors import SuiteError
+
+    data = _copy_of_the_data(tmp_path, monkeypatch)
+    olympiad = next(b for b in SUITES["math6"] if b.dataset == "olympiadbench")
+    path = data / "olympiadbench" / "test.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[:100]))  # truncated at a line boundary: every row parses
+    with pytest.raises(SuiteError, match=r"olympiadbench.*sha256"):
+        load_problems(olympiad)
+    with pytest.raises(SuiteError, match=r"olympiadbench.*sha256"):
+        suite("math6")
+    path.write_bytes(b"".join(lines[:-1]) + lines[-1][:50])  # cut inside the last row
+    with pytest.raises(SuiteError, match=r"olympiadbench.*sha256"):
+        load_problems(olympiad, limit=1)
+    path.unlink()
+    with pytest.raises(SuiteError, match="missing"):
+        suite("math6")
+    aime = SUITES["math6"][0]
+    assert len(load_problems(aime)) == LINES["aime24"]  # the untouched files still load

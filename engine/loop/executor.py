@@ -354,6 +354,11 @@ class RayExecutor:
         self.num_gpus = num_gpus
         self._remote = ray.remote(max_retries=0)(run_ray_job)
         self._clock = ray.remote(num_cpus=0)(_StartClock).remote()
+        try:  # running before any task reports to it: a report queued while the actor starts up
+            # would be noted late, and the task charged less than it ran
+            ray.get(self._clock.ran_s.remote(""), timeout=120)
+        except Exception as exc:  # noqa: BLE001 - lost tasks are then charged from submission
+            log.warning("the Ray tasks' start clock did not start (%s)", exc)
         self._pool = cf.ThreadPoolExecutor(max_workers=64, thread_name_prefix="poise-ray")
         self._refs: set = set()
         self._stopping = False

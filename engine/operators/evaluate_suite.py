@@ -24,7 +24,7 @@ from engine.errors import EvaluationError
 from engine.scratch import SUITE_PREFIX, scratch_dir
 from evaluators.benchmarks import suite as suite_spec
 from evaluators.errors import SuiteError
-from evaluators.generation import BACKENDS, make_backend
+from evaluators.generation import BACKENDS, OPENAI_TIMEOUT_S, make_backend
 from evaluators.grading import GRADER_VERSION
 from evaluators.metrics import suite_metric_unit
 from evaluators.suite import (
@@ -85,8 +85,20 @@ def evaluate_node_on_suite(
     settings = protocol(suite, preset, benches, max_tokens, limit, grade_timeout_s, seed, generator)
     proto = Protocol(f"{suite}/{preset}", protocol_hash(settings), "suite", preset, settings)
     t0 = time.time()
+    kwargs = dict(generator_kwargs or {})
+    if generator == "openai" and "http_client" not in kwargs:
+        # the SDK's timeout bounds each read: a server trickling its reply would be waited on for ever
+        import openai  # lazy: openai is heavy (only this path needs it)
+
+        from engine.operators.llm_deadline import whole_reply_client  # lazy: needs openai
+
+        kwargs["http_client"] = whole_reply_client(
+            openai,
+            float(kwargs.get("timeout_s", OPENAI_TIMEOUT_S)),
+            "the generation backend's timeout_s",
+        )
     try:
-        gen = make_backend(generator, model, base_url=base_url, **(generator_kwargs or {}))
+        gen = make_backend(generator, model, base_url=base_url, **kwargs)
     except SuiteError as exc:
         raise EvaluationError(str(exc)) from None
     details: dict[str, Any] = {

@@ -30,9 +30,9 @@ def _http_library(base: type) -> ModuleType:
     raise RuntimeError(f"cannot tell which HTTP library {base!r} is built on")
 
 
-def whole_reply_client(openai: ModuleType, seconds: float) -> Any:
+def whole_reply_client(openai: ModuleType, seconds: float, setting: str = "[llm].timeout_s") -> Any:
     """An ``openai.DefaultHttpxClient`` that cuts off a reply still arriving ``seconds`` after its
-    request was sent (and, as usual, one silent for ``seconds``)."""
+    request was sent (and, as usual, one silent for ``seconds``); ``setting`` names what sets it."""
     base = openai.DefaultHttpxClient
     http = _http_library(base)
 
@@ -40,7 +40,7 @@ def whole_reply_client(openai: ModuleType, seconds: float) -> Any:
         """The HTTP library's ``ReadTimeout`` once the reply has taken past ``end``."""
         if time.monotonic() > end:
             raise http.ReadTimeout(
-                f"the reply took longer than {seconds:g} s (`[llm].timeout_s`)", request=request
+                f"the reply took longer than {seconds:g} s ({setting})", request=request
             )
 
     class _Deadline(http.SyncByteStream):
