@@ -344,6 +344,7 @@ record(arch, "grpo", {{"overall": 0.1, "writer": float(name.split("-")[1]) / 10}
 """
 
 
+@pytest.mark.slow
 def test_eight_concurrent_spawners_all_succeed(archive, tmp_path):
     script = tmp_path / "spawner.py"
     script.write_text(

@@ -33,6 +33,7 @@ ALLOC_EDIT = GOOD_EDIT.replace(
 )
 
 
+@pytest.mark.slow
 def test_verify_command_commits_the_suite(archive, cli):
     r = cli("verify", "grpo", "-C", str(archive.path))
     assert r.returncode == 0, r.stdout + r.stderr

@@ -629,6 +629,7 @@ def test_data_subset_is_seeded_and_shipped_with_provenance(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_overrides_compose_against_verls_config(archive):
     import verl
     from hydra import compose, initialize_config_dir
@@ -706,6 +707,7 @@ def test_launch_opens_the_nodes_mlflow_run(archive):
     assert find_runs(archive, "grpo")[0].data.metrics["critic/score/mean"] == 0.5
 
 
+@pytest.mark.slow
 def test_cli_train_dry_run(cli, archive):
     out = cli(
         "train",
