@@ -391,3 +391,37 @@ def test_a_reflection_with_an_unreachable_tracking_server_is_recorded_without_er
     assert "entropy collapse" in text
     assert archive.read_file("kid", "REFLECTION.md") == text
     assert archive.fsck()
+
+
+def test_a_tracking_server_that_died_after_its_probe_costs_the_reflection_one_try(
+    archive, monkeypatch, caplog
+):
+    """A server that answered the probe and died before the reflection was attached: the first
+    failed call probes again, the dead server is said once, and the other runs are not tried (each
+    try is MLflow's retries: seconds each, for every seed's run)."""
+    import logging
+    import socket
+    import time
+
+    from engine.archive import tracking
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    uri = f"http://127.0.0.1:{s.getsockname()[1]}"
+    s.close()  # nothing listens there
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    for name, value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0"),) + tuple(
+        (n, v) for n, v in tracking.HTTP_BOUNDS.items() if n != "MLFLOW_HTTP_REQUEST_MAX_RETRIES"
+    ):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setitem(tracking._probed, uri, (time.monotonic(), ""))  # it answered, then died
+    monkeypatch.setattr(tracking, "PROBE_TTL_S", 3600.0)
+    record(archive, "grpo", results(0.50, 0.47, 0.53, HEALTHY))
+    archive.spawn("grpo", "kid", proposal="# kid\n")
+    record(archive, "kid", results(0.40, 0.37, 0.43, SICK, run_ids=["0123abcd", "4567ef", "89ab"]))
+    with caplog.at_level(logging.WARNING, logger="engine.operators.reflect"):
+        text = reflect_node(archive, "kid", archive.config())
+    warned = [r.getMessage() for r in caplog.records if "MLflow" in r.getMessage()]
+    assert len(warned) == 1 and f"MLflow tracking server {uri} is unreachable" in warned[0], warned
+    assert archive.read_file("kid", "REFLECTION.md") == text
+    assert archive.fsck()

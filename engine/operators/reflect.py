@@ -18,7 +18,7 @@ from typing import Any
 
 from engine import secrets
 from engine.archive.results import EvaluationResult, comparable, configured_protocol
-from engine.archive.tracking import TrackingUnavailable, mlflow_client
+from engine.archive.tracking import TrackingUnavailable, mlflow_client, unreachable
 from engine.errors import PoiseError
 from engine.stats import paired_interval, tail_mean
 
@@ -556,4 +556,8 @@ def _log_mlflow(archive, result: EvaluationResult, text: str) -> None:
             client.log_text(rid, secrets.scrub(text), "REFLECTION.md")
             client.set_tag(rid, "poise.reflected", "yes")
         except Exception as exc:  # noqa: BLE001 - a missing run must not lose the committed reflection
+            problem = unreachable(archive.path, fresh=True)  # the server died after the probe?
+            if problem:  # said once; the other runs are not tried (each try costs MLflow's retries)
+                log.warning("the reflection is not attached to MLflow: %s", problem)
+                return
             log.warning("could not attach the reflection to MLflow run %s: %s", rid, exc)
