@@ -154,3 +154,20 @@ def test_log_and_show_name_an_unreadable_results_file(pair, cli):
     assert show.returncode == 0, show.stderr
     assert f"{RESULT} is unreadable:" in show.stdout
     assert "not the mean of its per-seed values" in " ".join(show.stdout.split())
+
+
+def test_results_of_two_versions_of_a_protocol_are_never_paired(pair):
+    """Under a protocol named without a hash (an external ``lab/v1``), two nodes' results may come
+    from different versions of it, or different units: their per-seed values are not paired, as
+    nothing ranks them together."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    nodes = pair.nodes()
+    child, root = nodes["child"], nodes["grpo"]
+    assert paired_difference(child, root, _exp(pair)) is not None
+    proto = dataclasses.replace(child.result.protocol, hash="sha256:" + "0" * 64)
+    other = SimpleNamespace(
+        result=dataclasses.replace(child.result, protocol=proto), evaluated=True
+    )
+    assert paired_difference(other, root, _exp(pair)) is None

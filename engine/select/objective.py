@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from engine.archive.results import comparable
 from engine.config import ExperimentConfig, metric_direction, utility
 from engine.errors import ConfigError
 from engine.select.pareto import parse_objectives
@@ -163,6 +164,14 @@ def paired_difference(
             return {}
         return seed_utilities(node.result, exp)
 
+    if (
+        child is not None
+        and parent is not None
+        and child.result is not None
+        and parent.result is not None
+        and not comparable(child.result, parent.result, exp.objective)
+    ):  # two versions of a protocol named without a hash, or two units: never paired
+        return None
     d = paired_interval(per_seed(child), per_seed(parent))
     if d is None:
         return None
