@@ -268,29 +268,24 @@ class OpenAIBackend(Backend):
             raise SuiteError(
                 f"the server at {self.base_url} sent a reply without choices: {str(reply)[:200]!r}"
             )
-        by_index: dict[int, str] = {}
+        texts: list[str] = []
         for c in choices:
-            index = getattr(c, "index", None)
             if chat:
                 message = getattr(c, "message", None)
                 if message is None:
                     raise SuiteError(
                         f"the server at {self.base_url} sent a choice without its message"
                     )
-                text = getattr(message, "content", None)
+                texts.append(getattr(message, "content", None) or "")
             else:
-                text = getattr(c, "text", None)
-            if not isinstance(index, int) or index in by_index:
-                got = [getattr(x, "index", None) for x in choices]
-                raise SuiteError(
-                    f"the server at {self.base_url} sent choices with index {got}, not "
-                    f"0..{len(choices) - 1} once each"
-                )
-            by_index[index] = text or ""
-        if sorted(by_index) != list(range(len(by_index))):
+                texts.append(getattr(c, "text", None) or "")
+        indices = [getattr(c, "index", None) for c in choices]
+        if not all(isinstance(i, int) for i in indices) or sorted(indices) != list(
+            range(len(choices))
+        ):
             raise SuiteError(
-                f"the server at {self.base_url} sent choices with index {sorted(by_index)}, not "
-                f"0..{len(by_index) - 1} once each"
+                f"the server at {self.base_url} sent choices with index {indices}, not "
+                f"0..{len(choices) - 1} once each"
             )
         usage = getattr(reply, "usage", None)
         with self._lock:
@@ -299,9 +294,9 @@ class OpenAIBackend(Backend):
                 value = getattr(usage, key, None)
                 if isinstance(value, int):
                     self.usage[key] += value
-                else:  # a server that does not say: the sums are lower bounds
-                    self.usage["requests_without_usage"] += key == "prompt_tokens"
-        return [by_index[i] for i in range(len(by_index))]
+            if not isinstance(getattr(usage, "prompt_tokens", None), int):
+                self.usage["requests_without_usage"] += 1  # the sums are lower bounds
+        return [text for _, text in sorted(zip(indices, texts, strict=True))]
 
     def generate(self, problems, sampling, progress=None):
         import openai  # lazy: openai is heavy (only this path needs it)
