@@ -357,16 +357,22 @@ def test_openai_backend_falls_back_to_completions():
     )
 
 
+def _one_problem_via(archive, base_url, **kwargs):
+    """The root scored on one problem per benchmark by the OpenAI-compatible server at ``base_url``."""
+    from engine.operators.evaluate_suite import evaluate_node_on_suite
+
+    return evaluate_node_on_suite(
+        archive, "grpo", generator="openai", model="m", base_url=base_url, limit=1, **kwargs
+    )
+
+
 @pytest.mark.slow
 def test_the_api_a_suite_fell_back_to_is_recorded(archive):
     """A server without chat: the suite's prompts went through /v1/completions as the Qwen ChatML
     text, and the result says so (not the ``auto`` it was started with)."""
-    from engine.operators.evaluate_suite import evaluate_node_on_suite
 
     with _Server(*_scripted(limit=1), chat=False) as srv:
-        result = evaluate_node_on_suite(
-            archive, "grpo", generator="openai", model="m", base_url=srv.url, limit=1, n_boot=20
-        )
+        result = _one_problem_via(archive, srv.url, n_boot=20)
     assert result.ok and result.metrics["overall"] == pytest.approx(100.0)
     assert result.details["generation"]["api"] == "completions"
     assert result.protocol.settings["generator"] == "openai"
@@ -403,21 +409,11 @@ def test_a_server_that_ignores_n_fails_the_node(archive):
     be recorded as pass@32; the node is failed, saying so."""
     from openai_server import ScriptedOpenAI
 
-    from engine.operators.evaluate_suite import evaluate_node_on_suite
-
     answers, _ = _scripted(limit=1)
     with ScriptedOpenAI(
         default=lambda body: f"\\boxed{{{answers[body['messages'][-1]['content']]}}}"
     ) as srv:
-        result = evaluate_node_on_suite(
-            archive,
-            "grpo",
-            generator="openai",
-            model="m",
-            base_url=srv.base_url,
-            limit=1,
-            n_boot=20,
-        )
+        result = _one_problem_via(archive, srv.base_url, n_boot=20)
         asked = {r["n"] for r in srv.requests}
     assert asked == {32}  # only aime24 was asked for: the run stopped there
     assert result.status == "failed" and result.metrics == {}
@@ -518,20 +514,11 @@ def test_cli_names_the_generator_and_the_trainer_apart(archive, cli):
 
 
 def test_scores_are_recorded_when_mlflow_is_unreachable(archive, monkeypatch, tmp_path):
-    from engine.operators.evaluate_suite import evaluate_node_on_suite
 
     (tmp_path / "a-file").write_text("not a directory")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/a-file/mlflow.db")
     with _Server(*_scripted(limit=1)) as srv:
-        result = evaluate_node_on_suite(
-            archive,
-            "grpo",
-            generator="openai",
-            model="m",
-            base_url=srv.url,
-            limit=1,
-            n_boot=50,
-        )
+        result = _one_problem_via(archive, srv.url, n_boot=50)
     assert result.ok and result.mlflow_run_ids == () and result.details["mlflow_error"]
     assert result.seeds == (0,) and result.protocol.settings["seed"] == 0
     node = archive.nodes("math6/paper")["grpo"]
@@ -656,21 +643,12 @@ def test_a_server_that_trickles_its_reply_is_cut_off_at_the_timeout(archive):
 
     from openai_server import ScriptedOpenAI
 
-    from engine.operators.evaluate_suite import evaluate_node_on_suite
-
     slow = _chat_reply([_choice(i, "\\boxed{1}" * 20) for i in range(32)])
     slow["trickle_s"] = 0.1  # ~8 kB, 16 bytes a piece: over 50 s in all
     with ScriptedOpenAI(default=slow) as srv:
         t0 = time.monotonic()
-        result = evaluate_node_on_suite(
-            archive,
-            "grpo",
-            generator="openai",
-            model="m",
-            base_url=srv.base_url,
-            limit=1,
-            n_boot=20,
-            generator_kwargs={"timeout_s": 1.0, "max_retries": 0},
+        result = _one_problem_via(
+            archive, srv.base_url, n_boot=20, generator_kwargs={"timeout_s": 1.0, "max_retries": 0}
         )
         took = time.monotonic() - t0
     assert result.status == "failed" and "timed out" in result.reason.lower(), result.reason
