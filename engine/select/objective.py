@@ -164,15 +164,10 @@ def paired_difference(
             return {}
         return seed_utilities(node.result, exp)
 
-    if (
-        child is not None
-        and parent is not None
-        and child.result is not None
-        and parent.result is not None
-        and not comparable(child.result, parent.result, exp.objective)
-    ):  # two versions of a protocol named without a hash, or two units: never paired
-        return None
-    d = paired_interval(per_seed(child), per_seed(parent))
+    a, b = per_seed(child), per_seed(parent)
+    if a and b and not comparable(child.result, parent.result, exp.objective):
+        return None  # two versions of a protocol named without a hash, or two units: never paired
+    d = paired_interval(a, b)
     if d is None:
         return None
     mean, iv, n = d
