@@ -38,8 +38,9 @@ class ExperimentConfig:
 class EvaluationConfig:
     backend: str = "proxy"
     """proxy (embedded CPU) | verl (GPU scale)"""
-    seeds: int = 1
-    """paired seeds per candidate"""
+    seeds: int = 2
+    """paired seeds per proxy candidate: 2 or more give every result a 95% interval (1: a reading
+    without one); the verl backend trains once per candidate"""
     timeout_s: float = 1800.0
     """hard wall-clock limit of one evaluation (its whole process group)"""
     memory_mb: int = 4096
@@ -391,7 +392,7 @@ mean_length = "min"
 
 [evaluation]
 backend = "proxy"              # proxy (embedded CPU) | verl (GPU scale)
-seeds = 1
+seeds = 2                      # paired seeds per candidate (1 gives no interval)
 # protocol = "proxy/default"   # rank under this protocol (default: what backend and preset define)
 
 [select]

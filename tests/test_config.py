@@ -53,3 +53,11 @@ def test_the_cli_reports_a_bad_number_as_one_line(tmp_path, cli):
     assert res.returncode == 1 and "Traceback" not in res.stderr
     assert "error: poise.toml: [llm].timeout_s must be > 0, got -1" in res.stderr
     assert not (tmp_path / "exp").exists()
+
+
+def test_a_candidate_gets_paired_seeds_and_so_an_interval_by_default():
+    # a number without an interval means little: the default and the file `init` writes both
+    # evaluate every candidate on 2 paired seeds; 1 is still accepted, for a reading
+    assert parse_config("").evaluation.seeds == 2
+    assert parse_config(DEFAULT_TOML).evaluation.seeds == 2
+    assert parse_config("[evaluation]\nseeds = 1\n").evaluation.seeds == 1
