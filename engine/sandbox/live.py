@@ -56,6 +56,47 @@ def kill_sandbox_tree(pid: int) -> None:
             pass
 
 
+def kill_pipe_holders(fds: list[int]) -> None:
+    """SIGKILL every other process that holds an end of the pipes ``fds`` belong to: a child's
+    descendant that detached itself (``setsid``, double fork) and so escaped both its process group
+    and its parent's tree, but kept the channel or its output open. Linux only (``/proc``); a
+    process that closed both pipes is not found."""
+    pipes = set()
+    for fd in fds:
+        try:
+            pipes.add(f"pipe:[{os.fstat(fd).st_ino}]")
+        except OSError:
+            pass
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return
+    me = os.getpid()
+    for pid in pids:
+        if pid == me or not _holds(pid, pipes):
+            continue
+        try:
+            import psutil  # lazy: psutil is heavy (only this path needs it)
+
+            psutil.Process(pid).kill()
+        except Exception:
+            pass
+
+
+def _holds(pid: int, pipes: set[str]) -> bool:
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in pipes:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def kill_all() -> None:
     """Kill every child started here and refuse new ones (an interrupt is under way)."""
     _stopping.set()

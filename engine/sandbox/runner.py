@@ -33,6 +33,10 @@ from trainer_template.channel import FD_ENV
 INPUT_TOKEN = "{input}"
 POLL_S = 0.5
 """the longest a supervised child's reader waits before it looks again at the engine's stop flag"""
+EXIT_DRAIN_S = 2.0
+"""how long the pipes are still read once the child has exited: what it wrote is in the pipes'
+buffers by then; a pipe still open after that is held by a descendant that detached itself (the weak
+mode), which must hold the engine up no longer"""
 _UID_BASE = 1_500_000_000
 _uid_counter = 0
 _uid_lock = threading.Lock()
@@ -231,6 +235,8 @@ def run_sandboxed(
             run = _supervise(proc, read_fd, limits, on_frame, start, b)
         finally:
             _kill(proc)
+            if not b.isolated:  # under bwrap the whole pid namespace died with its first process
+                live.kill_pipe_holders([read_fd, proc.stdout.fileno()])
             os.close(read_fd)
             live.discard(proc)
     run.limits = limits.to_dict()
@@ -276,6 +282,8 @@ def _supervise(proc, read_fd: int, limits: Limits, on_frame, start: float, b) ->
             if killed:
                 _kill(proc)
                 drain_end = now + 2.0
+        if drain_end is None and proc.poll() is not None:
+            drain_end = now + EXIT_DRAIN_S  # exited: read what it left in the pipes, then stop
         ends = [wall_end, session.deadline or wall_end]
         if drain_end is not None:
             if now >= drain_end:
@@ -313,6 +321,11 @@ def _supervise(proc, read_fd: int, limits: Limits, on_frame, start: float, b) ->
                 protocol = secrets.scrub(str(exc))[:300]
                 _kill(proc)
                 drain_end = time.monotonic() + 2.0
+    if read_fd in sel.get_map() and not protocol and not killed:
+        try:  # a detached descendant still holds the channel: what the child sent must be whole
+            reader.finish()
+        except ChannelError as exc:
+            protocol = str(exc)
     sel.close()
     try:
         rc = proc.wait(timeout=max(0.1, wall_end - time.monotonic()) if not killed else 5)
