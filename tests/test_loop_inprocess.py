@@ -391,3 +391,42 @@ def test_the_roots_evaluation_carries_no_round_tag(tmp_path):
     for r in runs:
         assert "poise.round" not in r.data.tags, r.data.tags
         assert r.data.tags["poise.run"] == load_run(arch).id
+
+
+def test_a_run_removes_the_temporary_directories_a_killed_run_left(tmp_path, monkeypatch):
+    """A run killed with SIGKILL leaves its sandbox directories in $TMPDIR (nothing runs to remove
+    them); the next run removes them when it ends, and keeps one a live process holds."""
+    import os
+    import signal
+    import sys
+    import tempfile
+
+    from engine.scratch import IN_USE, SANDBOX_PREFIX, scratch_dir
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    code = (
+        "import sys, time\n"
+        "from engine.scratch import SANDBOX_PREFIX, scratch_dir\n"
+        "with scratch_dir(SANDBOX_PREFIX, dir=sys.argv[1]) as d:\n"
+        "    print(d, flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    with subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp)], stdout=subprocess.PIPE, text=True, env=env
+    ) as proc:
+        left = Path(proc.stdout.readline().strip())
+        proc.send_signal(signal.SIGKILL)
+    past = os.stat(left / IN_USE).st_mtime - 30  # killed a while before the next run ends
+    os.utime(left / IN_USE, (past, past))
+    arch = archive_with_root(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    events = []
+    with scratch_dir(SANDBOX_PREFIX, dir=tmp) as held:
+        os.utime(Path(held) / IN_USE, (past, past))
+        run(arch, on_event=events.append, budget=["candidates=0"])
+        assert Path(held).is_dir()
+    assert not left.exists()
+    assert any("removed 1 temporary" in e.get("msg", "") for e in events)

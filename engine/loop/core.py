@@ -41,6 +41,7 @@ from engine.operators.llm import LLMEndpointError, make_client
 from engine.operators.propose import propose
 from engine.operators.reflect import reflect_node
 from engine.operators.verify import verify_node
+from engine.scratch import remove_abandoned
 from engine.select import objective as obj
 from engine.select import select_parents
 
@@ -287,6 +288,14 @@ class Loop:
         self.executor.shutdown(kill=False)
         self.rec.data["stop_reason"] = self.stop_reason
         self._save(f"poise: run {self.rec.id} {self.rec.data['status']}")
+        left = remove_abandoned()  # what killed processes (a kill -9 before a --resume) left
+        if left:
+            self.emit(
+                {
+                    "kind": "log",
+                    "msg": f"removed {len(left)} temporary director(ies) that killed processes left",
+                }
+            )
         self.emit({"kind": "stop", "reason": self.stop_reason})
         return self._summary(first, last)
 
