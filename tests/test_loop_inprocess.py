@@ -430,3 +430,15 @@ def test_a_run_removes_the_temporary_directories_a_killed_run_left(tmp_path, mon
         assert Path(held).is_dir()
     assert not left.exists()
     assert any("removed 1 temporary" in e.get("msg", "") for e in events)
+
+
+def test_a_resumed_run_keeps_the_held_out_confirmation_it_was_started_with(tmp_path):
+    """`run --confirm-seeds M` confirms the best node after the loop; a run killed before (or
+    during) that step and resumed with a bare `--resume` still owes it: M is in the run's plan."""
+    arch = archive_with_root(tmp_path)
+    first = run(arch, budget=["candidates=0"], confirm_seeds=2)
+    assert first.confirm_seeds == 2
+    assert load_run(arch).data["plan"]["confirm_seeds"] == 2
+    again = run(arch, resume=True)  # no confirm_seeds given: the recorded plan's
+    assert again.confirm_seeds == 2
+    assert run(arch, resume=True, confirm_seeds=0).confirm_seeds == 0  # given again: overrides

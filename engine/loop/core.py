@@ -86,6 +86,8 @@ class RunSummary:
     """the protocol key the run ranked its nodes under"""
     root_blocked: str = ""
     """``rejected`` or ``failed`` when the root's status kept every round from starting"""
+    confirm_seeds: int = 0
+    """the plan's held-out seeds for the confirmation after the rounds (0: none)"""
 
 
 def _slug(text: str) -> str:
@@ -614,6 +616,7 @@ class Loop:
             obj.describe_objective(exp),
             configured_protocol(self.cfg).key,
             self.root_blocked,
+            self.plan.confirm_seeds,
         )
 
 
