@@ -442,3 +442,33 @@ def test_a_resumed_run_keeps_the_held_out_confirmation_it_was_started_with(tmp_p
     again = run(arch, resume=True)  # no confirm_seeds given: the recorded plan's
     assert again.confirm_seeds == 2
     assert run(arch, resume=True, confirm_seeds=0).confirm_seeds == 0  # given again: overrides
+
+
+@pytest.mark.slow  # a real spawn and verification: 10-60 s on 2 busy cores
+def test_a_candidate_dropped_while_the_run_evaluates_it_is_skipped_not_the_runs_end(tmp_path):
+    """`poise-git drop` beside a run may take a candidate the run is about to evaluate: its
+    evaluation finds no node, and the run says so and goes on (before, it stopped with an error
+    asking to fix what was never broken); the dropped node stays restorable, nothing recorded."""
+    from engine.archive import cleanup
+
+    arch = archive_with_root(tmp_path)
+    events, dropped = [], []
+
+    def on_event(e: dict) -> None:
+        events.append(e)
+        if (
+            e.get("kind") == "stage"
+            and e.get("stage") == "evaluate"
+            and e.get("round")
+            and not dropped
+        ):
+            dropped.append(e["node"])
+            cleanup.drop(arch, [e["node"]])
+
+    summary = run(arch, on_event=on_event, rounds=1, population=1)
+    assert len(dropped) == 1 and dropped[0] not in arch.nodes()
+    assert summary.stop_reason == "finished 1 round(s)"
+    assert any(f"{dropped[0]} was dropped" in e.get("msg", "") for e in events)
+    (gone,) = cleanup.dropped(arch)  # (the round may have filled its place with another)
+    assert gone.name == dropped[0] and gone.status == "verified"
+    assert arch.fsck()

@@ -488,6 +488,15 @@ class Loop:
                     out: EvalOutcome = fut.result()
                     why = out.reason if out.status == SETUP_FAILED else ""
                 except Exception as exc:
+                    if not self.archive.exists(name):  # `poise-git drop` took it meanwhile
+                        self.emit(
+                            {
+                                "kind": "log",
+                                "msg": f"{name} was dropped while the run evaluated it; "
+                                "nothing recorded (`poise-git restore` brings it back)",
+                            }
+                        )
+                        continue
                     why = f"{name}: the evaluation could not run ({type(exc).__name__}: {exc})"
                 if why:
                     raise EvaluationError(
