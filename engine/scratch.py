@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -56,3 +58,36 @@ def in_use(path: str | Path) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+ABANDONED_AGE_S = 5.0
+"""how old a directory's lock file must be before :func:`remove_abandoned` takes its process for
+dead: a process making one holds no lock on it for a moment after creating the file"""
+
+
+def remove_abandoned(tmpdir: str | Path | None = None) -> list[str]:
+    """Remove the engine's temporary directories in ``tmpdir`` (default: ``$TMPDIR``) that a dead
+    process left (a SIGKILL, a power loss): this user's, holding their lock file, unlocked, and
+    that file older than :data:`ABANDONED_AGE_S`. A directory a live process holds, or one still
+    being made (no lock file yet, or a new one), is kept, whatever its age. Returns those removed."""
+    tmp = Path(tmpdir or tempfile.gettempdir())
+    uid = os.getuid()
+    removed = []
+    try:
+        entries = sorted(tmp.iterdir())
+    except OSError:
+        return removed
+    for p in entries:
+        if not p.name.startswith(SCRATCH_PREFIXES):
+            continue
+        try:
+            st = p.lstat()
+            lock = os.stat(p / IN_USE, follow_symlinks=False)
+        except OSError:
+            continue
+        if not p.is_dir() or p.is_symlink() or st.st_uid != uid:
+            continue
+        if time.time() - lock.st_mtime > ABANDONED_AGE_S and not in_use(p):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(str(p))
+    return removed

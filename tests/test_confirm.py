@@ -460,3 +460,19 @@ def test_an_unconfirmed_gain_is_told_how_many_held_out_seeds_would_confirm_it():
     for c in (behind, confirmed):
         assert "would show it" not in confirmation_line(c)
     assert confirmation_line(confirmed).startswith("[bold green]held-out confirmation:[/]")
+
+
+def test_a_resumed_run_reads_back_the_confirmation_it_already_recorded(archive):
+    """`run --resume` of a run whose held-out confirmation is recorded (it was killed after it, or
+    resumed again) reads it back; another node pair, seed count or protocol version is measured."""
+    from engine.cli.run_cmds import _done_confirmation
+
+    archive.spawn("grpo", "child", edit=DR_GRPO)
+    mark_verified(archive, "child")
+    conf = _conf({2: 0.6, 3: 0.61}, {2: 0.5, 3: 0.52}, node_commit=archive.node("child").commit)
+    assert _done_confirmation(archive, "child", "grpo", 2, PROTO.key) is None
+    record_confirmation(archive, conf)
+    assert _done_confirmation(archive, "child", "grpo", 2, PROTO.key) == conf
+    assert _done_confirmation(archive, "child", "grpo", 3, PROTO.key) is None
+    assert _done_confirmation(archive, "child", "other", 2, PROTO.key) is None
+    assert _done_confirmation(archive, "child", "grpo", 2, "proxy/smoke@" + "cd" * 6) is None

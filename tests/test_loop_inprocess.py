@@ -391,3 +391,84 @@ def test_the_roots_evaluation_carries_no_round_tag(tmp_path):
     for r in runs:
         assert "poise.round" not in r.data.tags, r.data.tags
         assert r.data.tags["poise.run"] == load_run(arch).id
+
+
+def test_a_run_removes_the_temporary_directories_a_killed_run_left(tmp_path, monkeypatch):
+    """A run killed with SIGKILL leaves its sandbox directories in $TMPDIR (nothing runs to remove
+    them); the next run removes them when it ends, and keeps one a live process holds."""
+    import os
+    import signal
+    import sys
+    import tempfile
+
+    from engine.scratch import IN_USE, SANDBOX_PREFIX, scratch_dir
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    code = (
+        "import sys, time\n"
+        "from engine.scratch import SANDBOX_PREFIX, scratch_dir\n"
+        "with scratch_dir(SANDBOX_PREFIX, dir=sys.argv[1]) as d:\n"
+        "    print(d, flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    with subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp)], stdout=subprocess.PIPE, text=True, env=env
+    ) as proc:
+        left = Path(proc.stdout.readline().strip())
+        proc.send_signal(signal.SIGKILL)
+    past = os.stat(left / IN_USE).st_mtime - 30  # killed a while before the next run ends
+    os.utime(left / IN_USE, (past, past))
+    arch = archive_with_root(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    events = []
+    with scratch_dir(SANDBOX_PREFIX, dir=tmp) as held:
+        os.utime(Path(held) / IN_USE, (past, past))
+        run(arch, on_event=events.append, budget=["candidates=0"])
+        assert Path(held).is_dir()
+    assert not left.exists()
+    assert any("removed 1 temporary" in e.get("msg", "") for e in events)
+
+
+def test_a_resumed_run_keeps_the_held_out_confirmation_it_was_started_with(tmp_path):
+    """`run --confirm-seeds M` confirms the best node after the loop; a run killed before (or
+    during) that step and resumed with a bare `--resume` still owes it: M is in the run's plan."""
+    arch = archive_with_root(tmp_path)
+    first = run(arch, budget=["candidates=0"], confirm_seeds=2)
+    assert first.confirm_seeds == 2
+    assert load_run(arch).data["plan"]["confirm_seeds"] == 2
+    again = run(arch, resume=True)  # no confirm_seeds given: the recorded plan's
+    assert again.confirm_seeds == 2
+    assert run(arch, resume=True, confirm_seeds=0).confirm_seeds == 0  # given again: overrides
+
+
+@pytest.mark.slow  # a real spawn and verification: 10-60 s on 2 busy cores
+def test_a_candidate_dropped_while_the_run_evaluates_it_is_skipped_not_the_runs_end(tmp_path):
+    """`poise-git drop` beside a run may take a candidate the run is about to evaluate: its
+    evaluation finds no node, and the run says so and goes on (before, it stopped with an error
+    asking to fix what was never broken); the dropped node stays restorable, nothing recorded."""
+    from engine.archive import cleanup
+
+    arch = archive_with_root(tmp_path)
+    events, dropped = [], []
+
+    def on_event(e: dict) -> None:
+        events.append(e)
+        if (
+            e.get("kind") == "stage"
+            and e.get("stage") == "evaluate"
+            and e.get("round")
+            and not dropped
+        ):
+            dropped.append(e["node"])
+            cleanup.drop(arch, [e["node"]])
+
+    summary = run(arch, on_event=on_event, rounds=1, population=1)
+    assert len(dropped) == 1 and dropped[0] not in arch.nodes()
+    assert summary.stop_reason == "finished 1 round(s)"
+    assert any(f"{dropped[0]} was dropped" in e.get("msg", "") for e in events)
+    (gone,) = cleanup.dropped(arch)  # (the round may have filled its place with another)
+    assert gone.name == dropped[0] and gone.status == "verified"
+    assert arch.fsck()

@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from engine import secrets
+from engine.archive.confirmation import read_confirmation
 from engine.archive.store import ALGORITHM, Archive
 from engine.cli import EXIT_FAILED, EXIT_REJECTED, ArchiveOpt, console, plain, shell_arg
 from engine.cli.archive_cmds import create_archive
@@ -241,13 +242,13 @@ def run(
         "--replay",
         help="Answer LLM calls from the calls recorded in the archive (no endpoint).",
     ),
-    confirm_seeds: int = typer.Option(
-        0,
+    confirm_seeds: int | None = typer.Option(
+        None,
         "--confirm-seeds",
         min=0,
         help="At the end, measure the best node and the root again on this many held-out seeds "
         "(seeds the search never used) and record that confirmation; 0: none (`poise-git "
-        "confirm` does it later).",
+        "confirm` does it later; with --resume: the interrupted run's).",
     ),
 ) -> None:
     """Run the closed loop: select -> propose -> implement -> verify -> evaluate -> reflect, round after round.
@@ -269,6 +270,7 @@ def run(
             "preset": preset,
             "eval_timeout_s": eval_timeout,
             "seed": seed,
+            "confirm_seeds": confirm_seeds,
         },
         workers=workers,
         ray=ray,
@@ -303,7 +305,7 @@ def run(
             )
     with _Display(arch.path / ".poise" / "run.log") as display:
         summary = Loop(arch, opts, on_event=display).run()
-    _print_summary(arch, summary, report=not no_report, confirm_seeds=confirm_seeds)
+    _print_summary(arch, summary, report=not no_report, confirm_seeds=summary.confirm_seeds)
     if summary.root_blocked:  # no round could start: the run did not do what was asked
         raise typer.Exit(EXIT_REJECTED if summary.root_blocked == "rejected" else EXIT_FAILED)
 
@@ -369,9 +371,11 @@ def _print_summary(arch, s, report: bool, confirm_seeds: int = 0) -> None:
                 f"{s.protocol}"
             )
             return
-        conf = run_confirmation(
-            arch, shown, root, confirm_seeds, None, protocol_id.split("/", 1)[1], None
-        )
+        conf = _done_confirmation(arch, shown, root, confirm_seeds, s.protocol)
+        if conf is None:
+            conf = run_confirmation(
+                arch, shown, root, confirm_seeds, None, protocol_id.split("/", 1)[1], None
+            )
         console.print(confirmation_line(conf), highlight=False)
         if report:  # the report, written before, gains the confirmation
             # lazy: numpy is heavy (only this path needs it)
@@ -519,3 +523,17 @@ def stop_tree(pid: int, grace_s: float = 10.0) -> None:
 def register(app: typer.Typer) -> None:
     for fn in (run, report, ui):
         app.command()(fn)
+
+
+def _done_confirmation(arch, node: str, against: str, seeds: int, protocol: str):
+    """The confirmation of ``node`` against ``against`` on ``seeds`` held-out seeds under
+    ``protocol`` (``id@hash12``) already recorded, by this run before it was killed or by an
+    earlier ``--resume`` of it: read back rather than measured again (None: none such)."""
+    protocol_id = protocol.split("@")[0]
+    try:
+        conf = read_confirmation(arch, node, protocol_id)
+    except PoiseError:
+        return None
+    if conf is None or conf.against != against or len(conf.seeds) != seeds:
+        return None
+    return conf if conf.protocol.key == protocol else None

@@ -41,6 +41,7 @@ from engine.operators.llm import LLMEndpointError, make_client
 from engine.operators.propose import propose
 from engine.operators.reflect import reflect_node
 from engine.operators.verify import verify_node
+from engine.scratch import remove_abandoned
 from engine.select import objective as obj
 from engine.select import select_parents
 
@@ -85,6 +86,8 @@ class RunSummary:
     """the protocol key the run ranked its nodes under"""
     root_blocked: str = ""
     """``rejected`` or ``failed`` when the root's status kept every round from starting"""
+    confirm_seeds: int = 0
+    """the plan's held-out seeds for the confirmation after the rounds (0: none)"""
 
 
 def _slug(text: str) -> str:
@@ -287,6 +290,14 @@ class Loop:
         self.executor.shutdown(kill=False)
         self.rec.data["stop_reason"] = self.stop_reason
         self._save(f"poise: run {self.rec.id} {self.rec.data['status']}")
+        left = remove_abandoned()  # what killed processes (a kill -9 before a --resume) left
+        if left:
+            self.emit(
+                {
+                    "kind": "log",
+                    "msg": f"removed {len(left)} temporary director(ies) that killed processes left",
+                }
+            )
         self.emit({"kind": "stop", "reason": self.stop_reason})
         return self._summary(first, last)
 
@@ -477,6 +488,15 @@ class Loop:
                     out: EvalOutcome = fut.result()
                     why = out.reason if out.status == SETUP_FAILED else ""
                 except Exception as exc:
+                    if not self.archive.exists(name):  # `poise-git drop` took it meanwhile
+                        self.emit(
+                            {
+                                "kind": "log",
+                                "msg": f"{name} was dropped while the run evaluated it; "
+                                "nothing recorded (`poise-git restore` brings it back)",
+                            }
+                        )
+                        continue
                     why = f"{name}: the evaluation could not run ({type(exc).__name__}: {exc})"
                 if why:
                     raise EvaluationError(
@@ -605,6 +625,7 @@ class Loop:
             obj.describe_objective(exp),
             configured_protocol(self.cfg).key,
             self.root_blocked,
+            self.plan.confirm_seeds,
         )
 
 

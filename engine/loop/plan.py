@@ -50,6 +50,9 @@ class RunPlan:
     """GPUs one verl evaluation holds (Ray scheduling and the gpu-hours budget)"""
     start_round: int = 1
     """the first round's number (one past the archive's last round when the run started)"""
+    confirm_seeds: int = 0
+    """held-out seeds of the confirmation of the best node once the rounds are done (0: none);
+    recorded, so that a run killed before it is done still does it on ``--resume``"""
 
     def __post_init__(self) -> None:
         for name in ("rounds", "parents", "population", "seeds", "start_round"):
@@ -57,6 +60,8 @@ class RunPlan:
                 raise PoiseError(
                     f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}"
                 )
+        if int(self.confirm_seeds) < 0:
+            raise PoiseError(f"--confirm-seeds must be >= 0, got {self.confirm_seeds}")
         if not 0 <= int(self.implement) <= int(self.population):
             raise PoiseError(
                 f"--implement must be between 0 (all) and --population ({self.population}), "
