@@ -19,6 +19,7 @@ from engine.archive.confirmation import (
     UNRESOLVED,
     Confirmation,
     read_confirmation,
+    read_confirmations,
     record_confirmation,
     verdict_of,
 )
@@ -460,3 +461,43 @@ def test_an_unconfirmed_gain_is_told_how_many_held_out_seeds_would_confirm_it():
     for c in (behind, confirmed):
         assert "would show it" not in confirmation_line(c)
     assert confirmation_line(confirmed).startswith("[bold green]held-out confirmation:[/]")
+
+
+def test_a_child_does_not_inherit_its_parents_confirmation(archive):
+    """A node spawned from a confirmed one starts with no confirmation of its own: log, show and the
+    report never credit it with its parent's held-out seeds."""
+    archive.spawn("grpo", "child", edit=DR_GRPO)
+    for name in ("grpo", "child"):
+        archive.record_result(name, _result([0, 1]))
+    record_confirmation(archive, _conf({2: 0.6, 3: 0.63}, {2: 0.5, 3: 0.52}))
+    archive.spawn("child", "grandchild", edit=DR_GRPO.replace("stats.mean", "stats.mean * 1.0"))
+    tree = archive.git.ls_tree(archive.node("grandchild").commit)
+    assert not any(p.startswith("confirmations/") for p in tree)
+    assert read_confirmation(archive, "grandchild", "proxy/smoke") is None
+    rows = {
+        r["node"]: r
+        for r in json.loads(
+            run_cli("log", "--json", "--protocol", "proxy/smoke", "-C", str(archive.path)).stdout
+        )
+    }
+    assert rows["child"]["confirmation"]["verdict"] == CONFIRMED
+    assert rows["grandchild"]["confirmation"] is None
+
+
+def test_a_confirmation_a_node_inherited_before_the_fix_is_not_read_as_its_own(archive):
+    """Archives written before children stopped inheriting ``confirmations/`` hold a parent's record
+    on a child's branch: the readers leave it out, since it names another node."""
+    archive.spawn("grpo", "child", edit=DR_GRPO)
+    archive.record_result("child", _result([0, 1]))
+    conf = _conf({2: 0.6, 3: 0.63}, {2: 0.5, 3: 0.52})
+    record_confirmation(archive, conf)
+    archive.spawn("child", "grandchild", edit=DR_GRPO.replace("stats.mean", "stats.mean * 1.0"))
+    archive.commit_files(  # what a spawn wrote before: the parent's record on the child's branch
+        "grandchild",
+        {conf.path: conf.to_json()},
+        subject="poise: inherited",
+        trailers={"Poise-Event": "spawn"},
+    )
+    assert read_confirmation(archive, "grandchild", "proxy/smoke") is None
+    nodes = archive.nodes("proxy/smoke")
+    assert set(read_confirmations(archive, nodes, "proxy/smoke")) == {"child"}

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.archive.confirmation import CONFIRMATIONS_DIR
 from engine.archive.edit import apply_edit, check_interface
 from engine.archive.gitio import Git, GitError, parse_tree
 from engine.archive.locks import git_dir
@@ -50,7 +51,7 @@ REFLECTION = "REFLECTION.md"
 PROPOSAL = "PROPOSAL.md"
 # Files that belong to one node and are not inherited by its children.
 NODE_FILES = (PROPOSAL, REFLECTION, LEGACY_FILE, "verification.json")
-NODE_DIRS = ("tests/", "records/", RESULTS_DIR + "/")
+NODE_DIRS = ("tests/", "records/", RESULTS_DIR + "/", CONFIRMATIONS_DIR + "/")
 STATUSES = ("spawned", "verified", "rejected", "evaluating", "evaluated", "failed")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _TRAILER_RE = re.compile(r"^[ \t]*(Poise-[A-Za-z-]+): (.*)$", re.MULTILINE)
