@@ -166,6 +166,9 @@ def test_crossover_has_two_parents(archive):
     [
         (["spawn", "nope", "--name", "x"], "unknown parent node 'nope'"),
         (["spawn", "grpo", "--name", "grpo"], "already exists"),
+        # the name is taken: said before the mechanism is compared with the nodes'
+        (["spawn", "grpo", "--name", "grpo", "--edit", "{same}"], "already exists"),
+        (["spawn", "grpo", "--name", "grpo", "--edit", "{same}", "--force"], "already exists"),
         (["spawn", "grpo", "--name", "bad..name"], "invalid node name"),
         (["spawn", "grpo", "--name", "x.lock"], "invalid node name"),
         (["spawn", "grpo", "--name", "a b"], "invalid node name"),
@@ -192,6 +195,11 @@ def test_bad_input_one_clear_line_and_nothing_written(archive, cli, tmp_path, ar
         "resign": "def policy_loss(log_prob, advantages, cfg):\n    return 0, {}\n",
         "missing": str(tmp_path / "nope.py"),
         "stmt": "print('hello')\n",
+        "same": (  # the root's own entropy_coefficient: its mechanism, a node that exists
+            "def entropy_coefficient(\n"
+            "    cfg: Hyperparameters, state: TrainingState | None, measured_entropy: float\n"
+            ") -> float:\n    return cfg.entropy_coef\n"
+        ),
         "badjson": "{not json",
         "nan": '{"overall": NaN}',
     }
@@ -529,3 +537,22 @@ def test_console_script_is_declared():
 
     meta = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
     assert meta["project"]["scripts"]["poise-git"] == "engine.cli:main"
+
+
+def test_spawn_prints_what_the_child_carries_not_its_parents_records(archive, cli, tmp_path):
+    """The summary after a spawn lists the files the spawn wrote; the parent's results, verification
+    and tests, which a child never inherits, are not shown as deletions."""
+    record(archive, "grpo", {"overall": 0.5})
+    archive.commit_files(
+        "grpo", {"verification.json": "{}\n", "tests/test_x.py": "x = 1\n"}, subject="poise: checks"
+    )
+    edit = tmp_path / "e.py"
+    edit.write_text(EDIT)
+    p = cli(
+        "spawn", "grpo", "--name", "dr", "--edit", str(edit), "--no-verify", "-C", str(archive.path)
+    )
+    assert p.returncode == 0, p.stderr
+    assert "algorithm.py" in p.stdout
+    for inherited in ("results/", "verification.json", "tests/"):
+        assert inherited not in p.stdout, p.stdout
+    assert "1 file changed" in p.stdout

@@ -736,10 +736,21 @@ class Archive:
             name, dict(files or {}), subject=f"poise: {name} {status}", status=status, trailers=tr
         )
 
-    def diff(self, a: str, b: str, paths: list[str] | None = None, stat: bool = False) -> str:
+    def diff(
+        self,
+        a: str,
+        b: str,
+        paths: list[str] | None = None,
+        stat: bool = False,
+        written_only: bool = False,
+    ) -> str:
+        """``git diff`` of the two nodes' tips; ``written_only``: the files ``b`` adds or changes
+        (what a spawn wrote), not those of ``a`` it lacks (a parent's records it never inherits)."""
         args = ["diff", "--no-color"]
         if stat:
             args.append("--stat")
+        if written_only:
+            args += ["--no-renames", "--diff-filter=d"]
         args += [self.tip(a), self.tip(b)]
         if paths:
             args += ["--", *paths]

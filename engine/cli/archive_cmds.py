@@ -281,12 +281,15 @@ def spawn(
     if proposal is not None:
         proposal_src = _read_text(proposal, "proposal file")
     arch = Archive(archive)
+    check_name(name)
+    if arch.exists(name):  # said before the mechanism is compared: --force would not help
+        raise PoiseError(f"a node named {name!r} already exists")
     if edit_src is not None and not force and arch.exists(parent):
-        check_name(name)
         _refuse_duplicate(arch, parent, name, edit_src)
     node = arch.spawn(parent, name, edit_src, proposal=proposal_src, trailers=trailers, files=files)
     console.print(f"spawned [bold]{node.name}[/] from [bold]{parent}[/] at {node.commit[:10]}")
-    console.print(arch.diff(parent, name, stat=True).rstrip(), highlight=False, markup=False)
+    written = arch.diff(parent, name, stat=True, written_only=True)
+    console.print(written.rstrip(), highlight=False, markup=False)
     if edit_src is not None and not no_verify:
         from engine.operators.verify import verify_node  # lazy: keeps `poise-git --help` fast
 
