@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 from results_util import record
 
 from engine.archive.results import UNITS
@@ -50,6 +51,22 @@ def test_init_refuses_non_empty_dir(tmp_path):
     (tmp_path / "x" / "f").write_text("hi")
     with pytest.raises(ArchiveError, match="not empty"):
         Archive.init(tmp_path / "x")
+
+
+@pytest.mark.parametrize("command", ["init", "run"])
+def test_a_directory_that_cannot_be_created_is_one_error_line(cli, tmp_path, command):
+    """``init DIR`` (and ``run -C DIR``, which creates it) under a path that is a file: one
+    ``error:`` line naming the directory, no traceback."""
+    (tmp_path / "file").write_text("not a directory")
+    target = tmp_path / "file" / "exp"
+    args = (
+        ["init", str(target)] if command == "init" else ["run", "-C", str(target), "--rounds", "1"]
+    )
+    p = run_cli(*args)
+    assert p.returncode == 1, p.stderr
+    err = p.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: cannot create"), p.stderr
+    assert str(target) in err[0] and "Traceback" not in p.stderr
 
 
 def test_open_non_archive(tmp_path):

@@ -266,7 +266,10 @@ class Archive:
         algo = algorithm if algorithm is not None else template
         # before anything is created, so that a refused root leaves no directory behind
         check_interface(template, algo, "the root's algorithm.py")
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a parent that is a file, a read-only or missing mount...
+            raise ArchiveError(f"cannot create {path}: {exc.strerror or exc}") from None
         subprocess.run(["git", "init", "-q", "-b", f"poise/{root_name}", str(path)], check=True)
         git = Git(path)
         (path / ".git" / "info").mkdir(exist_ok=True)
