@@ -53,3 +53,24 @@ def test_the_cli_reports_a_bad_number_as_one_line(tmp_path, cli):
     assert res.returncode == 1 and "Traceback" not in res.stderr
     assert "error: poise.toml: [llm].timeout_s must be > 0, got -1" in res.stderr
     assert not (tmp_path / "exp").exists()
+
+
+def test_an_unknown_proxy_preset_is_refused_when_read(tmp_path, cli):
+    """A typo'd preset is one error when poise.toml is read (``init --config`` creates nothing), not
+    an archive whose every evaluation fails later."""
+    with pytest.raises(
+        ConfigError, match=r"\[proxy\]\.preset must be one of default, .*got 'tinyy'"
+    ):
+        parse_config('[proxy]\npreset = "tinyy"\n')
+    for preset in ("default", "smoke", "tiny", "large"):
+        assert parse_config(f'[proxy]\npreset = "{preset}"\n').proxy.preset == preset
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[proxy]\npreset = "tinyy"\n')
+    res = cli("init", str(tmp_path / "exp"), "--config", str(bad))
+    assert res.returncode == 1 and "[proxy].preset must be one of" in res.stderr
+    assert not (tmp_path / "exp").exists()
+
+
+def test_a_setting_outside_any_section_is_named_as_a_setting():
+    with pytest.raises(ConfigError, match=r"setting seeds outside any section .*\[evaluation\]"):
+        parse_config("seeds = 2\n")
