@@ -74,3 +74,21 @@ def test_an_unknown_proxy_preset_is_refused_when_read(tmp_path, cli):
 def test_a_setting_outside_any_section_is_named_as_a_setting():
     with pytest.raises(ConfigError, match=r"setting seeds outside any section .*\[evaluation\]"):
         parse_config("seeds = 2\n")
+
+
+def test_an_edited_poise_toml_in_the_archive_directory_is_said_not_to_be_read(tmp_path):
+    """The archive directory's files are the root as created; poise-git reads the root node's
+    poise.toml. A user who edits the file there (even into invalid TOML) is told once that it is not
+    read, instead of seeing the old settings used in silence."""
+    from conftest import run_cli
+
+    exp = tmp_path / "exp"
+    assert run_cli("init", str(exp)).returncode == 0
+    quiet = run_cli("log", "-C", str(exp))
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    (exp / "poise.toml").write_text('[proxy\npreset = "tiny"\n')
+    p = run_cli("log", "-C", str(exp))
+    assert p.returncode == 0, p.stderr
+    warned = [ln for ln in p.stderr.splitlines() if "poise.toml" in ln]
+    assert len(warned) == 1 and "not read" in warned[0] and "--config" in warned[0], p.stderr
+    assert "grpo" in p.stdout

@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 _WARNED_REMOTE_ONLY: set[Path] = set()
 """archives whose remote-only nodes were already warned about in this process"""
 _WARNED: set[tuple[str, str, str]] = set()
+_WARNED_CONFIG: set[Path] = set()
+"""archives whose edited poise.toml was already warned about in this process"""
 REF_PREFIX = "refs/heads/poise/"
 ROOT_NAME = "grpo"
 ALGORITHM = "algorithm.py"
@@ -71,7 +73,9 @@ commits carry its edited `algorithm.py`, `PROPOSAL.md`, generated `tests/`, `res
 
 The files in this directory are the root node as it was created (a detached checkout, for reading):
 the archive itself lives in the branches, which poise-git writes without touching this directory, so
-`git status` stays clean. `poise.toml` holds the experiment's protocol settings.
+`git status` stays clean. `poise.toml` holds the experiment's protocol settings: poise-git reads the
+root node's, fixed at init (`poise-git init DIR --config FILE`), so editing the file here changes
+nothing (poise-git warns that it is not read).
 """
 
 
@@ -498,7 +502,28 @@ class Archive:
         return self.read_file(name or self.root(), "poise.toml") or ""
 
     def config(self, name: str | None = None):
-        return parse_config(self.config_text(name))
+        text = self.config_text(name)
+        if name is None:
+            self._warn_edited_config(text)
+        return parse_config(text)
+
+    def _warn_edited_config(self, text: str) -> None:
+        """Warn, once per archive and process, where the directory's ``poise.toml`` (a view of the
+        root as created) was edited: the root node's file is the one read, so the edit does nothing."""
+        if self.path in _WARNED_CONFIG:
+            return
+        _WARNED_CONFIG.add(self.path)
+        try:
+            here = (self.path / "poise.toml").read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return
+        if here != text:
+            log.warning(
+                "%s/poise.toml differs from the root node's poise.toml and is not read: the settings "
+                "are the root's, fixed at init (command-line options override them per command; "
+                "other settings need a new archive: poise-git init DIR --config FILE)",
+                self.path,
+            )
 
     def spawn_commit(self, name: str) -> str:
         """The commit that created the node (its first commit with Poise-Event: spawn/init)."""
