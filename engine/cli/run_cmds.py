@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -471,6 +472,7 @@ def ui(
         "1",
     ]
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    _check_port(host, port)
     console.print(
         f"MLflow UI for {plain(arch.path)}: http://{plain(host)}:{port}  (Ctrl-C stops it)"
     )
@@ -487,6 +489,26 @@ def ui(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     raise typer.Exit(code)
+
+
+def _check_port(host: str, port: int) -> None:
+    """Refuse a port another server holds before starting MLflow, which would log the failed bind
+    and exit 0 after the URL (of that other server) was printed. Bound as servers bind
+    (SO_REUSEADDR), so a port left in TIME_WAIT by a stopped UI still counts as free."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise PoiseError(f"--host {host}: {getattr(exc, 'strerror', None) or exc}") from None
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(address)
+        except OSError as exc:
+            raise PoiseError(
+                f"cannot serve on {host}:{port}: {exc.strerror or exc} (another server? choose "
+                "another port with --port)"
+            ) from None
 
 
 def _interrupt(signum, _frame) -> None:
