@@ -95,7 +95,7 @@ class _Display:
                 f"{e['parents']} parents × {_per_parent(int(e['population']), per_parent)}, "
                 f"{e['seeds']} seed(s), "
                 f"{e['workers']} worker(s){' on Ray ' + e['ray'] if e['ray'] else ''}; "
-                f"{e['objective']}; {e['budget']}"
+                f"{e['objective']}{_under(e.get('protocol'))}; {e['budget']}"
             )
         elif kind == "round" and self.progress.tasks[0].total:
             missing = (int(e["planned"]) - int(e["parents"])) * self.per_parent
@@ -309,6 +309,11 @@ def run(
         raise typer.Exit(EXIT_REJECTED if summary.root_blocked == "rejected" else EXIT_FAILED)
 
 
+def _under(protocol: str | None) -> str:
+    """`` under proxy/tiny@9d52111c6877``: what measured the run's numbers ("" when unknown)."""
+    return f" under {escape(protocol)}" if protocol else ""
+
+
 def _per_parent(n: int, m: int) -> str:
     """What each parent gets: "N candidates", or "M of N screened proposals" (M implemented)."""
     return f"{n} candidates" if m == n else f"{m} of {n} screened proposals"
@@ -327,7 +332,7 @@ def _print_summary(arch, s, report: bool, confirm_seeds: int = 0) -> None:
             if c["verified"] + c["spawned"] + c["evaluating"]
             else ""
         )
-        + f"; wall {s.usage['wall_s']:.0f} s; {s.objective}"
+        + f"; wall {s.usage['wall_s']:.0f} s; {s.objective}{_under(s.protocol)}"
     )
     root = arch.root()
     if s.best:
