@@ -320,7 +320,11 @@ def test_a_candidate_that_fails_on_held_out_seeds_gives_a_failed_confirmation(se
     mark_verified(arch, "flaky")
     out = run_cli("confirm", "flaky", "--seeds", "1", "--preset", "tiny", "-C", str(arch.path))
     assert out.returncode == 4, out.stdout + out.stderr
-    assert "held-out confirmation: flaky vs grpo on 1 held-out seed(s) [2]: failed (" in out.stdout
+    assert (
+        "held-out confirmation: flaky vs grpo on 1 held-out seed(s) [2] under proxy/tiny@"
+        in out.stdout
+    )
+    assert ": failed (flaky: seed 2" in out.stdout
     assert "deliberately broken" in out.stdout
     conf = read_confirmation(arch, "flaky", "proxy/tiny")
     assert conf.verdict == FAILED and "deliberately broken" in conf.reason
@@ -461,6 +465,17 @@ def test_an_unconfirmed_gain_is_told_how_many_held_out_seeds_would_confirm_it():
     for c in (behind, confirmed):
         assert "would show it" not in confirmation_line(c)
     assert confirmation_line(confirmed).startswith("[bold green]held-out confirmation:[/]")
+
+
+def test_the_confirmation_line_names_the_protocol_its_seeds_were_measured_under():
+    """`confirm` and `run --confirm-seeds` print one line of numbers: it says what measured them, as
+    `show` does (which names the protocol in its own heading)."""
+    from engine.cli.confirm_cmds import confirmation_line
+
+    conf = _conf({2: 0.55, 3: 0.56, 4: 0.57}, {2: 0.50, 3: 0.50, 4: 0.51})
+    line = confirmation_line(conf)
+    assert f"child vs grpo on 3 held-out seed(s) [2, 3, 4] under {PROTO.key}: confirmed" in line
+    assert PROTO.key not in conf.describe()  # show's heading names it already
 
 
 def test_a_child_does_not_inherit_its_parents_confirmation(archive):

@@ -156,9 +156,12 @@ class Confirmation:
     def path(self) -> str:
         return f"{CONFIRMATIONS_DIR}/{self.protocol.id}.json"
 
-    def describe(self) -> str:
-        """One line: the verdict, the held-out difference with its interval, and the search's."""
+    def describe(self, with_protocol: bool = False) -> str:
+        """One line: the verdict, the held-out difference with its interval, and the search's; with
+        ``with_protocol``, the protocol the seeds were measured under (where no heading names it)."""
         head = f"{self.node} vs {self.against} on {len(self.seeds)} held-out seed(s) {list(self.seeds)}"
+        if with_protocol:
+            head += f" under {self.protocol.key}"
         if self.verdict == FAILED:
             return f"{head}: failed ({self.reason})"
         iv = f" [{self.interval[0]:+.4f}, {self.interval[1]:+.4f}]" if self.interval else ""
