@@ -254,7 +254,8 @@ def run(
     """Run the closed loop: select -> propose -> implement -> verify -> evaluate -> reflect, round after round.
 
     Creates the archive first when --archive does not exist (or is empty). Stops cleanly at the first
-    exhausted budget; `--resume` continues after a stop or a crash, from git alone."""
+    exhausted budget; `--resume` continues after a stop or a crash, from git alone. Exit code 3 (4)
+    when the root's verification rejects it (its evaluation fails): the run stops before round 1."""
     from engine.loop.budget import Budget  # lazy: keeps `poise-git --help` fast
     from engine.loop.core import Loop, RunOptions  # lazy: numpy is heavy (only this path needs it)
 
