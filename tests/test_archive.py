@@ -532,11 +532,12 @@ def test_cli_log_never_shows_values_of_other_units_or_protocols_unmarked(archive
     assert "overall 0.61" in lines["grpo"] and "(proxy/" not in lines["grpo"], lines["out"]
     assert "47.8 (lab/math6, percent)" in lines["dr"], lines["out"]
     assert "overall under proxy/default (fraction)" in lines["out"]
-    # every value under the compared protocol: nothing else to say
+    # every value under the compared protocol: the line names it, its unit and the seeds
     record(archive, "dr", {"overall": 0.58})
     lines = _log_lines(cli, archive)
     assert "overall 0.58" in lines["dr"] and "percent" not in lines["out"], lines["out"]
-    assert "under proxy/default" not in lines["out"]
+    assert "values: overall under proxy/default@" in lines["out"]
+    assert "not comparable" not in lines["out"]
 
 
 def test_cli_init_and_help(cli, tmp_path):
@@ -573,3 +574,15 @@ def test_spawn_prints_what_the_child_carries_not_its_parents_records(archive, cl
     for inherited in ("results/", "verification.json", "tests/"):
         assert inherited not in p.stdout, p.stdout
     assert "1 file changed" in p.stdout
+
+
+def test_log_says_what_its_values_are_when_all_are_under_the_compared_protocol(archive, cli):
+    """A bare ``overall 0.65`` says neither its protocol, unit nor seeds: a last line does."""
+    record(archive, "grpo", {"metrics": {"overall": 0.5}, "seeds": [0, 1]})
+    archive.spawn("grpo", "dr", EDIT)
+    record(archive, "dr", {"metrics": {"overall": 0.6}, "seeds": [0, 1, 2]})
+    p = cli("log", "-C", str(archive.path))
+    assert p.returncode == 0, p.stderr
+    key = archive.nodes()["grpo"].result.protocol.key
+    last = p.stdout.strip().splitlines()[-1]
+    assert last == f"values: overall under {key} (fraction), each node's mean over its 2–3 seeds"
