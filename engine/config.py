@@ -16,6 +16,7 @@ from typing import Any
 
 from engine import secrets
 from engine.errors import ConfigError
+from trainer_template.proxy.protocol import PRESETS
 
 
 @dataclass(frozen=True)
@@ -219,6 +220,14 @@ def parse_config(text: str) -> Config:
     kwargs = {}
     hints = {f.name: f.default_factory for f in dataclasses.fields(Config)}  # type: ignore[misc]
     for name, value in raw.items():
+        if name not in sections and not isinstance(value, dict):  # `seeds = 2` above every [table]
+            homes = [
+                f"[{sec}]"
+                for sec, factory in hints.items()
+                if name in {f.name for f in dataclasses.fields(type(factory()))}
+            ]
+            where = f"it belongs under {' or '.join(homes)}" if homes else "no section has it"
+            raise ConfigError(f"poise.toml: setting {name} outside any section ({where})")
         if name not in sections:
             raise ConfigError(
                 f"poise.toml: unknown section [{name}] (known: {', '.join(sections)})"
@@ -316,6 +325,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"poise.toml: [propose].remedies: unknown remedy {unknown[0]!r} "
             f"(known: {', '.join(REMEDY_MOVES)})"
+        )
+    if cfg.proxy.preset not in PRESETS:
+        raise ConfigError(
+            f"poise.toml: [proxy].preset must be one of {', '.join(PRESETS)}, "
+            f"got {cfg.proxy.preset!r}"
         )
     if cfg.propose.proposer not in ("offline", "llm"):
         raise ConfigError(

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 from results_util import record
 
 from engine.archive.results import UNITS
@@ -50,6 +51,22 @@ def test_init_refuses_non_empty_dir(tmp_path):
     (tmp_path / "x" / "f").write_text("hi")
     with pytest.raises(ArchiveError, match="not empty"):
         Archive.init(tmp_path / "x")
+
+
+@pytest.mark.parametrize("command", ["init", "run"])
+def test_a_directory_that_cannot_be_created_is_one_error_line(cli, tmp_path, command):
+    """``init DIR`` (and ``run -C DIR``, which creates it) under a path that is a file: one
+    ``error:`` line naming the directory, no traceback."""
+    (tmp_path / "file").write_text("not a directory")
+    target = tmp_path / "file" / "exp"
+    args = (
+        ["init", str(target)] if command == "init" else ["run", "-C", str(target), "--rounds", "1"]
+    )
+    p = run_cli(*args)
+    assert p.returncode == 1, p.stderr
+    err = p.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: cannot create"), p.stderr
+    assert str(target) in err[0] and "Traceback" not in p.stderr
 
 
 def test_open_non_archive(tmp_path):
@@ -166,6 +183,9 @@ def test_crossover_has_two_parents(archive):
     [
         (["spawn", "nope", "--name", "x"], "unknown parent node 'nope'"),
         (["spawn", "grpo", "--name", "grpo"], "already exists"),
+        # the name is taken: said before the mechanism is compared with the nodes'
+        (["spawn", "grpo", "--name", "grpo", "--edit", "{same}"], "already exists"),
+        (["spawn", "grpo", "--name", "grpo", "--edit", "{same}", "--force"], "already exists"),
         (["spawn", "grpo", "--name", "bad..name"], "invalid node name"),
         (["spawn", "grpo", "--name", "x.lock"], "invalid node name"),
         (["spawn", "grpo", "--name", "a b"], "invalid node name"),
@@ -192,6 +212,11 @@ def test_bad_input_one_clear_line_and_nothing_written(archive, cli, tmp_path, ar
         "resign": "def policy_loss(log_prob, advantages, cfg):\n    return 0, {}\n",
         "missing": str(tmp_path / "nope.py"),
         "stmt": "print('hello')\n",
+        "same": (  # the root's own entropy_coefficient: its mechanism, a node that exists
+            "def entropy_coefficient(\n"
+            "    cfg: Hyperparameters, state: TrainingState | None, measured_entropy: float\n"
+            ") -> float:\n    return cfg.entropy_coef\n"
+        ),
         "badjson": "{not json",
         "nan": '{"overall": NaN}',
     }
@@ -507,11 +532,12 @@ def test_cli_log_never_shows_values_of_other_units_or_protocols_unmarked(archive
     assert "overall 0.61" in lines["grpo"] and "(proxy/" not in lines["grpo"], lines["out"]
     assert "47.8 (lab/math6, percent)" in lines["dr"], lines["out"]
     assert "overall under proxy/default (fraction)" in lines["out"]
-    # every value under the compared protocol: nothing else to say
+    # every value under the compared protocol: the line names it, its unit and the seeds
     record(archive, "dr", {"overall": 0.58})
     lines = _log_lines(cli, archive)
     assert "overall 0.58" in lines["dr"] and "percent" not in lines["out"], lines["out"]
-    assert "under proxy/default" not in lines["out"]
+    assert "values: overall under proxy/default@" in lines["out"]
+    assert "not comparable" not in lines["out"]
 
 
 def test_cli_init_and_help(cli, tmp_path):
@@ -529,3 +555,34 @@ def test_console_script_is_declared():
 
     meta = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
     assert meta["project"]["scripts"]["poise-git"] == "engine.cli:main"
+
+
+def test_spawn_prints_what_the_child_carries_not_its_parents_records(archive, cli, tmp_path):
+    """The summary after a spawn lists the files the spawn wrote; the parent's results, verification
+    and tests, which a child never inherits, are not shown as deletions."""
+    record(archive, "grpo", {"overall": 0.5})
+    archive.commit_files(
+        "grpo", {"verification.json": "{}\n", "tests/test_x.py": "x = 1\n"}, subject="poise: checks"
+    )
+    edit = tmp_path / "e.py"
+    edit.write_text(EDIT)
+    p = cli(
+        "spawn", "grpo", "--name", "dr", "--edit", str(edit), "--no-verify", "-C", str(archive.path)
+    )
+    assert p.returncode == 0, p.stderr
+    assert "algorithm.py" in p.stdout
+    for inherited in ("results/", "verification.json", "tests/"):
+        assert inherited not in p.stdout, p.stdout
+    assert "1 file changed" in p.stdout
+
+
+def test_log_says_what_its_values_are_when_all_are_under_the_compared_protocol(archive, cli):
+    """A bare ``overall 0.65`` says neither its protocol, unit nor seeds: a last line does."""
+    record(archive, "grpo", {"metrics": {"overall": 0.5}, "seeds": [0, 1]})
+    archive.spawn("grpo", "dr", EDIT)
+    record(archive, "dr", {"metrics": {"overall": 0.6}, "seeds": [0, 1, 2]})
+    p = cli("log", "-C", str(archive.path))
+    assert p.returncode == 0, p.stderr
+    key = archive.nodes()["grpo"].result.protocol.key
+    last = p.stdout.strip().splitlines()[-1]
+    assert last == f"values: overall under {key} (fraction), each node's mean over its 2–3 seeds"

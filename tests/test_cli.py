@@ -16,7 +16,7 @@ from pathlib import Path
 
 import openai_server  # tests/openai_server.py
 import pytest
-from conftest import REPO
+from conftest import REPO, run_cli
 from results_util import record
 from typer.testing import CliRunner
 
@@ -483,3 +483,18 @@ def test_propose_tells_same_named_proposals_apart():
     assert labels[id(kept[0])] == "grpo-annealed (entropy_coef_max=0.0106)"
     assert labels[id(dropped[0])] == "grpo-annealed (entropy_coef_max=0.0327)"
     assert labels[id(kept[1])] == "grpo-kl0"
+
+
+@pytest.mark.parametrize(
+    ("command", "says"),
+    [
+        ("propose", "Exit code 3 when no proposal survives screening"),
+        ("run", "Exit code 3 (4) when the root's verification rejects it"),
+        ("spawn", "Exit code 3 when verification rejects"),
+        ("evaluate", "Exit code 4 when the candidate fails"),
+    ],
+)
+def test_help_names_the_exit_codes_docs_cli_gives_the_command(command, says):
+    """docs/cli.md's exit-code table names these commands; their --help says so too."""
+    p = run_cli(command, "--help", env={"COLUMNS": "400"})
+    assert p.returncode == 0 and says in " ".join(p.stdout.split()), p.stdout

@@ -61,3 +61,42 @@ def test_a_candidate_gets_paired_seeds_and_so_an_interval_by_default():
     assert parse_config("").evaluation.seeds == 2
     assert parse_config(DEFAULT_TOML).evaluation.seeds == 2
     assert parse_config("[evaluation]\nseeds = 1\n").evaluation.seeds == 1
+
+
+def test_an_unknown_proxy_preset_is_refused_when_read(tmp_path, cli):
+    """A typo'd preset is one error when poise.toml is read (``init --config`` creates nothing), not
+    an archive whose every evaluation fails later."""
+    with pytest.raises(
+        ConfigError, match=r"\[proxy\]\.preset must be one of default, .*got 'tinyy'"
+    ):
+        parse_config('[proxy]\npreset = "tinyy"\n')
+    for preset in ("default", "smoke", "tiny", "large"):
+        assert parse_config(f'[proxy]\npreset = "{preset}"\n').proxy.preset == preset
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[proxy]\npreset = "tinyy"\n')
+    res = cli("init", str(tmp_path / "exp"), "--config", str(bad))
+    assert res.returncode == 1 and "[proxy].preset must be one of" in res.stderr
+    assert not (tmp_path / "exp").exists()
+
+
+def test_a_setting_outside_any_section_is_named_as_a_setting():
+    with pytest.raises(ConfigError, match=r"setting seeds outside any section .*\[evaluation\]"):
+        parse_config("seeds = 2\n")
+
+
+def test_an_edited_poise_toml_in_the_archive_directory_is_said_not_to_be_read(tmp_path):
+    """The archive directory's files are the root as created; poise-git reads the root node's
+    poise.toml. A user who edits the file there (even into invalid TOML) is told once that it is not
+    read, instead of seeing the old settings used in silence."""
+    from conftest import run_cli
+
+    exp = tmp_path / "exp"
+    assert run_cli("init", str(exp)).returncode == 0
+    quiet = run_cli("log", "-C", str(exp))
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    (exp / "poise.toml").write_text('[proxy\npreset = "tiny"\n')
+    p = run_cli("log", "-C", str(exp))
+    assert p.returncode == 0, p.stderr
+    warned = [ln for ln in p.stderr.splitlines() if "poise.toml" in ln]
+    assert len(warned) == 1 and "not read" in warned[0] and "--config" in warned[0], p.stderr
+    assert "grpo" in p.stdout

@@ -19,6 +19,7 @@ from engine.archive.confirmation import (
     UNRESOLVED,
     Confirmation,
     read_confirmation,
+    read_confirmations,
     record_confirmation,
     verdict_of,
 )
@@ -319,7 +320,11 @@ def test_a_candidate_that_fails_on_held_out_seeds_gives_a_failed_confirmation(se
     mark_verified(arch, "flaky")
     out = run_cli("confirm", "flaky", "--seeds", "1", "--preset", "tiny", "-C", str(arch.path))
     assert out.returncode == 4, out.stdout + out.stderr
-    assert "held-out confirmation: flaky vs grpo on 1 held-out seed(s) [2]: failed (" in out.stdout
+    assert (
+        "held-out confirmation: flaky vs grpo on 1 held-out seed(s) [2] under proxy/tiny@"
+        in out.stdout
+    )
+    assert ": failed (flaky: seed 2" in out.stdout
     assert "deliberately broken" in out.stdout
     conf = read_confirmation(arch, "flaky", "proxy/tiny")
     assert conf.verdict == FAILED and "deliberately broken" in conf.reason
@@ -476,3 +481,54 @@ def test_a_resumed_run_reads_back_the_confirmation_it_already_recorded(archive):
     assert _done_confirmation(archive, "child", "grpo", 3, PROTO.key) is None
     assert _done_confirmation(archive, "child", "other", 2, PROTO.key) is None
     assert _done_confirmation(archive, "child", "grpo", 2, "proxy/smoke@" + "cd" * 6) is None
+
+
+def test_the_confirmation_line_names_the_protocol_its_seeds_were_measured_under():
+    """`confirm` and `run --confirm-seeds` print one line of numbers: it says what measured them, as
+    `show` does (which names the protocol in its own heading)."""
+    from engine.cli.confirm_cmds import confirmation_line
+
+    conf = _conf({2: 0.55, 3: 0.56, 4: 0.57}, {2: 0.50, 3: 0.50, 4: 0.51})
+    line = confirmation_line(conf)
+    assert f"child vs grpo on 3 held-out seed(s) [2, 3, 4] under {PROTO.key}: confirmed" in line
+    assert PROTO.key not in conf.describe()  # show's heading names it already
+
+
+def test_a_child_does_not_inherit_its_parents_confirmation(archive):
+    """A node spawned from a confirmed one starts with no confirmation of its own: log, show and the
+    report never credit it with its parent's held-out seeds."""
+    archive.spawn("grpo", "child", edit=DR_GRPO)
+    for name in ("grpo", "child"):
+        archive.record_result(name, _result([0, 1]))
+    record_confirmation(archive, _conf({2: 0.6, 3: 0.63}, {2: 0.5, 3: 0.52}))
+    archive.spawn("child", "grandchild", edit=DR_GRPO.replace("stats.mean", "stats.mean * 1.0"))
+    tree = archive.git.ls_tree(archive.node("grandchild").commit)
+    assert not any(p.startswith("confirmations/") for p in tree)
+    assert read_confirmation(archive, "grandchild", "proxy/smoke") is None
+    rows = {
+        r["node"]: r
+        for r in json.loads(
+            run_cli("log", "--json", "--protocol", "proxy/smoke", "-C", str(archive.path)).stdout
+        )
+    }
+    assert rows["child"]["confirmation"]["verdict"] == CONFIRMED
+    assert rows["grandchild"]["confirmation"] is None
+
+
+def test_a_confirmation_a_node_inherited_before_the_fix_is_not_read_as_its_own(archive):
+    """Archives written before children stopped inheriting ``confirmations/`` hold a parent's record
+    on a child's branch: the readers leave it out, since it names another node."""
+    archive.spawn("grpo", "child", edit=DR_GRPO)
+    archive.record_result("child", _result([0, 1]))
+    conf = _conf({2: 0.6, 3: 0.63}, {2: 0.5, 3: 0.52})
+    record_confirmation(archive, conf)
+    archive.spawn("child", "grandchild", edit=DR_GRPO.replace("stats.mean", "stats.mean * 1.0"))
+    archive.commit_files(  # what a spawn wrote before: the parent's record on the child's branch
+        "grandchild",
+        {conf.path: conf.to_json()},
+        subject="poise: inherited",
+        trailers={"Poise-Event": "spawn"},
+    )
+    assert read_confirmation(archive, "grandchild", "proxy/smoke") is None
+    nodes = archive.nodes("proxy/smoke")
+    assert set(read_confirmations(archive, nodes, "proxy/smoke")) == {"child"}

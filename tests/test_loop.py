@@ -112,6 +112,14 @@ def test_run_end_to_end_budget_stop_and_resume(evaluated_root, tmp_path, cli):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "candidate budget exhausted: used 1 of 1" in p.stdout
     assert "best node:" in p.stdout and "report:" in p.stdout
+    # the numbers say what measured them: the plan's line and the summary name the protocol
+    from engine.archive.results import configured_protocol
+    from engine.config import parse_config
+
+    key = configured_protocol(parse_config('[proxy]\npreset = "tiny"\n')).key  # SMALL's preset
+    (plan,) = (ln for ln in p.stdout.splitlines() if ": rounds 1–2, " in ln)
+    (summary,) = (ln for ln in p.stdout.splitlines() if ln.startswith("candidates: "))
+    assert f"maximize overall under {key};" in plan and summary.endswith(f"overall under {key}")
     # piped: plain log lines and sections, nothing padded to the wide piped width
     assert max(len(ln) for ln in p.stdout.splitlines()) < 400
     arch = Archive(exp)

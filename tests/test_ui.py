@@ -80,3 +80,22 @@ def test_the_ui_serves_the_archive_and_stops_everything_it_started(archive, sig)
             except psutil.NoSuchProcess:
                 pass
         proc.wait(timeout=30)
+
+
+def test_a_port_in_use_is_one_error_line_not_a_url_that_serves_something_else(archive):
+    """Another server on the port: `ui` says so and exits 1 before starting MLflow (which would log
+    the bind failure and exit 0 after the URL of the other server was printed)."""
+    from conftest import run_cli
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        start = time.monotonic()
+        p = run_cli("ui", "--port", str(port), "-C", str(archive.path), timeout=120)
+        took = time.monotonic() - start
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    err = p.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and f"127.0.0.1:{port}" in err[0], p.stderr
+    assert "--port" in err[0] and "http://" not in p.stdout
+    assert took < 20  # no MLflow server was started

@@ -156,9 +156,12 @@ class Confirmation:
     def path(self) -> str:
         return f"{CONFIRMATIONS_DIR}/{self.protocol.id}.json"
 
-    def describe(self) -> str:
-        """One line: the verdict, the held-out difference with its interval, and the search's."""
+    def describe(self, with_protocol: bool = False) -> str:
+        """One line: the verdict, the held-out difference with its interval, and the search's; with
+        ``with_protocol``, the protocol the seeds were measured under (where no heading names it)."""
         head = f"{self.node} vs {self.against} on {len(self.seeds)} held-out seed(s) {list(self.seeds)}"
+        if with_protocol:
+            head += f" under {self.protocol.key}"
         if self.verdict == FAILED:
             return f"{head}: failed ({self.reason})"
         iv = f" [{self.interval[0]:+.4f}, {self.interval[1]:+.4f}]" if self.interval else ""
@@ -232,16 +235,19 @@ def other_protocol_version(conf: Confirmation, ref: ProtocolRef, result=None) ->
 
 
 def read_confirmation(archive, name: str, protocol_id: str) -> Confirmation | None:
-    """The node's confirmation under ``protocol_id``, or None when it has none."""
+    """The node's confirmation under ``protocol_id``, or None when it has none (a record naming
+    another node, which a child spawned before children stopped inheriting ``confirmations/`` holds
+    from its parent, is not its own)."""
     text = archive.read_file(name, f"{CONFIRMATIONS_DIR}/{protocol_id}.json")
     if text is None:
         return None
-    return Confirmation.from_json(text, f"{name}:{CONFIRMATIONS_DIR}/{protocol_id}.json")
+    conf = Confirmation.from_json(text, f"{name}:{CONFIRMATIONS_DIR}/{protocol_id}.json")
+    return conf if conf.node == name else None  # a parent's, inherited before spawns left it out
 
 
 def read_confirmations(archive, nodes, protocol_id: str) -> dict[str, Confirmation]:
     """Every node's confirmation under ``protocol_id`` (one batched read); unreadable ones are left out
-    (``poise-git show NODE`` says why)."""
+    (``poise-git show NODE`` says why), and so is one naming another node (:func:`read_confirmation`)."""
     names = list(nodes)
     path = f"{CONFIRMATIONS_DIR}/{protocol_id}.json"
     blobs = archive.git.cat_blobs([f"{nodes[k].commit}:{path}" for k in names])
@@ -250,7 +256,9 @@ def read_confirmations(archive, nodes, protocol_id: str) -> dict[str, Confirmati
         if blob is None:
             continue
         try:
-            out[name] = Confirmation.from_json(blob)
+            conf = Confirmation.from_json(blob)
         except ArchiveError:
             continue
+        if conf.node == name:  # not a parent's, inherited before spawns left it out
+            out[name] = conf
     return out

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.archive.confirmation import CONFIRMATIONS_DIR
 from engine.archive.edit import apply_edit, check_interface
 from engine.archive.gitio import Git, GitError, parse_tree
 from engine.archive.locks import git_dir
@@ -43,6 +44,8 @@ log = logging.getLogger(__name__)
 _WARNED_REMOTE_ONLY: set[Path] = set()
 """archives whose remote-only nodes were already warned about in this process"""
 _WARNED: set[tuple[str, str, str]] = set()
+_WARNED_CONFIG: set[Path] = set()
+"""archives whose edited poise.toml was already warned about in this process"""
 REF_PREFIX = "refs/heads/poise/"
 ROOT_NAME = "grpo"
 ALGORITHM = "algorithm.py"
@@ -50,7 +53,7 @@ REFLECTION = "REFLECTION.md"
 PROPOSAL = "PROPOSAL.md"
 # Files that belong to one node and are not inherited by its children.
 NODE_FILES = (PROPOSAL, REFLECTION, LEGACY_FILE, "verification.json")
-NODE_DIRS = ("tests/", "records/", RESULTS_DIR + "/")
+NODE_DIRS = ("tests/", "records/", RESULTS_DIR + "/", CONFIRMATIONS_DIR + "/")
 STATUSES = ("spawned", "verified", "rejected", "evaluating", "evaluated", "failed")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _TRAILER_RE = re.compile(r"^[ \t]*(Poise-[A-Za-z-]+): (.*)$", re.MULTILINE)
@@ -70,7 +73,9 @@ commits carry its edited `algorithm.py`, `PROPOSAL.md`, generated `tests/`, `res
 
 The files in this directory are the root node as it was created (a detached checkout, for reading):
 the archive itself lives in the branches, which poise-git writes without touching this directory, so
-`git status` stays clean. `poise.toml` holds the experiment's protocol settings.
+`git status` stays clean. `poise.toml` holds the experiment's protocol settings: poise-git reads the
+root node's, fixed at init (`poise-git init DIR --config FILE`), so editing the file here changes
+nothing (poise-git warns that it is not read).
 """
 
 
@@ -265,7 +270,10 @@ class Archive:
         algo = algorithm if algorithm is not None else template
         # before anything is created, so that a refused root leaves no directory behind
         check_interface(template, algo, "the root's algorithm.py")
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a parent that is a file, a read-only or missing mount...
+            raise ArchiveError(f"cannot create {path}: {exc.strerror or exc}") from None
         subprocess.run(["git", "init", "-q", "-b", f"poise/{root_name}", str(path)], check=True)
         git = Git(path)
         (path / ".git" / "info").mkdir(exist_ok=True)
@@ -494,7 +502,28 @@ class Archive:
         return self.read_file(name or self.root(), "poise.toml") or ""
 
     def config(self, name: str | None = None):
-        return parse_config(self.config_text(name))
+        text = self.config_text(name)
+        if name is None:
+            self._warn_edited_config(text)
+        return parse_config(text)
+
+    def _warn_edited_config(self, text: str) -> None:
+        """Warn, once per archive and process, where the directory's ``poise.toml`` (a view of the
+        root as created) was edited: the root node's file is the one read, so the edit does nothing."""
+        if self.path in _WARNED_CONFIG:
+            return
+        _WARNED_CONFIG.add(self.path)
+        try:
+            here = (self.path / "poise.toml").read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return
+        if here != text:
+            log.warning(
+                "%s/poise.toml differs from the root node's poise.toml and is not read: the settings "
+                "are the root's, fixed at init (command-line options override them per command; "
+                "other settings need a new archive: poise-git init DIR --config FILE)",
+                self.path,
+            )
 
     def spawn_commit(self, name: str) -> str:
         """The commit that created the node (its first commit with Poise-Event: spawn/init)."""
@@ -735,10 +764,21 @@ class Archive:
             name, dict(files or {}), subject=f"poise: {name} {status}", status=status, trailers=tr
         )
 
-    def diff(self, a: str, b: str, paths: list[str] | None = None, stat: bool = False) -> str:
+    def diff(
+        self,
+        a: str,
+        b: str,
+        paths: list[str] | None = None,
+        stat: bool = False,
+        written_only: bool = False,
+    ) -> str:
+        """``git diff`` of the two nodes' tips; ``written_only``: the files ``b`` adds or changes
+        (what a spawn wrote), not those of ``a`` it lacks (a parent's records it never inherits)."""
         args = ["diff", "--no-color"]
         if stat:
             args.append("--stat")
+        if written_only:
+            args += ["--no-renames", "--diff-filter=d"]
         args += [self.tip(a), self.tip(b)]
         if paths:
             args += ["--", *paths]

@@ -133,12 +133,20 @@ def _other_value(n: Node) -> EvaluationResult | None:
 
 
 def _units_note(nodes: dict[str, Node], ref: ProtocolRef) -> str:
-    """What ``log``'s values are where some are under other protocols than the compared one (each
-    of those is marked with its protocol and unit): "" where every value shown is the compared
-    protocol's."""
-    if not any(_other_value(n) is not None for n in nodes.values()):
-        return ""
+    """What ``log``'s values are: where every value shown is the compared protocol's, that protocol,
+    the unit and the seeds ("" where no value is shown); where some are under other protocols (each
+    of those is marked with its protocol and unit), which ones the unmarked values are."""
     ours = [r for n in nodes.values() if (r := n.result) is not None and r.ok]
+    if not any(_other_value(n) is not None for n in nodes.values()):
+        if not ours:
+            return ""
+        units = ", ".join(sorted({r.unit(r.utility) for r in ours}))
+        counts = sorted({len(r.seeds) for r in ours})
+        n = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+        return (
+            f"values: {ours[0].utility} under {ours[0].protocol.key} ({units}), each node's mean "
+            f"over its {n} seed{'s' * (counts[-1] != 1)}"
+        )
     if not ours:
         return (
             f"no node has a result under {ref.id} (choose another with --protocol): each value is "
@@ -281,12 +289,15 @@ def spawn(
     if proposal is not None:
         proposal_src = _read_text(proposal, "proposal file")
     arch = Archive(archive)
+    check_name(name)
+    if arch.exists(name):  # said before the mechanism is compared: --force would not help
+        raise PoiseError(f"a node named {name!r} already exists")
     if edit_src is not None and not force and arch.exists(parent):
-        check_name(name)
         _refuse_duplicate(arch, parent, name, edit_src)
     node = arch.spawn(parent, name, edit_src, proposal=proposal_src, trailers=trailers, files=files)
     console.print(f"spawned [bold]{node.name}[/] from [bold]{parent}[/] at {node.commit[:10]}")
-    console.print(arch.diff(parent, name, stat=True).rstrip(), highlight=False, markup=False)
+    written = arch.diff(parent, name, stat=True, written_only=True)
+    console.print(written.rstrip(), highlight=False, markup=False)
     if edit_src is not None and not no_verify:
         from engine.operators.verify import verify_node  # lazy: keeps `poise-git --help` fast
 

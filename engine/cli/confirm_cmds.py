@@ -44,7 +44,7 @@ def confirmation_line(conf) -> str:
     colour = VERDICT_COLOURS.get(conf.verdict)
     head = "held-out confirmation:"
     line = f"[bold {colour}]{head}[/]" if colour else f"[bold]{head}[/]"
-    line += f" {escape(conf.describe())}"  # node names and a reason: text, not markup
+    line += f" {escape(conf.describe(with_protocol=True))}"  # names, a reason: text, not markup
     if conf.verdict == NOT_CONFIRMED and conf.difference > 0:
         line += "; " + resolve_hint(conf.difference, conf.interval, len(conf.seeds))
     return line

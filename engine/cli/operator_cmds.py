@@ -79,7 +79,9 @@ def propose(
     ),
     archive: Path = ArchiveOpt,
 ) -> None:
-    """Propose N candidate mechanisms for PARENT, screened for consistency, feasibility, novelty and expected gain."""
+    """Propose N candidate mechanisms for PARENT, screened for consistency, feasibility, novelty and expected gain.
+
+    Exit code 3 when no proposal survives screening."""
     from engine.operators.propose import propose_all  # lazy: keeps `poise-git --help` fast
 
     arch = Archive(archive)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -95,7 +96,7 @@ class _Display:
                 f"{e['parents']} parents × {_per_parent(int(e['population']), per_parent)}, "
                 f"{e['seeds']} seed(s), "
                 f"{e['workers']} worker(s){' on Ray ' + e['ray'] if e['ray'] else ''}; "
-                f"{e['objective']}; {e['budget']}"
+                f"{e['objective']}{_under(e.get('protocol'))}; {e['budget']}"
             )
         elif kind == "round" and self.progress.tasks[0].total:
             missing = (int(e["planned"]) - int(e["parents"])) * self.per_parent
@@ -254,7 +255,8 @@ def run(
     """Run the closed loop: select -> propose -> implement -> verify -> evaluate -> reflect, round after round.
 
     Creates the archive first when --archive does not exist (or is empty). Stops cleanly at the first
-    exhausted budget; `--resume` continues after a stop or a crash, from git alone."""
+    exhausted budget; `--resume` continues after a stop or a crash, from git alone. Exit code 3 (4)
+    when the root's verification rejects it (its evaluation fails): the run stops before round 1."""
     from engine.loop.budget import Budget  # lazy: keeps `poise-git --help` fast
     from engine.loop.core import Loop, RunOptions  # lazy: numpy is heavy (only this path needs it)
 
@@ -310,6 +312,11 @@ def run(
         raise typer.Exit(EXIT_REJECTED if summary.root_blocked == "rejected" else EXIT_FAILED)
 
 
+def _under(protocol: str | None) -> str:
+    """`` under proxy/tiny@9d52111c6877``: what measured the run's numbers ("" when unknown)."""
+    return f" under {escape(protocol)}" if protocol else ""
+
+
 def _per_parent(n: int, m: int) -> str:
     """What each parent gets: "N candidates", or "M of N screened proposals" (M implemented)."""
     return f"{n} candidates" if m == n else f"{m} of {n} screened proposals"
@@ -328,7 +335,7 @@ def _print_summary(arch, s, report: bool, confirm_seeds: int = 0) -> None:
             if c["verified"] + c["spawned"] + c["evaluating"]
             else ""
         )
-        + f"; wall {s.usage['wall_s']:.0f} s; {s.objective}"
+        + f"; wall {s.usage['wall_s']:.0f} s; {s.objective}{_under(s.protocol)}"
     )
     root = arch.root()
     if s.best:
@@ -475,6 +482,7 @@ def ui(
         "1",
     ]
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    _check_port(host, port)
     console.print(
         f"MLflow UI for {plain(arch.path)}: http://{plain(host)}:{port}  (Ctrl-C stops it)"
     )
@@ -491,6 +499,26 @@ def ui(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     raise typer.Exit(code)
+
+
+def _check_port(host: str, port: int) -> None:
+    """Refuse a port another server holds before starting MLflow, which would log the failed bind
+    and exit 0 after the URL (of that other server) was printed. Bound as servers bind
+    (SO_REUSEADDR), so a port left in TIME_WAIT by a stopped UI still counts as free."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise PoiseError(f"--host {host}: {getattr(exc, 'strerror', None) or exc}") from None
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(address)
+        except OSError as exc:
+            raise PoiseError(
+                f"cannot serve on {host}:{port}: {exc.strerror or exc} (another server? choose "
+                "another port with --port)"
+            ) from None
 
 
 def _interrupt(signum, _frame) -> None:

@@ -235,6 +235,7 @@ class Loop:
                 "seeds": p.seeds,
                 "budget": self.budget.describe(),
                 "objective": obj.describe_objective(self.cfg.experiment),
+                "protocol": configured_protocol(self.cfg).key,
                 "workers": workers,
                 "ray": self.opts.ray or "",
                 "resume": self.opts.resume,
