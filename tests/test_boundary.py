@@ -208,6 +208,24 @@ def test_fork_bomb_is_bounded_and_leaves_no_process(world):
     assert_contained(res, frames, world)  # and every sleeper died with the namespace
 
 
+def test_a_spinning_fork_bomb_is_stopped_at_its_wall_clock_with_every_process(world):
+    """Every process forks in a loop: the wall clock ends them all, within the limit plus a small
+    grace (the kill of the namespace's first process takes its whole pid namespace)."""
+    res, _ = run(
+        "import os\n"
+        "CHANNEL.send({'type': 'report', 'result': 'started'})\n"
+        "while True:\n"
+        "    try:\n"
+        "        os.fork()\n"
+        "    except OSError:\n"
+        "        pass\n",
+        world,
+        Limits(wall_s=2, processes=16),
+    )
+    assert res.timed_out and res.wall_s < 2 + 3, (res.reason(), res.wall_s)
+    assert_contained(res, [], world)  # no process carrying the run's mark is left
+
+
 def test_thread_bomb_is_bounded(world):
     res, frames = run(
         "import threading, time\n"
