@@ -256,6 +256,29 @@ def test_piped_output_is_not_cut(archive, tmp_path, cli):
     assert "│" not in outputs["show"].split("== results")[0]  # no frames around copyable text
 
 
+def test_show_names_the_interval_once(archive, tmp_path, cli):
+    """show's interval column names the interval's level once: `interval (95% Student-t over
+    paired seeds)`, not `95% interval (95% Student-t ...)`; a kind that names no level keeps the
+    column's `95% interval (...)`."""
+    a = str(archive.path)
+    record(archive, "grpo", {"metrics": {"overall": 0.5}, "intervals": {"overall": [0.4, 0.6]}})
+    for pid, extra in (
+        ("lab/v1", {"interval_kind": "90% bootstrap over problems"}),
+        ("lab/v2", {}),
+    ):
+        f = tmp_path / f"{pid.replace('/', '-')}.json"
+        payload = {"metrics": {"overall": 0.5}, "intervals": {"overall": [0.4, 0.6]}, **extra}
+        f.write_text(json.dumps(payload))
+        r = cli("record", "grpo", "--results", str(f), "--protocol", pid, "-C", a)
+        assert r.returncode == 0, r.stderr
+    out = cli("show", "grpo", "-C", a).stdout
+    heads = [ln for ln in out.splitlines() if "metric" in ln and "interval" in ln]
+    assert len(heads) == 3 and "95% interval (95%" not in out, heads
+    assert "┃ interval (95% Student-t over paired seeds) ┃" in heads[2], heads
+    assert "┃ interval (90% bootstrap over problems) ┃" in heads[0], heads
+    assert "┃ 95% interval (as recorded) ┃" in heads[1], heads
+
+
 def test_duplicate_mechanism_is_refused_unless_forced(archive, tmp_path, cli):
     a = str(archive.path)
     one = _edit(tmp_path, "one.py", "def helper(x):\n    return x * 2  # double\n")
