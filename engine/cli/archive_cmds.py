@@ -209,7 +209,7 @@ def create_archive(
     it made."""
     toml = _read_text(config, "config file") if config else None
     if toml is not None:
-        parse_config(toml)
+        parse_config(toml, str(config))
     algorithm = _read_text(root, "root algorithm") if root else None
     if root_name is not None and not root_name.strip():
         raise PoiseError("--root-name is empty: name the root node, or leave the option out")
