@@ -135,6 +135,26 @@ def test_help_examples_parse():
                 assert args[args.index("--backend") + 1] in ("proxy", "verl"), line
 
 
+def test_spawn_help_shows_every_way_to_make_a_node(archive, cli):
+    """spawn's examples show --edit, --auto and --prior; the --prior one works as written on an
+    archive (here without the verification it runs by default, to stay quick)."""
+    import shlex
+
+    from engine.cli.help import _EXAMPLES
+
+    lines = _EXAMPLES["spawn"]
+    for way in ("--edit", "--auto", "--prior"):
+        assert any(way in shlex.split(ln, comments=True) for ln in lines), way
+    words = shlex.split(next(ln for ln in lines if "--prior" in ln), comments=True)
+    prior = words[words.index("--prior") + 1]
+    args = words[1:]  # spawn PARENT --prior NAME ..., less its -C
+    if "-C" in args:
+        del args[args.index("-C") : args.index("-C") + 2]
+    r = cli(*args, "--no-verify", "-C", str(archive.path))
+    assert r.returncode == 0, r.stderr
+    assert archive.node(prior).parent == "grpo" and archive.read_file(prior, "PROPOSAL.md")
+
+
 def test_exit_codes_are_stated_once_and_documented():
     import engine.cli as c
     from engine.cli.help import EXIT_CODES
