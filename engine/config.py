@@ -210,8 +210,19 @@ def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
     return value
 
 
-def parse_config(text: str) -> Config:
-    """Parse poise.toml text into a validated :class:`Config`."""
+def parse_config(text: str, source: str = "poise.toml") -> Config:
+    """Parse poise.toml text into a validated :class:`Config`. ``source``: the file the text was
+    read from (``init --config other.toml``), which an error names instead of ``poise.toml``."""
+    try:
+        return _parse(text)
+    except ConfigError as exc:
+        msg = str(exc)
+        if source == "poise.toml" or not msg.startswith("poise.toml"):
+            raise
+        raise ConfigError(source + msg.removeprefix("poise.toml")) from None
+
+
+def _parse(text: str) -> Config:
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -244,7 +255,7 @@ def load_config(path: str | Path) -> Config:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"no poise.toml at {path}")
-    return parse_config(path.read_text(encoding="utf-8"))
+    return parse_config(path.read_text(encoding="utf-8"), str(path))
 
 
 _AT_LEAST = {

@@ -74,6 +74,21 @@ def test_open_non_archive(tmp_path):
         Archive(tmp_path)
 
 
+def test_an_archive_directory_that_does_not_exist_is_said_so(tmp_path, cli):
+    """`-C DIR` where DIR does not exist (or is a file) says that, not "no git repository", for
+    every command that opens an archive; nothing is created."""
+    missing, afile = tmp_path / "nope", tmp_path / "notes.txt"
+    afile.write_text("x")
+    for args in (["log"], ["show", "grpo"], ["select"], ["evaluate", "grpo"], ["gc", "--dry-run"]):
+        p = cli(*args, "-C", str(missing))
+        err = p.stderr.strip().splitlines()
+        assert p.returncode == 1 and len(err) == 1, (args, p.stderr)
+        assert err[0].startswith(f"error: {missing} does not exist"), (args, err)
+        assert "git repository" not in err[0] and not missing.exists()
+    p = cli("log", "-C", str(afile))
+    assert p.returncode == 1 and p.stderr.startswith(f"error: {afile} is not a directory"), p.stderr
+
+
 def test_spawn_replaces_definition_and_preserves_other_bytes(archive):
     parent = archive.algorithm("grpo")
     node = archive.spawn("grpo", "dr", EDIT, proposal="# Dr.GRPO\nno std\n")

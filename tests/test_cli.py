@@ -135,6 +135,26 @@ def test_help_examples_parse():
                 assert args[args.index("--backend") + 1] in ("proxy", "verl"), line
 
 
+def test_spawn_help_shows_every_way_to_make_a_node(archive, cli):
+    """spawn's examples show --edit, --auto and --prior; the --prior one works as written on an
+    archive (here without the verification it runs by default, to stay quick)."""
+    import shlex
+
+    from engine.cli.help import _EXAMPLES
+
+    lines = _EXAMPLES["spawn"]
+    for way in ("--edit", "--auto", "--prior"):
+        assert any(way in shlex.split(ln, comments=True) for ln in lines), way
+    words = shlex.split(next(ln for ln in lines if "--prior" in ln), comments=True)
+    prior = words[words.index("--prior") + 1]
+    args = words[1:]  # spawn PARENT --prior NAME ..., less its -C
+    if "-C" in args:
+        del args[args.index("-C") : args.index("-C") + 2]
+    r = cli(*args, "--no-verify", "-C", str(archive.path))
+    assert r.returncode == 0, r.stderr
+    assert archive.node(prior).parent == "grpo" and archive.read_file(prior, "PROPOSAL.md")
+
+
 def test_exit_codes_are_stated_once_and_documented():
     import engine.cli as c
     from engine.cli.help import EXIT_CODES
@@ -254,6 +274,29 @@ def test_piped_output_is_not_cut(archive, tmp_path, cli):
     for verb in ("show", "diff"):
         assert any(ln[1:] == WIDE_LINE for ln in outputs[verb].splitlines()), verb
     assert "│" not in outputs["show"].split("== results")[0]  # no frames around copyable text
+
+
+def test_show_names_the_interval_once(archive, tmp_path, cli):
+    """show's interval column names the interval's level once: `interval (95% Student-t over
+    paired seeds)`, not `95% interval (95% Student-t ...)`; a kind that names no level keeps the
+    column's `95% interval (...)`."""
+    a = str(archive.path)
+    record(archive, "grpo", {"metrics": {"overall": 0.5}, "intervals": {"overall": [0.4, 0.6]}})
+    for pid, extra in (
+        ("lab/v1", {"interval_kind": "90% bootstrap over problems"}),
+        ("lab/v2", {}),
+    ):
+        f = tmp_path / f"{pid.replace('/', '-')}.json"
+        payload = {"metrics": {"overall": 0.5}, "intervals": {"overall": [0.4, 0.6]}, **extra}
+        f.write_text(json.dumps(payload))
+        r = cli("record", "grpo", "--results", str(f), "--protocol", pid, "-C", a)
+        assert r.returncode == 0, r.stderr
+    out = cli("show", "grpo", "-C", a).stdout
+    heads = [ln for ln in out.splitlines() if "metric" in ln and "interval" in ln]
+    assert len(heads) == 3 and "95% interval (95%" not in out, heads
+    assert "┃ interval (95% Student-t over paired seeds) ┃" in heads[2], heads
+    assert "┃ interval (90% bootstrap over problems) ┃" in heads[0], heads
+    assert "┃ 95% interval (as recorded) ┃" in heads[1], heads
 
 
 def test_duplicate_mechanism_is_refused_unless_forced(archive, tmp_path, cli):

@@ -51,8 +51,27 @@ def test_the_cli_reports_a_bad_number_as_one_line(tmp_path, cli):
     bad.write_text("[llm]\ntimeout_s = -1\n")
     res = cli("init", str(tmp_path / "exp"), "--config", str(bad))
     assert res.returncode == 1 and "Traceback" not in res.stderr
-    assert "error: poise.toml: [llm].timeout_s must be > 0, got -1" in res.stderr
+    assert f"error: {bad}: [llm].timeout_s must be > 0, got -1" in res.stderr
     assert not (tmp_path / "exp").exists()
+
+
+def test_a_config_error_names_the_file_passed_with_config(tmp_path, cli, monkeypatch):
+    """`--config other.toml` is the file read: its errors name it, not poise.toml."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "other.toml").write_text("[select]\nk = 0\n")
+    (tmp_path / "broken.toml").write_text("[select\nk = 2\n")
+    (tmp_path / "stray.toml").write_text("seeds = 2\n")
+    cases = (
+        ("init", "exp", "--config", "other.toml", "error: other.toml: [select].k must be >= 1"),
+        ("init", "exp", "--config", "broken.toml", "error: broken.toml is not valid TOML: "),
+        ("run", "-C", "exp", "--config", "stray.toml", "error: stray.toml: setting seeds outside"),
+    )
+    for *args, says in cases:
+        res = cli(*args)
+        assert res.returncode == 1 and res.stderr.startswith(says), (args, res.stderr)
+        assert "poise.toml" not in res.stderr and not (tmp_path / "exp").exists()
+    with pytest.raises(ConfigError, match=r"^poise.toml: \[select\].k must be >= 1"):
+        parse_config("[select]\nk = 0\n")  # the archive's own file keeps its name
 
 
 def test_a_candidate_gets_paired_seeds_and_so_an_interval_by_default():

@@ -244,6 +244,50 @@ def test_cli_evaluate_tiny(exp, cli):
     assert nope.returncode == 1 and "unknown node" in nope.stderr
 
 
+@pytest.mark.slow  # three tiny-preset evaluations through the CLI (the last from the seed cache)
+def test_a_re_evaluation_says_which_result_it_replaces(exp, cli, tmp_path, monkeypatch):
+    """Evaluating a node again under the same protocol replaces its result (a legitimate re-run):
+    one line says which result (its status, protocol and seeds), that the new one has fewer seeds
+    when it has, and which seeds the per-seed cache reads back instead of training them again."""
+    monkeypatch.delenv("POISE_EVAL_CACHE", raising=False)
+    exp.spawn("grpo", "again", edit=DR_GRPO.replace("- stats.mean", "- 0.5 * stats.mean"))
+    mark_verified(exp, "again")
+    warm = {"POISE_CACHE_DIR": os.environ["POISE_CACHE_DIR"]}
+    cached = {**warm, "POISE_EVAL_CACHE": str(tmp_path / "seeds")}
+
+    def evaluate(seeds: int, env: dict) -> list[str]:
+        args = ("evaluate", "again", "--preset", "tiny", "--seeds", str(seeds), "-C", str(exp.path))
+        r = cli(*args, env=env)
+        assert r.returncode == 0, r.stderr + r.stdout
+        return [ln.strip() for ln in r.stdout.splitlines() if "replaces" in ln]
+
+    assert evaluate(1, warm) == []  # a first evaluation replaces nothing
+    key = Archive(exp.path).node("again").results["proxy/tiny"].protocol.key
+    assert evaluate(2, cached) == [f"replaces the evaluated result under {key} (seeds 0)"]
+    (line,) = evaluate(1, cached)
+    assert line == (
+        f"replaces the evaluated result under {key} (seeds 0, 1): the new one has fewer seeds "
+        "(seeds 0); seed 0 is read back from the per-seed cache ($POISE_EVAL_CACHE), measured "
+        "before under the same code, protocol and harness"
+    ), line
+    assert Archive(exp.path).node("again").results["proxy/tiny"].seeds == (0,)
+
+
+def test_the_replaced_line_names_another_protocol_version_and_a_failed_result():
+    from engine.archive.results import EvaluationResult, Protocol
+    from engine.operators.reevaluation import replaced_line
+
+    old = EvaluationResult(
+        Protocol("proxy/tiny", "sha256:" + "a" * 64), "failed", seeds=(0, 1, 2), reason="x"
+    )
+    assert replaced_line(None, "sha256:b", [0]) is None
+    assert replaced_line(old, "sha256:b", [0, 1, 2, 3], cached=[0, 1]) == (
+        "replaces the failed result under proxy/tiny@aaaaaaaaaaaa (seeds 0, 1, 2; another version "
+        "of proxy/tiny); seeds 0, 1 are read back from the per-seed cache ($POISE_EVAL_CACHE), "
+        "measured before under the same code, protocol and harness"
+    )
+
+
 @pytest.mark.slow  # a Ray start / real evaluations: tens of CPU-seconds
 def test_tracking_never_leaks_the_store_into_the_environment(tmp_path, monkeypatch):
     """mlflow.set_tracking_uri exports $MLFLOW_TRACKING_URI; two archives in one process stay apart."""

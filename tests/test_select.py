@@ -240,6 +240,35 @@ def test_a_fallback_calls_results_under_an_older_hash_another_version(archive):
     ), fallback
 
 
+def test_select_explain_says_a_status_once_and_its_json_rows_carry_the_seeds(archive, cli):
+    """`select --explain` reads "failed (evidence, not a parent)", not "failed (failed: ...)";
+    each `select --json` row has the seeds of the node's result under the ranked protocol (None
+    without one), beside the keys it had."""
+    record(archive, "grpo", {"metrics": {"overall": 0.4}, "seeds": [0, 1, 2]})
+    for name in ("pending", "broken", "crash"):
+        spawn(archive, "grpo", name)
+    archive.set_status("broken", "rejected", reason="static check failed")
+    failed = {"metrics": {"overall": 0.9}, "seeds": [0, 1], "status": "failed", "reason": "oom"}
+    record(archive, "crash", failed)
+    r = cli("select", "--explain", "-C", str(archive.path))
+    assert r.returncode == 0, r.stderr
+    cells = [[c.strip() for c in ln.split("│")[1:-1]] for ln in r.stdout.splitlines()]
+    status = {c[1]: c[2] for c in cells if len(c) > 2}
+    assert status["crash"] == "failed (evidence, not a parent)", status
+    assert status["broken"] == "rejected (evidence, not a parent)", status
+    assert status["pending"] == "spawned (no results)", status
+    r = cli("select", "--json", "-C", str(archive.path))
+    out = {row["node"]: row for row in json.loads(r.stdout)["rows"]}
+    assert {n: out[n]["seeds"] for n in out} == {
+        "grpo": [0, 1, 2],
+        "pending": None,
+        "broken": None,
+        "crash": [0, 1],
+    }
+    assert out["crash"]["why"] == "failed: evidence, not a parent"  # the JSON's text as it was
+    assert set(out["grpo"]) >= {"node", "status", "utility", "score", "rank", "eligible", "why"}
+
+
 def test_unevaluated_and_failed_nodes(archive, tmp_path):
     sel = select_parents(archive)  # fresh archive: the unevaluated root is the only choice
     assert sel.chosen == ["grpo"] and "fallback" in sel.params

@@ -184,6 +184,12 @@ class Archive:
 
     def __init__(self, path: str | Path):
         self.path = Path(path).resolve()
+        if not self.path.exists():
+            raise ArchiveError(
+                f"{self.path} does not exist (no archive there; `poise-git init` creates one)"
+            )
+        if not self.path.is_dir():
+            raise ArchiveError(f"{self.path} is not a directory (an archive is one)")
         if not (self.path / ".git").exists() and not (self.path / "HEAD").is_file():
             raise ArchiveError(
                 f"{self.path} is not a poise-git archive (no git repository; run `poise-git init`)"

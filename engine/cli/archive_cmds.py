@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import typer
@@ -45,6 +46,14 @@ def _read_text(path: Path, what: str, max_bytes: int | None = None) -> str:
         )
 
     return decode_source(path.read_bytes(), f"{what} {path}")
+
+
+def _interval_head(kind: str) -> str:
+    """The interval column's head: ``interval (95% Student-t over paired seeds)`` where the kind
+    names its level, else ``95% interval (KIND)`` (the level results are recorded at)."""
+    if re.match(r"\d+(\.\d+)?%", kind):
+        return f"interval ({escape(kind)})"
+    return f"95% interval ({escape(kind or 'none')})"
 
 
 def _fmt(v: float | None) -> str:
@@ -200,7 +209,7 @@ def create_archive(
     it made."""
     toml = _read_text(config, "config file") if config else None
     if toml is not None:
-        parse_config(toml)
+        parse_config(toml, str(config))
     algorithm = _read_text(root, "root algorithm") if root else None
     if root_name is not None and not root_name.strip():
         raise PoiseError("--root-name is empty: name the root node, or leave the option out")
@@ -518,7 +527,7 @@ def show(
         table.add_column("metric", overflow="fold")
         table.add_column("value", justify="right")
         table.add_column("unit")
-        table.add_column(f"95% interval ({r.interval_kind or 'none'})", justify="right")
+        table.add_column(_interval_head(r.interval_kind), justify="right")
         for k, v in sorted(r.metrics.items()):
             iv = r.interval(k)
             table.add_row(k, _fmt(v), r.unit(k), f"[{_fmt(iv[0])}, {_fmt(iv[1])}]" if iv else "")

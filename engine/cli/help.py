@@ -28,6 +28,7 @@ _EXAMPLES: dict[str, list[str]] = {
         "poise-git spawn grpo --name clip-wide --edit clip.py --proposal clip.md -C exp",
         "poise-git spawn grpo --name again --edit clip.py --force   # same mechanism as a node",
         "poise-git spawn grpo --auto --proposer offline -C exp",
+        "poise-git spawn grpo --prior dr_grpo -C exp   # a published mechanism (its edit and card)",
     ],
     "log": [
         "poise-git log -C exp",

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from engine.archive.store import Archive
@@ -15,6 +16,17 @@ from engine.cli import ArchiveOpt, console
 
 def _f(v: float | None, nd: int = 3) -> str:
     return "—" if v is None else f"{v:.{nd}f}"
+
+
+def _status_cell(row: dict) -> str:
+    """The node's status, and for one that cannot be a parent why not, the status said once:
+    ``failed (evidence, not a parent)``, not ``failed (failed: evidence, not a parent)``."""
+    status, why = row["status"], row["why"]
+    if row["eligible"] or not why:
+        return status
+    if why.startswith(f"{status}: "):
+        why = why[len(status) + 2 :]
+    return f"{status} [dim]({escape(why)})[/]"
 
 
 def _last_run_hint(arch: Archive, ranked: str) -> str:
@@ -98,7 +110,7 @@ def select(
         table.add_row(
             str(r["rank"] or ""),
             r["node"],
-            r["status"] if r["eligible"] else f"{r['status']} [dim]({r['why']})[/]",
+            _status_cell(r),
             _f(r["utility"], 4),
             "" if r["layer"] is None else str(r["layer"]),
             _f(r["pareto"]),

@@ -39,6 +39,7 @@ from engine.archive.tracking import (
 from engine.errors import EvaluationError
 from engine.operators.evaluate_seed import run_seed
 from engine.operators.evaluate_verl import evaluate_node_verl
+from engine.operators.reevaluation import replaced_line
 from engine.operators.verify import refuse_unverified
 from engine.sandbox import live
 from engine.sandbox.limits import Limits
@@ -156,7 +157,18 @@ def evaluate_node(
             and list(done.seeds) == job.seeds
         ):
             return done  # the process this one waited for has just evaluated it so
+        replaced = replaced_line(
+            archive.node(name).results.get(ours.id), ours.hash, job.seeds, _cached_seeds(job)
+        )
+        if replaced:
+            _reporter(name, on_event)(replaced)
         return _evaluate(archive, name, job, tags, on_event)
+
+
+def _cached_seeds(job: _Job) -> list[int]:
+    """The seeds of ``job`` the per-seed cache (when on) holds a usable record of."""
+    cache = SeedCache.from_env(job.source, job.base["protocol"].hash)
+    return [s for s in job.seeds if cache.usable(s) is not None] if cache else []
 
 
 EVAL_LOCKS = "poise-eval"
@@ -404,10 +416,8 @@ def _run(job: _Job, tags: Mapping[str, str] | None, say: Callable[[str], None]) 
     )
 
     def one(seed: int) -> dict:
-        hit = cache.load(seed) if cache else None
-        # a result the benchmarks cached from the worker's own `run` has no trajectory (and names
-        # no seed): not a record this evaluation can log in full, so the seed runs again
-        if hit is not None and "trajectory" in hit:
+        hit = cache.usable(seed) if cache else None
+        if hit is not None:
             hit["seed"] = seed
             say(f"seed {seed}: {hit['status']} (cached)")
             return hit
@@ -589,6 +599,13 @@ class SeedCache:
             return None
         data["cached"] = True
         return data
+
+    def usable(self, seed: int) -> dict | None:
+        """:meth:`load`, where the record is one an evaluation can log in full: a result the
+        benchmarks cached from the worker's own `run` has no trajectory (and names no seed), so
+        that seed runs again."""
+        hit = self.load(seed)
+        return hit if hit is not None and "trajectory" in hit else None
 
     def store(self, seed: int, data: dict) -> None:
         path = self._path(seed)

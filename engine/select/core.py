@@ -316,6 +316,7 @@ def select_parents(
             "rank": None,
             "eligible": why is None,
             "why": why,
+            "seeds": list(node.result.seeds) if node.result is not None else None,
         }
 
     cands = [n for n in pop if n not in exclude]

@@ -1,0 +1,42 @@
+"""What evaluating a node again replaces: a node holds one result per protocol id, so a second
+``poise-git evaluate`` under the same id (a legitimate re-run, with more seeds, say) replaces the
+first. :func:`replaced_line` says so in one progress line: which result, that the new one has fewer
+seeds where it has, and which seeds the per-seed cache reads back rather than trains again."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from engine.archive.results import EvaluationResult
+
+
+def _seeds(seeds: Sequence[int]) -> str:
+    """``seeds 0, 1`` (``no seeds`` for none), as ``poise-git show`` heads a result."""
+    return f"seeds {', '.join(map(str, seeds))}" if seeds else "no seeds"
+
+
+def replaced_line(
+    old: EvaluationResult | None,
+    protocol_hash: str,
+    seeds: Sequence[int],
+    cached: Sequence[int] = (),
+) -> str | None:
+    """One line on the result ``old`` that an evaluation at ``seeds`` under ``protocol_hash`` (the
+    same protocol id) replaces; ``cached``: the seeds read back from the per-seed cache. None when
+    there is nothing to replace."""
+    if old is None:
+        return None
+    version = (
+        f"; another version of {old.protocol.id}" if old.protocol.hash != protocol_hash else ""
+    )
+    line = f"replaces the {old.status} result under {old.protocol.key} "
+    line += f"({_seeds(old.seeds)}{version})"
+    if old.seeds and len(seeds) < len(old.seeds):
+        line += f": the new one has fewer seeds ({_seeds(seeds)})"
+    if cached:
+        some = f"seed {cached[0]} is" if len(cached) == 1 else f"{_seeds(cached)} are"
+        line += (
+            f"; {some} read back from the per-seed cache ($POISE_EVAL_CACHE), measured before "
+            "under the same code, protocol and harness"
+        )
+    return line
