@@ -447,7 +447,8 @@ def test_an_error_is_printed_as_written_not_as_markup(cli, tmp_path):
     bad.write_text('[select]\nbeta = "x"\n')
     res = cli("init", str(tmp_path / "a"), "--config", str(bad))
     assert res.returncode == 1
-    assert "error: poise.toml: [select].beta must be a number" in res.stderr  # [select] kept
+    # [select] kept, not read as markup; the file named is the one --config gave
+    assert f"error: {bad}: [select].beta must be a number" in res.stderr
 
 
 @pytest.mark.slow  # a dozen CLI processes
