@@ -106,3 +106,44 @@ def test_a_signal_during_evaluation_leaves_no_temporary_directory(
     left = [p.name for p in tmpdir.iterdir() if p.name.startswith("poise-")]
     assert not left, f"left in $TMPDIR: {left}"
 
+
+def test_the_run_lock_is_held_through_the_held_out_confirmation(evaluated_root, tmp_path):
+    """The confirmation after the rounds is part of the run: a second `run --resume` started while
+    it measures is refused (before, the lock was released when the rounds ended, and the second
+    run measured and recorded the same confirmation again)."""
+    exp = tmp_path / "exp"
+    shutil.copytree(evaluated_root, exp, symlinks=True)
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    env = dict(_env(tmpdir), PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "engine", "run", "-C", str(exp), "--rounds", "1"]
+    cmd += ["--parents", "1", "--population", "1", "--confirm-seeds", "1", "--no-report", *SMALL]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    second = None
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if "held-out seeds" in line:
+                second = subprocess.run(
+                    [sys.executable, "-m", "engine", "run", "-C", str(exp), "--resume"],
+                    cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+                )  # fmt: skip
+                break
+        rest, _ = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = "".join(lines) + (rest or "")
+    assert second is not None, "the run never confirmed: " + out[-3000:]
+    assert second.returncode == 1, second.stdout[-2000:] + second.stderr[-2000:]
+    assert "another `poise-git run` is running" in second.stderr, second.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert out.count("held-out confirmation:") == 1, out[-3000:]
+    log = subprocess.run(
+        ["git", "-C", str(exp), "log", "--all", "--format=%s"], capture_output=True, text=True
+    ).stdout
+    assert log.count("held-out confirmation of") == 1, log
