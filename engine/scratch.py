@@ -33,7 +33,9 @@ IN_USE = ".poise-in-use"
 def scratch_dir(prefix: str, dir: str | Path | None = None) -> Iterator[str]:
     """A fresh temporary directory ``<prefix>XXXXXXXX`` in ``dir`` (default: ``$TMPDIR``), locked as
     in use until the block ends, then removed."""
-    with tempfile.TemporaryDirectory(prefix=prefix, dir=dir) as tmp:
+    # a removal that fails (a file a dying process still writes) leaves it for `gc`, and never
+    # replaces the exception that ends the block
+    with tempfile.TemporaryDirectory(prefix=prefix, dir=dir, ignore_cleanup_errors=True) as tmp:
         fd = os.open(os.path.join(tmp, IN_USE), os.O_CREAT | os.O_WRONLY, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)

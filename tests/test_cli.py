@@ -167,8 +167,10 @@ def test_exit_codes_are_stated_once_and_documented():
         c.EXIT_REJECTED,
         c.EXIT_FAILED,
         c.EXIT_INTERRUPTED,
+        c.EXIT_TERMINATED,
     }
     assert (c.EXIT_REJECTED, c.EXIT_FAILED, c.EXIT_INTERRUPTED) == (3, 4, 130)
+    assert c.EXIT_TERMINATED == 128 + signal.SIGTERM
     root = invoke("--help").output
     for code in codes:
         assert re.search(rf"^\s+{code}\s", root, re.M), code

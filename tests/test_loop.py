@@ -312,7 +312,7 @@ def test_ray_backed_run_on_a_local_instance(evaluated_root, tmp_path, cli):
 def test_sigterm_during_a_ray_evaluation_stops_like_ctrl_c(evaluated_root, tmp_path):
     """`ray.init` puts its own SIGTERM handler (`sys.exit`) in place of the CLI's, whose kill of the
     sandboxed children never ran, and the driver died of SIGABRT (exit 134) with a native stack
-    dump. The run must stop as on Ctrl-C: exit 130, `interrupted`, the node left for --resume,
+    dump. The run must stop as on Ctrl-C, with SIGTERM's status: exit 143, `interrupted`, the node left for --resume,
     nothing of the run's process tree left."""
     pytest.importorskip("ray")
     from engine.archive.store import Archive
@@ -349,7 +349,7 @@ def test_sigterm_during_a_ray_evaluation_stops_like_ctrl_c(evaluated_root, tmp_p
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert sent, "the run never reached a Ray evaluation"
-    assert proc.returncode == 130, (proc.returncode, err[-3000:])
+    assert proc.returncode == 143, (proc.returncode, err[-3000:])
     assert "interrupted" in err and "SIGTERM received" not in err, err[-3000:]
     time.sleep(2)
     # Ray's own processes share the run's session; its evaluation worker names the archive

@@ -465,3 +465,36 @@ def test_a_damaged_run_record_does_not_stop_the_report(tmp_path):
     save_run(arch, RunRecord(bad), "poise: run r1")
     text = render_report(arch).read_text()
     assert "r1: rounds x–?" in text and "dr-grpo" in text
+
+
+@pytest.mark.slow  # two CLI processes
+def test_a_report_the_write_of_which_fails_leaves_the_earlier_page_whole(tmp_path):
+    """The page is written whole or not at all: a write that fails part way (a full disk; here the
+    file size limit, in a real `poise-git report` process) leaves the earlier report as it was,
+    never a half-written index.html served as the report, and says so in one line."""
+    import os
+    import resource
+    import sys
+
+    from engine.archive.store import Archive
+
+    arch = Archive.init(tmp_path / "exp")
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(repo), PYTHONDONTWRITEBYTECODE="1")
+    cmd = [sys.executable, "-m", "engine", "report", "-C", str(arch.path)]
+    first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    page = arch.path / ".poise" / "report" / "index.html"
+    whole = page.read_bytes()
+    assert whole.rstrip().endswith(b"</html>") and len(whole) > 2000
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
+
+    again = subprocess.run(
+        cmd, env=env, capture_output=True, text=True, timeout=300, preexec_fn=small_files
+    )
+    assert again.returncode == 1, again.stdout + again.stderr
+    assert again.stderr.startswith("error: ") and "Traceback" not in again.stderr, again.stderr
+    assert page.read_bytes() == whole
+    assert sorted(p.name for p in page.parent.iterdir()) == ["index.html"]

@@ -5,7 +5,9 @@ the commands so ``poise-git log`` starts instantly.
 
 Exit codes (stable; README "Exit codes"): 0 success, 1 error (bad input, unknown node, failed
 endpoint...), 2 usage error (unknown option, missing argument), 3 the candidate was rejected
-(verification or screening), 4 the candidate failed its evaluation, 130 interrupted (Ctrl-C).
+(verification or screening), 4 the candidate failed its evaluation, 130 interrupted (Ctrl-C, SIGINT),
+143 stopped by SIGTERM (129 by SIGHUP): 128 + the signal's number, as a shell reports a process the
+signal killed.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ EXIT_USAGE = 2
 EXIT_REJECTED = 3
 EXIT_FAILED = 4
 EXIT_INTERRUPTED = 130
+"""SIGINT (Ctrl-C); another stopping signal exits 128 + its number (:func:`interrupted_code`)"""
+EXIT_TERMINATED = 143
+"""SIGTERM (``kill``, a scheduler's stop)"""
 
 PIPE_WIDTH = 4096
 """columns of the rendering when stdout is not a terminal: tables keep their natural width, nothing a
@@ -81,7 +86,7 @@ class _Command(TyperCommand):
             fail(f"git: {exc}")
         except KeyboardInterrupt:
             err_console.print("[yellow]interrupted[/]", highlight=False)
-            raise typer.Exit(EXIT_INTERRUPTED) from None
+            raise typer.Exit(interrupted_code()) from None
 
 
 class _Group(TyperGroup):
@@ -187,11 +192,23 @@ def _help_text(fn) -> str:
     return "\n\n".join(" ".join(p.split()) for p in doc.split("\n\n") if p.strip())
 
 
+_received: list[int] = []
+"""the stopping signals this process received, first first"""
+
+
+def interrupted_code() -> int:
+    """The exit status of an interrupted command: 128 + the number of the first signal that stopped
+    it (SIGINT 130, SIGTERM 143, SIGHUP 129), as a shell reports a process the signal killed, so
+    that a scheduler's SIGTERM reads as one; 130 for a KeyboardInterrupt no signal raised."""
+    return 128 + _received[0] if _received else EXIT_INTERRUPTED
+
+
 def _interrupt(signum, _frame) -> None:
     """SIGINT / SIGTERM / SIGHUP: kill every sandboxed child first (they run in sessions of their own
     and never see the terminal's signal), then unwind so that nodes are left resumable."""
     from engine.sandbox.live import kill_all  # lazy: keeps `poise-git --help` fast
 
+    _received.append(signum)
     kill_all()
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
@@ -212,6 +229,7 @@ def _stack_dumps() -> None:
 def main(argv: list[str] | None = None) -> None:
     sys.stdout, sys.stderr = ScrubbedStream(sys.stdout), ScrubbedStream(sys.stderr)
     _register()
+    _received.clear()  # a command run in-process after another (the tests) starts afresh
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
     _stack_dumps()
@@ -224,4 +242,4 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(EXIT_ERROR)
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")
-        sys.exit(EXIT_INTERRUPTED)
+        sys.exit(interrupted_code())

@@ -14,7 +14,8 @@ EXIT_CODES = (
     (2, "usage error: unknown option, missing or malformed argument"),
     (3, "the candidate was rejected (verification failed, or no proposal survived screening)"),
     (4, "the candidate failed its evaluation (raised, NaN/inf, collapsed)"),
-    (130, "interrupted (Ctrl-C)"),
+    (130, "interrupted (Ctrl-C, SIGINT)"),
+    (143, "stopped by SIGTERM (kill, a scheduler); SIGHUP (a closed terminal) exits 129"),
 )
 
 _EXAMPLES: dict[str, list[str]] = {

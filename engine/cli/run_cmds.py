@@ -259,6 +259,7 @@ def run(
     when the root's verification rejects it (its evaluation fails): the run stops before round 1."""
     from engine.loop.budget import Budget  # lazy: keeps `poise-git --help` fast
     from engine.loop.core import Loop, RunOptions  # lazy: numpy is heavy (only this path needs it)
+    from engine.loop.state import run_lock  # lazy: keeps `poise-git --help` fast
 
     opts = RunOptions(
         plan={
@@ -305,9 +306,12 @@ def run(
                 f"--root and --root-name make a new archive, and {path} exists (its root is "
                 f"{arch.root()!r}); `poise-git init NEW --root FILE` starts another"
             )
-    with _Display(arch.path / ".poise" / "run.log") as display:
-        summary = Loop(arch, opts, on_event=display).run()
-    _print_summary(arch, summary, report=not no_report, confirm_seeds=summary.confirm_seeds)
+    # held to the end: the report and the held-out confirmation belong to the run, and a second
+    # run (a `--resume` started meanwhile) would measure and record the confirmation again
+    with run_lock(arch):
+        with _Display(arch.path / ".poise" / "run.log") as display:
+            summary = Loop(arch, opts, on_event=display).run(locked=True)
+        _print_summary(arch, summary, report=not no_report, confirm_seeds=summary.confirm_seeds)
     if summary.root_blocked:  # no round could start: the run did not do what was asked
         raise typer.Exit(EXIT_REJECTED if summary.root_blocked == "rejected" else EXIT_FAILED)
 

@@ -212,9 +212,12 @@ class Loop:
         save_run(self.archive, self.rec, subject)
 
     # -- the run -------------------------------------------------------------------------------
-    def run(self) -> RunSummary:
+    def run(self, *, locked: bool = False) -> RunSummary:
         """The run, under the archive's run lock: a second run in the same archive is refused
-        (:class:`RunStateError`) before it reads or writes anything."""
+        (:class:`RunStateError`) before it reads or writes anything. ``locked``: the caller holds
+        the lock already (``poise-git run`` holds it through the confirmation after the rounds)."""
+        if locked:
+            return self._run()
         with run_lock(self.archive):
             return self._run()
 

@@ -29,6 +29,7 @@ from engine.archive.store import Archive
 from engine.archive.tracking import end_dangling_runs
 from engine.operators.evaluate import WarmStartFailed, evaluate_node, proxy_protocol
 from engine.sandbox.process import child_env
+from engine.scratch import SANDBOX_PREFIX, scratch_dir
 from trainer_template.proxy.protocol import get_protocol
 
 log = logging.getLogger(__name__)
@@ -82,30 +83,35 @@ def run_job(job: EvalJob, live: _Live | None = None) -> EvalOutcome:
         return _stopped(job, 0.0)
     limit = job.timeout_s + _grace(job.timeout_s)
     cmd = [sys.executable, "-m", "engine.loop.executor", json.dumps(asdict(job))]
-    proc = subprocess.Popen(
-        cmd,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=child_env(),
-        start_new_session=True,
-    )
-    timed_out = False
-    try:
-        if not live.add(proc):  # the executor stopped while this worker was starting
-            raise _Stop
-        out, err = proc.communicate(timeout=limit)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        kill_tree(proc.pid)
-        out, err = proc.communicate()
-    except _Stop:
-        kill_tree(proc.pid)
-        proc.communicate()
-    finally:
-        kill_tree(proc.pid)
-        live.discard(proc)
+    # the worker's $TMPDIR, made and removed here: a worker is stopped with SIGKILL (a stop, its
+    # wall-clock limit), which no clean-up of its own survives, and what it made there (its seeds'
+    # sandboxes, blobs, MLflow's files) would stay until the next run ends or `gc`
+    with scratch_dir(SANDBOX_PREFIX) as tmpdir:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_env({"TMPDIR": tmpdir}),
+            start_new_session=True,
+        )
+        timed_out = False
+        out = err = ""
+        try:
+            if not live.add(proc):  # the executor stopped while this worker was starting
+                raise _Stop
+            out, err = proc.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            kill_tree(proc.pid)
+            out, err = proc.communicate()
+        except _Stop:
+            kill_tree(proc.pid)
+            proc.communicate()
+        finally:
+            kill_tree(proc.pid, wait=True)
+            live.discard(proc)
     wall = time.monotonic() - start
     if live.was_stopped(proc):
         return _stopped(job, wall)
@@ -182,8 +188,9 @@ def job_protocol(arch, job: EvalJob):
     return Protocol(f"{job.backend}/paper", backend=job.backend, preset="paper")
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL ``pid``, every descendant and their process groups (never our own group)."""
+def kill_tree(pid: int, *, wait: bool = False) -> None:
+    """SIGKILL ``pid``, every descendant and their process groups (never our own group);
+    ``wait``: until they are gone (at most 10 s), so that nothing writes where they worked."""
     try:
         import psutil  # lazy: psutil is heavy (only this path needs it)
 
@@ -209,6 +216,10 @@ def kill_tree(pid: int) -> None:
             p.kill()
         except Exception:
             pass
+    if wait and procs:
+        import psutil  # lazy: psutil is heavy (only this path needs it)
+
+        psutil.wait_procs(procs, timeout=10)
 
 
 class _Live:

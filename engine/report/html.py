@@ -31,6 +31,7 @@ from engine.operators.proposers.offline import archive_remedy_trials
 from engine.operators.proposers.remedies import REMEDIES, spent_remedies
 from engine.operators.reflect import training_vs_parent
 from engine.report import figures
+from engine.report.write import write_whole
 from engine.select import objective as obj
 
 REPORT_DIR = Path(".poise") / "report"
@@ -270,7 +271,7 @@ def render_report(
         )
     parts.append("</body></html>")
     page = out / "index.html"
-    page.write_text("\n".join(parts), encoding="utf-8")
+    write_whole(page, "\n".join(parts))  # never a half-written page, however the command ends
     return page
 
 
