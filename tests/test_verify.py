@@ -325,3 +325,61 @@ def test_a_mechanism_that_does_not_learn_from_the_reward_is_rejected(edit, test)
     assert not res.ok and res.reason.startswith(test), res.reason
     failed = {t.split("[")[0] for t in res.report["failed"]}
     assert failed == {test}, failed
+
+
+SPIN_REPR = '''\
+class Spin:
+    """Not a tensor: an object whose repr never returns."""
+
+    def __repr__(self):
+        while True:
+            pass
+
+
+def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:
+    """Returns an object the harness's failing assertions would print."""
+    return Spin()
+'''
+SPIN_CONFIG = '''\
+@dataclass
+class Hyperparameters:
+    """The root's settings, printed by a repr that never returns."""
+
+    eps: float = 1e-6
+    norm_adv_by_std: bool = True
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0
+    loss_agg_mode: str = "token-mean"
+    kl_coef: float = 0.001
+    kl_type: str = "low_var_kl"
+    entropy_coef: float = 0.0
+
+    def __repr__(self):
+        while True:
+            pass
+
+
+def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:
+    """Ignores the reward: a failing test, whose report prints the test's arguments (cfg)."""
+    return torch.zeros(batch.size, dtype=torch.float32)
+'''
+
+
+@pytest.mark.slow  # a sandboxed verification each
+@pytest.mark.parametrize("edit", [SPIN_REPR, SPIN_CONFIG], ids=["returned-object", "config"])
+def test_no_candidate_object_reaches_the_harness_after_its_call(edit):
+    """After a call's end frame its deadline is off, so the recording child's harness must hold
+    only what the replay rebuilds from the recording: a returned object or a config whose
+    ``__repr__`` spins would otherwise run when pytest prints a failing assertion (the returned
+    value) or a failing test's arguments (cfg), unbounded until the child's wall clock."""
+    from engine.archive.edit import apply_edit
+    from engine.operators.verify import VerifyLimits, verify_source
+    from trainer_template import ALGORITHM_FILE
+
+    root = ALGORITHM_FILE.read_text(encoding="utf-8")
+    limits = VerifyLimits(timeout_s=60, cpu_s=60, memory_mb=1500, call_s=1.0)
+    res = verify_source(apply_edit(root, edit), root, (), limits)
+    assert not res.ok and res.report["static"] == "ok", res.reason
+    assert "ended" not in res.report, res.report["ended"]  # the recording child finished its suite
+    assert res.report["wall_s"] < 30, res.report["wall_s"]

@@ -3,7 +3,9 @@
 - ``record`` — the sandboxed child: every call runs the candidate and is streamed to the parent as a
   ``begin`` frame (key, input digest; the parent arms the per-call deadline) and an ``end`` frame
   (the raw output, the inputs it mutated, and for a scalar output that requires grad its gradients
-  w.r.t. the inputs), all plain data (``probe_codec``);
+  w.r.t. the inputs), all plain data (``probe_codec``). The candidate works on its own copies of
+  the inputs, and the harness gets back what the replay rebuilds from the ``end`` frame, so the two
+  modes' tests see the same values and no candidate object outlives its call's deadline;
 - ``replay`` — the trusted side: the same suite runs against the recording (``$POISE_VERIFY_RECORDING``);
   no candidate code is loaded, so nothing the candidate patched in its own process reaches the checks;
 - ``direct`` (default) — a manual ``pytest tests/`` in a checkout of a node: the candidate runs here.
@@ -25,6 +27,7 @@ import torch
 
 from engine.operators import probe_codec as codec
 from trainer_template.channel import Channel
+from trainer_template.interface import RolloutBatch
 from trainer_template.loader import load_algorithm, make_config
 
 MODE_ENV = "POISE_VERIFY_MODE"
@@ -49,6 +52,10 @@ class _State:
         self.ended: dict[str, str] = {}
         """why the recording stopped early, by scope ('' for every scope)"""
         self.module: Any = None
+        self.modules: dict[int, tuple[Any, Any]] = {}
+        """record mode: the harness's stand-in of a loaded module -> the module, by id"""
+        self.configs: dict[int, tuple[Any, Any]] = {}
+        """record mode: the harness's view of a config -> the candidate's real one, by id"""
 
     def key(self) -> str:
         i = self.counts.get(self.scope, 0)
@@ -110,43 +117,84 @@ def _describe(exc: BaseException) -> str:
         return type(exc).__name__[:100]
 
 
-def _record(key: str, fn, args: tuple, kwargs: dict, name: str) -> Any:
-    """Run ``fn`` in the recording child, bracketed by begin / end frames."""
-    ch = _channel()
-    ins = codec.slots(args, kwargs)
+def _private(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The inputs of a recorded call as the candidate gets them: its own copies of the harness's
+    tensors and batches (aliases kept), its real ``Hyperparameters`` for the harness's view of it;
+    other values as they are. The harness's objects change only as the recording says they did."""
+    memo: dict[int, Any] = {}
+
+    def one(v: Any) -> Any:
+        if id(v) in memo:
+            return memo[id(v)]
+        if codec.is_tensor(v):
+            c = v.detach().clone()
+            out = c.requires_grad_(True) if v.requires_grad else c
+        elif type(v) is RolloutBatch:
+            out = object.__new__(RolloutBatch)
+            out.__dict__.update({k: one(x) for k, x in v.__dict__.items()})
+        elif id(v) in _S.configs and _S.configs[id(v)][0] is v:
+            out = _S.configs[id(v)][1]
+        else:
+            return v
+        memo[id(v)] = out
+        return out
+
+    return tuple(one(a) for a in args), {k: one(v) for k, v in kwargs.items()}
+
+
+def _run(fn, args: tuple, kwargs: dict, grad_leaves: set[str]) -> dict[str, Any]:
+    """Call ``fn`` on private copies of its inputs (``_private``); what the ``end`` frame records:
+    the encoded output, the inputs it mutated, the gradients of a scalar output w.r.t. the inputs
+    that are leaves requiring grad (``grad_leaves``). Its objects are freed when this returns."""
+    cargs, ckwargs = _private(args, kwargs)
+    ins = codec.slots(cargs, ckwargs)
     before = {p: (id(t), codec.tensor_digest(t)) for p, t in ins.items()}
-    ch.send({"type": "begin", "key": key, "fn": name, "digest": codec.digest(args, kwargs)})
-    try:
-        out = fn(*args, **kwargs)
-        grads: dict[str, list] = {}
-        outs = out if type(out) is tuple else (out,)
-        leaves = [(p, t) for p, t in ins.items() if t.requires_grad and t.is_leaf]
-        for i, o in enumerate(outs):
-            if codec.is_tensor(o) and o.requires_grad and o.numel() == 1 and leaves:
-                g = torch.autograd.grad(
-                    o, [t for _, t in leaves], retain_graph=True, allow_unused=True
-                )
-                grads[str(i)] = [
-                    [p, None if x is None else codec.encode(x)] for (p, _), x in zip(leaves, g)
-                ]
-    except BaseException as exc:  # noqa: BLE001 - the failure is the recorded outcome
-        msg = _describe(exc)
-        ch.send({"type": "end", "key": key, "error": msg})
-        raise CandidateError(msg) from None
-    after = codec.slots(args, kwargs)
+    out = fn(*cargs, **ckwargs)
+    grads: dict[str, list] = {}
+    outs = out if type(out) is tuple else (out,)
+    leaves = [(p, t) for p, t in ins.items() if p in grad_leaves and t.requires_grad and t.is_leaf]
+    for i, o in enumerate(outs):
+        if codec.is_tensor(o) and o.requires_grad and o.numel() == 1 and leaves:
+            g = torch.autograd.grad(o, [t for _, t in leaves], retain_graph=True, allow_unused=True)
+            grads[str(i)] = [
+                [p, None if x is None else codec.encode(x)] for (p, _), x in zip(leaves, g)
+            ]
+    after = codec.slots(cargs, ckwargs)
     mutated = {
         p: codec.encode(t)
         for p, t in after.items()
         if before.get(p) != (id(t), codec.tensor_digest(t))
     }
-    ch.send(
-        {"type": "end", "key": key, "out": codec.encode(out), "mutated": mutated, "grads": grads}
-    )
-    return out
+    return {"out": codec.encode(out), "mutated": mutated, "grads": grads}
+
+
+def _record(key: str, target, args: tuple, kwargs: dict, name: str) -> Any:
+    """Run ``target`` (a ``CandidateFunction``, or e.g. ``loss.backward``) in the recording child,
+    bracketed by begin / end frames. The harness gets what the replay rebuilds from the ``end``
+    frame (``_rebuild``): no candidate object reaches it after the call's deadline is off (pytest
+    prints a failing assertion's values and a failing test's arguments, and a candidate's
+    ``__repr__`` would run there unbounded); the candidate's objects are freed before the frame."""
+    ch = _channel()
+    grad_leaves = {p for p, t in codec.slots(args, kwargs).items() if t.requires_grad and t.is_leaf}
+    ch.send({"type": "begin", "key": key, "fn": name, "digest": codec.digest(args, kwargs)})
+    fn = target._fn if isinstance(target, CandidateFunction) else target
+    try:
+        end = {"type": "end", "key": key, **_run(fn, args, kwargs, grad_leaves)}
+    except BaseException as exc:  # noqa: BLE001 - the failure is the recorded outcome
+        end = {"type": "end", "key": key, "error": _describe(exc)}
+    ch.send(end)
+    if "error" in end:  # raised here, not in the handler: the candidate's exception is no context
+        raise CandidateError(end["error"])
+    return _rebuild(end, args, kwargs)
 
 
 def _replay(key: str, args: tuple, kwargs: dict) -> Any:
-    rec = _entry(key, codec.digest(args, kwargs))
+    return _rebuild(_entry(key, codec.digest(args, kwargs)), args, kwargs)
+
+
+def _rebuild(rec: dict, args: tuple, kwargs: dict) -> Any:
+    """A recorded call's outcome for the harness, in both modes: its mutations applied to the
+    inputs, its output decoded, with its recorded gradients w.r.t. the inputs."""
     for path, value in (rec.get("mutated") or {}).items():
         codec.set_slot(args, kwargs, str(path), codec.decode_value(value))
     out = codec.decode_value(rec.get("out"))
@@ -189,7 +237,7 @@ class CandidateFunction:
     def __call__(self, *args, **kwargs):
         key = _S.key()
         if _S.mode == "record":
-            return _record(key, self._fn, args, kwargs, self.__name__)
+            return _record(key, self, args, kwargs, self.__name__)
         return _replay(key, args, kwargs)
 
 
@@ -211,37 +259,46 @@ def load_candidate(path: str | Path, key: str = "session") -> Any:
         return load_algorithm(Path(path).read_text(encoding="utf-8"), "candidate")
     if _S.mode == "record":
         source = Path(path).read_text(encoding="utf-8")
-        ch = _channel()
-        ch.send({"type": "begin", "key": f"{key}#load", "fn": "load", "digest": ""})
-        try:
-            module = load_algorithm(source, "candidate")
-        except BaseException as exc:  # noqa: BLE001
-            msg = _describe(exc)
-            ch.send({"type": "end", "key": f"{key}#load", "error": msg})
-            raise CandidateError(msg) from None
-        takes = _takes_state(module.policy_loss)
-        ch.send(
-            {
-                "type": "end",
-                "key": f"{key}#load",
-                "out": {"t": "scalar", "v": None},
-                "fields": {"takes_state": {"t": "scalar", "v": takes}},
-            }
-        )
-        _S.module = types.SimpleNamespace(
-            compute_advantages=CandidateFunction("compute_advantages", module.compute_advantages),
-            policy_loss=CandidateFunction("policy_loss", module.policy_loss, takes),
-            real=module,
-        )
-        return _S.module
-    rec = _entry(f"{key}#load")
-    fields = rec.get("fields") if isinstance(rec.get("fields"), dict) else {}
+        fields = _within(f"{key}#load", "load", lambda: _load(source))
+        module = fields.pop("module")
+    else:
+        fields = _entry(f"{key}#load").get("fields")
+        fields = fields if isinstance(fields, dict) else {}
     takes = codec.decode_value(fields["takes_state"]) is True if "takes_state" in fields else False
-    return types.SimpleNamespace(
+    ns = types.SimpleNamespace(
         compute_advantages=CandidateFunction("compute_advantages"),
         policy_loss=CandidateFunction("policy_loss", None, takes),
         real=None,
     )
+    if _S.mode == "record":  # the real functions stay out of the harness's sight
+        ns.compute_advantages._fn = module.compute_advantages
+        ns.policy_loss._fn = module.policy_loss
+        _S.modules[id(ns)] = (ns, module)
+        _S.module = ns
+    return ns
+
+
+def _load(source: str) -> dict[str, Any]:
+    module = load_algorithm(source, "candidate")
+    takes = _takes_state(module.policy_loss)
+    return {"takes_state": {"t": "scalar", "v": takes}, "module": module}
+
+
+def _within(key: str, name: str, work) -> dict[str, Any]:
+    """``work()`` (candidate code) in the recording child, bracketed by begin / end frames; its
+    ``fields`` (encoded, but for a ``module``, which stays in this process) go into the end frame."""
+    ch = _channel()
+    ch.send({"type": "begin", "key": key, "fn": name, "digest": ""})
+    try:
+        fields, error = work(), ""
+    except BaseException as exc:  # noqa: BLE001 - the failure is the recorded outcome
+        fields, error = {}, _describe(exc)
+    if error:
+        ch.send({"type": "end", "key": key, "error": error})
+        raise CandidateError(error)  # outside the handler: the candidate's exception is no context
+    sent = {k: v for k, v in fields.items() if k != "module"}
+    ch.send({"type": "end", "key": key, "out": {"t": "scalar", "v": None}, "fields": sent})
+    return fields
 
 
 def _takes_state(fn) -> bool:
@@ -253,36 +310,31 @@ def _takes_state(fn) -> bool:
 
 
 def config(mod: Any, key: str = "session") -> Any:
-    """The candidate's ``Hyperparameters()`` (its fields as plain data outside ``direct`` mode)."""
+    """The candidate's ``Hyperparameters()`` (its fields as plain data outside ``direct`` mode: in
+    the recording child too, where the candidate's calls get the real object in its place)."""
     if _S.mode == "direct":
         return make_config(mod)
     if _S.mode == "record":
-        ch = _channel()
-        ch.send({"type": "begin", "key": f"{key}#config", "fn": "config", "digest": ""})
-        try:
-            cfg = make_config(mod.real)
-            fields = (
-                {f.name: codec.encode(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
-                if dataclasses.is_dataclass(cfg)
-                else {}
-            )
-        except BaseException as exc:  # noqa: BLE001
-            msg = _describe(exc)
-            ch.send({"type": "end", "key": f"{key}#config", "error": msg})
-            raise CandidateError(msg) from None
-        ch.send(
-            {
-                "type": "end",
-                "key": f"{key}#config",
-                "out": {"t": "scalar", "v": None},
-                "fields": fields,
-            }
-        )
-        return cfg
-    rec = _entry(f"{key}#config")
-    fields = rec.get("fields") or {}
+        known = _S.modules.get(id(mod))
+        if known is None or known[0] is not mod:
+            raise RuntimeError("config() needs the module load_candidate() returned")
+        real: list = []
+        fields = _within(f"{key}#config", "config", lambda: _config_fields(known[1], real))
+    else:
+        fields = _entry(f"{key}#config").get("fields") or {}
     if not isinstance(fields, dict) or len(fields) > codec.MAX_ITEMS:
         raise codec.RecordingError("the recorded hyperparameters are malformed")
-    return types.SimpleNamespace(
+    view = types.SimpleNamespace(
         **{str(k): codec.decode_value(v) for k, v in fields.items() if str(k).isidentifier()}
     )
+    if _S.mode == "record":
+        _S.configs[id(view)] = (view, real[0])
+    return view
+
+
+def _config_fields(module: Any, real: list) -> dict[str, Any]:
+    cfg = make_config(module)
+    real.append(cfg)
+    if not dataclasses.is_dataclass(cfg):
+        return {}
+    return {f.name: codec.encode(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
