@@ -132,6 +132,7 @@ def evaluate(
                 limit=limit,
                 preset=preset,
                 on_progress=on_progress,
+                on_event=lambda msg: console.print(f"  {escape(msg)}", highlight=False),
             )
         if result.details.get("mlflow_error"):  # recorded in git all the same: said, as the proxy's
             console.print(
