@@ -346,6 +346,16 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"poise.toml: [propose].proposer must be offline or llm, got {cfg.propose.proposer!r}"
         )
+    for item in cfg.experiment.pareto_objectives:  # the rules selection parses them by
+        objective_entry(item)
+
+
+def objective_entry(item: Any) -> str:
+    """An entry of ``[experiment].pareto_objectives`` (``overall``, ``-mean_length``, ``+x``),
+    stripped: a string naming a metric after its ``-`` / ``+``; else one ConfigError."""
+    if not isinstance(item, str) or not item.strip("-+ "):
+        raise ConfigError(f"poise.toml: [experiment].pareto_objectives: bad entry {item!r}")
+    return item.strip()
 
 
 _LENGTH_LIKE = re.compile(r"(^|[/_.:-])(length|len|tokens|response_length)$")

@@ -119,3 +119,30 @@ def test_an_edited_poise_toml_in_the_archive_directory_is_said_not_to_be_read(tm
     warned = [ln for ln in p.stderr.splitlines() if "poise.toml" in ln]
     assert len(warned) == 1 and "not read" in warned[0] and "--config" in warned[0], p.stderr
     assert "grpo" in p.stdout
+
+
+@pytest.mark.parametrize("entries", ['["overall", "-"]', '[""]', '["overall", 3]', '["+ "]'])
+def test_a_bad_pareto_objective_is_refused_when_read(tmp_path, cli, entries):
+    """``[experiment].pareto_objectives`` is checked by the rules selection applies when the file is
+    read: ``init --config`` refuses a bad entry in one line naming the file and creates nothing,
+    rather than an archive whose first ``select`` fails."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text(f"[experiment]\npareto_objectives = {entries}\n")
+    res = cli("init", str(tmp_path / "exp"), "--config", str(bad))
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.startswith(f"error: {bad}: [experiment].pareto_objectives: bad entry ")
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert not (tmp_path / "exp").exists()
+
+
+def test_every_pareto_objective_selection_takes_is_accepted_when_read():
+    from engine.select.pareto import parse_objectives
+
+    for entries, parsed in (
+        ("[]", []),
+        ('["overall"]', [("overall", 1.0)]),
+        ('["overall", "-mean_length"]', [("overall", 1.0), ("mean_length", -1.0)]),
+        ('["+hard/pass@8", " - mean_length "]', [("hard/pass@8", 1.0), ("mean_length", -1.0)]),
+    ):
+        cfg = parse_config(f"[experiment]\npareto_objectives = {entries}\n")
+        assert parse_objectives(cfg.experiment.pareto_objectives) == parsed, entries

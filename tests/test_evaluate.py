@@ -244,6 +244,35 @@ def test_cli_evaluate_tiny(exp, cli):
     assert nope.returncode == 1 and "unknown node" in nope.stderr
 
 
+SPINS = """
+def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:
+    while True:
+        pass
+"""
+
+
+@pytest.mark.slow  # a warm start and one tiny-preset seed stopped at its limit
+def test_evaluate_takes_the_evaluations_time_limit_from_the_command_line(exp, cli):
+    """The archive's settings come from its root's committed poise.toml, which nothing rewrites:
+    ``--eval-timeout`` (as ``run``'s) is how one evaluation gets a lower limit than
+    ``[evaluation].timeout_s``; a limit that is not positive is refused before anything runs."""
+    exp.spawn("grpo", "spins", edit=SPINS)
+    mark_verified(exp, "spins")  # it hangs only when trained: as if it passed verification
+    args = ("evaluate", "spins", "--preset", "tiny", "--seeds", "1", "-C", str(exp.path))
+    warm = {"POISE_CACHE_DIR": os.environ["POISE_CACHE_DIR"]}
+    for bad in ("0", "-3"):
+        r = cli(*args, "--eval-timeout", bad, env=warm)
+        assert r.returncode == 1 and f"--eval-timeout must be > 0, got {float(bad)}" in r.stderr
+    assert Archive(exp.path).node("spins").status == "verified"
+    r = cli(*args, "--eval-timeout", "2", env=warm)
+    assert r.returncode == 4, r.stderr + r.stdout
+    assert "exceeded the wall-clock limit (2 s)" in r.stdout, r.stdout
+    res = Archive(exp.path).node("spins").results["proxy/tiny"]
+    assert res.status == "failed" and "wall-clock limit (2 s)" in res.reason
+    suite = cli("evaluate", "spins", "--suite", "math6", "--eval-timeout", "2", "-C", str(exp.path))
+    assert suite.returncode == 1 and "--eval-timeout" in suite.stderr
+
+
 @pytest.mark.slow  # three tiny-preset evaluations through the CLI (the last from the seed cache)
 def test_a_re_evaluation_says_which_result_it_replaces(exp, cli, tmp_path, monkeypatch):
     """Evaluating a node again under the same protocol replaces its result (a legitimate re-run):

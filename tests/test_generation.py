@@ -654,3 +654,28 @@ def test_a_server_that_trickles_its_reply_is_cut_off_at_the_timeout(archive):
     assert result.status == "failed" and "timed out" in result.reason.lower(), result.reason
     assert took < 15, took
     assert archive.node("grpo").status == "failed" and archive.fsck()
+
+
+@pytest.mark.slow  # three suite evaluations through the CLI, each with a new MLflow run
+def test_a_suite_re_evaluation_says_which_result_it_replaces(archive, cli):
+    """As the proxy's evaluate does (docs/cli.md, evaluating a node again): a suite result already
+    recorded under the protocol id is named before it is replaced, with its version when the new
+    settings make another one."""
+    where = ("-C", str(archive.path))
+    with _Server(*_scripted(limit=2)) as srv:
+
+        def evaluate(limit: int) -> list[str]:
+            r = cli(
+                "evaluate", "grpo", "--suite", "math6", "--generator", "openai", "--model", "m",
+                "--base-url", srv.url, "--limit", str(limit), *where,
+            )  # fmt: skip
+            assert r.returncode == 0, r.stdout + r.stderr
+            return [ln.strip() for ln in r.stdout.splitlines() if "replaces" in ln]
+
+        assert evaluate(1) == []  # a first evaluation replaces nothing
+        key = archive.node("grpo").results["math6/paper"].protocol.key
+        assert evaluate(1) == [f"replaces the evaluated result under {key} (seeds 0)"]
+        assert evaluate(2) == [
+            f"replaces the evaluated result under {key} (seeds 0; another version of math6/paper)"
+        ]
+    assert archive.node("grpo").results["math6/paper"].protocol.settings["limit"] == 2

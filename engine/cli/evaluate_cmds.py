@@ -58,11 +58,22 @@ def evaluate(
         help="With --backend verl: train a few real verl steps of a tiny model on the CPU, then score "
         "the checkpoint on the six benchmarks (transformers); records a verl-smoke result.",
     ),
+    eval_timeout: float | None = typer.Option(
+        None,
+        "--eval-timeout",
+        help="Hard wall-clock limit of one evaluation, seconds (default: \\[evaluation].timeout_s; "
+        "with --smoke: 1800).",
+    ),
     archive: Path = ArchiveOpt,
 ) -> None:
     """Evaluate a node under one standardized protocol and record its result on its branch.
 
     Exit code 4 when the candidate fails (raises, NaN/inf, collapse); the reason is recorded."""
+    if eval_timeout is not None:
+        if suite is not None:
+            raise PoiseError("--eval-timeout applies to training a node, not to --suite")
+        if not eval_timeout > 0:  # as `run`'s (engine.loop.plan); 0 would read as "not given"
+            raise PoiseError(f"--eval-timeout must be > 0, got {eval_timeout}")
     if smoke:
         if backend != "verl" or suite is not None:
             raise typer.BadParameter(
@@ -71,7 +82,14 @@ def evaluate(
             )
         from engine.cli.verl_smoke import run_smoke  # lazy: keeps `poise-git --help` fast
 
-        run_smoke(archive, node, steps=2, timeout_s=1800.0, evaluate=True, limit=limit or 2)
+        run_smoke(
+            archive,
+            node,
+            steps=2,
+            timeout_s=eval_timeout or 1800.0,
+            evaluate=True,
+            limit=limit or 2,
+        )
         return
     arch = Archive(archive)
     if suite:
@@ -114,6 +132,7 @@ def evaluate(
                 limit=limit,
                 preset=preset,
                 on_progress=on_progress,
+                on_event=lambda msg: console.print(f"  {escape(msg)}", highlight=False),
             )
         if result.details.get("mlflow_error"):  # recorded in git all the same: said, as the proxy's
             console.print(
@@ -134,7 +153,13 @@ def evaluate(
                 status.update(f"evaluating [bold]{node}[/]: {escape(msg)}")
 
             result = evaluate_node(
-                arch, node, backend=backend, seeds=seeds, preset=preset, on_event=on_event
+                arch,
+                node,
+                backend=backend,
+                seeds=seeds,
+                preset=preset,
+                timeout_s=eval_timeout,
+                on_event=on_event,
             )
     if result.ok:
         console.print(f"[bold]{node}[/] evaluated  {result.describe()}", highlight=False)

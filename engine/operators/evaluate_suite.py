@@ -21,6 +21,7 @@ from engine import secrets
 from engine.archive.results import EvaluationResult, Protocol, now
 from engine.archive.tracking import node_run
 from engine.errors import EvaluationError
+from engine.operators.reevaluation import replaced_line
 from engine.scratch import SUITE_PREFIX, scratch_dir
 from evaluators.benchmarks import suite as suite_spec
 from evaluators.errors import SuiteError
@@ -52,10 +53,11 @@ def evaluate_node_on_suite(
     n_boot: int = 1000,
     generator_kwargs: dict | None = None,
     on_progress: Callable[[str, int, int], None] | None = None,
+    on_event: Callable[[str], None] | None = None,
 ) -> EvaluationResult:
     """Score ``model`` (trained with node ``name``'s algorithm) on ``suite``, sampling with the
     ``generator`` (vllm | openai | transformers); record the result on the node (status evaluated |
-    failed) and in an MLflow run."""
+    failed) and in an MLflow run. ``on_event``: progress lines (the result this one replaces)."""
     preset = {None: "paper", "default": "paper"}.get(preset, preset)
     if generator not in BACKENDS:
         raise EvaluationError(
@@ -110,6 +112,9 @@ def evaluate_node_on_suite(
     base = dict(
         protocol=proto, seeds=(seed,), node_commit=node.commit, utility=cfg.experiment.objective
     )
+    replaced = replaced_line(node.results.get(proto.id), proto.hash, (seed,))
+    if replaced and on_event is not None:
+        on_event(replaced)
     archive.set_status(name, "evaluating")
     try:
         run = run_benchmark_suite(

@@ -1,7 +1,8 @@
 """What evaluating a node again replaces: a node holds one result per protocol id, so a second
-``poise-git evaluate`` under the same id (a legitimate re-run, with more seeds, say) replaces the
-first. :func:`replaced_line` says so in one progress line: which result, that the new one has fewer
-seeds where it has, and which seeds the per-seed cache reads back rather than trains again."""
+``poise-git evaluate`` under the same id (a legitimate re-run, with more seeds, say; on the proxy
+or a ``--suite``) replaces the first. :func:`replaced_line` says so in one progress line: which
+result, that the new one has fewer seeds where it has, and which seeds the per-seed cache reads
+back rather than trains again."""
 
 from __future__ import annotations
 

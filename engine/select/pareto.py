@@ -12,8 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from engine.config import has_length_directive, is_length_like, metric_direction
-from engine.errors import ConfigError
+from engine.config import has_length_directive, is_length_like, metric_direction, objective_entry
 
 MAX_DEFAULT_OBJECTIVES = 8
 """at most this many per-benchmark metrics enter the default objective vector"""
@@ -26,9 +25,7 @@ def parse_objectives(spec: Sequence[str], exp=None) -> list[tuple[str, float]]:
     (``engine.config.metric_direction``: poise.toml, else min for lengths under a length directive)."""
     out = []
     for item in spec:
-        if not isinstance(item, str) or not item.strip("-+ "):
-            raise ConfigError(f"poise.toml: [experiment].pareto_objectives: bad entry {item!r}")
-        item = item.strip()
+        item = objective_entry(item)
         name = item.lstrip("-+").strip()
         if item.startswith("-"):
             sign = -1.0
