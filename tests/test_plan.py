@@ -81,6 +81,8 @@ def test_old_run_records_are_read():
         ({"proposer": "oracle"}, "--proposer must be offline, llm or a registered proposer"),
         ({"backend": "jax"}, "--backend must be proxy or verl"),
         ({"eval_timeout_s": -1}, "--eval-timeout must be > 0"),
+        ({"eval_timeout_s": float("nan")}, "--eval-timeout must be > 0"),
+        ({"eval_timeout_s": float("inf")}, "--eval-timeout must be > 0"),
         ({"preset": "huge"}, "--preset must be one of default, smoke"),
         ({"seeds": "many"}, "seeds must be int"),
         ({"seeds": 1.5}, "seeds must be int"),

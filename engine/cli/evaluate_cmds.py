@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import typer
@@ -72,8 +73,8 @@ def evaluate(
     if eval_timeout is not None:
         if suite is not None:
             raise PoiseError("--eval-timeout applies to training a node, not to --suite")
-        if not eval_timeout > 0:  # as `run`'s (engine.loop.plan); 0 would read as "not given"
-            raise PoiseError(f"--eval-timeout must be > 0, got {eval_timeout}")
+        if not 0 < eval_timeout < math.inf:  # as `run`'s (engine.loop.plan); 0 reads as "not given"
+            raise PoiseError(f"--eval-timeout must be > 0 and finite, got {eval_timeout}")
     if smoke:
         if backend != "verl" or suite is not None:
             raise typer.BadParameter(

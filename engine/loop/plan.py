@@ -9,6 +9,7 @@ back the same way (missing keys take the configured value, unknown keys are igno
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -75,8 +76,8 @@ class RunPlan:
             raise PoiseError(f"--backend must be proxy or verl, got {self.backend!r}")
         if self.backend == "proxy" and self.preset not in PRESETS:
             raise PoiseError(f"--preset must be one of {', '.join(PRESETS)}, got {self.preset!r}")
-        if float(self.eval_timeout_s) <= 0:
-            raise PoiseError(f"--eval-timeout must be > 0, got {self.eval_timeout_s}")
+        if not 0 < float(self.eval_timeout_s) < math.inf:  # NaN fails too
+            raise PoiseError(f"--eval-timeout must be > 0 and finite, got {self.eval_timeout_s}")
 
     @property
     def last_round(self) -> int:
