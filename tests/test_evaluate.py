@@ -262,7 +262,10 @@ def test_evaluate_takes_the_evaluations_time_limit_from_the_command_line(exp, cl
     warm = {"POISE_CACHE_DIR": os.environ["POISE_CACHE_DIR"]}
     for bad in ("0", "-3"):
         r = cli(*args, "--eval-timeout", bad, env=warm)
-        assert r.returncode == 1 and f"--eval-timeout must be > 0 and finite, got {float(bad)}" in r.stderr
+        assert (
+            r.returncode == 1
+            and f"--eval-timeout must be > 0 and finite, got {float(bad)}" in r.stderr
+        )
     assert Archive(exp.path).node("spins").status == "verified"
     r = cli(*args, "--eval-timeout", "2", env=warm)
     assert r.returncode == 4, r.stderr + r.stdout
