@@ -5,6 +5,7 @@ this evaluation's, and the run's log says whose result it is."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -121,3 +122,51 @@ def test_a_run_waiting_for_a_slow_hand_evaluation_is_not_timed_out_by_the_wait(
     node = arch.node("root")
     assert node.status == "evaluated"
     assert node.results["proxy/tiny"].status == "evaluated"
+    # the run's log says whose result it is (before: the usual "evaluated: U … (N s)")
+    line = next(ln for ln in r.stdout.splitlines() if "root evaluated" in ln)
+    assert "(recorded by another process, which this run waited " in line, line
+    assert " s for)" in line, line
+    assert "recorded by another process" in (arch.path / ".poise" / "run.log").read_text()
+
+
+@pytest.mark.slow  # a hand evaluation at 2 seeds, then the run's own at 1
+def test_a_run_that_waited_for_another_seed_set_says_it_evaluated_again(tmp_path, cli, monkeypatch):
+    """When the result the other process recorded is not this evaluation's (other seeds), the run's
+    worker evaluates the node itself, and the log line says so and why."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    r = cli("init", str(tmp_path / "exp"), "--root-name", "root")
+    assert r.returncode == 0, r.stdout + r.stderr
+    arch = Archive(tmp_path / "exp")
+    hand = _hand_evaluation(arch, "--seeds", "2")
+    try:
+        r = cli(
+            "run",
+            "-C",
+            str(arch.path),
+            "--rounds",
+            "1",
+            "--budget",
+            "candidates=0",
+            "--seeds",
+            "1",
+            "--preset",
+            "tiny",
+            "--workers",
+            "1",
+            "--proposer",
+            "offline",
+        )
+        hand_out = hand.communicate(timeout=300)[0]
+    finally:
+        hand.kill()
+        hand.wait()
+    assert hand.returncode == 0, hand_out
+    assert r.returncode == 0, r.stdout + r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if "root evaluated" in ln)
+    assert (
+        "waited " in line and " s for another process's evaluation and evaluated it again: " in line
+    ), line
+    assert "its result is at seeds [0, 1], not [0]" in line, line
+    took = re.search(r"root evaluated: U [\d.]+ \((\d+) s; waited (\d+) s for", line)
+    assert took and int(took[1]) >= 1 and int(took[2]) >= 1, line  # its own time, then the wait
+    assert list(arch.node("root").results["proxy/tiny"].seeds) == [0]
