@@ -19,19 +19,28 @@ def git_dir(archive) -> str:
 
 
 @contextmanager
-def held(path: str, busy: Callable[[str], Exception], *, wait: bool = False) -> Iterator[bool]:
+def held(
+    path: str,
+    busy: Callable[[str], Exception],
+    *,
+    wait: bool = False,
+    on_wait: Callable[[str], None] | None = None,
+) -> Iterator[bool]:
     """Hold the lock of ``path`` (created if missing) for the ``with`` block; yields whether another
-    process held it first (``wait``: this one waited for it). Without ``wait``, a held lock raises
-    ``busy(holder)`` at once, ``holder`` saying which process holds it (``pid N, since …``)."""
+    process held it first (``wait``: this one waited for it, ``on_wait(holder)`` called before it
+    does). Without ``wait``, a held lock raises ``busy(holder)`` at once, ``holder`` saying which
+    process holds it (``pid N, since …``)."""
     fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
     try:
         waited = False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
             if not wait:
-                holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
-                raise busy(holder or "another process") from None
+                raise busy(holder) from None
+            if on_wait is not None:
+                on_wait(holder)
             fcntl.flock(fd, fcntl.LOCK_EX)
             waited = True
         os.ftruncate(fd, 0)

@@ -22,6 +22,7 @@ from engine.cli import EXIT_FAILED, EXIT_REJECTED, ArchiveOpt, console, plain, s
 from engine.cli.archive_cmds import create_archive
 from engine.cli.confirm_cmds import confirmation_line, resolve_hint, run_confirmation
 from engine.errors import PoiseError
+from engine.loop.waiting import USED, waited_phrase
 
 
 class _Display:
@@ -122,13 +123,14 @@ class _Display:
                     else ""
                 )
                 self.log(
-                    f"[green]{e['node']}[/] evaluated: U {u:.4f}{verdict} ({e.get('wall_s', 0):.0f} s)"
+                    f"[green]{e['node']}[/] evaluated: U {u:.4f}{verdict} ({_took(e)})"
                     if u is not None
-                    else f"{e['node']} evaluated"
+                    else f"{e['node']} evaluated ({_took(e)})"
                 )
             elif st in ("failed", "rejected"):
                 why = escape(e.get("reason") or "no reason recorded")  # a reason is not markup
-                self.log(f"[red]{e['node']}[/] {st}: {why}")
+                other = _other(e)
+                self.log(f"[red]{e['node']}[/] {st}{f' ({other})' if other else ''}: {why}")
             elif st == "verified":
                 parent = e.get("parent")  # "" for the root; absent: not said
                 src = f" (from {parent})" if parent else " (the root)" if parent == "" else ""
@@ -314,6 +316,21 @@ def run(
         _print_summary(arch, summary, report=not no_report, confirm_seeds=summary.confirm_seeds)
     if summary.root_blocked:  # no round could start: the run did not do what was asked
         raise typer.Exit(EXIT_REJECTED if summary.root_blocked == "rejected" else EXIT_FAILED)
+
+
+def _other(e: dict) -> str:
+    """What a node event says of another process that was evaluating the node ("" when none)."""
+    return escape(waited_phrase(e.get("other") or "", float(e.get("waited_s") or 0.0)))
+
+
+def _took(e: dict) -> str:
+    """The time an evaluation took, as its log line says it: the run's own (its wait for another
+    process apart), or whose result it was."""
+    own = float(e.get("wall_s") or 0) - float(e.get("waited_s") or 0)
+    other, wall = _other(e), f"{max(own, 0.0):.0f} s"
+    if other and e.get("other") == USED:
+        return other
+    return f"{wall}; {other}" if other else wall
 
 
 def _under(protocol: str | None) -> str:

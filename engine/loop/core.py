@@ -36,6 +36,7 @@ from engine.loop.state import (
     run_nodes,
     save_run,
 )
+from engine.loop.waiting import waited_phrase
 from engine.operators.implement import implement
 from engine.operators.llm import LLMEndpointError, make_client
 from engine.operators.propose import propose
@@ -544,6 +545,9 @@ class Loop:
                 "parent": parent.name if parent is not None else "",
                 "reason": out.reason,
                 "wall_s": out.wall_s,
+                # another process was evaluating the node: whose result this is (waiting.py)
+                "other": out.other,
+                "waited_s": out.waited_s,
             }
         )
         if out.status == "evaluated" and node is not None and node.parents:
@@ -639,7 +643,10 @@ def _log_event(e: dict) -> None:
         log.info("%s", e.get("msg", ""))
     elif kind == "node" and e.get("status") in ("evaluated", "failed", "rejected"):
         reason = f": {e['reason']}" if e.get("reason") else ""
-        log.info("%s %s%s", e.get("node"), e.get("status"), reason)
+        other = waited_phrase(e.get("other", ""), e.get("waited_s", 0.0))
+        log.info(
+            "%s %s%s%s", e.get("node"), e.get("status"), f" ({other})" if other else "", reason
+        )
     elif kind == "stop":
         log.info("stopped: %s", e.get("reason"))
     elif kind != "tick":

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from typing import Any
 from engine.archive.results import EvaluationResult, Protocol, now
 from engine.archive.store import Archive
 from engine.archive.tracking import end_dangling_runs
+from engine.loop.waiting import WaitClock, WaitNote
 from engine.operators.evaluate import WarmStartFailed, evaluate_node, proxy_protocol
 from engine.sandbox.process import child_env
 from engine.scratch import SANDBOX_PREFIX, scratch_dir
@@ -65,6 +67,11 @@ class EvalOutcome:
     overall: float | None = None
     wall_s: float = 0.0
     timed_out: bool = False
+    other: str = ""
+    """"" unless the worker waited for another process evaluating the node: ``engine.loop.waiting.USED``
+    (the result is the one that process recorded) or why it was not this evaluation's"""
+    waited_s: float = 0.0
+    """seconds the worker waited for that process (not counted against its wall-clock limit)"""
 
 
 def _grace(timeout_s: float) -> float:
@@ -73,16 +80,22 @@ def _grace(timeout_s: float) -> float:
     return min(60.0, 0.25 * timeout_s) + 15.0
 
 
-def run_job(job: EvalJob, live: _Live | None = None) -> EvalOutcome:
+def run_job(
+    job: EvalJob, live: _Live | None = None, on_wait: Callable[[bool], None] | None = None
+) -> EvalOutcome:
     """Run one evaluation in a limited worker process; record a failure on the node if it dies.
     ``live``: the executor's register of its workers (a Ray task's process has its own); once it is
-    stopped no worker starts, and one that started meanwhile is killed at once."""
+    stopped no worker starts, and one that started meanwhile is killed at once. The time the worker
+    waits for another process evaluating its node does not count against its limit
+    (``engine.loop.waiting``); ``on_wait(True)`` / ``on_wait(False)`` is told when the wait starts
+    and ends."""
     live = live if live is not None else _LIVE
     start = time.monotonic()
     if live.stopped():
         return _stopped(job, 0.0)
     limit = job.timeout_s + _grace(job.timeout_s)
-    cmd = [sys.executable, "-m", "engine.loop.executor", json.dumps(asdict(job))]
+    wait_r, wait_w = os.pipe()
+    cmd = [sys.executable, "-m", "engine.loop.executor", json.dumps(asdict(job)), str(wait_w)]
     # the worker's $TMPDIR, made and removed here: a worker is stopped with SIGKILL (a stop, its
     # wall-clock limit), which no clean-up of its own survives, and what it made there (its seeds'
     # sandboxes, blobs, MLflow's files) would stay until the next run ends or `gc`
@@ -95,13 +108,16 @@ def run_job(job: EvalJob, live: _Live | None = None) -> EvalOutcome:
             text=True,
             env=child_env({"TMPDIR": tmpdir}),
             start_new_session=True,
+            pass_fds=(wait_w,),
         )
+        os.close(wait_w)
+        clock = WaitClock(wait_r)
         timed_out = False
         out = err = ""
         try:
             if not live.add(proc):  # the executor stopped while this worker was starting
                 raise _Stop
-            out, err = proc.communicate(timeout=limit)
+            out, err = _communicate(proc, clock, limit, on_wait)
         except subprocess.TimeoutExpired:
             timed_out = True
             kill_tree(proc.pid)
@@ -110,6 +126,7 @@ def run_job(job: EvalJob, live: _Live | None = None) -> EvalOutcome:
             kill_tree(proc.pid)
             proc.communicate()
         finally:
+            clock.close()
             kill_tree(proc.pid, wait=True)
             live.discard(proc)
     wall = time.monotonic() - start
@@ -119,7 +136,14 @@ def run_job(job: EvalJob, live: _Live | None = None) -> EvalOutcome:
         if line.startswith(RESULT_MARK):
             data = json.loads(line[len(RESULT_MARK) :])
             return EvalOutcome(
-                job.node, data["status"], data.get("reason", ""), data.get("overall"), wall, False
+                job.node,
+                data["status"],
+                data.get("reason", ""),
+                data.get("overall"),
+                wall,
+                False,
+                data.get("other", ""),
+                float(data.get("waited_s", 0.0)),
             )
     if timed_out:
         reason = f"evaluation exceeded the wall-clock limit ({job.timeout_s:.0f} s); its process tree was killed"
@@ -132,6 +156,26 @@ def run_job(job: EvalJob, live: _Live | None = None) -> EvalOutcome:
         )
     _end_worker_runs(job)
     return record_failure(job, reason, wall, timed_out)
+
+
+def _communicate(
+    proc: subprocess.Popen, clock: WaitClock, limit: float, on_wait: Callable[[bool], None] | None
+) -> tuple[str, str]:
+    """``proc.communicate()`` within ``limit`` seconds of the worker's own time (``clock``: its
+    wall time less its wait for another process); TimeoutExpired past it."""
+    waiting = False
+    while True:
+        clock.poll()
+        if on_wait is not None and clock.waiting != waiting:
+            waiting = clock.waiting
+            on_wait(waiting)
+        left = limit - clock.counted()
+        if left <= 0:
+            raise subprocess.TimeoutExpired(proc.args, limit)
+        try:  # a retried communicate() loses no output
+            return proc.communicate(timeout=left if clock.settled else min(left, 0.25))
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _end_worker_runs(job: EvalJob) -> None:
@@ -297,6 +341,7 @@ class _StartClock:
 
     def __init__(self) -> None:
         self._started: dict[str, float] = {}
+        self._waits: dict[str, tuple[float, float | None]] = {}
 
     def started(self, token: str) -> None:
         self._started[token] = time.monotonic()
@@ -304,7 +349,21 @@ class _StartClock:
     def ran_s(self, token: str) -> float | None:
         """Seconds since the task ``token`` reported its start (None: it never started); forgets it."""
         t = self._started.pop(token, None)
+        self._waits.pop(token, None)
         return None if t is None else time.monotonic() - t
+
+    def waiting(self, token: str, now_waiting: bool) -> None:
+        """The task ``token``'s worker starts (True) or stops waiting for another process."""
+        done, since = self._waits.get(token, (0.0, None))
+        if now_waiting and since is None:
+            self._waits[token] = (done, time.monotonic())
+        elif not now_waiting and since is not None:
+            self._waits[token] = (done + time.monotonic() - since, None)
+
+    def waited_s(self, token: str) -> float:
+        """Seconds the task ``token``'s worker has waited for another process so far."""
+        done, since = self._waits.get(token, (0.0, None))
+        return done + (time.monotonic() - since if since is not None else 0.0)
 
 
 def run_ray_job(job: EvalJob, clock: Any, token: str) -> EvalOutcome:
@@ -315,7 +374,14 @@ def run_ray_job(job: EvalJob, clock: Any, token: str) -> EvalOutcome:
         clock.started.remote(token)
     except Exception as exc:  # the task is charged from its submission instead
         log.warning("could not report the start of %s's evaluation: %s", job.node, exc)
-    return run_job(job)
+
+    def waiting(now_waiting: bool) -> None:  # the driver's backstop does not count the wait
+        try:
+            clock.waiting.remote(token, now_waiting)
+        except Exception as exc:
+            log.warning("could not report %s's wait for another process: %s", job.node, exc)
+
+    return run_job(job, on_wait=waiting)
 
 
 class RayExecutor:
@@ -387,7 +453,7 @@ class RayExecutor:
             # the task enforces the limit itself; this is only a backstop for a lost worker
             limit = job.timeout_s + 2 * _grace(job.timeout_s) + 60
             try:
-                return self.ray.get(ref, timeout=limit)
+                return self._get(ref, token, start, limit)
             except Exception as exc:  # worker lost, task cancelled, or the backstop fired
                 if self._stopping:
                     return EvalOutcome(job.node, STOPPED, "stopped by the loop; left for --resume")
@@ -406,6 +472,24 @@ class RayExecutor:
                 self._forget(token)
 
         return self._pool.submit(wait)
+
+    def _get(self, ref, token: str, start: float, limit: float) -> EvalOutcome:
+        """The task's outcome, waited for up to ``limit`` seconds since ``start`` plus the time its
+        worker waited for another process evaluating the node (the task's own limit leaves that
+        out too); GetTimeoutError past it."""
+        waited = 0.0
+        while True:
+            left = start + limit + waited - time.monotonic()
+            try:
+                return self.ray.get(ref, timeout=max(1.0, left))
+            except self.ray.exceptions.GetTimeoutError as timeout:
+                try:
+                    waited = float(self.ray.get(self._clock.waited_s.remote(token), timeout=30))
+                except Exception as exc:  # noqa: BLE001 - the clock unreachable: no wait known
+                    log.warning("the Ray tasks' start clock is unreachable (%s)", exc)
+                    raise timeout from exc
+                if time.monotonic() - start >= limit + waited:
+                    raise
 
     def _ran_s(self, token: str, since_submitted: float) -> float:
         """How long the task ``token`` ran, by its reported start: 0 if it never started; the time
@@ -468,9 +552,11 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def evaluate_job_node(job: EvalJob, *, wait_for_other: bool = False) -> EvaluationResult:
+def evaluate_job_node(
+    job: EvalJob, *, wait_for_other: bool = False, on_wait: WaitNote | None = None
+) -> EvaluationResult:
     """``evaluate_node`` of ``job``'s node with the job's settings, in this process (the worker's
-    and the in-process executor's one call)."""
+    and the in-process executor's one call); ``on_wait``: told of a wait for another process."""
     return evaluate_node(
         Archive(job.archive),
         job.node,
@@ -480,22 +566,26 @@ def evaluate_job_node(job: EvalJob, *, wait_for_other: bool = False) -> Evaluati
         timeout_s=job.timeout_s,
         tags=job.tags,
         wait_for_other=wait_for_other,
+        on_wait=on_wait,
     )
 
 
-def _worker(job: EvalJob) -> None:
+def _worker(job: EvalJob, wait_fd: int | None = None) -> None:
     _die_with_parent()
     # no torch here: the seeds train in sandboxed children, and child_env() already gives this
     # process one OMP/MKL thread for anything that loads it
 
+    note = WaitNote(wait_fd)  # the wait for another process, told to the limiting process
     try:
         # a `poise-git evaluate` of this node in flight: its result, if ours
-        result = evaluate_job_node(job, wait_for_other=True)
+        result = evaluate_job_node(job, wait_for_other=True, on_wait=note)
         out = {"status": result.status, "reason": result.reason, "overall": result.value}
     except WarmStartFailed as exc:  # not the candidate's doing: it must not be recorded as failed
         out = {"status": SETUP_FAILED, "reason": str(exc), "overall": None}
-    print(RESULT_MARK + json.dumps(out), flush=True)
+    finally:
+        note.close()
+    print(RESULT_MARK + json.dumps({**out, **note.fields()}), flush=True)
 
 
 if __name__ == "__main__":
-    _worker(EvalJob(**json.loads(sys.argv[1])))
+    _worker(EvalJob(**json.loads(sys.argv[1])), int(sys.argv[2]) if len(sys.argv) > 2 else None)

@@ -19,6 +19,7 @@ from engine.loop.executor import (
     evaluate_job_node,
     record_failure,
 )
+from engine.loop.waiting import WaitNote
 from engine.operators.evaluate import WarmStartFailed
 
 
@@ -44,12 +45,19 @@ def evaluate_job(job: EvalJob) -> EvalOutcome:
     """Run ``job`` here; an engine error (a bad preset) fails the node with it, a failed warm start
     (the trusted set-up, not the candidate) is a :data:`SETUP_FAILED` outcome that records nothing."""
     start = time.monotonic()
+    note = WaitNote()  # a `poise-git evaluate` of this node in flight: waited for, as a worker does
     try:
-        result = evaluate_job_node(job)
+        result = evaluate_job_node(job, wait_for_other=True, on_wait=note)
     except WarmStartFailed as exc:
         return EvalOutcome(job.node, SETUP_FAILED, str(exc), None, time.monotonic() - start)
     except PoiseError as exc:
         return record_failure(job, f"evaluation error: {exc}", time.monotonic() - start)
     return EvalOutcome(
-        job.node, result.status, result.reason, result.value, time.monotonic() - start
+        job.node,
+        result.status,
+        result.reason,
+        result.value,
+        time.monotonic() - start,
+        other=note.other,
+        waited_s=note.waited_s,
     )

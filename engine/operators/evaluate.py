@@ -122,6 +122,7 @@ def evaluate_node(
     on_event: Callable[[str], None] | None = None,
     cache_dir: str | None = None,
     wait_for_other: bool = False,
+    on_wait: Callable[[str, str], None] | None = None,
 ) -> EvaluationResult:
     """Evaluate ``name`` and record its result under ``proxy/<preset>`` (status evaluated | failed).
 
@@ -130,6 +131,10 @@ def evaluate_node(
     One process at a time evaluates a node (:func:`node_evaluation`): when another holds it, this
     call fails at once, or with ``wait_for_other`` (the loop's workers) waits, and then returns the
     result the other recorded when it is this evaluation's (same protocol version and seeds).
+    ``on_wait(what, detail)`` is told of a wait: ``("waiting", holder)`` before it, then
+    ``("used", "")`` when the other's result is returned, or ``("evaluating", why)`` when this call
+    evaluates the node itself, ``why`` saying why the other's result is not this evaluation's (""
+    when it did not wait: then only ``"evaluating"`` is told, once the node is this call's).
     """
     if backend not in ("proxy", "verl"):
         raise EvaluationError(
@@ -147,22 +152,34 @@ def evaluate_node(
         )
     job = _Job.prepare(archive, name, seeds, preset, timeout_s, cache_dir)
     asked = now()
-    with node_evaluation(archive, name, wait=wait_for_other) as waited:
+    told = on_wait or (lambda what, detail: None)
+    waiting = functools.partial(told, "waiting")
+    with node_evaluation(archive, name, wait=wait_for_other, on_wait=waiting) as waited:
         ours: Protocol = job.base["protocol"]
         done = archive.node(name).results.get(ours.id) if waited else None
-        if (
-            done is not None
-            and done.recorded_at >= asked
-            and done.protocol.hash == ours.hash
-            and list(done.seeds) == job.seeds
-        ):
+        why = _not_this_evaluation(done, ours, job.seeds, asked) if waited else ""
+        if waited and not why:
+            told("used", "")
             return done  # the process this one waited for has just evaluated it so
+        told("evaluating", why)
         replaced = replaced_line(
             archive.node(name).results.get(ours.id), ours.hash, job.seeds, _cached_seeds(job)
         )
         if replaced:
             _reporter(name, on_event)(replaced)
         return _evaluate(archive, name, job, tags, on_event)
+
+
+def _not_this_evaluation(done: EvaluationResult | None, ours: Protocol, seeds, asked: float) -> str:
+    """Why ``done``, what the process waited for left under ``ours.id``, is not the result of this
+    evaluation (of ``seeds`` under ``ours``, asked at ``asked``); "" when it is."""
+    if done is None or done.recorded_at < asked:
+        return "it recorded no result"
+    if done.protocol.hash != ours.hash:
+        return f"its result is under another version of {ours.id} ({done.protocol.hash[:12]})"
+    if list(done.seeds) != list(seeds):
+        return f"its result is at seeds {list(done.seeds)}, not {list(seeds)}"
+    return ""
 
 
 def _cached_seeds(job: _Job) -> list[int]:
@@ -175,11 +192,13 @@ EVAL_LOCKS = "poise-eval"
 """the directory in the archive's git directory holding one lock file per node being evaluated"""
 
 
-def node_evaluation(archive, name: str, *, wait: bool = False) -> AbstractContextManager[bool]:
+def node_evaluation(
+    archive, name: str, *, wait: bool = False, on_wait: Callable[[str], None] | None = None
+) -> AbstractContextManager[bool]:
     """Held while this process evaluates ``name`` (``poise-git evaluate`` and the loop's workers
     alike), so that two never evaluate one node at once and the later result silently replaces
-    the earlier. Yields whether it waited for another process; without ``wait``, EvaluationError
-    at once when another holds it."""
+    the earlier. Yields whether it waited for another process (``on_wait(holder)`` before it
+    does); without ``wait``, EvaluationError at once when another holds it."""
     locks = os.path.join(git_dir(archive), EVAL_LOCKS)
     os.makedirs(locks, exist_ok=True)
     return held(
@@ -189,6 +208,7 @@ def node_evaluation(archive, name: str, *, wait: bool = False) -> AbstractContex
             "then read its result with `poise-git show`"
         ),
         wait=wait,
+        on_wait=on_wait,
     )
 
 
