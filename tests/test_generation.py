@@ -609,12 +609,12 @@ def test_a_refused_request_stops_the_generation_without_waiting_for_the_rest():
 
     with ScriptedOpenAI([{"status": 400, "message": "prompt too long"}], default=slow) as srv:
         b = OpenAIBackend("m", base_url=srv.base_url, api="chat", max_retries=0, concurrency=2)
-        t0 = time.monotonic()
         with pytest.raises(SuiteError, match="refused"):
             b.generate([f"p{i}" for i in range(40)], Sampling())
-        took = time.monotonic() - t0
         asked = len(srv.requests)
-    assert asked <= 4 and took < 3, (asked, took)
+    # the count, not a wall time, shows it (a time bound failed once on a loaded machine): the 2
+    # requests in flight may finish, the 36 or more still queued are never sent
+    assert asked <= 4, asked
 
 
 def test_the_tokens_the_server_spent_are_summed_and_described():
