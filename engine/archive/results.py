@@ -669,3 +669,9 @@ def describe_elsewhere(counts: Mapping[str, int], compared_id: str | None) -> st
     if other:
         parts.append(f"other protocols: {describe_counts(other)}")
     return "; ".join(parts)
+
+
+def seeds_phrase(seeds) -> str:
+    """``seeds 0, 1`` (``no seeds`` for none): how ``poise-git show`` heads a result and the
+    re-evaluation line names one."""
+    return f"seeds {', '.join(map(str, seeds))}" if seeds else "no seeds"

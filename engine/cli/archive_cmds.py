@@ -26,6 +26,7 @@ from engine.archive.results import (
     EvaluationResult,
     ProtocolRef,
     from_record,
+    seeds_phrase,
 )
 from engine.archive.store import ALGORITHM, Archive, Node, check_name
 from engine.cli import EXIT_REJECTED, ArchiveOpt, console, err_console, fail, plain
@@ -515,7 +516,7 @@ def show(
         diff, against = arch.parent_diff(node, [ALGORITHM])
         section(f"mechanism diff vs {against}", diff or "(no change)", "diff")
     for _pid, r in sorted(n.results.items()):
-        seeds = f"seeds {', '.join(map(str, r.seeds))}" if r.seeds else "no seeds"
+        seeds = seeds_phrase(r.seeds)
         title = f"results under {r.protocol.key} ({r.status}; {seeds})"
         if r.legacy:
             title += " [read from a schema-1 results.json]"

@@ -8,12 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.archive.results import EvaluationResult
-
-
-def _seeds(seeds: Sequence[int]) -> str:
-    """``seeds 0, 1`` (``no seeds`` for none), as ``poise-git show`` heads a result."""
-    return f"seeds {', '.join(map(str, seeds))}" if seeds else "no seeds"
+from engine.archive.results import EvaluationResult, seeds_phrase
 
 
 def replaced_line(
@@ -31,11 +26,11 @@ def replaced_line(
         f"; another version of {old.protocol.id}" if old.protocol.hash != protocol_hash else ""
     )
     line = f"replaces the {old.status} result under {old.protocol.key} "
-    line += f"({_seeds(old.seeds)}{version})"
+    line += f"({seeds_phrase(old.seeds)}{version})"
     if old.seeds and len(seeds) < len(old.seeds):
-        line += f": the new one has fewer seeds ({_seeds(seeds)})"
+        line += f": the new one has fewer seeds ({seeds_phrase(seeds)})"
     if cached:
-        some = f"seed {cached[0]} is" if len(cached) == 1 else f"{_seeds(cached)} are"
+        some = f"seed {cached[0]} is" if len(cached) == 1 else f"{seeds_phrase(cached)} are"
         line += (
             f"; {some} read back from the per-seed cache ($POISE_EVAL_CACHE), measured before "
             "under the same code, protocol and harness"
