@@ -77,16 +77,9 @@ def _subjects(arch: Archive) -> list[str]:
     ).stdout.splitlines()
 
 
-@pytest.mark.slow  # a hand evaluation of ~25 s and a run waiting for it
-def test_a_run_waiting_for_a_slow_hand_evaluation_is_not_timed_out_by_the_wait(
-    tmp_path, cli, monkeypatch
-):
-    """The run's worker waited for the lock inside its own wall-clock limit (--eval-timeout plus
-    the grace, armed when the worker started): a hand evaluation slower than that limit got the
-    node recorded failed by the run before the hand result landed. The wait does not count."""
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    arch = _slow_root(tmp_path, cli)
-    hand = _hand_evaluation(arch, "--seeds", "1")
+def _run_beside(cli, arch: Archive, hand: subprocess.Popen, *extra: str):
+    """`poise-git run` of one round without candidates (the root alone, at seed 0) while ``hand``
+    evaluates the root: the run's result, its own wall time, and the hand evaluation's output."""
     try:
         t0 = time.monotonic()
         r = cli(
@@ -101,18 +94,31 @@ def test_a_run_waiting_for_a_slow_hand_evaluation_is_not_timed_out_by_the_wait(
             "1",
             "--preset",
             "tiny",
-            "--eval-timeout",
-            "1",
+            *extra,
             "--workers",
             "1",
             "--proposer",
             "offline",
         )
-        waited = time.monotonic() - t0
+        run_s = time.monotonic() - t0
         hand_out = hand.communicate(timeout=300)[0]
     finally:
         hand.kill()
         hand.wait()
+    return r, run_s, hand_out
+
+
+@pytest.mark.slow  # a hand evaluation of ~25 s and a run waiting for it
+def test_a_run_waiting_for_a_slow_hand_evaluation_is_not_timed_out_by_the_wait(
+    tmp_path, cli, monkeypatch
+):
+    """The run's worker waited for the lock inside its own wall-clock limit (--eval-timeout plus
+    the grace, armed when the worker started): a hand evaluation slower than that limit got the
+    node recorded failed by the run before the hand result landed. The wait does not count."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    arch = _slow_root(tmp_path, cli)
+    hand = _hand_evaluation(arch, "--seeds", "1")
+    r, waited, hand_out = _run_beside(cli, arch, hand, "--eval-timeout", "1")
     assert hand.returncode == 0, hand_out
     assert r.returncode == 0, r.stdout + r.stderr
     # the limit it would have hit: 1 s + min(60 s, 25%) + 15 s from the worker's start
@@ -138,28 +144,7 @@ def test_a_run_that_waited_for_another_seed_set_says_it_evaluated_again(tmp_path
     assert r.returncode == 0, r.stdout + r.stderr
     arch = Archive(tmp_path / "exp")
     hand = _hand_evaluation(arch, "--seeds", "2")
-    try:
-        r = cli(
-            "run",
-            "-C",
-            str(arch.path),
-            "--rounds",
-            "1",
-            "--budget",
-            "candidates=0",
-            "--seeds",
-            "1",
-            "--preset",
-            "tiny",
-            "--workers",
-            "1",
-            "--proposer",
-            "offline",
-        )
-        hand_out = hand.communicate(timeout=300)[0]
-    finally:
-        hand.kill()
-        hand.wait()
+    r, _, hand_out = _run_beside(cli, arch, hand)
     assert hand.returncode == 0, hand_out
     assert r.returncode == 0, r.stdout + r.stderr
     line = next(ln for ln in r.stdout.splitlines() if "root evaluated" in ln)
