@@ -270,6 +270,25 @@ def archive(tmp_path):
     return Archive.init(tmp_path / "exp")
 
 
+def scratch_left_by_a_killed_process(tmp: Path) -> Path:
+    """A sandbox scratch directory made in ``tmp`` the way the engine makes one, by a process then
+    SIGKILLed inside it: its lock file is there and no process holds it."""
+    code = (
+        "import sys, time\n"
+        "from engine.scratch import SANDBOX_PREFIX, scratch_dir\n"
+        "with scratch_dir(SANDBOX_PREFIX, dir=sys.argv[1]) as d:\n"
+        "    print(d, flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp)], stdout=subprocess.PIPE, text=True, env=env
+    ) as proc:
+        left = Path(proc.stdout.readline().strip())
+        proc.kill()
+    return left
+
+
 def mark_verified(archive, name: str) -> None:
     """Record a passing verification.json for ``name``'s current algorithm.py without running it:
     what a candidate that behaves during verification (or a static-check miss) would get."""

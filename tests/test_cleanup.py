@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from conftest import scratch_left_by_a_killed_process
 
 from engine.archive import cleanup
 from engine.errors import ArchiveError
@@ -281,19 +281,7 @@ def test_gc_collects_the_scratch_a_killed_process_left_and_spares_one_in_use(
     SIGKILLed inside it is collected, one a live process holds is not, however old both look."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    code = (
-        "import sys, time\n"
-        "from engine.scratch import SANDBOX_PREFIX, scratch_dir\n"
-        "with scratch_dir(SANDBOX_PREFIX, dir=sys.argv[1]) as d:\n"
-        "    print(d, flush=True)\n"
-        "    time.sleep(600)\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    with subprocess.Popen(
-        [sys.executable, "-c", code, str(tmp)], stdout=subprocess.PIPE, text=True, env=env
-    ) as proc:
-        left = Path(proc.stdout.readline().strip())
-        proc.kill()
+    left = scratch_left_by_a_killed_process(tmp)
     assert left.is_dir() and left.name.startswith(SANDBOX_PREFIX)
     _age(left, 30)
     with scratch_dir(SANDBOX_PREFIX, dir=tmp) as held:

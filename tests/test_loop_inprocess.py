@@ -397,28 +397,15 @@ def test_a_run_removes_the_temporary_directories_a_killed_run_left(tmp_path, mon
     """A run killed with SIGKILL leaves its sandbox directories in $TMPDIR (nothing runs to remove
     them); the next run removes them when it ends, and keeps one a live process holds."""
     import os
-    import signal
-    import sys
     import tempfile
+
+    from conftest import scratch_left_by_a_killed_process
 
     from engine.scratch import IN_USE, SANDBOX_PREFIX, scratch_dir
 
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    code = (
-        "import sys, time\n"
-        "from engine.scratch import SANDBOX_PREFIX, scratch_dir\n"
-        "with scratch_dir(SANDBOX_PREFIX, dir=sys.argv[1]) as d:\n"
-        "    print(d, flush=True)\n"
-        "    time.sleep(600)\n"
-    )
-    repo = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(repo)}
-    with subprocess.Popen(
-        [sys.executable, "-c", code, str(tmp)], stdout=subprocess.PIPE, text=True, env=env
-    ) as proc:
-        left = Path(proc.stdout.readline().strip())
-        proc.send_signal(signal.SIGKILL)
+    left = scratch_left_by_a_killed_process(tmp)
     past = os.stat(left / IN_USE).st_mtime - 30  # killed a while before the next run ends
     os.utime(left / IN_USE, (past, past))
     arch = archive_with_root(tmp_path)
