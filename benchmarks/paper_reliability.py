@@ -1,0 +1,392 @@
+"""How much of the paper's ranking is signal, and what rank correlation a perfect proxy could reach.
+
+    .venv/bin/python benchmarks/paper_reliability.py [--draws 20000] [--json PATH]
+
+The calibration targets (Spearman >= 0.6 with the paper over the 11 published mechanisms; at least 3
+of its 5 improvers above GRPO) compare the proxy with one training run per mechanism, scored once on
+six benchmarks. This reads the paper's own tables (``benchmarks/data/paper-results.csv``, transcribed
+with provenance in ``benchmarks/data/PROVENANCE.md``) and asks how much of that ranking any other task
+could reproduce:
+
+1. **Split-half reliability.** Over the main run's variants that did not collapse (Overall at or above
+   ``--collapse-below``), each variant's Overall is split into two halves of three benchmarks (the
+   paper's weights within each half), for each of the 10 ways to split six benchmarks in two; the mean
+   correlation of the halves across variants, stepped up to six benchmarks (Spearman-Brown), is the
+   share of the variance of Overall that generalizes across benchmarks. What does not is benchmark
+   noise: which problems each benchmark holds, the sampling of pass@32, and a variant's luck on one
+   benchmark. A proxy is another task, so that part is out of its reach. The halves share their
+   trained model, so training-seed noise counts as signal here: the reliability is an upper bound.
+2. **The ceiling.** A normal model of the 11 mechanisms' Overall: observed = true + noise, noise of
+   SD sqrt(benchmark noise + training noise); true values of the non-collapsed variants drawn from
+   their spread (what is left of the observed variance), those of the collapsed ones (SA- and
+   DCBE-GRPO) with a flat prior. For draws of the true values given the paper's numbers, it reports
+   the Spearman correlation of the true ranking (what a perfect, noiseless proxy would measure) with
+   the paper's, and for each improver the probability that it is truly above GRPO, at training-noise
+   SDs from 0 up to what the observed variance leaves room for (the paper ran each mechanism once, so
+   that SD is not in its tables).
+
+Pure arithmetic on the paper's numbers: seconds, no training. Without ``--json`` it writes
+``benchmarks/results/paper-reliability.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import json
+import math
+import random
+import statistics
+from pathlib import Path
+
+from proxy_runs import IMPROVERS, PAPER_OVERALL, spearman
+
+from engine.stats import seeds_to_resolve
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE / "data" / "paper-results.csv"
+BENCHMARKS = ("aime24", "aime25", "amc", "math", "minerva", "olympiad")
+WEIGHTS = {
+    "aime24": 0.2,
+    "aime25": 0.2,
+    "amc": 0.15,
+    "math": 0.15,
+    "minerva": 0.15,
+    "olympiad": 0.15,
+}
+"""the paper's Overall weights (percentage points; they sum to 1)"""
+TABLE_NAME = {
+    "grpo": "GRPO",
+    "vm_av_grpo": "VM-AV-GRPO",
+    "dace_grpo": "DACE-GRPO",
+    "av_grpo": "AV-GRPO",
+    "msa_grpo": "MSA-GRPO",
+    "fa_grpo": "FA-GRPO",
+    "cag_grpo": "CAG-GRPO",
+    "dfr_grpo": "DFR-GRPO",
+    "bn_grpo": "BN-GRPO",
+    "sa_grpo": "SA-GRPO",
+    "dcbe_grpo": "DCBE-GRPO",
+}
+"""each calibrated mechanism's row name in the paper's tables"""
+TRAINING_SDS = (0.0, 0.5, 0.75, 1.0, 1.25, 1.5)
+"""training-seed noise SDs (percentage points of Overall) the ceiling is computed at"""
+
+
+def read_paper_table(path: Path = DATA) -> list[dict]:
+    """The paper's result rows: ``table`` (main | compression), ``algorithm``, each benchmark's score
+    and ``overall`` as floats (None where the table has no column)."""
+    rows = []
+    with path.open(newline="") as f:
+        for rec in csv.DictReader(f):
+            row = {"table": rec["table"], "algorithm": rec["algorithm"]}
+            for key in (*BENCHMARKS, "overall"):
+                row[key] = float(rec[key]) if rec[key] else None
+            rows.append(row)
+    return rows
+
+
+def paper_weighted(row: dict, benches) -> float:
+    """The paper's weighted mean of ``row`` over ``benches`` (weights renormalized to them)."""
+    total = sum(WEIGHTS[b] for b in benches)
+    return sum(WEIGHTS[b] * row[b] for b in benches) / total
+
+
+def pearson_r(a: list[float], b: list[float]) -> float:
+    """Pearson's correlation of two equally long series (nan when either is constant)."""
+    ma, mb = statistics.fmean(a), statistics.fmean(b)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(a, b))
+    var = math.sqrt(sum((x - ma) ** 2 for x in a) * sum((y - mb) ** 2 for y in b))
+    return cov / var if var else float("nan")
+
+
+def split_half_reliability(rows: list[dict]) -> dict:
+    """Split-half reliability of Overall over ``rows`` (each with all six benchmarks): the correlation
+    across rows of the two halves' weighted scores for each of the 10 splits of the six benchmarks
+    into two threes, their mean r, and the Spearman-Brown step-up 2r / (1 + r) to six benchmarks."""
+    splits = {}
+    for half in itertools.combinations(BENCHMARKS, 3):
+        if BENCHMARKS[0] not in half:
+            continue  # each split once: the half holding the first benchmark names it
+        other = tuple(b for b in BENCHMARKS if b not in half)
+        r = pearson_r(
+            [paper_weighted(x, half) for x in rows], [paper_weighted(x, other) for x in rows]
+        )
+        splits["+".join(half) + " | " + "+".join(other)] = r
+    mean_r = statistics.fmean(splits.values())
+    return {"splits": splits, "mean_r": mean_r, "reliability": 2 * mean_r / (1 + mean_r)}
+
+
+def rank_ceiling(
+    observed: dict[str, float],
+    collapsed: set[str],
+    prior_mean: float,
+    true_var: float,
+    noise_sd: float,
+    draws: int,
+    seed: int = 0,
+    tie: tuple[str, str] | None = None,
+) -> dict:
+    """Draws of the mechanisms' true Overall given the paper's ``observed`` one (observed = true +
+    N(0, noise_sd^2)); a non-collapsed mechanism's true value has the prior N(prior_mean, true_var), a
+    collapsed one a flat prior. ``tie = (a, b)`` sets a's true value to b's (a mechanism that is b up
+    to what cannot change its training). Returns the Spearman correlation of the true values with the
+    observed ones (mean, 2.5 / 50 / 97.5 percentiles, share >= 0.6) and, per mechanism, the
+    probability that it is truly above ``grpo`` and its mean true difference to it; the expected
+    number of :data:`IMPROVERS` truly above it, and the probability that 3 or more are."""
+    names = list(observed)
+    obs = [observed[n] for n in names]
+    post = {}
+    for n in names:
+        if n in collapsed or true_var <= 0 and noise_sd <= 0:
+            post[n] = (observed[n], noise_sd)
+        else:
+            k = true_var / (true_var + noise_sd**2)
+            post[n] = (prior_mean + k * (observed[n] - prior_mean), math.sqrt(k) * noise_sd)
+    rng = random.Random(seed)
+    rhos, above, gain = [], dict.fromkeys(names, 0), dict.fromkeys(names, 0.0)
+    three = 0
+    for _ in range(draws):
+        true = {n: rng.gauss(*post[n]) for n in names}
+        if tie:
+            true[tie[0]] = true[tie[1]]
+        rhos.append(spearman([true[n] for n in names], obs))
+        for n in names:
+            above[n] += true[n] > true["grpo"]
+            gain[n] += true[n] - true["grpo"]
+        three += sum(true[n] > true["grpo"] for n in IMPROVERS) >= 3
+    rhos.sort()
+
+    def pct(q: float) -> float:
+        return rhos[min(draws - 1, int(q * draws))]
+
+    return {
+        "noise_sd": noise_sd,
+        "true_sd": math.sqrt(max(true_var, 0.0)),
+        "spearman_mean": statistics.fmean(rhos),
+        "spearman_percentiles": {"2.5": pct(0.025), "50": pct(0.5), "97.5": pct(0.975)},
+        "share_spearman_at_least_0_6": sum(r >= 0.6 for r in rhos) / draws,
+        "p_above_grpo": {n: above[n] / draws for n in names if n != "grpo"},
+        "mean_true_gain": {n: gain[n] / draws for n in names if n != "grpo"},
+        "expected_improvers_above": sum(above[n] for n in IMPROVERS) / draws,
+        "p_three_improvers_above": three / draws,
+    }
+
+
+def analyse_paper(rows: list[dict], collapse_below: float, draws: int) -> dict:
+    main = [r for r in rows if r["table"] == "main"]
+    kept = [r for r in main if r["overall"] >= collapse_below]
+    half = split_half_reliability(kept)
+    overall = [r["overall"] for r in kept]
+    var_obs = statistics.variance(overall)
+    bench_var = (1 - half["reliability"]) * var_obs
+    by_name = {}
+    for r in rows:  # the main run's row wins where a name is in both tables (GRPO)
+        by_name.setdefault(r["algorithm"], r)
+    observed = {m: by_name[TABLE_NAME[m]]["overall"] for m in PAPER_OVERALL}
+    collapsed = {m for m, v in observed.items() if v < collapse_below}
+    grpo = main[0]
+    beside_grpo = {
+        b: {
+            "grpo": grpo[b],
+            "median": statistics.median(r[b] for r in kept[1:]),
+            "share_at_or_above_grpo": sum(r[b] >= grpo[b] for r in kept[1:]) / (len(kept) - 1),
+        }
+        for b in BENCHMARKS
+    }
+    rest = 1 - WEIGHTS["aime25"]
+    without_aime25 = {
+        m: {
+            "gain": observed[m] - grpo["overall"],
+            "aime25_gain": by_name[TABLE_NAME[m]]["aime25"] - grpo["aime25"],
+            "gain_without_aime25": (
+                observed[m]
+                - grpo["overall"]
+                - WEIGHTS["aime25"] * (by_name[TABLE_NAME[m]]["aime25"] - grpo["aime25"])
+            )
+            / rest,
+        }
+        for m in PAPER_OVERALL
+        if m != "grpo"
+    }
+    room = math.sqrt(max(var_obs - bench_var, 0.0))
+    sweep, tied = [], []
+    for sd_train in TRAINING_SDS:
+        if sd_train >= room:
+            continue
+        noise = math.sqrt(bench_var + sd_train**2)
+        true_var = var_obs - noise**2
+        args = (observed, collapsed, statistics.fmean(overall), true_var, noise, draws)
+        sweep.append({"training_sd": sd_train, **rank_ceiling(*args)})
+        tied.append({"training_sd": sd_train, **rank_ceiling(*args, tie=("av_grpo", "grpo"))})
+    return {
+        "data": str(DATA.relative_to(HERE.parent)),
+        "unit": "percentage points of the paper's Overall",
+        "collapse_below": collapse_below,
+        "variants": {"main": len(main), "kept": len(kept)},
+        "overall_sd_kept": math.sqrt(var_obs),
+        "split_half": half,
+        "benchmark_noise_sd": math.sqrt(bench_var),
+        "training_sd_room": room,
+        "grpo_beside_the_variants": beside_grpo,
+        "observed": observed,
+        "gain_without_aime25": without_aime25,
+        "collapsed": sorted(collapsed),
+        "ceiling": sweep,
+        "ceiling_av_is_grpo": tied,
+        "draws": draws,
+    }
+
+
+def faithful_proxy(proxy_table: list[dict], gains: dict[str, float], yardstick: str) -> dict:
+    """What a proxy faithful to the paper's proportions would measure: each mechanism's true gain
+    over GRPO (``gains``, pp) scaled by the proxy's measured paired difference of ``yardstick`` over
+    that mechanism's own true gain, beside the proxy's measured difference, with the paired seeds the
+    scaled difference would need at the mechanism's measured paired SD
+    (:func:`engine.stats.seeds_to_resolve`). ``proxy_table``: a calibration table's rows
+    (``mechanism``, ``diff``, ``diff_interval``, ``diff_sd``)."""
+    rows = {r["mechanism"]: r for r in proxy_table if "diff" in r}
+    scale = rows[yardstick]["diff"] / gains[yardstick]
+    out = {}
+    for m, g in gains.items():
+        if m not in rows:
+            continue
+        expected = g * scale
+        out[m] = {
+            "measured": rows[m]["diff"],
+            "measured_interval": rows[m].get("diff_interval"),
+            "faithful": expected,
+            "seeds_to_resolve_faithful": seeds_to_resolve(expected, rows[m]["diff_sd"]),
+        }
+    return {"yardstick": yardstick, "scale_per_pp": scale, "rows": out}
+
+
+def paper_report(res: dict) -> str:
+    half, out = res["split_half"], []
+    out.append(
+        f"{res['variants']['kept']} of the main run's {res['variants']['main']} variants kept "
+        f"(Overall >= {res['collapse_below']:g}); Overall SD across them "
+        f"{res['overall_sd_kept']:.2f} pp"
+    )
+    out.append(
+        f"split-half r {half['mean_r']:.3f} (splits {min(half['splits'].values()):.3f} to "
+        f"{max(half['splits'].values()):.3f}); reliability over six benchmarks "
+        f"{half['reliability']:.3f}; benchmark noise SD {res['benchmark_noise_sd']:.2f} pp; room "
+        f"left for training noise: SD < {res['training_sd_room']:.2f} pp"
+    )
+    out.append("\n| benchmark | GRPO | median of the kept variants | share at or above GRPO |")
+    out.append("|---|---|---|---|")
+    for b, v in res["grpo_beside_the_variants"].items():
+        out.append(
+            f"| {b} | {v['grpo']:.1f} | {v['median']:.1f} | {v['share_at_or_above_grpo']:.2f} |"
+        )
+    out.append(
+        "\n| mechanism | paper's gain over GRPO | its AIME25 gain | gain over the other five |"
+    )
+    out.append("|---|---|---|---|")
+    for m, g in res["gain_without_aime25"].items():
+        out.append(
+            f"| {m} | {g['gain']:+.1f} | {g['aime25_gain']:+.1f} | {g['gain_without_aime25']:+.1f} |"
+        )
+    for title, key in (
+        ("ceiling: a perfect proxy's Spearman with the paper", "ceiling"),
+        ("the same, with AV-GRPO's true value GRPO's", "ceiling_av_is_grpo"),
+    ):
+        out.append(f"\n{title}")
+        out.append(
+            "| training noise SD | total noise SD | Spearman mean | 95% range | share >= 0.6 | "
+            "expected improvers above GRPO | P(3 or more above) | "
+            + " | ".join(f"P({m} > GRPO)" for m in IMPROVERS)
+            + " |"
+        )
+        out.append("|---" * (7 + len(IMPROVERS)) + "|")
+        for c in res[key]:
+            p = c["spearman_percentiles"]
+            out.append(
+                f"| {c['training_sd']:.2f} | {c['noise_sd']:.2f} | {c['spearman_mean']:+.3f} | "
+                f"[{p['2.5']:+.3f}, {p['97.5']:+.3f}] | {c['share_spearman_at_least_0_6']:.2f} | "
+                f"{c['expected_improvers_above']:.2f} | {c['p_three_improvers_above']:.2f} | "
+                + " | ".join(f"{c['p_above_grpo'][m]:.2f}" for m in IMPROVERS)
+                + " |"
+            )
+    if res.get("faithful_proxy"):
+        fp = res["faithful_proxy"]
+        sticks = fp["yardsticks"]
+        out.append(
+            f"\nthe proxy ({fp['source']}, {fp['seeds']} paired seeds) against proxies faithful to the "
+            f"paper's proportions, scaled on {' or '.join(s['yardstick'] for s in sticks)} (the "
+            f"paper's gains at training noise SD {fp['training_sd']:g} pp)"
+        )
+        out.append(
+            "| mechanism | measured vs GRPO | 95% interval | "
+            + " | ".join(f"faithful, on {s['yardstick']} | seeds it needs" for s in sticks)
+            + " |"
+        )
+        out.append("|---" * (3 + 2 * len(sticks)) + "|")
+        for m, r in sticks[0]["rows"].items():
+            iv = r["measured_interval"]
+            cells = []
+            for s in sticks:
+                f = s["rows"][m]
+                need = f["seeds_to_resolve_faithful"]
+                cells.append(f"{f['faithful']:+.4f} | {need if need else 'over 10,000'}")
+            out.append(
+                f"| {m} | {r['measured']:+.4f} | "
+                + (f"[{iv[0]:+.4f}, {iv[1]:+.4f}]" if iv else "-")
+                + " | "
+                + " | ".join(cells)
+                + " |"
+            )
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--draws", type=int, default=20000, help="draws of the true values per row")
+    ap.add_argument(
+        "--collapse-below",
+        type=float,
+        default=40.0,
+        help="Overall (pp) below which a variant counts as collapsed (default 40)",
+    )
+    ap.add_argument("--json", type=Path, default=HERE / "results" / "paper-reliability.json")
+    ap.add_argument(
+        "--proxy",
+        type=Path,
+        default=HERE / "results" / "calibration-53seeds.json",
+        help="a protocol sweep's JSON to set beside a faithful proxy (default: the 53-seed table)",
+    )
+    ap.add_argument("--proxy-variant", default="d", help="the variant of --proxy to read")
+    args = ap.parse_args()
+    if args.draws < 100:
+        ap.error("--draws: at least 100")
+    try:
+        sweep = json.loads(args.proxy.read_text())
+        table = sweep["variants"][args.proxy_variant]["table"]
+    except (OSError, ValueError, KeyError) as e:
+        ap.error(f"--proxy {args.proxy}: no variant {args.proxy_variant!r} table ({e})")
+    res = analyse_paper(read_paper_table(), args.collapse_below, args.draws)
+    best = res["ceiling"][0]  # no training noise: the paper's gains at their largest
+    res["faithful_proxy"] = {
+        "source": str(
+            args.proxy.resolve().relative_to(HERE.parent)
+            if args.proxy.resolve().is_relative_to(HERE.parent)
+            else args.proxy
+        ),
+        "variant": args.proxy_variant,
+        "protocol_hash": sweep.get("protocol_hash"),
+        "seeds": min(r["seeds"] for r in table),
+        "training_sd": best["training_sd"],
+        "yardsticks": [
+            faithful_proxy(table, best["mean_true_gain"], m) for m in ("sa_grpo", "bn_grpo")
+        ],
+    }
+    print(paper_report(res))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(res, indent=1) + "\n")
+    print(f"\nJSON: {args.json}")
+
+
+if __name__ == "__main__":
+    main()
