@@ -20,6 +20,12 @@ from engine.sandbox.process import run_limited, trusted_env
 from trainer_template.loader import AlgorithmLoadError
 from trainer_template.verl_backend.launch import VerlProtocol
 
+VERL_PAPER = ResultProtocol("verl/paper", backend="verl", preset="paper")
+"""what a verl evaluation records when its training fails (no checkpoint to score)"""
+SCORING = {"suite": "math6", "generator": "vllm"}
+"""how a verl evaluation scores its checkpoint: ``evaluate_node_on_suite`` with these settings (the
+rest its defaults), so its result is recorded under ``suite_protocol(**SCORING)``"""
+
 # verl saves at the last step when save_freq > 0; a huge period means "only at the end". The HF copy is
 # what vLLM loads for the evaluation.
 _SAVE_OVERRIDES = (
@@ -86,7 +92,7 @@ def evaluate_node_verl(
         )
 
         result = EvaluationResult(
-            protocol=ResultProtocol("verl/paper", backend="verl", preset="paper"),
+            protocol=VERL_PAPER,
             status="failed",
             reason=reason,
             utility=archive.config().experiment.objective,
@@ -98,9 +104,7 @@ def evaluate_node_verl(
         return result
     say(f"{name}: scoring {ckpt} on math6 with vLLM")
     try:
-        return evaluate_node_on_suite(
-            archive, name, suite="math6", generator="vllm", model=str(ckpt)
-        )
+        return evaluate_node_on_suite(archive, name, **SCORING, model=str(ckpt))
     except PoiseError:
         archive.set_status(name, prior)
         raise
