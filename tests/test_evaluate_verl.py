@@ -1,4 +1,5 @@
-"""The verl evaluation backend: refuses cleanly without a GPU; finds verl's final HF checkpoint."""
+"""The verl evaluation backend: says which recorded results it replaces, then refuses cleanly without
+a GPU; finds verl's final HF checkpoint."""
 
 from __future__ import annotations
 
@@ -44,3 +45,86 @@ def test_final_checkpoint_is_the_last_step_with_an_hf_copy(tmp_path):
         if hf:
             (d / "config.json").write_text("{}")
     assert final_checkpoint(tmp_path) == tmp_path / "global_step_20" / "actor" / "huggingface"
+
+
+def _recorded(archive, protocol, status: str) -> None:
+    """A result of ``status`` under ``protocol`` on the root, recorded as an evaluation records it."""
+    from engine.archive.results import EvaluationResult, now
+
+    ok = status == "evaluated"
+    archive.record_result(
+        "grpo",
+        EvaluationResult(
+            protocol=protocol,
+            status=status,
+            metrics={"overall": 41.5} if ok else {},
+            units={"overall": "percent"} if ok else {},
+            seeds=(0,) if protocol.backend == "suite" else (),
+            reason="" if ok else "verl training failed: exit status 1",
+            recorded_at=now(),
+        ),
+    )
+
+
+def test_verl_evaluation_says_which_results_it_replaces_before_the_gpu_check(archive, cli):
+    """Which result a verl evaluation replaces is known before training (docs/cli.md, evaluating a
+    node again): the suite result under math6/paper when its checkpoint is scored, the verl/paper
+    one when training fails. Both are said before the GPU check, which leaves them as they were."""
+    import torch
+
+    from engine.operators.evaluate_suite import suite_protocol
+    from engine.operators.evaluate_verl import SCORING, VERL_PAPER
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the refusal path does not apply")
+    scored = suite_protocol(**SCORING)
+    assert (scored.id, scored.settings["generator"]) == ("math6/paper", "vllm")
+    _recorded(archive, scored, "evaluated")
+    _recorded(archive, VERL_PAPER, "failed")
+    before = archive.node("grpo")
+    refs = subprocess.run(
+        ["git", "-C", str(archive.path), "for-each-ref"], capture_output=True, text=True
+    ).stdout
+    lines = [
+        f"replaces the evaluated result under {scored.key} (seeds 0) once the trained checkpoint "
+        "is scored",
+        "replaces the failed result under verl/paper (no seeds) if training fails",
+    ]
+    said: list[str] = []
+    with pytest.raises(EvaluationError, match="needs a CUDA GPU"):
+        evaluate_node(archive, "grpo", backend="verl", on_event=said.append)
+    assert said == lines
+    p = cli("evaluate", "grpo", "--backend", "verl", "-C", str(archive.path))
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert [ln.strip() for ln in p.stdout.splitlines() if "replaces" in ln] == lines
+    assert "needs a CUDA GPU" in p.stderr
+    after = archive.node("grpo")
+    assert after.results == before.results and after.status == before.status
+    assert (
+        subprocess.run(
+            ["git", "-C", str(archive.path), "for-each-ref"], capture_output=True, text=True
+        ).stdout
+        == refs
+    )
+    assert archive.fsck()
+
+
+def test_verl_evaluation_names_another_version_of_the_suite_protocol(archive):
+    """A math6/paper result under other settings (another generator, a --limit) is another version
+    of the protocol the verl scoring records under: replaced all the same, and said so."""
+    import torch
+
+    from engine.operators.evaluate_suite import suite_protocol
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the refusal path does not apply")
+    other = suite_protocol("math6", generator="openai", limit=2)
+    _recorded(archive, other, "evaluated")
+    said: list[str] = []
+    with pytest.raises(EvaluationError, match="needs a CUDA GPU"):
+        evaluate_node(archive, "grpo", backend="verl", on_event=said.append)
+    assert said == [
+        f"replaces the evaluated result under {other.key} (seeds 0; another version of "
+        "math6/paper) once the trained checkpoint is scored"
+    ]
+    assert archive.node("grpo").results["math6/paper"].protocol == other and archive.fsck()

@@ -36,6 +36,39 @@ from evaluators.suite import (
     suite_metric_names,
 )
 
+SUITE_SEED = 0
+"""the sampling seed of a suite evaluation unless one is given"""
+SUITE_GRADE_TIMEOUT_S = 10.0
+"""seconds one answer's grading may take unless told otherwise (part of the protocol)"""
+
+
+def suite_protocol(
+    suite: str = "math6",
+    preset: str | None = None,
+    generator: str = "transformers",
+    *,
+    limit: int | None = None,
+    grade_timeout_s: float = SUITE_GRADE_TIMEOUT_S,
+    seed: int = SUITE_SEED,
+) -> Protocol:
+    """The protocol (``<suite>/<preset>`` and the hash of its settings) a suite evaluation with these
+    settings records under, known before anything runs: what :func:`evaluate_node_on_suite` records
+    as, and what a verl evaluation's scoring will replace. An unknown suite or preset, or a shipped
+    dataset missing or damaged, raises EvaluationError."""
+    return _suite_setup(suite, preset, generator, limit, grade_timeout_s, seed)[0]
+
+
+def _suite_setup(suite, preset, generator, limit, grade_timeout_s, seed):
+    """(protocol, benchmarks, token budget) of :func:`suite_protocol`'s settings."""
+    preset = {None: "paper", "default": "paper"}.get(preset, preset)
+    try:
+        benches, max_tokens = suite_spec(suite, preset)
+    except SuiteError as exc:
+        raise EvaluationError(str(exc)) from None
+    settings = protocol(suite, preset, benches, max_tokens, limit, grade_timeout_s, seed, generator)
+    proto = Protocol(f"{suite}/{preset}", protocol_hash(settings), "suite", preset, settings)
+    return proto, benches, max_tokens
+
 
 def evaluate_node_on_suite(
     archive,
@@ -47,9 +80,9 @@ def evaluate_node_on_suite(
     limit: int | None = None,
     *,
     preset: str | None = None,
-    seed: int = 0,
+    seed: int = SUITE_SEED,
     grade_workers: int | None = None,
-    grade_timeout_s: float = 10.0,
+    grade_timeout_s: float = SUITE_GRADE_TIMEOUT_S,
     n_boot: int = 1000,
     generator_kwargs: dict | None = None,
     on_progress: Callable[[str, int, int], None] | None = None,
@@ -58,7 +91,6 @@ def evaluate_node_on_suite(
     """Score ``model`` (trained with node ``name``'s algorithm) on ``suite``, sampling with the
     ``generator`` (vllm | openai | transformers); record the result on the node (status evaluated |
     failed) and in an MLflow run. ``on_event``: progress lines (the result this one replaces)."""
-    preset = {None: "paper", "default": "paper"}.get(preset, preset)
     if generator not in BACKENDS:
         raise EvaluationError(
             f"with --suite, --generator must be one of {', '.join(BACKENDS)} (got {generator!r})"
@@ -71,10 +103,9 @@ def evaluate_node_on_suite(
         raise EvaluationError(f"n_boot (bootstrap replicates) must be >= 1, got {n_boot!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise EvaluationError(f"a suite evaluation's seed must be an integer >= 0, got {seed!r}")
-    try:
-        benches, max_tokens = suite_spec(suite, preset)
-    except SuiteError as exc:
-        raise EvaluationError(str(exc)) from None
+    proto, benches, max_tokens = _suite_setup(
+        suite, preset, generator, limit, grade_timeout_s, seed
+    )
     node = archive.node(name)  # unknown node: one clear error before anything runs
     cfg = archive.config()
     measured = suite_metric_names(benches)
@@ -84,8 +115,6 @@ def evaluate_node_on_suite(
             f"not measure (it records {', '.join(sorted(measured))}); evaluate it in an archive "
             "whose [experiment].objective is one of these"
         )
-    settings = protocol(suite, preset, benches, max_tokens, limit, grade_timeout_s, seed, generator)
-    proto = Protocol(f"{suite}/{preset}", protocol_hash(settings), "suite", preset, settings)
     t0 = time.time()
     kwargs = dict(generator_kwargs or {})
     if generator == "openai" and "http_client" not in kwargs:

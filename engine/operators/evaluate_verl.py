@@ -14,11 +14,18 @@ from pathlib import Path
 from engine.archive.results import EvaluationResult, now
 from engine.archive.results import Protocol as ResultProtocol
 from engine.errors import EvaluationError, PoiseError
-from engine.operators.evaluate_suite import evaluate_node_on_suite
+from engine.operators.evaluate_suite import evaluate_node_on_suite, suite_protocol
+from engine.operators.reevaluation import replaced_line, verl_replaced_lines
 from engine.operators.verl_launch import node_launch
 from engine.sandbox.process import run_limited, trusted_env
 from trainer_template.loader import AlgorithmLoadError
 from trainer_template.verl_backend.launch import VerlProtocol
+
+VERL_PAPER = ResultProtocol("verl/paper", backend="verl", preset="paper")
+"""what a verl evaluation records when its training fails (no checkpoint to score)"""
+SCORING = {"suite": "math6", "generator": "vllm"}
+"""how a verl evaluation scores its checkpoint: ``evaluate_node_on_suite`` with these settings (the
+rest its defaults), so its result is recorded under ``suite_protocol(**SCORING)``"""
 
 # verl saves at the last step when save_freq > 0; a huge period means "only at the end". The HF copy is
 # what vLLM loads for the evaluation.
@@ -49,7 +56,15 @@ def evaluate_node_verl(
     tags: Mapping[str, str] | None = None,
     on_event=None,
 ):
-    """Train ``name`` with verl, then score the checkpoint on math6 (vLLM); records like the proxy."""
+    """Train ``name`` with verl, then score the checkpoint on math6 (vLLM); records like the proxy.
+    Before anything runs (the GPU check included), ``on_event`` is told which recorded result each
+    outcome replaces (:func:`~engine.operators.reevaluation.verl_replaced_lines`); the one replaced
+    is told again when it is (the scoring's line, or the failure's)."""
+    say = on_event or (lambda _m: None)
+    scored = suite_protocol(**SCORING)
+    results = archive.node(name).results
+    for line in verl_replaced_lines(results, scored, (scored.settings["seed"],), VERL_PAPER):
+        say(line)
     try:
         import torch  # lazy: torch is heavy (only this path needs it)
 
@@ -61,7 +76,6 @@ def evaluate_node_verl(
             "the verl backend needs a CUDA GPU and none is visible here; use --backend proxy on the CPU"
         )
 
-    say = on_event or (lambda _m: None)
     proto = VerlProtocol(
         **{k: v for k, v in {"model": model, "n_gpus": gpus or n_visible}.items() if v}
     )
@@ -85,8 +99,11 @@ def evaluate_node_verl(
             else "verl training saved no HF checkpoint"
         )
 
+        replaced = replaced_line(archive.node(name).results.get(VERL_PAPER.id), VERL_PAPER.hash, ())
+        if replaced:
+            say(replaced)
         result = EvaluationResult(
-            protocol=ResultProtocol("verl/paper", backend="verl", preset="paper"),
+            protocol=VERL_PAPER,
             status="failed",
             reason=reason,
             utility=archive.config().experiment.objective,
@@ -98,9 +115,7 @@ def evaluate_node_verl(
         return result
     say(f"{name}: scoring {ckpt} on math6 with vLLM")
     try:
-        return evaluate_node_on_suite(
-            archive, name, suite="math6", generator="vllm", model=str(ckpt)
-        )
+        return evaluate_node_on_suite(archive, name, **SCORING, model=str(ckpt), on_event=say)
     except PoiseError:
         archive.set_status(name, prior)
         raise

@@ -2,13 +2,14 @@
 ``poise-git evaluate`` under the same id (a legitimate re-run, with more seeds, say; on the proxy
 or a ``--suite``) replaces the first. :func:`replaced_line` says so in one progress line: which
 result, that the new one has fewer seeds where it has, and which seeds the per-seed cache reads
-back rather than trains again."""
+back rather than trains again. A verl evaluation records under one of two ids, which it knows before
+training: :func:`verl_replaced_lines` says what each would replace."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from engine.archive.results import EvaluationResult, seeds_phrase
+from engine.archive.results import EvaluationResult, Protocol, seeds_phrase
 
 
 def replaced_line(
@@ -36,3 +37,22 @@ def replaced_line(
             "under the same code, protocol and harness"
         )
     return line
+
+
+def verl_replaced_lines(
+    results: Mapping[str, EvaluationResult],
+    scored: Protocol,
+    seeds: Sequence[int],
+    failed: Protocol,
+) -> list[str]:
+    """What a verl evaluation replaces among the node's ``results`` (protocol id -> result), said
+    before it trains: the result under ``scored`` (the suite protocol its checkpoint is scored
+    under, at ``seeds``) when training succeeds, the one under ``failed`` when it does not."""
+    lines = []
+    scored_line = replaced_line(results.get(scored.id), scored.hash, seeds)
+    if scored_line:
+        lines.append(f"{scored_line} once the trained checkpoint is scored")
+    failed_line = replaced_line(results.get(failed.id), failed.hash, ())
+    if failed_line:
+        lines.append(f"{failed_line} if training fails")
+    return lines
