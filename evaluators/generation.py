@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from evaluators.errors import SuiteError
@@ -301,9 +301,23 @@ class OpenAIBackend(Backend):
     def generate(self, problems, sampling, progress=None):
         import openai  # lazy: openai is heavy (only this path needs it)
 
+        stop = threading.Event()  # set by the first failure: no request starts after it
+
         def job(p):
+            if stop.is_set():
+                return None  # never sent: the generation has already failed
             try:
                 out = self._one(p, sampling)
+            except BaseException:
+                stop.set()
+                raise
+            if progress:
+                progress(1)
+            return out
+
+        def one(p):
+            try:
+                return job(p)
             except openai.APIConnectionError as exc:
                 raise SuiteError(
                     f"cannot reach the OpenAI-compatible server at {self.base_url}: {exc}"
@@ -316,13 +330,18 @@ class OpenAIBackend(Backend):
                 raise SuiteError(
                     f"the server at {self.base_url} sent a reply that is not JSON: {exc}"
                 ) from None
-            if progress:
-                progress(1)
-            return out
 
-        # map cancels the requests not yet started when one fails
+        # the first failure, in whichever order the requests end, stops the rest: the queued ones
+        # are cancelled and any a worker picks up after it is not sent
         with ThreadPoolExecutor(self.concurrency) as ex:
-            return list(ex.map(job, problems))
+            futures = [ex.submit(one, p) for p in problems]
+            wait(futures, return_when=FIRST_EXCEPTION)
+            failed = next((f for f in futures if f.done() and f.exception()), None)
+            if failed is not None:
+                for f in futures:
+                    f.cancel()
+                raise failed.exception()
+            return [f.result() for f in futures]
 
     def describe(self):
         return {

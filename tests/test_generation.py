@@ -612,9 +612,10 @@ def test_a_refused_request_stops_the_generation_without_waiting_for_the_rest():
         with pytest.raises(SuiteError, match="refused"):
             b.generate([f"p{i}" for i in range(40)], Sampling())
         asked = len(srv.requests)
-    # the count, not a wall time, shows it (a time bound failed once on a loaded machine): the 2
-    # requests in flight may finish, the 36 or more still queued are never sent
-    assert asked <= 4, asked
+    # the count, not a wall time, shows it (a time bound failed once on a loaded machine): the
+    # refused request and the one in flight beside it are sent, and at most one more that the other
+    # worker started before the refusal was seen; the rest, queued, are never sent
+    assert asked <= 3, asked
 
 
 def test_the_tokens_the_server_spent_are_summed_and_described():
