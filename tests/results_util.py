@@ -29,7 +29,7 @@ def proxy_result(payload: Mapping[str, Any], preset: str = "default") -> Evaluat
         metrics=metrics,
         units={k: metric_unit(k) for k in metrics},
         intervals={k: (float(a), float(b)) for k, (a, b) in (get("intervals") or {}).items()},
-        interval_kind="95% Student-t over paired seeds" if get("intervals") else "",
+        interval_kind="95% Student-t over seeds" if get("intervals") else "",
         seeds=tuple(get("seeds") or [r["seed"] for r in get("per_seed") or ()] or (0,)),
         reason=get("reason") or ("" if status == "evaluated" else "failed"),
         trajectory=dict(get("trajectory") or {}),

@@ -296,7 +296,7 @@ def test_show_names_the_interval_once(archive, tmp_path, cli):
     out = cli("show", "grpo", "-C", a).stdout
     heads = [ln for ln in out.splitlines() if "metric" in ln and "interval" in ln]
     assert len(heads) == 3 and "95% interval (95%" not in out, heads
-    assert "┃ interval (95% Student-t over paired seeds) ┃" in heads[2], heads
+    assert "┃ interval (95% Student-t over seeds) ┃" in heads[2], heads
     assert "┃ interval (90% bootstrap over problems) ┃" in heads[0], heads
     assert "┃ 95% interval (as recorded) ┃" in heads[1], heads
 

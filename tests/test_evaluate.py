@@ -72,7 +72,7 @@ def test_evaluate_records_results_on_the_branch_and_mlflow(exp):
         assert key in m and 0 <= m[key] <= (100 if key == "mean_length" else 1)
         assert res["units"][key] == ("tokens" if key == "mean_length" else "fraction")
     lo, hi = res["intervals"]["overall"]
-    assert lo <= m["overall"] <= hi and "Student-t" in res["interval_kind"]
+    assert lo <= m["overall"] <= hi and res["interval_kind"] == "95% Student-t over seeds"
     proto = res["protocol"]
     assert res["seeds"] == [0, 1] and len(res["per_seed"]) == 2 and res["utility"] == "overall"
     assert proto["id"] == "proxy/smoke" and proto["hash"].startswith("sha256:")

@@ -64,6 +64,17 @@ def test_round_trip_and_describe():
         Protocol("proxy/default/extra")
 
 
+def test_a_nodes_interval_over_its_seeds_is_not_called_paired_even_where_recorded_so():
+    """A proxy result's interval is the node's mean over its own seeds; the paired interval is that
+    of a difference between two nodes. Results recorded under the old name read as the new one."""
+    old = json.loads(_res(interval_kind="95% Student-t over paired seeds").to_json())
+    assert old["interval_kind"] == "95% Student-t over paired seeds"
+    assert parse_result(json.dumps(old)).interval_kind == "95% Student-t over seeds"
+    assert parse_result(_res(interval_kind="90% bootstrap").to_json()).interval_kind == (
+        "90% bootstrap"
+    )
+
+
 def test_results_live_per_protocol_on_the_node(archive):
     record(archive, "grpo", {"overall": 0.50})
     record(archive, "grpo", {"overall": 0.20}, preset="smoke")

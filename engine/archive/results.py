@@ -92,6 +92,13 @@ class Protocol:
         return cls(**{k: v for k, v in d.items() if k in {f.name for f in dataclasses.fields(cls)}})
 
 
+SEEDS_INTERVAL = "95% Student-t over seeds"
+"""the interval kind of a proxy result: a node's mean over its own seeds (a difference between two
+nodes at the same seeds is the paired one)"""
+_RENAMED_KINDS = {"95% Student-t over paired seeds": SEEDS_INTERVAL}
+"""interval kinds recorded under an earlier name: the same interval, read under its current name"""
+
+
 @dataclass(frozen=True)
 class EvaluationResult:
     """One evaluation of one node under one protocol.
@@ -263,6 +270,9 @@ class EvaluationResult:
         known = {f.name for f in dataclasses.fields(cls)} - {"legacy"}
         kw = {k: v for k, v in d.items() if k in known}
         kw["protocol"] = Protocol.from_dict(p)
+        kind = kw.get("interval_kind")
+        if isinstance(kind, str):
+            kw["interval_kind"] = _RENAMED_KINDS.get(kind, kind)
         for k in ("seeds", "per_seed", "mlflow_run_ids"):
             kw[k] = tuple(kw.get(k) or ())
         kw["intervals"] = {

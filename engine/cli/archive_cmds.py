@@ -50,7 +50,7 @@ def _read_text(path: Path, what: str, max_bytes: int | None = None) -> str:
 
 
 def _interval_head(kind: str) -> str:
-    """The interval column's head: ``interval (95% Student-t over paired seeds)`` where the kind
+    """The interval column's head: ``interval (95% Student-t over seeds)`` where the kind
     names its level, else ``95% interval (KIND)`` (the level results are recorded at)."""
     if re.match(r"\d+(\.\d+)?%", kind):
         return f"interval ({escape(kind)})"

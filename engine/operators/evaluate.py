@@ -29,7 +29,7 @@ from typing import Any
 
 import trainer_template
 from engine.archive.locks import git_dir, held
-from engine.archive.results import EvaluationResult, Protocol, now
+from engine.archive.results import SEEDS_INTERVAL, EvaluationResult, Protocol, now
 from engine.archive.tracking import (
     TrackingUnavailable,
     node_run,
@@ -501,7 +501,7 @@ def _run(job: _Job, tags: Mapping[str, str] | None, say: Callable[[str], None]) 
         metrics=metrics,
         units={k: metric_unit(k) for k in metrics},
         intervals={k: (float(a), float(b)) for k, (a, b) in intervals.items()},
-        interval_kind="95% Student-t over paired seeds",
+        interval_kind=SEEDS_INTERVAL,
         utility=cfg.experiment.objective,
         reason="; ".join(r["reason"] for r in failed)[:1000] if failed else "",
         per_seed=tuple(json.loads(json.dumps(per_seed, allow_nan=False))),
