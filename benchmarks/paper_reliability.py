@@ -341,6 +341,81 @@ def paper_report(res: dict) -> str:
     return "\n".join(out)
 
 
+def draw_reliability(res: dict, path: Path) -> None:
+    """Two panels: a perfect proxy's Spearman with the paper against the training noise (mean and 95%
+    range; 0.6 and the proxy's own rank correlation marked), and the proxy's paired differences to
+    GRPO beside what proxies faithful to the paper's proportions would measure."""
+    import matplotlib  # lazy: only drawing needs it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # lazy: as above
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+    for key, colour, label in (
+        ("ceiling", "tab:blue", "perfect proxy"),
+        ("ceiling_av_is_grpo", "tab:green", "perfect proxy, AV-GRPO = GRPO"),
+    ):
+        xs = [c["training_sd"] for c in res[key]]
+        left.plot(xs, [c["spearman_mean"] for c in res[key]], "o-", color=colour, label=label)
+        left.fill_between(
+            xs,
+            [c["spearman_percentiles"]["2.5"] for c in res[key]],
+            [c["spearman_percentiles"]["97.5"] for c in res[key]],
+            color=colour,
+            alpha=0.12,
+        )
+    left.axhline(0.6, color="black", linewidth=0.8, linestyle=":", label="target 0.6")
+    fp = res.get("faithful_proxy")
+    if fp:
+        left.axhline(
+            fp["spearman"],
+            color="tab:red",
+            linestyle="--",
+            label=f"this proxy, {fp['seeds']} paired seeds ({fp['spearman']:+.2f})",
+        )
+        rows = fp["yardsticks"][0]["rows"]
+        names = sorted(rows, key=lambda m: rows[m]["measured"])
+        for y, m in enumerate(names):
+            r = rows[m]
+            lo, hi = r["measured_interval"] or (r["measured"], r["measured"])
+            right.errorbar(
+                r["measured"],
+                y,
+                xerr=[[r["measured"] - lo], [hi - r["measured"]]],
+                fmt="o",
+                color="tab:red",
+                capsize=3,
+                label="this proxy (95% interval)" if y == 0 else None,
+            )
+            for stick, marker in zip(fp["yardsticks"], ("s", "D")):
+                right.plot(
+                    stick["rows"][m]["faithful"],
+                    y,
+                    marker,
+                    mfc="none",
+                    color="tab:blue" if marker == "s" else "tab:purple",
+                    label=f"faithful, scaled on {stick['yardstick']}" if y == 0 else None,
+                )
+        right.set_yticks(range(len(names)), names, fontsize=8)
+        right.axvline(0.0, color="black", linewidth=0.8)
+        right.set_xlabel("paired difference to GRPO, proxy Overall (fraction)")
+        right.legend(fontsize=8, loc="upper left")
+    left.set_xlabel("training-seed noise SD of the paper's Overall (pp)")
+    left.set_ylabel("Spearman with the paper (11 mechanisms)")
+    left.set_ylim(-0.1, 1.0)
+    left.legend(fontsize=8, loc="lower left")
+    fig.suptitle(
+        f"The paper's own noise: Overall reliability {res['split_half']['reliability']:.2f} "
+        f"over {res['variants']['kept']} variants; benchmark noise SD "
+        f"{res['benchmark_noise_sd']:.2f} pp",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--draws", type=int, default=20000, help="draws of the true values per row")
@@ -358,6 +433,9 @@ def main() -> None:
         help="a protocol sweep's JSON to set beside a faithful proxy (default: the 53-seed table)",
     )
     ap.add_argument("--proxy-variant", default="d", help="the variant of --proxy to read")
+    ap.add_argument(
+        "--figure", type=Path, help="also draw the ceiling and the proxy beside it (PNG)"
+    )
     args = ap.parse_args()
     if args.draws < 100:
         ap.error("--draws: at least 100")
@@ -377,6 +455,9 @@ def main() -> None:
         "variant": args.proxy_variant,
         "protocol_hash": sweep.get("protocol_hash"),
         "seeds": min(r["seeds"] for r in table),
+        "spearman": spearman(
+            [r["overall"] for r in table], [PAPER_OVERALL[r["mechanism"]] for r in table]
+        ),
         "training_sd": best["training_sd"],
         "yardsticks": [
             faithful_proxy(table, best["mean_true_gain"], m) for m in ("sa_grpo", "bn_grpo")
@@ -386,6 +467,9 @@ def main() -> None:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(res, indent=1) + "\n")
     print(f"\nJSON: {args.json}")
+    if args.figure:
+        draw_reliability(res, args.figure)
+        print(f"figure: {args.figure}")
 
 
 if __name__ == "__main__":

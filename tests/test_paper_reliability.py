@@ -68,10 +68,10 @@ def test_the_ceiling_is_exact_without_noise_and_falls_with_it():
 
 
 def test_the_benchmark_prints_its_tables_and_writes_its_json(tmp_path):
-    out = tmp_path / "r.json"
+    out, fig = tmp_path / "r.json", tmp_path / "f.png"
     script = ROOT / "benchmarks" / "paper_reliability.py"
     res = subprocess.run(
-        [sys.executable, str(script), "--draws", "200", "--json", str(out)],
+        [sys.executable, str(script), "--draws", "200", "--json", str(out), "--figure", str(fig)],
         capture_output=True,
         text=True,
         check=True,
@@ -86,6 +86,8 @@ def test_the_benchmark_prints_its_tables_and_writes_its_json(tmp_path):
     assert "a perfect proxy's Spearman" in res.stdout and "| vm_av_grpo |" in res.stdout
     # beside the recorded 53-seed calibration, on both yardsticks
     fp = data["faithful_proxy"]
+    assert fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert fp["spearman"] == pytest.approx(0.518, abs=0.001)  # the 53-seed table's own
     assert fp["seeds"] == 53 and [s["yardstick"] for s in fp["yardsticks"]] == [
         "sa_grpo",
         "bn_grpo",
