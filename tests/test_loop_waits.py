@@ -18,7 +18,7 @@ from conftest import REPO, mark_verified
 from engine.archive.store import Archive
 
 SLEEP_S = 6.0  # per training step of the tiny preset (4 steps): the hand evaluation takes ~25 s
-RAY_SLEEP_S = 36.0  # on Ray: ~145 s, less Ray's start-up (7-30 s) and the task's before the wait
+RAY_SLEEP_S = 48.0  # on Ray: ~195 s; the wait must pass ~92 s: ~100 s left for Ray's start-up
 RAY_BACKSTOP_S = 1 + 2 * (0.25 + 15) + 60
 """the Ray driver's backstop for --eval-timeout 1: the limit plus twice the grace plus 60 s"""
 
