@@ -114,6 +114,7 @@ _LONG_FILES = (
     "test_verify.py",
     "test_hostile_flows.py",
     "test_propose.py",
+    "test_loop_waits.py",
 )
 
 

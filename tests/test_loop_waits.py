@@ -1,6 +1,7 @@
 """A run's worker that finds its node being evaluated by another process (a hand `poise-git
 evaluate`): it waits without its own wall clock running, then takes the other's result when it is
-this evaluation's, and the run's log says whose result it is."""
+this evaluation's, and the run's log says whose result it is. On Ray (`run --ray`), neither the
+task's own limit nor the driver's backstop counts the wait."""
 
 from __future__ import annotations
 
@@ -17,17 +18,20 @@ from conftest import REPO, mark_verified
 from engine.archive.store import Archive
 
 SLEEP_S = 6.0  # per training step of the tiny preset (4 steps): the hand evaluation takes ~25 s
+RAY_SLEEP_S = 48.0  # on Ray: ~195 s; the wait must pass ~92 s: ~100 s left for Ray's start-up
+RAY_BACKSTOP_S = 1 + 2 * (0.25 + 15) + 60
+"""the Ray driver's backstop for --eval-timeout 1: the limit plus twice the grace plus 60 s"""
 
 
-def _slow_root(tmp_path: Path, cli) -> Archive:
-    """An archive whose root trains like GRPO but sleeps at every step (no CPU spent)."""
+def _slow_root(tmp_path: Path, cli, sleep_s: float = SLEEP_S) -> Archive:
+    """An archive whose root trains like GRPO but sleeps ``sleep_s`` at every step (no CPU spent)."""
     src = (REPO / "trainer_template" / "algorithm.py").read_text()
     src = src.replace(
         "from dataclasses import dataclass\n", "import time\nfrom dataclasses import dataclass\n", 1
     )
     body = "    return grpo_advantages(batch, cfg)\n\n\ndef entropy_coefficient("
     assert body in src
-    src = src.replace(body, f"    time.sleep({SLEEP_S})\n" + body, 1)
+    src = src.replace(body, f"    time.sleep({sleep_s})\n" + body, 1)
     (tmp_path / "slow.py").write_text(src)
     r = cli("init", str(tmp_path / "exp"), "--root", str(tmp_path / "slow.py"))
     assert r.returncode == 0, r.stdout + r.stderr
@@ -155,3 +159,32 @@ def test_a_run_that_waited_for_another_seed_set_says_it_evaluated_again(tmp_path
     took = re.search(r"root evaluated: U [\d.]+ \((\d+) s; waited (\d+) s for", line)
     assert took and int(took[1]) >= 1 and int(took[2]) >= 1, line  # its own time, then the wait
     assert list(arch.node("root").results["proxy/tiny"].seeds) == [0]
+
+
+@pytest.mark.slow  # Ray's start-up, then a wait of more than the driver's backstop (~92 s)
+def test_a_ray_task_waiting_for_a_slow_hand_evaluation_is_timed_out_by_neither_clock(
+    tmp_path, cli, monkeypatch
+):
+    """On Ray the wait is left out of two clocks: the task's own limit (as in the worker pool) and
+    the driver's backstop for a lost task, which adds the wait the task reports to the executor's
+    start clock. The wait here outlasts both; the node is the hand evaluation's, recorded once."""
+    pytest.importorskip("ray")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    arch = _slow_root(tmp_path, cli, RAY_SLEEP_S)
+    hand = _hand_evaluation(arch, "--seeds", "1")
+    r, _, hand_out = _run_beside(cli, arch, hand, "--eval-timeout", "1", "--ray", "local")
+    assert hand.returncode == 0, hand_out
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "on Ray local" in r.stdout, r.stdout
+    assert "root failed" not in r.stdout and "Ray task failed" not in r.stdout, r.stdout
+    line = next(ln for ln in r.stdout.splitlines() if "root evaluated" in ln)
+    waited = re.search(r"\(recorded by another process, which this run waited (\d+) s for\)", line)
+    assert waited, line
+    assert int(waited[1]) > RAY_BACKSTOP_S, line  # past both limits, had the wait counted
+    subjects = _subjects(arch)
+    assert not [s for s in subjects if "failed" in s], subjects
+    assert subjects.count("poise: results for root (proxy/tiny)") == 1, subjects
+    node = arch.node("root")
+    assert node.status == "evaluated"
+    assert node.results["proxy/tiny"].status == "evaluated"
+    assert "recorded by another process" in (arch.path / ".poise" / "run.log").read_text()
