@@ -128,3 +128,28 @@ def test_verl_evaluation_names_another_version_of_the_suite_protocol(archive):
         "math6/paper) once the trained checkpoint is scored"
     ]
     assert archive.node("grpo").results["math6/paper"].protocol == other and archive.fsck()
+
+
+def test_an_objective_math6_does_not_measure_is_refused_before_the_gpu_check(tmp_path, cli):
+    """A verl evaluation scores its checkpoint on math6: an experiment ranking by a metric math6 does
+    not record (a proxy metric) would train for hours and then be refused. It is refused first,
+    before the GPU check, with the archive as it was."""
+    from engine.archive.store import Archive
+    from engine.config import DEFAULT_TOML
+
+    toml = DEFAULT_TOML.replace('objective = "overall" ', 'objective = "hard/accuracy" ', 1)
+    arch = Archive.init(tmp_path / "exp", config_toml=toml)
+    refs = subprocess.run(
+        ["git", "-C", str(arch.path), "for-each-ref"], capture_output=True, text=True
+    ).stdout
+    with pytest.raises(EvaluationError, match="ranks by 'hard/accuracy', which the math6 suite"):
+        evaluate_node(arch, "grpo", backend="verl")
+    p = cli("evaluate", "grpo", "--backend", "verl", "-C", str(arch.path))
+    assert p.returncode == 1, p.stdout + p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "ranks by 'hard/accuracy'" in lines[0], p.stderr
+    assert "GPU" not in p.stdout + p.stderr
+    after = subprocess.run(
+        ["git", "-C", str(arch.path), "for-each-ref"], capture_output=True, text=True
+    ).stdout
+    assert after == refs and arch.node("grpo").status == "spawned" and arch.fsck()

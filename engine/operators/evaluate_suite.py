@@ -58,13 +58,32 @@ def suite_protocol(
     return _suite_setup(suite, preset, generator, limit, grade_timeout_s, seed)[0]
 
 
-def _suite_setup(suite, preset, generator, limit, grade_timeout_s, seed):
-    """(protocol, benchmarks, token budget) of :func:`suite_protocol`'s settings."""
+def require_suite_objective(cfg, suite: str = "math6", preset: str | None = None) -> None:
+    """EvaluationError when the experiment (``cfg``, the archive's config) ranks by a metric that
+    ``suite`` does not record: its result could not be recorded (``record_result`` refuses an
+    evaluated result without the objective), so the evaluation is refused before it runs."""
+    measured = suite_metric_names(_benchmarks(suite, preset)[1])
+    if cfg.experiment.objective not in measured:
+        raise EvaluationError(
+            f"this experiment ranks by {cfg.experiment.objective!r}, which the {suite} suite does "
+            f"not measure (it records {', '.join(sorted(measured))}); evaluate it in an archive "
+            "whose [experiment].objective is one of these"
+        )
+
+
+def _benchmarks(suite: str, preset: str | None):
+    """(preset, benchmarks, token budget) of ``suite`` at ``preset`` (None or default: paper)."""
     preset = {None: "paper", "default": "paper"}.get(preset, preset)
     try:
         benches, max_tokens = suite_spec(suite, preset)
     except SuiteError as exc:
         raise EvaluationError(str(exc)) from None
+    return preset, benches, max_tokens
+
+
+def _suite_setup(suite, preset, generator, limit, grade_timeout_s, seed):
+    """(protocol, benchmarks, token budget) of :func:`suite_protocol`'s settings."""
+    preset, benches, max_tokens = _benchmarks(suite, preset)
     settings = protocol(suite, preset, benches, max_tokens, limit, grade_timeout_s, seed, generator)
     proto = Protocol(f"{suite}/{preset}", protocol_hash(settings), "suite", preset, settings)
     return proto, benches, max_tokens
@@ -108,13 +127,7 @@ def evaluate_node_on_suite(
     )
     node = archive.node(name)  # unknown node: one clear error before anything runs
     cfg = archive.config()
-    measured = suite_metric_names(benches)
-    if cfg.experiment.objective not in measured:  # its result could not be recorded
-        raise EvaluationError(
-            f"this experiment ranks by {cfg.experiment.objective!r}, which the {suite} suite does "
-            f"not measure (it records {', '.join(sorted(measured))}); evaluate it in an archive "
-            "whose [experiment].objective is one of these"
-        )
+    require_suite_objective(cfg, suite, preset)
     t0 = time.time()
     kwargs = dict(generator_kwargs or {})
     if generator == "openai" and "http_client" not in kwargs:

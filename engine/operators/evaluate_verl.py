@@ -14,7 +14,11 @@ from pathlib import Path
 from engine.archive.results import EvaluationResult, now
 from engine.archive.results import Protocol as ResultProtocol
 from engine.errors import EvaluationError, PoiseError
-from engine.operators.evaluate_suite import evaluate_node_on_suite, suite_protocol
+from engine.operators.evaluate_suite import (
+    evaluate_node_on_suite,
+    require_suite_objective,
+    suite_protocol,
+)
 from engine.operators.reevaluation import replaced_line, verl_replaced_lines
 from engine.operators.verl_launch import node_launch
 from engine.sandbox.process import run_limited, trusted_env
@@ -57,10 +61,14 @@ def evaluate_node_verl(
     on_event=None,
 ):
     """Train ``name`` with verl, then score the checkpoint on math6 (vLLM); records like the proxy.
-    Before anything runs (the GPU check included), ``on_event`` is told which recorded result each
-    outcome replaces (:func:`~engine.operators.reevaluation.verl_replaced_lines`); the one replaced
-    is told again when it is (the scoring's line, or the failure's)."""
+    Before anything runs (the GPU check included), an experiment objective math6 does not record is
+    refused (:func:`~engine.operators.evaluate_suite.require_suite_objective`), then ``on_event``
+    is told which recorded result each outcome replaces
+    (:func:`~engine.operators.reevaluation.verl_replaced_lines`); the one replaced is told again
+    when it is (the scoring's line, or the failure's)."""
     say = on_event or (lambda _m: None)
+    # the checkpoint is scored on math6: an objective it does not record is refused before training
+    require_suite_objective(archive.config(), SCORING["suite"])
     scored = suite_protocol(**SCORING)
     results = archive.node(name).results
     for line in verl_replaced_lines(results, scored, (scored.settings["seed"],), VERL_PAPER):
