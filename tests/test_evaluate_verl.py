@@ -153,3 +153,114 @@ def test_an_objective_math6_does_not_measure_is_refused_before_the_gpu_check(tmp
         ["git", "-C", str(arch.path), "for-each-ref"], capture_output=True, text=True
     ).stdout
     assert after == refs and arch.node("grpo").status == "spawned" and arch.fsck()
+
+
+HOLD_NODE = """
+import sys
+from engine.archive.store import Archive
+from engine.operators.evaluation_lock import node_evaluation
+with node_evaluation(Archive(sys.argv[1]), "grpo"):
+    print("held", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def _holder(path):
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD_NODE, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_verl_evaluation_of_a_node_another_process_evaluates_stops_before_the_gpu_check(
+    archive, cli
+):
+    """`evaluate --backend verl` takes the node's evaluation lock as the proxy's does, before the
+    GPU check: a node another process is evaluating is one line naming it (not the GPU error), and
+    nothing changes. Before, both evaluated it and the later result silently replaced the other."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the refusal path does not apply")
+    tip = archive.node("grpo").commit
+    holder = _holder(archive.path)
+    try:
+        with pytest.raises(EvaluationError, match="being evaluated by another process"):
+            evaluate_node(archive, "grpo", backend="verl")
+        p = cli("evaluate", "grpo", "--backend", "verl", "-C", str(archive.path))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert p.returncode == 1, p.stdout + p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    assert f"grpo is being evaluated by another process (pid {holder.pid}, since" in lines[0]
+    assert "GPU" not in p.stdout + p.stderr
+    assert archive.node("grpo").commit == tip and archive.fsck()
+    # the lock is released with its holder: the GPU check comes again
+    with pytest.raises(EvaluationError, match="needs a CUDA GPU"):
+        evaluate_node(archive, "grpo", backend="verl")
+
+
+def test_a_loop_worker_on_verl_waits_and_takes_the_result_the_other_process_recorded(archive):
+    """A loop worker (``wait_for_other``) whose node a hand verl evaluation holds waits for it, then
+    returns the math6/paper result that evaluation recorded (its own would be the same: hours of
+    training saved) without training; when the other recorded nothing, it evaluates the node itself
+    (here: the GPU check)."""
+    import threading
+    import time
+
+    import torch
+
+    from engine.operators.evaluate_suite import suite_protocol
+    from engine.operators.evaluate_verl import SCORING
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the refusal path does not apply")
+
+    def worker(got: dict) -> threading.Thread:
+        def work() -> None:
+            try:
+                got["r"] = evaluate_node(
+                    archive,
+                    "grpo",
+                    backend="verl",
+                    wait_for_other=True,
+                    on_wait=lambda what, detail: got.setdefault("told", []).append(what),
+                )
+            except Exception as exc:  # noqa: BLE001 - reported by the assertions below
+                got["error"] = exc
+
+        t = threading.Thread(target=work)
+        t.start()
+        return t
+
+    for records in (True, False):
+        got: dict = {}
+        holder = _holder(archive.path)
+        try:
+            t = worker(got)
+            time.sleep(0.5)
+            assert t.is_alive() and "r" not in got and "error" not in got  # waiting
+            if records:
+                _recorded(archive, suite_protocol(**SCORING), "evaluated")  # the holder's result
+            holder.stdin.write("\n")
+            holder.stdin.flush()
+            t.join(timeout=60)
+            assert not t.is_alive()
+        finally:
+            holder.kill()
+            holder.wait()
+        if records:
+            assert "error" not in got, got
+            assert got["r"].metrics == {"overall": 41.5} and got["told"] == ["waiting", "used"]
+        else:
+            assert "needs a CUDA GPU" in str(got.get("error")), got
+            assert got["told"] == ["waiting", "evaluating"]
+    assert archive.fsck()
