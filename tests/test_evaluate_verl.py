@@ -88,7 +88,8 @@ def test_verl_evaluation_says_which_results_it_replaces_before_the_gpu_check(arc
     lines = [
         f"replaces the evaluated result under {scored.key} (seeds 0) once the trained checkpoint "
         "is scored",
-        "replaces the failed result under verl/paper (no seeds) if training fails",
+        "replaces the failed result under verl/paper (no seeds) if training fails, and is removed "
+        "once the trained checkpoint is scored",
     ]
     said: list[str] = []
     with pytest.raises(EvaluationError, match="needs a CUDA GPU"):
@@ -264,3 +265,34 @@ def test_a_loop_worker_on_verl_waits_and_takes_the_result_the_other_process_reco
             assert "needs a CUDA GPU" in str(got.get("error")), got
             assert got["told"] == ["waiting", "evaluating"]
     assert archive.fsck()
+
+
+def test_a_scored_checkpoint_removes_the_failure_an_earlier_training_recorded(archive, cli):
+    """A node whose verl training failed once (verl/paper) and then succeeded (math6/paper) held
+    both: `show` printed the failure and its reason beside the success under status evaluated, and a
+    ranking under verl/paper (a verl experiment's default) read the failure as the node's result.
+    Once a checkpoint is scored, the failure is removed (the step after the scoring, run here on the
+    results it leaves: the scoring itself needs a GPU)."""
+    from engine.operators.evaluate_suite import suite_protocol
+    from engine.operators.evaluate_verl import SCORING, VERL_PAPER, _drop_stale_failure
+
+    _recorded(archive, VERL_PAPER, "failed")
+    _recorded(archive, suite_protocol(**SCORING), "evaluated")
+    where = ("-C", str(archive.path))
+    before = cli("show", "grpo", *where).stdout
+    assert "verl training failed" in before  # the stale failure, shown as the node's
+    assert archive.nodes("verl/paper")["grpo"].result.status == "failed"
+    said: list[str] = []
+    _drop_stale_failure(archive, "grpo", said.append)
+    assert said == [
+        "removed the failed result under verl/paper (an earlier training's: verl training failed: "
+        "exit status 1): this training succeeded"
+    ]
+    node = archive.node("grpo")
+    assert list(node.results) == ["math6/paper"] and node.status == "evaluated"
+    assert node.trailer("Poise-Reason") is None
+    after = cli("show", "grpo", *where)
+    assert after.returncode == 0 and "failed" not in after.stdout, after.stdout
+    assert archive.nodes("verl/paper")["grpo"].result is None and archive.fsck()
+    _drop_stale_failure(archive, "grpo", said.append)  # nothing left to remove: nothing happens
+    assert len(said) == 1 and archive.node("grpo").commit == node.commit

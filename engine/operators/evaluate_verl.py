@@ -158,9 +158,26 @@ def _train_and_score(archive, name, scored, timeout_s, model, gpus, tags, on_eve
         return result
     say(f"{name}: scoring {ckpt} on math6 with vLLM")
     try:
-        return evaluate_node_on_suite(
+        result = evaluate_node_on_suite(
             archive, name, **SCORING, model=str(ckpt), on_event=say, lock=False
         )
     except PoiseError:
         archive.set_status(name, prior)
         raise
+    if result.ok:
+        _drop_stale_failure(archive, name, say)
+    return result
+
+
+def _drop_stale_failure(archive, name: str, say) -> None:
+    """A node whose verl training has now succeeded (its checkpoint scored under math6/paper) no
+    longer holds the failure an earlier training recorded under verl/paper: ``show``, ``log`` and a
+    ranking under verl/paper would present it as the node's state beside the success."""
+    old = archive.node(name).results.get(VERL_PAPER.id)
+    if old is None or old.ok:
+        return
+    archive.drop_result(name, VERL_PAPER.id, "a later verl training succeeded")
+    say(
+        f"removed the failed result under {VERL_PAPER.id} (an earlier training's: "
+        f"{' '.join(old.reason.split())[:120]}): this training succeeded"
+    )
