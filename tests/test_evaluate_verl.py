@@ -88,7 +88,8 @@ def test_verl_evaluation_says_which_results_it_replaces_before_the_gpu_check(arc
     lines = [
         f"replaces the evaluated result under {scored.key} (seeds 0) once the trained checkpoint "
         "is scored",
-        "replaces the failed result under verl/paper (no seeds) if training fails",
+        "replaces the failed result under verl/paper (no seeds) if training fails, and is removed "
+        "once the trained checkpoint is scored",
     ]
     said: list[str] = []
     with pytest.raises(EvaluationError, match="needs a CUDA GPU"):
@@ -128,3 +129,170 @@ def test_verl_evaluation_names_another_version_of_the_suite_protocol(archive):
         "math6/paper) once the trained checkpoint is scored"
     ]
     assert archive.node("grpo").results["math6/paper"].protocol == other and archive.fsck()
+
+
+def test_an_objective_math6_does_not_measure_is_refused_before_the_gpu_check(tmp_path, cli):
+    """A verl evaluation scores its checkpoint on math6: an experiment ranking by a metric math6 does
+    not record (a proxy metric) would train for hours and then be refused. It is refused first,
+    before the GPU check, with the archive as it was."""
+    from engine.archive.store import Archive
+    from engine.config import DEFAULT_TOML
+
+    toml = DEFAULT_TOML.replace('objective = "overall" ', 'objective = "hard/accuracy" ', 1)
+    arch = Archive.init(tmp_path / "exp", config_toml=toml)
+    refs = subprocess.run(
+        ["git", "-C", str(arch.path), "for-each-ref"], capture_output=True, text=True
+    ).stdout
+    with pytest.raises(EvaluationError, match="ranks by 'hard/accuracy', which the math6 suite"):
+        evaluate_node(arch, "grpo", backend="verl")
+    p = cli("evaluate", "grpo", "--backend", "verl", "-C", str(arch.path))
+    assert p.returncode == 1, p.stdout + p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "ranks by 'hard/accuracy'" in lines[0], p.stderr
+    assert "GPU" not in p.stdout + p.stderr
+    after = subprocess.run(
+        ["git", "-C", str(arch.path), "for-each-ref"], capture_output=True, text=True
+    ).stdout
+    assert after == refs and arch.node("grpo").status == "spawned" and arch.fsck()
+
+
+HOLD_NODE = """
+import sys
+from engine.archive.store import Archive
+from engine.operators.evaluation_lock import node_evaluation
+with node_evaluation(Archive(sys.argv[1]), "grpo"):
+    print("held", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def _holder(path):
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD_NODE, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_verl_evaluation_of_a_node_another_process_evaluates_stops_before_the_gpu_check(
+    archive, cli
+):
+    """`evaluate --backend verl` takes the node's evaluation lock as the proxy's does, before the
+    GPU check: a node another process is evaluating is one line naming it (not the GPU error), and
+    nothing changes. Before, both evaluated it and the later result silently replaced the other."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the refusal path does not apply")
+    tip = archive.node("grpo").commit
+    holder = _holder(archive.path)
+    try:
+        with pytest.raises(EvaluationError, match="being evaluated by another process"):
+            evaluate_node(archive, "grpo", backend="verl")
+        p = cli("evaluate", "grpo", "--backend", "verl", "-C", str(archive.path))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert p.returncode == 1, p.stdout + p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    assert f"grpo is being evaluated by another process (pid {holder.pid}, since" in lines[0]
+    assert "GPU" not in p.stdout + p.stderr
+    assert archive.node("grpo").commit == tip and archive.fsck()
+    # the lock is released with its holder: the GPU check comes again
+    with pytest.raises(EvaluationError, match="needs a CUDA GPU"):
+        evaluate_node(archive, "grpo", backend="verl")
+
+
+def test_a_loop_worker_on_verl_waits_and_takes_the_result_the_other_process_recorded(archive):
+    """A loop worker (``wait_for_other``) whose node a hand verl evaluation holds waits for it, then
+    returns the math6/paper result that evaluation recorded (its own would be the same: hours of
+    training saved) without training; when the other recorded nothing, it evaluates the node itself
+    (here: the GPU check)."""
+    import threading
+    import time
+
+    import torch
+
+    from engine.operators.evaluate_suite import suite_protocol
+    from engine.operators.evaluate_verl import SCORING
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the refusal path does not apply")
+
+    def worker(got: dict) -> threading.Thread:
+        def work() -> None:
+            try:
+                got["r"] = evaluate_node(
+                    archive,
+                    "grpo",
+                    backend="verl",
+                    wait_for_other=True,
+                    on_wait=lambda what, detail: got.setdefault("told", []).append(what),
+                )
+            except Exception as exc:  # noqa: BLE001 - reported by the assertions below
+                got["error"] = exc
+
+        t = threading.Thread(target=work)
+        t.start()
+        return t
+
+    for records in (True, False):
+        got: dict = {}
+        holder = _holder(archive.path)
+        try:
+            t = worker(got)
+            time.sleep(0.5)
+            assert t.is_alive() and "r" not in got and "error" not in got  # waiting
+            if records:
+                _recorded(archive, suite_protocol(**SCORING), "evaluated")  # the holder's result
+            holder.stdin.write("\n")
+            holder.stdin.flush()
+            t.join(timeout=60)
+            assert not t.is_alive()
+        finally:
+            holder.kill()
+            holder.wait()
+        if records:
+            assert "error" not in got, got
+            assert got["r"].metrics == {"overall": 41.5} and got["told"] == ["waiting", "used"]
+        else:
+            assert "needs a CUDA GPU" in str(got.get("error")), got
+            assert got["told"] == ["waiting", "evaluating"]
+    assert archive.fsck()
+
+
+def test_a_scored_checkpoint_removes_the_failure_an_earlier_training_recorded(archive, cli):
+    """A node whose verl training failed once (verl/paper) and then succeeded (math6/paper) held
+    both: `show` printed the failure and its reason beside the success under status evaluated, and a
+    ranking under verl/paper (a verl experiment's default) read the failure as the node's result.
+    Once a checkpoint is scored, the failure is removed (the step after the scoring, run here on the
+    results it leaves: the scoring itself needs a GPU)."""
+    from engine.operators.evaluate_suite import suite_protocol
+    from engine.operators.evaluate_verl import SCORING, VERL_PAPER, _drop_stale_failure
+
+    _recorded(archive, VERL_PAPER, "failed")
+    _recorded(archive, suite_protocol(**SCORING), "evaluated")
+    where = ("-C", str(archive.path))
+    before = cli("show", "grpo", *where).stdout
+    assert "verl training failed" in before  # the stale failure, shown as the node's
+    assert archive.nodes("verl/paper")["grpo"].result.status == "failed"
+    said: list[str] = []
+    _drop_stale_failure(archive, "grpo", said.append)
+    assert said == [
+        "removed the failed result under verl/paper (an earlier training's: verl training failed: "
+        "exit status 1): this training succeeded"
+    ]
+    node = archive.node("grpo")
+    assert list(node.results) == ["math6/paper"] and node.status == "evaluated"
+    assert node.trailer("Poise-Reason") is None
+    after = cli("show", "grpo", *where)
+    assert after.returncode == 0 and "failed" not in after.stdout, after.stdout
+    assert archive.nodes("verl/paper")["grpo"].result is None and archive.fsck()
+    _drop_stale_failure(archive, "grpo", said.append)  # nothing left to remove: nothing happens
+    assert len(said) == 1 and archive.node("grpo").commit == node.commit

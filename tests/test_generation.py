@@ -5,6 +5,7 @@ suite recorded on a node and in MLflow, and the CLI."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -194,7 +195,14 @@ def test_vllm_backend_generates_on_gpu(tmp_path):
 class _Server:
     """A real OpenAI-compatible server: answers with the gold for chosen problems, logs every request."""
 
-    def __init__(self, answers: dict[str, str], correct: dict[str, int], chat: bool = True):
+    def __init__(
+        self,
+        answers: dict[str, str],
+        correct: dict[str, int],
+        chat: bool = True,
+        gate: threading.Event | None = None,
+    ):
+        """``gate``: each request is answered once it is set (a generation held in flight)."""
         self.requests: list[tuple[str, dict]] = []
         outer = self
 
@@ -205,6 +213,8 @@ class _Server:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.requests.append((self.path, body))
+                if gate is not None:
+                    gate.wait(60)
                 if self.path.endswith("/chat/completions"):
                     if not chat:
                         return self._send(
@@ -680,3 +690,59 @@ def test_a_suite_re_evaluation_says_which_result_it_replaces(archive, cli):
             f"replaces the evaluated result under {key} (seeds 0; another version of math6/paper)"
         ]
     assert archive.node("grpo").results["math6/paper"].protocol.settings["limit"] == 2
+
+
+@pytest.mark.slow  # two CLI processes, one suite evaluation
+def test_two_suite_evaluations_of_one_node_never_run_at_once(archive):
+    """`evaluate --suite` takes the node's evaluation lock as the proxy's `evaluate` does: while one
+    process scores the node, a second stops at once with one line naming it, and only the first's
+    result is recorded. Before, both ran and the later result silently replaced the other."""
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO, run_cli
+
+    gate = threading.Event()
+    args = ["evaluate", "grpo", "--suite", "math6", "--generator", "openai", "--model", "m"]
+    with _Server(*_scripted(limit=1), gate=gate) as srv:
+        args += ["--base-url", srv.url, "--limit", "1", "-C", str(archive.path)]
+        env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
+        first = subprocess.Popen(
+            [sys.executable, "-m", "engine", *args],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while not srv.requests:  # the first is generating: it holds the node
+                assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+                time.sleep(0.1)
+            tip = archive.tip("grpo")
+            second = run_cli(*args)
+            assert archive.tip("grpo") == tip
+            gate.set()
+            out, err = first.communicate(timeout=300)
+        finally:
+            gate.set()
+            if first.poll() is None:
+                first.kill()
+                first.wait()
+    assert second.returncode == 1, second.stdout + second.stderr
+    lines = second.stderr.strip().splitlines()
+    assert len(lines) == 1, second.stderr
+    assert lines[0].startswith(
+        f"error: grpo is being evaluated by another process (pid {first.pid}"
+    )
+    assert first.returncode == 0, out + err
+    node = archive.node("grpo")
+    assert node.status == "evaluated" and list(node.results) == ["math6/paper"]
+    log = subprocess.run(
+        ["git", "-C", str(archive.path), "log", "--format=%s", "poise/grpo"],
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert log.count("poise: results for grpo (math6/paper)") == 1 and archive.fsck()

@@ -746,6 +746,30 @@ class Archive:
             trailers=extra,
         )
 
+    def drop_result(self, name: str, protocol_id: str, why: str) -> str | None:
+        """Remove the node's result under ``protocol_id`` in one record commit saying ``why``, its
+        status kept (None when it holds none): for a result a later one supersedes under another id
+        (a verl training failure once a later training's checkpoint is scored). The node's
+        ``Poise-Reason`` goes with it when it is that result's reason."""
+        node = self.node(name)
+        ids = _result_ids(node)
+        old = node.results.get(protocol_id)
+        if protocol_id not in ids or old is None:
+            return None
+        rest = sorted(i for i in ids if i != protocol_id)
+        trailers: dict[str, str | list[str]] = {
+            "Poise-Results": ",".join(rest) if rest else [],
+            "Poise-Event": "results",
+        }
+        if old.reason and node.trailer("Poise-Reason") == " ".join(old.reason.split())[:300]:
+            trailers["Poise-Reason"] = []
+        return self.commit_files(
+            name,
+            {f"{RESULTS_DIR}/{protocol_id}.json": None},
+            subject=f"poise: result of {name} under {protocol_id} removed: {why}",
+            trailers=trailers,
+        )
+
     def record_reflection(self, name: str, text: str) -> str:
         return self.commit_files(
             name,

@@ -21,14 +21,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import trainer_template
-from engine.archive.locks import git_dir, held
 from engine.archive.results import SEEDS_INTERVAL, EvaluationResult, Protocol, now
 from engine.archive.tracking import (
     TrackingUnavailable,
@@ -39,6 +37,7 @@ from engine.archive.tracking import (
 from engine.errors import EvaluationError
 from engine.operators.evaluate_seed import run_seed
 from engine.operators.evaluate_verl import evaluate_node_verl
+from engine.operators.evaluation_lock import node_evaluation, not_this_evaluation
 from engine.operators.reevaluation import replaced_line
 from engine.operators.verify import refuse_unverified
 from engine.sandbox import live
@@ -149,6 +148,8 @@ def evaluate_node(
             timeout_s=float(timeout_s or archive.config().evaluation.timeout_s),
             tags=tags,
             on_event=on_event,
+            wait_for_other=wait_for_other,
+            on_wait=on_wait,
         )
     job = _Job.prepare(archive, name, seeds, preset, timeout_s, cache_dir)
     asked = now()
@@ -157,7 +158,7 @@ def evaluate_node(
     with node_evaluation(archive, name, wait=wait_for_other, on_wait=waiting) as waited:
         ours: Protocol = job.base["protocol"]
         done = archive.node(name).results.get(ours.id) if waited else None
-        why = _not_this_evaluation(done, ours, job.seeds, asked) if waited else ""
+        why = not_this_evaluation(done, ours, job.seeds, asked) if waited else ""
         if waited and not why:
             told("used", "")
             return done  # the process this one waited for has just evaluated it so
@@ -170,46 +171,10 @@ def evaluate_node(
         return _evaluate(archive, name, job, tags, on_event)
 
 
-def _not_this_evaluation(done: EvaluationResult | None, ours: Protocol, seeds, asked: float) -> str:
-    """Why ``done``, what the process waited for left under ``ours.id``, is not the result of this
-    evaluation (of ``seeds`` under ``ours``, asked at ``asked``); "" when it is."""
-    if done is None or done.recorded_at < asked:
-        return "it recorded no result"
-    if done.protocol.hash != ours.hash:
-        return f"its result is under another version of {ours.id} ({done.protocol.hash[:12]})"
-    if list(done.seeds) != list(seeds):
-        return f"its result is at seeds {list(done.seeds)}, not {list(seeds)}"
-    return ""
-
-
 def _cached_seeds(job: _Job) -> list[int]:
     """The seeds of ``job`` the per-seed cache (when on) holds a usable record of."""
     cache = SeedCache.from_env(job.source, job.base["protocol"].hash)
     return [s for s in job.seeds if cache.usable(s) is not None] if cache else []
-
-
-EVAL_LOCKS = "poise-eval"
-"""the directory in the archive's git directory holding one lock file per node being evaluated"""
-
-
-def node_evaluation(
-    archive, name: str, *, wait: bool = False, on_wait: Callable[[str], None] | None = None
-) -> AbstractContextManager[bool]:
-    """Held while this process evaluates ``name`` (``poise-git evaluate`` and the loop's workers
-    alike), so that two never evaluate one node at once and the later result silently replaces
-    the earlier. Yields whether it waited for another process (``on_wait(holder)`` before it
-    does); without ``wait``, EvaluationError at once when another holds it."""
-    locks = os.path.join(git_dir(archive), EVAL_LOCKS)
-    os.makedirs(locks, exist_ok=True)
-    return held(
-        os.path.join(locks, f"{name}.lock"),
-        lambda holder: EvaluationError(
-            f"{name} is being evaluated by another process ({holder}); wait for it to finish, "
-            "then read its result with `poise-git show`"
-        ),
-        wait=wait,
-        on_wait=on_wait,
-    )
 
 
 def _evaluate(archive, name: str, job: _Job, tags, on_event) -> EvaluationResult:

@@ -13,6 +13,7 @@ import json
 import platform
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from engine import secrets
 from engine.archive.results import EvaluationResult, Protocol, now
 from engine.archive.tracking import node_run
 from engine.errors import EvaluationError
+from engine.operators.evaluation_lock import node_evaluation
 from engine.operators.reevaluation import replaced_line
 from engine.scratch import SUITE_PREFIX, scratch_dir
 from evaluators.benchmarks import suite as suite_spec
@@ -58,13 +60,32 @@ def suite_protocol(
     return _suite_setup(suite, preset, generator, limit, grade_timeout_s, seed)[0]
 
 
-def _suite_setup(suite, preset, generator, limit, grade_timeout_s, seed):
-    """(protocol, benchmarks, token budget) of :func:`suite_protocol`'s settings."""
+def require_suite_objective(cfg, suite: str = "math6", preset: str | None = None) -> None:
+    """EvaluationError when the experiment (``cfg``, the archive's config) ranks by a metric that
+    ``suite`` does not record: its result could not be recorded (``record_result`` refuses an
+    evaluated result without the objective), so the evaluation is refused before it runs."""
+    measured = suite_metric_names(_benchmarks(suite, preset)[1])
+    if cfg.experiment.objective not in measured:
+        raise EvaluationError(
+            f"this experiment ranks by {cfg.experiment.objective!r}, which the {suite} suite does "
+            f"not measure (it records {', '.join(sorted(measured))}); evaluate it in an archive "
+            "whose [experiment].objective is one of these"
+        )
+
+
+def _benchmarks(suite: str, preset: str | None):
+    """(preset, benchmarks, token budget) of ``suite`` at ``preset`` (None or default: paper)."""
     preset = {None: "paper", "default": "paper"}.get(preset, preset)
     try:
         benches, max_tokens = suite_spec(suite, preset)
     except SuiteError as exc:
         raise EvaluationError(str(exc)) from None
+    return preset, benches, max_tokens
+
+
+def _suite_setup(suite, preset, generator, limit, grade_timeout_s, seed):
+    """(protocol, benchmarks, token budget) of :func:`suite_protocol`'s settings."""
+    preset, benches, max_tokens = _benchmarks(suite, preset)
     settings = protocol(suite, preset, benches, max_tokens, limit, grade_timeout_s, seed, generator)
     proto = Protocol(f"{suite}/{preset}", protocol_hash(settings), "suite", preset, settings)
     return proto, benches, max_tokens
@@ -87,10 +108,15 @@ def evaluate_node_on_suite(
     generator_kwargs: dict | None = None,
     on_progress: Callable[[str, int, int], None] | None = None,
     on_event: Callable[[str], None] | None = None,
+    lock: bool = True,
 ) -> EvaluationResult:
     """Score ``model`` (trained with node ``name``'s algorithm) on ``suite``, sampling with the
     ``generator`` (vllm | openai | transformers); record the result on the node (status evaluated |
-    failed) and in an MLflow run. ``on_event``: progress lines (the result this one replaces)."""
+    failed) and in an MLflow run. ``on_event``: progress lines (the result this one replaces).
+    Once the settings are checked, it holds the node's evaluation lock
+    (:func:`~engine.operators.evaluation_lock.node_evaluation`): another process evaluating the node
+    is an EvaluationError at once, naming it. ``lock=False``: the caller holds it already (the verl
+    evaluation, which scores its checkpoint here)."""
     if generator not in BACKENDS:
         raise EvaluationError(
             f"with --suite, --generator must be one of {', '.join(BACKENDS)} (got {generator!r})"
@@ -106,15 +132,37 @@ def evaluate_node_on_suite(
     proto, benches, max_tokens = _suite_setup(
         suite, preset, generator, limit, grade_timeout_s, seed
     )
-    node = archive.node(name)  # unknown node: one clear error before anything runs
+    archive.node(name)  # unknown node: one clear error before anything runs
+    require_suite_objective(archive.config(), suite, preset)
+    with node_evaluation(archive, name) if lock else nullcontext():
+        return _score(
+            archive, name, proto, benches, max_tokens, generator, model, base_url, limit, seed,
+            grade_workers, grade_timeout_s, n_boot, generator_kwargs, on_progress, on_event,
+        )  # fmt: skip
+
+
+def _score(
+    archive,
+    name,
+    proto,
+    benches,
+    max_tokens,
+    generator,
+    model,
+    base_url,
+    limit,
+    seed,
+    grade_workers,
+    grade_timeout_s,
+    n_boot,
+    generator_kwargs,
+    on_progress,
+    on_event,
+):
+    """The suite run of :func:`evaluate_node_on_suite` once its settings are checked (and the node's
+    evaluation lock is held): generation, grading, the result recorded on the node and in MLflow."""
+    node = archive.node(name)
     cfg = archive.config()
-    measured = suite_metric_names(benches)
-    if cfg.experiment.objective not in measured:  # its result could not be recorded
-        raise EvaluationError(
-            f"this experiment ranks by {cfg.experiment.objective!r}, which the {suite} suite does "
-            f"not measure (it records {', '.join(sorted(measured))}); evaluate it in an archive "
-            "whose [experiment].objective is one of these"
-        )
     t0 = time.time()
     kwargs = dict(generator_kwargs or {})
     if generator == "openai" and "http_client" not in kwargs:

@@ -6,15 +6,21 @@ Needs a CUDA machine with the ``verl`` and ``vllm`` extras; on a CPU machine it 
 
 from __future__ import annotations
 
+import functools
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from engine.archive.results import EvaluationResult, now
 from engine.archive.results import Protocol as ResultProtocol
 from engine.errors import EvaluationError, PoiseError
-from engine.operators.evaluate_suite import evaluate_node_on_suite, suite_protocol
+from engine.operators.evaluate_suite import (
+    evaluate_node_on_suite,
+    require_suite_objective,
+    suite_protocol,
+)
+from engine.operators.evaluation_lock import node_evaluation, not_this_evaluation
 from engine.operators.reevaluation import replaced_line, verl_replaced_lines
 from engine.operators.verl_launch import node_launch
 from engine.sandbox.process import run_limited, trusted_env
@@ -55,13 +61,50 @@ def evaluate_node_verl(
     gpus: int | None = None,
     tags: Mapping[str, str] | None = None,
     on_event=None,
+    wait_for_other: bool = False,
+    on_wait: Callable[[str, str], None] | None = None,
 ):
     """Train ``name`` with verl, then score the checkpoint on math6 (vLLM); records like the proxy.
-    Before anything runs (the GPU check included), ``on_event`` is told which recorded result each
-    outcome replaces (:func:`~engine.operators.reevaluation.verl_replaced_lines`); the one replaced
-    is told again when it is (the scoring's line, or the failure's)."""
-    say = on_event or (lambda _m: None)
+    Before anything runs (the GPU check included), an experiment objective math6 does not record is
+    refused (:func:`~engine.operators.evaluate_suite.require_suite_objective`); then the node's
+    evaluation lock is taken (:func:`~engine.operators.evaluation_lock.node_evaluation`, as the
+    proxy's: held by another process, an EvaluationError at once, or with ``wait_for_other`` a wait,
+    after which the result the other recorded is returned when it is this evaluation's, ``on_wait``
+    told as by ``evaluate_node``); then ``on_event`` is told which recorded result each outcome
+    replaces (:func:`~engine.operators.reevaluation.verl_replaced_lines`); the one replaced is told
+    again when it is (the scoring's line, or the failure's)."""
+    # the checkpoint is scored on math6: an objective it does not record is refused before training
+    require_suite_objective(archive.config(), SCORING["suite"])
     scored = suite_protocol(**SCORING)
+    asked = now()
+    told = on_wait or (lambda what, detail: None)
+    waiting = functools.partial(told, "waiting")
+    with node_evaluation(archive, name, wait=wait_for_other, on_wait=waiting) as waited:
+        if waited:
+            done, why = _other_result(archive.node(name).results, scored, asked)
+            if done is not None:
+                told("used", "")
+                return done  # the process this one waited for has just evaluated it so
+            told("evaluating", why)
+        else:
+            told("evaluating", "")
+        return _train_and_score(archive, name, scored, timeout_s, model, gpus, tags, on_event)
+
+
+def _other_result(results, scored, asked: float):
+    """(result, "") when the process this one waited for recorded this evaluation's result (under
+    ``scored``, or a training failure under VERL_PAPER) after ``asked``; else (None, why not)."""
+    why = not_this_evaluation(results.get(scored.id), scored, (scored.settings["seed"],), asked)
+    if not why:
+        return results[scored.id], ""
+    if not not_this_evaluation(results.get(VERL_PAPER.id), VERL_PAPER, (), asked):
+        return results[VERL_PAPER.id], ""
+    return None, why
+
+
+def _train_and_score(archive, name, scored, timeout_s, model, gpus, tags, on_event):
+    """:func:`evaluate_node_verl` once the node's evaluation lock is held."""
+    say = on_event or (lambda _m: None)
     results = archive.node(name).results
     for line in verl_replaced_lines(results, scored, (scored.settings["seed"],), VERL_PAPER):
         say(line)
@@ -115,7 +158,26 @@ def evaluate_node_verl(
         return result
     say(f"{name}: scoring {ckpt} on math6 with vLLM")
     try:
-        return evaluate_node_on_suite(archive, name, **SCORING, model=str(ckpt), on_event=say)
+        result = evaluate_node_on_suite(
+            archive, name, **SCORING, model=str(ckpt), on_event=say, lock=False
+        )
     except PoiseError:
         archive.set_status(name, prior)
         raise
+    if result.ok:
+        _drop_stale_failure(archive, name, say)
+    return result
+
+
+def _drop_stale_failure(archive, name: str, say) -> None:
+    """A node whose verl training has now succeeded (its checkpoint scored under math6/paper) no
+    longer holds the failure an earlier training recorded under verl/paper: ``show``, ``log`` and a
+    ranking under verl/paper would present it as the node's state beside the success."""
+    old = archive.node(name).results.get(VERL_PAPER.id)
+    if old is None or old.ok:
+        return
+    archive.drop_result(name, VERL_PAPER.id, "a later verl training succeeded")
+    say(
+        f"removed the failed result under {VERL_PAPER.id} (an earlier training's: "
+        f"{' '.join(old.reason.split())[:120]}): this training succeeded"
+    )

@@ -47,12 +47,16 @@ def verl_replaced_lines(
 ) -> list[str]:
     """What a verl evaluation replaces among the node's ``results`` (protocol id -> result), said
     before it trains: the result under ``scored`` (the suite protocol its checkpoint is scored
-    under, at ``seeds``) when training succeeds, the one under ``failed`` when it does not."""
+    under, at ``seeds``) when training succeeds, the one under ``failed`` when it does not (a
+    failure there is removed when training succeeds: the scored checkpoint supersedes it)."""
     lines = []
     scored_line = replaced_line(results.get(scored.id), scored.hash, seeds)
     if scored_line:
         lines.append(f"{scored_line} once the trained checkpoint is scored")
     failed_line = replaced_line(results.get(failed.id), failed.hash, ())
     if failed_line:
-        lines.append(f"{failed_line} if training fails")
+        failed_line += " if training fails"
+        if not results[failed.id].ok:  # a scored checkpoint supersedes an earlier failure
+            failed_line += ", and is removed once the trained checkpoint is scored"
+        lines.append(failed_line)
     return lines
