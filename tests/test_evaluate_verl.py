@@ -68,8 +68,10 @@ def _recorded(archive, protocol, status: str) -> None:
 
 def test_verl_evaluation_says_which_results_it_replaces_before_the_gpu_check(archive, cli):
     """Which result a verl evaluation replaces is known before training (docs/cli.md, evaluating a
-    node again): the suite result under math6/paper when its checkpoint is scored, the verl/paper
-    one when training fails. Both are said before the GPU check, which leaves them as they were."""
+    node again): the suite result under math6/paper, whichever the outcome (a scored checkpoint or
+    a failed training, both recorded there); and a failure an earlier version recorded under
+    verl/paper is removed once the outcome is recorded. Both are said before the GPU check, which
+    leaves them as they were."""
     import torch
 
     from engine.operators.evaluate_suite import suite_protocol
@@ -86,10 +88,10 @@ def test_verl_evaluation_says_which_results_it_replaces_before_the_gpu_check(arc
         ["git", "-C", str(archive.path), "for-each-ref"], capture_output=True, text=True
     ).stdout
     lines = [
-        f"replaces the evaluated result under {scored.key} (seeds 0) once the trained checkpoint "
-        "is scored",
-        "replaces the failed result under verl/paper (no seeds) if training fails, and is removed "
-        "once the trained checkpoint is scored",
+        f"replaces the evaluated result under {scored.key} (seeds 0) with this evaluation's "
+        "outcome: the trained checkpoint's score, or the failure if training fails",
+        "removes the failed result under verl/paper (no seeds), an earlier training's, once this "
+        "evaluation's outcome is recorded",
     ]
     said: list[str] = []
     with pytest.raises(EvaluationError, match="needs a CUDA GPU"):
@@ -97,7 +99,10 @@ def test_verl_evaluation_says_which_results_it_replaces_before_the_gpu_check(arc
     assert said == lines
     p = cli("evaluate", "grpo", "--backend", "verl", "-C", str(archive.path))
     assert p.returncode == 1, p.stdout + p.stderr
-    assert [ln.strip() for ln in p.stdout.splitlines() if "replaces" in ln] == lines
+    told = [
+        ln.strip() for ln in p.stdout.splitlines() if ln.strip().startswith(("replaces", "removes"))
+    ]
+    assert told == lines
     assert "needs a CUDA GPU" in p.stderr
     after = archive.node("grpo")
     assert after.results == before.results and after.status == before.status
@@ -126,7 +131,8 @@ def test_verl_evaluation_names_another_version_of_the_suite_protocol(archive):
         evaluate_node(archive, "grpo", backend="verl", on_event=said.append)
     assert said == [
         f"replaces the evaluated result under {other.key} (seeds 0; another version of "
-        "math6/paper) once the trained checkpoint is scored"
+        "math6/paper) with this evaluation's outcome: the trained checkpoint's score, or the "
+        "failure if training fails"
     ]
     assert archive.node("grpo").results["math6/paper"].protocol == other and archive.fsck()
 
@@ -268,25 +274,25 @@ def test_a_loop_worker_on_verl_waits_and_takes_the_result_the_other_process_reco
 
 
 def test_a_scored_checkpoint_removes_the_failure_an_earlier_training_recorded(archive, cli):
-    """A node whose verl training failed once (verl/paper) and then succeeded (math6/paper) held
-    both: `show` printed the failure and its reason beside the success under status evaluated, and a
-    ranking under verl/paper (a verl experiment's default) read the failure as the node's result.
-    Once a checkpoint is scored, the failure is removed (the step after the scoring, run here on the
-    results it leaves: the scoring itself needs a GPU)."""
+    """A node whose verl training failed once under an earlier version (verl/paper) and then
+    succeeded (math6/paper) held both: `show` printed the failure and its reason beside the success
+    under status evaluated. Once a checkpoint is scored, the old failure is removed (the step after
+    the scoring, run here on the results it leaves: the scoring itself needs a GPU)."""
     from engine.operators.evaluate_suite import suite_protocol
     from engine.operators.evaluate_verl import SCORING, VERL_PAPER, _drop_stale_failure
 
+    scored = suite_protocol(**SCORING)
     _recorded(archive, VERL_PAPER, "failed")
-    _recorded(archive, suite_protocol(**SCORING), "evaluated")
+    _recorded(archive, scored, "evaluated")
     where = ("-C", str(archive.path))
     before = cli("show", "grpo", *where).stdout
     assert "verl training failed" in before  # the stale failure, shown as the node's
     assert archive.nodes("verl/paper")["grpo"].result.status == "failed"
     said: list[str] = []
-    _drop_stale_failure(archive, "grpo", said.append)
+    _drop_stale_failure(archive, "grpo", scored, said.append)
     assert said == [
         "removed the failed result under verl/paper (an earlier training's: verl training failed: "
-        "exit status 1): this training succeeded"
+        f"exit status 1): this evaluation's outcome is under {scored.key}"
     ]
     node = archive.node("grpo")
     assert list(node.results) == ["math6/paper"] and node.status == "evaluated"
@@ -294,5 +300,6 @@ def test_a_scored_checkpoint_removes_the_failure_an_earlier_training_recorded(ar
     after = cli("show", "grpo", *where)
     assert after.returncode == 0 and "failed" not in after.stdout, after.stdout
     assert archive.nodes("verl/paper")["grpo"].result is None and archive.fsck()
-    _drop_stale_failure(archive, "grpo", said.append)  # nothing left to remove: nothing happens
+    # nothing left to remove: nothing happens
+    _drop_stale_failure(archive, "grpo", scored, said.append)
     assert len(said) == 1 and archive.node("grpo").commit == node.commit

@@ -479,7 +479,9 @@ def named_protocol(protocol: ProtocolRef | str | None) -> ProtocolRef | None:
 
 def configured_protocol(cfg) -> ProtocolRef:
     """The protocol the experiment ranks under: ``[evaluation].protocol`` when set, else the one its
-    backend and preset define (``proxy/<preset>`` with the proxy protocol's current hash)."""
+    backend and preset define: ``proxy/<preset>`` with the proxy protocol's current hash; on verl,
+    the suite protocol its checkpoints are scored under (``math6/paper`` at the scoring's hash),
+    where its failed trainings are recorded too."""
     explicit = getattr(cfg.evaluation, "protocol", "")
     if explicit:
         return ProtocolRef.parse(explicit)
@@ -491,6 +493,10 @@ def configured_protocol(cfg) -> ProtocolRef:
         return ProtocolRef(
             f"proxy/{preset}", get_protocol(preset).hash() if preset in PRESETS else ""
         )
+    if cfg.evaluation.backend == "verl":
+        from engine.archive.scoring import verl_ranking_id  # lazy: imports the evaluators
+
+        return ProtocolRef(*verl_ranking_id())
     return ProtocolRef(f"{cfg.evaluation.backend}/paper")
 
 

@@ -734,10 +734,17 @@ class Archive:
         status = status or ("evaluated" if result.ok else "failed")
         if status not in STATUSES:
             raise ArchiveError(f"unknown status {status!r}")
-        ids = set(_result_ids(self.node(name))) | {result.protocol.id}
-        extra = {"Poise-Results": ",".join(sorted(ids)), "Poise-Event": "results"}
+        node = self.node(name)
+        ids = set(_result_ids(node)) | {result.protocol.id}
+        extra: dict[str, str | list[str]] = {
+            "Poise-Results": ",".join(sorted(ids)),
+            "Poise-Event": "results",
+        }
+        old = node.results.get(result.protocol.id)
         if not result.ok:
-            extra["Poise-Reason"] = " ".join(result.reason.split())[:300]
+            extra["Poise-Reason"] = _reason(result)
+        elif old is not None and not old.ok and node.trailer("Poise-Reason") == _reason(old):
+            extra["Poise-Reason"] = []  # the failure this success replaces: its reason goes too
         return self.commit_files(
             name,
             {result.protocol.path: result.to_json()},
@@ -761,7 +768,7 @@ class Archive:
             "Poise-Results": ",".join(rest) if rest else [],
             "Poise-Event": "results",
         }
-        if old.reason and node.trailer("Poise-Reason") == " ".join(old.reason.split())[:300]:
+        if old.reason and node.trailer("Poise-Reason") == _reason(old):
             trailers["Poise-Reason"] = []
         return self.commit_files(
             name,
@@ -965,3 +972,8 @@ def _assign_depths(nodes: dict[str, Node]) -> None:
 def _did_you_mean(name: str, nodes: Mapping[str, Any]) -> str:
     close = difflib.get_close_matches(name, list(nodes), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _reason(result: EvaluationResult) -> str:
+    """A failed result's reason as its node's ``Poise-Reason`` trailer holds it."""
+    return " ".join(result.reason.split())[:300]

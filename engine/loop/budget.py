@@ -3,14 +3,18 @@ before every new candidate and stops cleanly at the first one exhausted, saying 
 
 Spec syntax (``--budget``, repeatable or comma-separated): ``candidates=20``, ``wall=90m`` (s/m/h/d),
 ``tokens=2e6``, ``cost=5`` (USD), ``gpu-hours=8``. Accelerator-hours are the evaluations' wall time times
-the devices each held: GPUs on verl; on the CPU proxy every seed process counts as one device.
+the devices each held: on verl, the training's GPUs over the training's time (``details.training`` of
+the result, measured by the engine around the training) and one device per seed over the scoring;
+on the CPU proxy every seed process counts as one device.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from engine.errors import ConfigError
 
@@ -106,6 +110,28 @@ class Budget:
         for k, v in d.items():
             parts.append(f"{_LABEL[k]} {fmt(k, v)}")
         return ", ".join(parts)
+
+
+def result_device_hours(result: Any, verl_gpus: float) -> float:
+    """Accelerator-hours one recorded result (an ``EvaluationResult``) took. A verl evaluation's
+    (``details.training``: ``gpus``, ``wall_time_s``): the training's GPUs over its time, and one
+    device per seed over the rest of its wall time (the scoring). A result under a protocol of
+    backend ``verl`` (a failed training an earlier version recorded under verl/paper): ``verl_gpus``
+    over its wall time. Any other: one device per seed."""
+    wall = float(result.wall_time_s)
+    seeds = len(result.seeds or (1,))
+    training = result.details.get("training")
+    if isinstance(training, Mapping):
+        t = min(wall, _number(training.get("wall_time_s")))
+        return (_number(training.get("gpus")) * t + seeds * (wall - t)) / 3600.0
+    devices = verl_gpus if result.protocol.backend == "verl" else seeds
+    return wall * devices / 3600.0
+
+
+def _number(v: Any) -> float:
+    """``v`` as a number of seconds or devices; 0 where a record holds none."""
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+    return float(v) if ok else 0.0
 
 
 @dataclass

@@ -22,7 +22,7 @@ from engine.archive.results import configured_protocol
 from engine.archive.store import Archive
 from engine.archive.tracking import end_dangling_runs, unreachable
 from engine.errors import EvaluationError, PoiseError
-from engine.loop.budget import Budget, RunUsage, exhausted
+from engine.loop.budget import Budget, RunUsage, exhausted, result_device_hours
 from engine.loop.executor import SETUP_FAILED, STOPPED, EvalJob, EvalOutcome, make_executor
 from engine.loop.plan import resolve_plan
 from engine.loop.state import (
@@ -191,8 +191,7 @@ class Loop:
         gpus = self.plan.gpus_per_eval
         for n in mine.values():
             for r in n.results.values():
-                devices = gpus if r.protocol.backend == "verl" else len(r.seeds or (1,))
-                u.device_hours += float(r.wall_time_s) * devices / 3600.0
+                u.device_hours += result_device_hours(r, gpus)
         return u
 
     def _check_budget(self, paid: bool = False) -> bool:
@@ -475,6 +474,7 @@ class Loop:
             p.eval_timeout_s,
             # the root, evaluated before the first round, has no round
             tags={"poise.run": self.rec.id, **({"poise.round": str(r)} if r is not None else {})},
+            devices=p.gpus_per_eval if p.backend == "verl" else float(p.seeds),
         )
         self.emit({"kind": "stage", "round": r, "stage": "evaluate", "node": name})
         self.futures[self.executor.submit(job)] = (name, r)

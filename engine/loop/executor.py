@@ -26,10 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from engine.archive.results import EvaluationResult, Protocol, now
+from engine.archive.scoring import SCORING
 from engine.archive.store import Archive
 from engine.archive.tracking import end_dangling_runs
 from engine.loop.waiting import WaitClock, WaitNote
 from engine.operators.evaluate import WarmStartFailed, evaluate_node, proxy_protocol
+from engine.operators.evaluate_suite import suite_protocol
 from engine.sandbox.process import child_env
 from engine.scratch import SANDBOX_PREFIX, scratch_dir
 from trainer_template.proxy.protocol import get_protocol
@@ -209,26 +211,33 @@ def record_failure(
     done = node.results.get(protocol.id)
     if node.status in ("evaluated", "failed") and done is not None:
         return EvalOutcome(job.node, done.status, done.reason, done.value, wall_s, timed_out)
+    verl = job.backend == "verl"  # recorded as its evaluation records a failed training
     result = EvaluationResult(
         protocol=protocol,
         status="failed",
         reason=reason,
-        seeds=tuple(range(job.seeds or 1)),
+        seeds=(protocol.settings["seed"],) if verl else tuple(range(job.seeds or 1)),
         utility=arch.config().experiment.objective,
         wall_time_s=round(wall_s, 3),
         node_commit=node.commit,
         source="loop",
         recorded_at=now(),
+        details={"training": {"gpus": job.devices, "wall_time_s": round(wall_s, 3)}}
+        if verl
+        else {},
     )
     arch.record_result(job.node, result)
     return EvalOutcome(job.node, "failed", reason, None, wall_s, timed_out)
 
 
 def job_protocol(arch, job: EvalJob):
-    """The typed protocol a job evaluates under (what its result is recorded as)."""
+    """The typed protocol a job evaluates under (what its result is recorded as): on verl, the suite
+    protocol its checkpoint is scored under, where a failed training is recorded too."""
     if job.backend == "proxy":
         preset = job.preset or arch.config().proxy.preset
         return proxy_protocol(preset, get_protocol(preset))
+    if job.backend == "verl":
+        return suite_protocol(**SCORING)
     return Protocol(f"{job.backend}/paper", backend=job.backend, preset="paper")
 
 

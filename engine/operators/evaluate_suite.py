@@ -12,7 +12,7 @@ import gzip
 import json
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -20,28 +20,22 @@ from typing import Any
 
 from engine import secrets
 from engine.archive.results import EvaluationResult, Protocol, now
+from engine.archive.scoring import (
+    SUITE_GRADE_TIMEOUT_S,
+    SUITE_SEED,
+    suite_benchmarks,
+    suite_identity,
+)
 from engine.archive.tracking import node_run
 from engine.errors import EvaluationError
 from engine.operators.evaluation_lock import node_evaluation
 from engine.operators.reevaluation import replaced_line
 from engine.scratch import SUITE_PREFIX, scratch_dir
-from evaluators.benchmarks import suite as suite_spec
 from evaluators.errors import SuiteError
 from evaluators.generation import BACKENDS, OPENAI_TIMEOUT_S, make_backend
 from evaluators.grading import GRADER_VERSION
 from evaluators.metrics import suite_metric_unit
-from evaluators.suite import (
-    build_metrics,
-    protocol,
-    protocol_hash,
-    run_benchmark_suite,
-    suite_metric_names,
-)
-
-SUITE_SEED = 0
-"""the sampling seed of a suite evaluation unless one is given"""
-SUITE_GRADE_TIMEOUT_S = 10.0
-"""seconds one answer's grading may take unless told otherwise (part of the protocol)"""
+from evaluators.suite import build_metrics, run_benchmark_suite, suite_metric_names
 
 
 def suite_protocol(
@@ -55,7 +49,8 @@ def suite_protocol(
 ) -> Protocol:
     """The protocol (``<suite>/<preset>`` and the hash of its settings) a suite evaluation with these
     settings records under, known before anything runs: what :func:`evaluate_node_on_suite` records
-    as, and what a verl evaluation's scoring will replace. An unknown suite or preset, or a shipped
+    as, and what a verl evaluation's scoring will replace (its id and hash computed in the archive
+    layer, :func:`~engine.archive.scoring.suite_identity`). An unknown suite or preset, or a shipped
     dataset missing or damaged, raises EvaluationError."""
     return _suite_setup(suite, preset, generator, limit, grade_timeout_s, seed)[0]
 
@@ -64,7 +59,7 @@ def require_suite_objective(cfg, suite: str = "math6", preset: str | None = None
     """EvaluationError when the experiment (``cfg``, the archive's config) ranks by a metric that
     ``suite`` does not record: its result could not be recorded (``record_result`` refuses an
     evaluated result without the objective), so the evaluation is refused before it runs."""
-    measured = suite_metric_names(_benchmarks(suite, preset)[1])
+    measured = suite_metric_names(suite_benchmarks(suite, preset)[1])
     if cfg.experiment.objective not in measured:
         raise EvaluationError(
             f"this experiment ranks by {cfg.experiment.objective!r}, which the {suite} suite does "
@@ -73,22 +68,13 @@ def require_suite_objective(cfg, suite: str = "math6", preset: str | None = None
         )
 
 
-def _benchmarks(suite: str, preset: str | None):
-    """(preset, benchmarks, token budget) of ``suite`` at ``preset`` (None or default: paper)."""
-    preset = {None: "paper", "default": "paper"}.get(preset, preset)
-    try:
-        benches, max_tokens = suite_spec(suite, preset)
-    except SuiteError as exc:
-        raise EvaluationError(str(exc)) from None
-    return preset, benches, max_tokens
-
-
 def _suite_setup(suite, preset, generator, limit, grade_timeout_s, seed):
     """(protocol, benchmarks, token budget) of :func:`suite_protocol`'s settings."""
-    preset, benches, max_tokens = _benchmarks(suite, preset)
-    settings = protocol(suite, preset, benches, max_tokens, limit, grade_timeout_s, seed, generator)
-    proto = Protocol(f"{suite}/{preset}", protocol_hash(settings), "suite", preset, settings)
-    return proto, benches, max_tokens
+    ident = suite_identity(
+        suite, preset, generator, limit=limit, grade_timeout_s=grade_timeout_s, seed=seed
+    )
+    proto = Protocol(ident.id, ident.hash, "suite", ident.preset, ident.settings)
+    return proto, ident.benchmarks, ident.max_tokens
 
 
 def evaluate_node_on_suite(
@@ -109,6 +95,7 @@ def evaluate_node_on_suite(
     on_progress: Callable[[str, int, int], None] | None = None,
     on_event: Callable[[str], None] | None = None,
     lock: bool = True,
+    training: Mapping[str, Any] | None = None,
 ) -> EvaluationResult:
     """Score ``model`` (trained with node ``name``'s algorithm) on ``suite``, sampling with the
     ``generator`` (vllm | openai | transformers); record the result on the node (status evaluated |
@@ -116,7 +103,9 @@ def evaluate_node_on_suite(
     Once the settings are checked, it holds the node's evaluation lock
     (:func:`~engine.operators.evaluation_lock.node_evaluation`): another process evaluating the node
     is an EvaluationError at once, naming it. ``lock=False``: the caller holds it already (the verl
-    evaluation, which scores its checkpoint here)."""
+    evaluation, which scores its checkpoint here). ``training``: what training the scored model took
+    (the verl evaluation's ``gpus``, ``wall_time_s``, ``mlflow_run_id``), recorded in the result's
+    details; its time counts in the result's wall time (the gpu-hours budget charges it)."""
     if generator not in BACKENDS:
         raise EvaluationError(
             f"with --suite, --generator must be one of {', '.join(BACKENDS)} (got {generator!r})"
@@ -138,6 +127,7 @@ def evaluate_node_on_suite(
         return _score(
             archive, name, proto, benches, max_tokens, generator, model, base_url, limit, seed,
             grade_workers, grade_timeout_s, n_boot, generator_kwargs, on_progress, on_event,
+            dict(training or {}),
         )  # fmt: skip
 
 
@@ -158,12 +148,14 @@ def _score(
     generator_kwargs,
     on_progress,
     on_event,
+    training,
 ):
     """The suite run of :func:`evaluate_node_on_suite` once its settings are checked (and the node's
     evaluation lock is held): generation, grading, the result recorded on the node and in MLflow."""
     node = archive.node(name)
     cfg = archive.config()
-    t0 = time.time()
+    # the result's wall time: the scoring's, and the training's before it where there was one
+    t0 = time.time() - float(training.get("wall_time_s", 0.0))
     kwargs = dict(generator_kwargs or {})
     if generator == "openai" and "http_client" not in kwargs:
         # the SDK's timeout bounds each read: a server trickling its reply would be waited on for ever
@@ -185,6 +177,7 @@ def _score(
         "model": model,
         "generation": gen.describe(),
         "versions": _versions(),
+        **({"training": training} if training else {}),
     }
     base = dict(
         protocol=proto, seeds=(seed,), node_commit=node.commit, utility=cfg.experiment.objective

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from engine.archive.results import EvaluationResult, now
 from engine.archive.results import Protocol as ResultProtocol
+from engine.archive.scoring import SCORING
 from engine.errors import EvaluationError, PoiseError
 from engine.operators.evaluate_suite import (
     evaluate_node_on_suite,
@@ -28,10 +29,11 @@ from trainer_template.loader import AlgorithmLoadError
 from trainer_template.verl_backend.launch import VerlProtocol
 
 VERL_PAPER = ResultProtocol("verl/paper", backend="verl", preset="paper")
-"""what a verl evaluation records when its training fails (no checkpoint to score)"""
-SCORING = {"suite": "math6", "generator": "vllm"}
-"""how a verl evaluation scores its checkpoint: ``evaluate_node_on_suite`` with these settings (the
-rest its defaults), so its result is recorded under ``suite_protocol(**SCORING)``"""
+"""where earlier versions recorded a failed training (no checkpoint to score). A verl evaluation now
+records its outcome, scored or failed, under ``suite_protocol(**SCORING)`` (``SCORING``: how it
+scores its checkpoint, :data:`engine.archive.scoring.SCORING`), the protocol a verl experiment
+ranks under; a failure under verl/paper is still read and shown, and removed once a later verl
+evaluation of the node records its outcome"""
 
 # verl saves at the last step when save_freq > 0; a huge period means "only at the end". The HF copy is
 # what vLLM loads for the evaluation.
@@ -70,9 +72,10 @@ def evaluate_node_verl(
     evaluation lock is taken (:func:`~engine.operators.evaluation_lock.node_evaluation`, as the
     proxy's: held by another process, an EvaluationError at once, or with ``wait_for_other`` a wait,
     after which the result the other recorded is returned when it is this evaluation's, ``on_wait``
-    told as by ``evaluate_node``); then ``on_event`` is told which recorded result each outcome
-    replaces (:func:`~engine.operators.reevaluation.verl_replaced_lines`); the one replaced is told
-    again when it is (the scoring's line, or the failure's)."""
+    told as by ``evaluate_node``); then ``on_event`` is told which recorded result the outcome
+    replaces (:func:`~engine.operators.reevaluation.verl_replaced_lines`), told again when it is.
+    Either outcome is recorded under the scoring protocol: the scored checkpoint (its details say
+    what the training took), or the training's failure with its reason."""
     # the checkpoint is scored on math6: an objective it does not record is refused before training
     require_suite_objective(archive.config(), SCORING["suite"])
     scored = suite_protocol(**SCORING)
@@ -92,14 +95,10 @@ def evaluate_node_verl(
 
 
 def _other_result(results, scored, asked: float):
-    """(result, "") when the process this one waited for recorded this evaluation's result (under
-    ``scored``, or a training failure under VERL_PAPER) after ``asked``; else (None, why not)."""
+    """(result, "") when the process this one waited for recorded this evaluation's outcome (under
+    ``scored``: a scored checkpoint or a failed training) after ``asked``; else (None, why not)."""
     why = not_this_evaluation(results.get(scored.id), scored, (scored.settings["seed"],), asked)
-    if not why:
-        return results[scored.id], ""
-    if not not_this_evaluation(results.get(VERL_PAPER.id), VERL_PAPER, (), asked):
-        return results[VERL_PAPER.id], ""
-    return None, why
+    return (None, why) if why else (results[scored.id], "")
 
 
 def _train_and_score(archive, name, scored, timeout_s, model, gpus, tags, on_event):
@@ -134,6 +133,7 @@ def _train_and_score(archive, name, scored, timeout_s, model, gpus, tags, on_eve
     )
 
     res = run_limited(launch.cmd, timeout_s=timeout_s, env=trusted_env(launch.env))
+    run_id, wall_s = launch.env["MLFLOW_RUN_ID"], round(time.monotonic() - t0, 3)
     ckpt = final_checkpoint(launch.files["ckpt"]) if res.ok else None
     if ckpt is None:
         reason = (
@@ -141,43 +141,59 @@ def _train_and_score(archive, name, scored, timeout_s, model, gpus, tags, on_eve
             if not res.ok
             else "verl training saved no HF checkpoint"
         )
-
-        replaced = replaced_line(archive.node(name).results.get(VERL_PAPER.id), VERL_PAPER.hash, ())
-        if replaced:
-            say(replaced)
-        result = EvaluationResult(
-            protocol=VERL_PAPER,
-            status="failed",
-            reason=reason,
-            utility=archive.config().experiment.objective,
-            mlflow_run_ids=(launch.env["MLFLOW_RUN_ID"],),
-            wall_time_s=round(time.monotonic() - t0, 3),
-            recorded_at=now(),
+        return _record_training_failure(
+            archive, name, scored, reason, run_id, proto.n_gpus, wall_s, say
         )
-        archive.record_result(name, result)
-        return result
     say(f"{name}: scoring {ckpt} on math6 with vLLM")
+    training = {"gpus": proto.n_gpus, "wall_time_s": wall_s, "mlflow_run_id": run_id}
     try:
         result = evaluate_node_on_suite(
-            archive, name, **SCORING, model=str(ckpt), on_event=say, lock=False
+            archive, name, **SCORING, model=str(ckpt), on_event=say, lock=False, training=training
         )
     except PoiseError:
         archive.set_status(name, prior)
         raise
-    if result.ok:
-        _drop_stale_failure(archive, name, say)
+    _drop_stale_failure(archive, name, scored, say)
     return result
 
 
-def _drop_stale_failure(archive, name: str, say) -> None:
-    """A node whose verl training has now succeeded (its checkpoint scored under math6/paper) no
-    longer holds the failure an earlier training recorded under verl/paper: ``show``, ``log`` and a
-    ranking under verl/paper would present it as the node's state beside the success."""
+def _record_training_failure(
+    archive, name: str, scored, reason: str, run_id: str, gpus: int, wall_s: float, say
+) -> EvaluationResult:
+    """Record the node's failed verl training under ``scored``, the protocol its checkpoint would
+    have been scored under (the one a verl experiment ranks under): the node's verl outcome, with
+    its reason and what the training took (measured here, around the training process)."""
+    node = archive.node(name)
+    seeds = (scored.settings["seed"],)
+    replaced = replaced_line(node.results.get(scored.id), scored.hash, seeds)
+    if replaced:
+        say(replaced)
+    result = EvaluationResult(
+        protocol=scored,
+        status="failed",
+        reason=reason,
+        seeds=seeds,
+        utility=archive.config().experiment.objective,
+        mlflow_run_ids=(run_id,),
+        wall_time_s=wall_s,
+        node_commit=node.commit,
+        recorded_at=now(),
+        details={"training": {"gpus": gpus, "wall_time_s": wall_s, "mlflow_run_id": run_id}},
+    )
+    _drop_stale_failure(archive, name, scored, say)  # first: its Poise-Reason may read as this one
+    archive.record_result(name, result)
+    return result
+
+
+def _drop_stale_failure(archive, name: str, scored, say) -> None:
+    """A node whose verl evaluation has now recorded its outcome under ``scored`` no longer holds
+    the failure an earlier version recorded under verl/paper: ``show`` and ``log`` would present it
+    beside the node's current outcome."""
     old = archive.node(name).results.get(VERL_PAPER.id)
     if old is None or old.ok:
         return
-    archive.drop_result(name, VERL_PAPER.id, "a later verl training succeeded")
+    archive.drop_result(name, VERL_PAPER.id, f"a later verl evaluation recorded under {scored.id}")
     say(
         f"removed the failed result under {VERL_PAPER.id} (an earlier training's: "
-        f"{' '.join(old.reason.split())[:120]}): this training succeeded"
+        f"{' '.join(old.reason.split())[:120]}): this evaluation's outcome is under {scored.key}"
     )

@@ -2,8 +2,9 @@
 ``poise-git evaluate`` under the same id (a legitimate re-run, with more seeds, say; on the proxy
 or a ``--suite``) replaces the first. :func:`replaced_line` says so in one progress line: which
 result, that the new one has fewer seeds where it has, and which seeds the per-seed cache reads
-back rather than trains again. A verl evaluation records under one of two ids, which it knows before
-training: :func:`verl_replaced_lines` says what each would replace."""
+back rather than trains again. A verl evaluation records its outcome (a scored checkpoint or a
+failed training) under the suite protocol it scores under, which it knows before training:
+:func:`verl_replaced_lines` says what it replaces, and which older failure it removes."""
 
 from __future__ import annotations
 
@@ -43,20 +44,24 @@ def verl_replaced_lines(
     results: Mapping[str, EvaluationResult],
     scored: Protocol,
     seeds: Sequence[int],
-    failed: Protocol,
+    legacy: Protocol,
 ) -> list[str]:
     """What a verl evaluation replaces among the node's ``results`` (protocol id -> result), said
     before it trains: the result under ``scored`` (the suite protocol its checkpoint is scored
-    under, at ``seeds``) when training succeeds, the one under ``failed`` when it does not (a
-    failure there is removed when training succeeds: the scored checkpoint supersedes it)."""
+    under, at ``seeds``), which its outcome replaces whichever it is (the trained checkpoint's
+    score, or the training's failure: both are recorded there); and a failure an earlier version
+    recorded under ``legacy`` (``verl/paper``), removed once this outcome is recorded."""
     lines = []
-    scored_line = replaced_line(results.get(scored.id), scored.hash, seeds)
-    if scored_line:
-        lines.append(f"{scored_line} once the trained checkpoint is scored")
-    failed_line = replaced_line(results.get(failed.id), failed.hash, ())
-    if failed_line:
-        failed_line += " if training fails"
-        if not results[failed.id].ok:  # a scored checkpoint supersedes an earlier failure
-            failed_line += ", and is removed once the trained checkpoint is scored"
-        lines.append(failed_line)
+    line = replaced_line(results.get(scored.id), scored.hash, seeds)
+    if line:
+        lines.append(
+            f"{line} with this evaluation's outcome: the trained checkpoint's score, or the "
+            "failure if training fails"
+        )
+    old = results.get(legacy.id)
+    if old is not None and not old.ok:
+        lines.append(
+            f"removes the failed result under {old.protocol.key} ({seeds_phrase(old.seeds)}), an "
+            "earlier training's, once this evaluation's outcome is recorded"
+        )
     return lines
