@@ -318,3 +318,26 @@ def require_boundary():
             pytest.fail(f"CI must run the boundary's tests under bubblewrap: {b.note}")
         pytest.skip(f"needs bubblewrap (ci/setup.sh installs it): {b.note}")
     return b
+
+
+_HOLD_NODE = """
+import sys
+from engine.archive.store import Archive
+from engine.operators.evaluation_lock import node_evaluation
+with node_evaluation(Archive(sys.argv[1]), sys.argv[2]):
+    print("held", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def node_lock_holder(path, node: str = "grpo") -> subprocess.Popen:
+    """Another process holding ``node``'s evaluation lock in the archive at ``path`` until a line
+    reaches its stdin (or it is killed); returned once it holds it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_NODE, str(path), node],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline().strip() == "held"
+    return proc

@@ -81,3 +81,24 @@ def remedied_child(archive, name: str, factor: float, motivation: str = "", **hp
     tails = [{"train/entropy": e * f} for e, f in zip(ROOT_ENTROPY, factors, strict=True)]
     rows = per_seed_rows([0.5] * 6, tails)
     record(archive, name, {"metrics": {"overall": 0.5}, "trajectory": COLLAPSE, "per_seed": rows})
+
+
+def record_verl_outcome(
+    archive, protocol, status: str, node: str = "grpo", **extra
+) -> EvaluationResult:
+    """A verl evaluation's outcome under ``protocol`` on ``node``, recorded as the evaluation records
+    it: a scored checkpoint (``evaluated``, Overall 41.5 percent, seed 0 under a suite protocol) or a
+    failed training (its reason)."""
+    ok = status == "evaluated"
+    result = EvaluationResult(
+        protocol=protocol,
+        status=status,
+        metrics={"overall": 41.5} if ok else {},
+        units={"overall": "percent"} if ok else {},
+        seeds=(0,) if protocol.backend == "suite" else (),
+        reason="" if ok else "verl training failed: exit status 1",
+        recorded_at=now(),
+        **extra,
+    )
+    archive.record_result(node, result)
+    return result

@@ -7,7 +7,7 @@ import os
 import subprocess
 
 import pytest
-from conftest import mark_verified
+from conftest import mark_verified, node_lock_holder
 
 from engine.archive.store import Archive
 
@@ -451,29 +451,6 @@ def test_a_proxy_result_names_the_harness_sources_it_was_measured_with(exp):
     assert len(harness_digest()) == 64
 
 
-HOLD_NODE = """
-import sys
-from engine.archive.store import Archive
-from engine.operators.evaluate import node_evaluation
-with node_evaluation(Archive(sys.argv[1]), "grpo"):
-    print("held", flush=True)
-    sys.stdin.readline()
-"""
-
-
-def _holder(path):
-    import sys
-
-    proc = subprocess.Popen(
-        [sys.executable, "-c", HOLD_NODE, str(path)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout.readline().strip() == "held"
-    return proc
-
-
 def test_a_node_another_process_evaluates_is_refused_at_once_or_waited_for(tmp_path, cli):
     """One process at a time evaluates a node: `poise-git evaluate` of a node another process is
     evaluating fails at once, naming it, and changes nothing; a loop's worker (``wait_for_other``)
@@ -488,7 +465,7 @@ def test_a_node_another_process_evaluates_is_refused_at_once_or_waited_for(tmp_p
 
     arch = Archive.init(tmp_path / "exp")
     tip = arch.node("grpo").commit
-    holder = _holder(arch.path)
+    holder = node_lock_holder(arch.path)
     try:
         r = cli("evaluate", "grpo", "--preset", "smoke", "--seeds", "1", "-C", str(arch.path))
         assert r.returncode == 1, r.stdout

@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 
 import pytest
+from conftest import node_lock_holder
+from results_util import record_verl_outcome
 
 from engine.errors import EvaluationError
 from engine.operators.evaluate import evaluate_node
@@ -47,25 +49,6 @@ def test_final_checkpoint_is_the_last_step_with_an_hf_copy(tmp_path):
     assert final_checkpoint(tmp_path) == tmp_path / "global_step_20" / "actor" / "huggingface"
 
 
-def _recorded(archive, protocol, status: str) -> None:
-    """A result of ``status`` under ``protocol`` on the root, recorded as an evaluation records it."""
-    from engine.archive.results import EvaluationResult, now
-
-    ok = status == "evaluated"
-    archive.record_result(
-        "grpo",
-        EvaluationResult(
-            protocol=protocol,
-            status=status,
-            metrics={"overall": 41.5} if ok else {},
-            units={"overall": "percent"} if ok else {},
-            seeds=(0,) if protocol.backend == "suite" else (),
-            reason="" if ok else "verl training failed: exit status 1",
-            recorded_at=now(),
-        ),
-    )
-
-
 def test_verl_evaluation_says_which_results_it_replaces_before_the_gpu_check(archive, cli):
     """Which result a verl evaluation replaces is known before training (docs/cli.md, evaluating a
     node again): the suite result under math6/paper, whichever the outcome (a scored checkpoint or
@@ -81,8 +64,8 @@ def test_verl_evaluation_says_which_results_it_replaces_before_the_gpu_check(arc
         pytest.skip("a GPU is visible: the refusal path does not apply")
     scored = suite_protocol(**SCORING)
     assert (scored.id, scored.settings["generator"]) == ("math6/paper", "vllm")
-    _recorded(archive, scored, "evaluated")
-    _recorded(archive, VERL_PAPER, "failed")
+    record_verl_outcome(archive, scored, "evaluated")
+    record_verl_outcome(archive, VERL_PAPER, "failed")
     before = archive.node("grpo")
     refs = subprocess.run(
         ["git", "-C", str(archive.path), "for-each-ref"], capture_output=True, text=True
@@ -125,7 +108,7 @@ def test_verl_evaluation_names_another_version_of_the_suite_protocol(archive):
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible: the refusal path does not apply")
     other = suite_protocol("math6", generator="openai", limit=2)
-    _recorded(archive, other, "evaluated")
+    record_verl_outcome(archive, other, "evaluated")
     said: list[str] = []
     with pytest.raises(EvaluationError, match="needs a CUDA GPU"):
         evaluate_node(archive, "grpo", backend="verl", on_event=said.append)
@@ -162,29 +145,6 @@ def test_an_objective_math6_does_not_measure_is_refused_before_the_gpu_check(tmp
     assert after == refs and arch.node("grpo").status == "spawned" and arch.fsck()
 
 
-HOLD_NODE = """
-import sys
-from engine.archive.store import Archive
-from engine.operators.evaluation_lock import node_evaluation
-with node_evaluation(Archive(sys.argv[1]), "grpo"):
-    print("held", flush=True)
-    sys.stdin.readline()
-"""
-
-
-def _holder(path):
-    import sys
-
-    proc = subprocess.Popen(
-        [sys.executable, "-c", HOLD_NODE, str(path)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout.readline().strip() == "held"
-    return proc
-
-
 def test_a_verl_evaluation_of_a_node_another_process_evaluates_stops_before_the_gpu_check(
     archive, cli
 ):
@@ -196,7 +156,7 @@ def test_a_verl_evaluation_of_a_node_another_process_evaluates_stops_before_the_
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible: the refusal path does not apply")
     tip = archive.node("grpo").commit
-    holder = _holder(archive.path)
+    holder = node_lock_holder(archive.path)
     try:
         with pytest.raises(EvaluationError, match="being evaluated by another process"):
             evaluate_node(archive, "grpo", backend="verl")
@@ -215,7 +175,9 @@ def test_a_verl_evaluation_of_a_node_another_process_evaluates_stops_before_the_
         evaluate_node(archive, "grpo", backend="verl")
 
 
-def test_a_loop_worker_on_verl_waits_and_takes_the_result_the_other_process_recorded(archive):
+def test_a_loop_worker_on_verl_waits_and_takes_the_result_the_other_processrecord_verl_outcome(
+    archive,
+):
     """A loop worker (``wait_for_other``) whose node a hand verl evaluation holds waits for it, then
     returns the math6/paper result that evaluation recorded (its own would be the same: hours of
     training saved) without training; when the other recorded nothing, it evaluates the node itself
@@ -250,13 +212,15 @@ def test_a_loop_worker_on_verl_waits_and_takes_the_result_the_other_process_reco
 
     for records in (True, False):
         got: dict = {}
-        holder = _holder(archive.path)
+        holder = node_lock_holder(archive.path)
         try:
             t = worker(got)
             time.sleep(0.5)
             assert t.is_alive() and "r" not in got and "error" not in got  # waiting
             if records:
-                _recorded(archive, suite_protocol(**SCORING), "evaluated")  # the holder's result
+                record_verl_outcome(
+                    archive, suite_protocol(**SCORING), "evaluated"
+                )  # the holder's result
             holder.stdin.write("\n")
             holder.stdin.flush()
             t.join(timeout=60)
@@ -273,7 +237,9 @@ def test_a_loop_worker_on_verl_waits_and_takes_the_result_the_other_process_reco
     assert archive.fsck()
 
 
-def test_a_scored_checkpoint_removes_the_failure_an_earlier_training_recorded(archive, cli):
+def test_a_scored_checkpoint_removes_the_failure_an_earlier_trainingrecord_verl_outcome(
+    archive, cli
+):
     """A node whose verl training failed once under an earlier version (verl/paper) and then
     succeeded (math6/paper) held both: `show` printed the failure and its reason beside the success
     under status evaluated. Once a checkpoint is scored, the old failure is removed (the step after
@@ -282,8 +248,8 @@ def test_a_scored_checkpoint_removes_the_failure_an_earlier_training_recorded(ar
     from engine.operators.evaluate_verl import SCORING, VERL_PAPER, _drop_stale_failure
 
     scored = suite_protocol(**SCORING)
-    _recorded(archive, VERL_PAPER, "failed")
-    _recorded(archive, scored, "evaluated")
+    record_verl_outcome(archive, VERL_PAPER, "failed")
+    record_verl_outcome(archive, scored, "evaluated")
     where = ("-C", str(archive.path))
     before = cli("show", "grpo", *where).stdout
     assert "verl training failed" in before  # the stale failure, shown as the node's

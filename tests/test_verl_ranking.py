@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from results_util import record_verl_outcome
 
-from engine.archive.results import EvaluationResult, ProtocolRef, configured_protocol, now
+from engine.archive.results import EvaluationResult, ProtocolRef, configured_protocol
 from engine.archive.store import Archive
 from engine.config import DEFAULT_TOML, parse_config
 from engine.loop.state import pending_work
@@ -27,22 +28,6 @@ def _scoring():
     from engine.operators.evaluate_verl import SCORING
 
     return suite_protocol(**SCORING)
-
-
-def _record(archive, protocol, status: str, **extra) -> EvaluationResult:
-    ok = status == "evaluated"
-    result = EvaluationResult(
-        protocol=protocol,
-        status=status,
-        metrics={"overall": 41.5} if ok else {},
-        units={"overall": "percent"} if ok else {},
-        seeds=(0,) if protocol.backend == "suite" else (),
-        reason="" if ok else "verl training failed: exit status 1",
-        recorded_at=now(),
-        **extra,
-    )
-    archive.record_result("grpo", result)
-    return result
 
 
 def _log(cli, archive) -> dict:
@@ -72,7 +57,7 @@ def test_a_verl_experiment_ranks_under_the_protocol_its_checkpoints_are_scored_u
     scored = _scoring()
     ref = configured_protocol(verl_archive.config())
     assert ref == ProtocolRef("math6/paper", scored.hash)
-    _record(verl_archive, scored, "evaluated")
+    record_verl_outcome(verl_archive, scored, "evaluated")
     nodes = verl_archive.nodes()
     assert nodes["grpo"].result is not None and nodes["grpo"].result.value == 41.5
     assert not pending_work(verl_archive, nodes)
@@ -107,8 +92,10 @@ def test_a_failed_verl_training_is_recorded_under_the_ranking_protocol(verl_arch
     from engine.select.core import _failed_here
 
     scored = _scoring()
-    _record(verl_archive, Protocol("verl/paper", backend="verl", preset="paper"), "failed")
-    _record(verl_archive, scored, "evaluated")
+    record_verl_outcome(
+        verl_archive, Protocol("verl/paper", backend="verl", preset="paper"), "failed"
+    )
+    record_verl_outcome(verl_archive, scored, "evaluated")
     said: list[str] = []
     result = _record_training_failure(
         verl_archive, "grpo", scored, "verl training failed: exit status 2", "run1", 8, 7200.0,
@@ -130,7 +117,7 @@ def test_a_failed_verl_training_is_recorded_under_the_ranking_protocol(verl_arch
     assert row["status"] == "failed" and row["protocol"] == scored.key
     assert _no_parent(cli, verl_archive)
     # trained again and scored: the success replaces the failure, its reason with it
-    _record(verl_archive, scored, "evaluated")
+    record_verl_outcome(verl_archive, scored, "evaluated")
     node = verl_archive.node("grpo")
     assert node.status == "evaluated" and node.trailer("Poise-Reason") is None
     shown = cli("show", "grpo", "-C", str(verl_archive.path))
@@ -159,7 +146,9 @@ def test_a_lost_verl_worker_is_recorded_under_the_ranking_protocol(verl_archive)
     assert r.details["training"] == {"gpus": 8.0, "wall_time_s": 3600.0}
     assert not pending_work(verl_archive, verl_archive.nodes())
 
-    _record(verl_archive, scored, "evaluated")  # the scoring recorded, then the worker killed
+    record_verl_outcome(
+        verl_archive, scored, "evaluated"
+    )  # the scoring recorded, then the worker killed
     out = record_failure(job, "evaluation process killed by SIGKILL", 3700.0)
     assert out.status == "evaluated" and out.overall == 41.5
     node = verl_archive.node("grpo")
@@ -174,7 +163,9 @@ def test_an_old_verl_paper_failure_still_reads_and_counts_as_failed(verl_archive
     recorded (test_a_failed_verl_training_is_recorded_under_the_ranking_protocol)."""
     from engine.archive.results import Protocol
 
-    _record(verl_archive, Protocol("verl/paper", backend="verl", preset="paper"), "failed")
+    record_verl_outcome(
+        verl_archive, Protocol("verl/paper", backend="verl", preset="paper"), "failed"
+    )
     nodes = verl_archive.nodes()
     assert nodes["grpo"].result is None and nodes["grpo"].status == "failed"
     assert not pending_work(verl_archive, nodes)
@@ -195,11 +186,11 @@ def test_a_verl_evaluations_result_is_charged_for_its_training(verl_archive):
 
     scored = _scoring()
     training = {"gpus": 8, "wall_time_s": 3600.0, "mlflow_run_id": "r"}
-    r = _record(
+    r = record_verl_outcome(
         verl_archive, scored, "evaluated", wall_time_s=3960.0, details={"training": training}
     )
     assert result_device_hours(r, 4.0) == pytest.approx(8.0 + 0.1)
-    old = _record(
+    old = record_verl_outcome(
         verl_archive, Protocol("verl/paper", backend="verl", preset="paper"), "failed",
         wall_time_s=1800.0,
     )  # fmt: skip
