@@ -101,8 +101,11 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 # The files whose tests take minutes, longest first. They start first, so that under
-# ``-n N --dist loadfile`` no worker begins a long file when the others are nearly done.
+# ``-n N --dist loadfile`` no worker begins a long file when the others are nearly done. The waits'
+# tests come before them all: they mostly sleep (a run waiting for a slow hand evaluation, 5 min in
+# all), so started first they overlap the other worker's training instead of ending the suite.
 _LONG_FILES = (
+    "test_loop_waits.py",
     "test_verl_smoke.py",
     "test_loop.py",
     "test_benchmarks.py",
@@ -114,7 +117,6 @@ _LONG_FILES = (
     "test_verify.py",
     "test_hostile_flows.py",
     "test_propose.py",
-    "test_loop_waits.py",
 )
 
 
