@@ -198,6 +198,13 @@ def test_the_benchmark_prints_its_tables_and_writes_its_json(tmp_path):
     # beside the recorded 53-seed calibration, on both yardsticks
     fp = data["faithful_proxy"]
     assert fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the figure alone, from the JSON
+    again = tmp_path / "g.png"
+    plot = ROOT / "benchmarks" / "plot_paper_reliability.py"
+    subprocess.run(
+        [sys.executable, str(plot), "--json", str(out), "--figure", str(again)], check=True
+    )
+    assert again.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert fp["spearman"] == pytest.approx(0.518, abs=0.001)  # the 53-seed table's own
     assert fp["seeds"] == 53 and [s["yardstick"] for s in fp["yardsticks"]] == [
         "sa_grpo",
