@@ -97,10 +97,10 @@ def test_a_failed_verl_training_is_recorded_under_the_ranking_protocol(verl_arch
     )
     record_verl_outcome(verl_archive, scored, "evaluated")
     said: list[str] = []
+    training = {"gpus": 8, "wall_time_s": 7200.0, "mlflow_run_id": "run1"}
     result = _record_training_failure(
-        verl_archive, "grpo", scored, "verl training failed: exit status 2", "run1", 8, 7200.0,
-        said.append,
-    )  # fmt: skip
+        verl_archive, "grpo", scored, "verl training failed: exit status 2", training, said.append
+    )
     node = verl_archive.node("grpo")
     assert list(node.results) == ["math6/paper"] and node.status == "failed"
     r = node.results["math6/paper"]

@@ -43,7 +43,7 @@ class SuiteIdentity:
     max_tokens: int
 
 
-def suite_benchmarks(suite: str, preset: str | None) -> tuple[str, tuple[Benchmark, ...], int]:
+def _suite_benchmarks(suite: str, preset: str | None) -> tuple[str, tuple[Benchmark, ...], int]:
     """(preset, benchmarks, token budget) of ``suite`` at ``preset`` (None or default: paper). An
     unknown suite or preset, or a shipped dataset missing or damaged, raises EvaluationError."""
     preset = {None: "paper", "default": "paper"}.get(preset, preset)
@@ -64,7 +64,7 @@ def suite_identity(
     seed: int = SUITE_SEED,
 ) -> SuiteIdentity:
     """The id, hash and settings a suite evaluation with these settings records under."""
-    preset, benches, max_tokens = suite_benchmarks(suite, preset)
+    preset, benches, max_tokens = _suite_benchmarks(suite, preset)
     settings = protocol(suite, preset, benches, max_tokens, limit, grade_timeout_s, seed, generator)
     return SuiteIdentity(
         f"{suite}/{preset}", protocol_hash(settings), preset, settings, benches, max_tokens

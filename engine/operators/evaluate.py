@@ -37,7 +37,7 @@ from engine.archive.tracking import (
 from engine.errors import EvaluationError
 from engine.operators.evaluate_seed import run_seed
 from engine.operators.evaluate_verl import evaluate_node_verl
-from engine.operators.evaluation_lock import node_evaluation, not_this_evaluation
+from engine.operators.evaluation_lock import evaluation_turn
 from engine.operators.reevaluation import replaced_line
 from engine.operators.verify import refuse_unverified
 from engine.sandbox import live
@@ -152,17 +152,12 @@ def evaluate_node(
             on_wait=on_wait,
         )
     job = _Job.prepare(archive, name, seeds, preset, timeout_s, cache_dir)
-    asked = now()
-    told = on_wait or (lambda what, detail: None)
-    waiting = functools.partial(told, "waiting")
-    with node_evaluation(archive, name, wait=wait_for_other, on_wait=waiting) as waited:
-        ours: Protocol = job.base["protocol"]
-        done = archive.node(name).results.get(ours.id) if waited else None
-        why = not_this_evaluation(done, ours, job.seeds, asked) if waited else ""
-        if waited and not why:
-            told("used", "")
-            return done  # the process this one waited for has just evaluated it so
-        told("evaluating", why)
+    ours: Protocol = job.base["protocol"]
+    with evaluation_turn(
+        archive, name, ours, job.seeds, wait=wait_for_other, on_wait=on_wait
+    ) as done:
+        if done is not None:
+            return done
         replaced = replaced_line(
             archive.node(name).results.get(ours.id), ours.hash, job.seeds, _cached_seeds(job)
         )

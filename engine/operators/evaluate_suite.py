@@ -23,7 +23,7 @@ from engine.archive.results import EvaluationResult, Protocol, now
 from engine.archive.scoring import (
     SUITE_GRADE_TIMEOUT_S,
     SUITE_SEED,
-    suite_benchmarks,
+    SuiteIdentity,
     suite_identity,
 )
 from engine.archive.tracking import node_run
@@ -38,43 +38,32 @@ from evaluators.metrics import suite_metric_unit
 from evaluators.suite import build_metrics, run_benchmark_suite, suite_metric_names
 
 
-def suite_protocol(
-    suite: str = "math6",
-    preset: str | None = None,
-    generator: str = "transformers",
-    *,
-    limit: int | None = None,
-    grade_timeout_s: float = SUITE_GRADE_TIMEOUT_S,
-    seed: int = SUITE_SEED,
-) -> Protocol:
+def suite_protocol(*settings, **named) -> Protocol:
     """The protocol (``<suite>/<preset>`` and the hash of its settings) a suite evaluation with these
-    settings records under, known before anything runs: what :func:`evaluate_node_on_suite` records
-    as, and what a verl evaluation's scoring will replace (its id and hash computed in the archive
-    layer, :func:`~engine.archive.scoring.suite_identity`). An unknown suite or preset, or a shipped
-    dataset missing or damaged, raises EvaluationError."""
-    return _suite_setup(suite, preset, generator, limit, grade_timeout_s, seed)[0]
+    settings (:func:`~engine.archive.scoring.suite_identity`'s) records under, known before anything
+    runs: what :func:`evaluate_node_on_suite` records as, and what a verl evaluation's scoring will
+    replace. An unknown suite or preset, or a shipped dataset missing or damaged, raises
+    EvaluationError."""
+    return suite_identity_protocol(suite_identity(*settings, **named))
 
 
-def require_suite_objective(cfg, suite: str = "math6", preset: str | None = None) -> None:
-    """EvaluationError when the experiment (``cfg``, the archive's config) ranks by a metric that
-    ``suite`` does not record: its result could not be recorded (``record_result`` refuses an
-    evaluated result without the objective), so the evaluation is refused before it runs."""
-    measured = suite_metric_names(suite_benchmarks(suite, preset)[1])
+def suite_identity_protocol(ident: SuiteIdentity) -> Protocol:
+    """The typed protocol of a suite evaluation's identity (computed in the archive layer)."""
+    return Protocol(ident.id, ident.hash, "suite", ident.preset, ident.settings)
+
+
+def require_suite_objective(cfg, ident: SuiteIdentity) -> None:
+    """EvaluationError when the experiment (``cfg``, the archive's config) ranks by a metric that the
+    suite of ``ident`` does not record: its result could not be recorded (``record_result`` refuses
+    an evaluated result without the objective), so the evaluation is refused before it runs."""
+    measured = suite_metric_names(ident.benchmarks)
     if cfg.experiment.objective not in measured:
         raise EvaluationError(
-            f"this experiment ranks by {cfg.experiment.objective!r}, which the {suite} suite does "
-            f"not measure (it records {', '.join(sorted(measured))}); evaluate it in an archive "
-            "whose [experiment].objective is one of these"
+            f"this experiment ranks by {cfg.experiment.objective!r}, which the "
+            f"{ident.id.partition('/')[0]} suite does not measure (it records "
+            f"{', '.join(sorted(measured))}); evaluate it in an archive whose "
+            "[experiment].objective is one of these"
         )
-
-
-def _suite_setup(suite, preset, generator, limit, grade_timeout_s, seed):
-    """(protocol, benchmarks, token budget) of :func:`suite_protocol`'s settings."""
-    ident = suite_identity(
-        suite, preset, generator, limit=limit, grade_timeout_s=grade_timeout_s, seed=seed
-    )
-    proto = Protocol(ident.id, ident.hash, "suite", ident.preset, ident.settings)
-    return proto, ident.benchmarks, ident.max_tokens
 
 
 def evaluate_node_on_suite(
@@ -118,14 +107,15 @@ def evaluate_node_on_suite(
         raise EvaluationError(f"n_boot (bootstrap replicates) must be >= 1, got {n_boot!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise EvaluationError(f"a suite evaluation's seed must be an integer >= 0, got {seed!r}")
-    proto, benches, max_tokens = _suite_setup(
-        suite, preset, generator, limit, grade_timeout_s, seed
+    ident = suite_identity(
+        suite, preset, generator, limit=limit, grade_timeout_s=grade_timeout_s, seed=seed
     )
     archive.node(name)  # unknown node: one clear error before anything runs
-    require_suite_objective(archive.config(), suite, preset)
+    require_suite_objective(archive.config(), ident)
     with node_evaluation(archive, name) if lock else nullcontext():
         return _score(
-            archive, name, proto, benches, max_tokens, generator, model, base_url, limit, seed,
+            archive, name, suite_identity_protocol(ident), ident.benchmarks, ident.max_tokens,
+            generator, model, base_url, limit, seed,
             grade_workers, grade_timeout_s, n_boot, generator_kwargs, on_progress, on_event,
             dict(training or {}),
         )  # fmt: skip

@@ -6,7 +6,6 @@ Needs a CUDA machine with the ``verl`` and ``vllm`` extras; on a CPU machine it 
 
 from __future__ import annotations
 
-import functools
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -14,14 +13,14 @@ from pathlib import Path
 
 from engine.archive.results import EvaluationResult, now
 from engine.archive.results import Protocol as ResultProtocol
-from engine.archive.scoring import SCORING
+from engine.archive.scoring import SCORING, suite_identity
 from engine.errors import EvaluationError, PoiseError
 from engine.operators.evaluate_suite import (
     evaluate_node_on_suite,
     require_suite_objective,
-    suite_protocol,
+    suite_identity_protocol,
 )
-from engine.operators.evaluation_lock import node_evaluation, not_this_evaluation
+from engine.operators.evaluation_lock import evaluation_turn
 from engine.operators.reevaluation import replaced_line, verl_replaced_lines
 from engine.operators.verl_launch import node_launch
 from engine.sandbox.process import run_limited, trusted_env
@@ -77,28 +76,16 @@ def evaluate_node_verl(
     Either outcome is recorded under the scoring protocol: the scored checkpoint (its details say
     what the training took), or the training's failure with its reason."""
     # the checkpoint is scored on math6: an objective it does not record is refused before training
-    require_suite_objective(archive.config(), SCORING["suite"])
-    scored = suite_protocol(**SCORING)
-    asked = now()
-    told = on_wait or (lambda what, detail: None)
-    waiting = functools.partial(told, "waiting")
-    with node_evaluation(archive, name, wait=wait_for_other, on_wait=waiting) as waited:
-        if waited:
-            done, why = _other_result(archive.node(name).results, scored, asked)
-            if done is not None:
-                told("used", "")
-                return done  # the process this one waited for has just evaluated it so
-            told("evaluating", why)
-        else:
-            told("evaluating", "")
+    ident = suite_identity(**SCORING)
+    require_suite_objective(archive.config(), ident)
+    scored = suite_identity_protocol(ident)
+    seeds = (scored.settings["seed"],)
+    with evaluation_turn(
+        archive, name, scored, seeds, wait=wait_for_other, on_wait=on_wait
+    ) as done:
+        if done is not None:
+            return done
         return _train_and_score(archive, name, scored, timeout_s, model, gpus, tags, on_event)
-
-
-def _other_result(results, scored, asked: float):
-    """(result, "") when the process this one waited for recorded this evaluation's outcome (under
-    ``scored``: a scored checkpoint or a failed training) after ``asked``; else (None, why not)."""
-    why = not_this_evaluation(results.get(scored.id), scored, (scored.settings["seed"],), asked)
-    return (None, why) if why else (results[scored.id], "")
 
 
 def _train_and_score(archive, name, scored, timeout_s, model, gpus, tags, on_event):
@@ -134,6 +121,7 @@ def _train_and_score(archive, name, scored, timeout_s, model, gpus, tags, on_eve
 
     res = run_limited(launch.cmd, timeout_s=timeout_s, env=trusted_env(launch.env))
     run_id, wall_s = launch.env["MLFLOW_RUN_ID"], round(time.monotonic() - t0, 3)
+    training = {"gpus": proto.n_gpus, "wall_time_s": wall_s, "mlflow_run_id": run_id}
     ckpt = final_checkpoint(launch.files["ckpt"]) if res.ok else None
     if ckpt is None:
         reason = (
@@ -141,11 +129,8 @@ def _train_and_score(archive, name, scored, timeout_s, model, gpus, tags, on_eve
             if not res.ok
             else "verl training saved no HF checkpoint"
         )
-        return _record_training_failure(
-            archive, name, scored, reason, run_id, proto.n_gpus, wall_s, say
-        )
+        return _record_training_failure(archive, name, scored, reason, training, say)
     say(f"{name}: scoring {ckpt} on math6 with vLLM")
-    training = {"gpus": proto.n_gpus, "wall_time_s": wall_s, "mlflow_run_id": run_id}
     try:
         result = evaluate_node_on_suite(
             archive, name, **SCORING, model=str(ckpt), on_event=say, lock=False, training=training
@@ -158,11 +143,12 @@ def _train_and_score(archive, name, scored, timeout_s, model, gpus, tags, on_eve
 
 
 def _record_training_failure(
-    archive, name: str, scored, reason: str, run_id: str, gpus: int, wall_s: float, say
+    archive, name: str, scored, reason: str, training: Mapping, say
 ) -> EvaluationResult:
     """Record the node's failed verl training under ``scored``, the protocol its checkpoint would
     have been scored under (the one a verl experiment ranks under): the node's verl outcome, with
-    its reason and what the training took (measured here, around the training process)."""
+    its reason and what the ``training`` took (``gpus``, ``wall_time_s``, ``mlflow_run_id``,
+    measured around the training process)."""
     node = archive.node(name)
     seeds = (scored.settings["seed"],)
     replaced = replaced_line(node.results.get(scored.id), scored.hash, seeds)
@@ -174,11 +160,11 @@ def _record_training_failure(
         reason=reason,
         seeds=seeds,
         utility=archive.config().experiment.objective,
-        mlflow_run_ids=(run_id,),
-        wall_time_s=wall_s,
+        mlflow_run_ids=(training["mlflow_run_id"],),
+        wall_time_s=training["wall_time_s"],
         node_commit=node.commit,
         recorded_at=now(),
-        details={"training": {"gpus": gpus, "wall_time_s": wall_s, "mlflow_run_id": run_id}},
+        details={"training": dict(training)},
     )
     _drop_stale_failure(archive, name, scored, say)  # first: its Poise-Reason may read as this one
     archive.record_result(name, result)

@@ -6,12 +6,13 @@ workers) waits, then uses the result the other recorded when it is the one it wo
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 
 from engine.archive.locks import git_dir, held
-from engine.archive.results import EvaluationResult, Protocol
+from engine.archive.results import EvaluationResult, Protocol, now
 from engine.errors import EvaluationError
 
 EVAL_LOCKS = "poise-eval"
@@ -51,3 +52,33 @@ def not_this_evaluation(
     if list(done.seeds) != list(seeds):
         return f"its result is at seeds {list(done.seeds)}, not {list(seeds)}"
     return ""
+
+
+@contextmanager
+def evaluation_turn(
+    archive,
+    name: str,
+    ours: Protocol,
+    seeds: Sequence[int],
+    *,
+    wait: bool = False,
+    on_wait: Callable[[str, str], None] | None = None,
+) -> Iterator[EvaluationResult | None]:
+    """Hold ``name``'s evaluation lock (:func:`node_evaluation`) for the ``with`` block, yielding the
+    result the process this one waited for recorded when it is this evaluation's (under ``ours`` at
+    ``seeds``, :func:`not_this_evaluation`): the caller returns it instead of evaluating; else None,
+    and the caller evaluates. ``on_wait(what, detail)`` is told of a wait: ``("waiting", holder)``
+    before it, then ``("used", "")`` when the other's result is yielded, or ``("evaluating", why)``
+    when the caller is to evaluate (``why`` "" when it did not wait)."""
+    asked = now()
+    told = on_wait or (lambda what, detail: None)
+    waiting = functools.partial(told, "waiting")
+    with node_evaluation(archive, name, wait=wait, on_wait=waiting) as waited:
+        done = archive.node(name).results.get(ours.id) if waited else None
+        why = not_this_evaluation(done, ours, seeds, asked) if waited else ""
+        if waited and not why:
+            told("used", "")
+            yield done  # the process this one waited for has just evaluated it so
+            return
+        told("evaluating", why)
+        yield None
