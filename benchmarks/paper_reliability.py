@@ -43,7 +43,7 @@ from pathlib import Path
 from plot_paper_reliability import draw_reliability
 from proxy_runs import IMPROVERS, PAPER_OVERALL, spearman
 
-from engine.stats import seeds_to_resolve
+from engine.stats import pearson, seeds_to_resolve
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "paper-results.csv"
@@ -88,20 +88,6 @@ def read_paper_table(path: Path = DATA) -> list[dict]:
     return rows
 
 
-def paper_weighted(row: dict, benches) -> float:
-    """The paper's weighted mean of ``row`` over ``benches`` (weights renormalized to them)."""
-    total = sum(WEIGHTS[b] for b in benches)
-    return sum(WEIGHTS[b] * row[b] for b in benches) / total
-
-
-def pearson_r(a: list[float], b: list[float]) -> float:
-    """Pearson's correlation of two equally long series (nan when either is constant)."""
-    ma, mb = statistics.fmean(a), statistics.fmean(b)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(a, b))
-    var = math.sqrt(sum((x - ma) ** 2 for x in a) * sum((y - mb) ** 2 for y in b))
-    return cov / var if var else float("nan")
-
-
 def split_half_reliability(rows: list[dict]) -> dict:
     """Split-half reliability of Overall over ``rows`` (each with all six benchmarks), for each of the
     10 splits of the six benchmarks into two threes: A and B, each half's share of Overall (the paper's
@@ -117,10 +103,8 @@ def split_half_reliability(rows: list[dict]) -> dict:
         a = [sum(WEIGHTS[b] * x[b] for b in half) for x in rows]
         b = [sum(WEIGHTS[b] * x[b] for b in other) for x in rows]
         total = statistics.variance([p + q for p, q in zip(a, b)])
-        ma, mb = statistics.fmean(a), statistics.fmean(b)
-        cov = sum((p - ma) * (q - mb) for p, q in zip(a, b)) / (len(rows) - 1)
-        splits["+".join(half) + " | " + "+".join(other)] = 4 * cov / total
-        rs.append(pearson_r(a, b))
+        splits["+".join(half) + " | " + "+".join(other)] = 4 * statistics.covariance(a, b) / total
+        rs.append(pearson(a, b))
     mean_r = statistics.fmean(rs)
     return {
         "splits": splits,

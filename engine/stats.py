@@ -173,10 +173,14 @@ def ranks(xs: list[float]) -> list[float]:
     return out
 
 
+def pearson(a: list[float], b: list[float]) -> float:
+    """Pearson's correlation of two equally long series (nan when either is constant)."""
+    ma, mb = sum(a) / len(a), sum(b) / len(b)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(a, b))
+    var = math.sqrt(sum((x - ma) ** 2 for x in a) * sum((y - mb) ** 2 for y in b))
+    return cov / var if var else float("nan")
+
+
 def spearman(a: list[float], b: list[float]) -> float:
     """Spearman's rank correlation (Pearson correlation of average ranks)."""
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    var = math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
-    return cov / var if var else float("nan")
+    return pearson(ranks(a), ranks(b))
