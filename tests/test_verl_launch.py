@@ -303,3 +303,27 @@ def test_cli_dry_run_shows_no_tracking_credentials(cli, archive):
     assert out.returncode == 0, out.stderr
     assert "s3cret" not in out.stdout + out.stderr
     assert "MLFLOW_TRACKING_URI=https://mlflow.example:8443/" in out.stdout
+
+
+def test_verls_workers_keep_their_temporary_files_with_the_node(tmp_path):
+    """verl leaves a ``ckpt_<hash>.lock`` in the temporary directory of the worker that makes a
+    checkpoint directory, and every launch left one in the machine's ``/tmp``: the workers now take
+    the node's own ``tmp`` (made by the launch) as ``TMPDIR``; the launched process, whose Ray
+    instance puts its sockets under its temporary directory, keeps the caller's."""
+    from trainer_template.verl_backend.launch import VerlProtocol, main_ppo_launch
+
+    work = tmp_path / "verl"
+    data = work / "data" / "math_l3to5_n5000_seed0"  # present: no parquet written for this test
+    data.mkdir(parents=True)
+    for f in ("train.parquet", "val.parquet"):
+        (data / f).touch()
+    launch = prepare_launch(
+        "cand", ROOT, {}, tracking_uri="sqlite:////x/m.db", work_dir=work, run_id="r", dry_run=False
+    )
+    tmp = Path(launch.files["tmp"])
+    assert tmp.is_dir() and tmp.parent == Path(launch.files["algorithm"]).parent
+    assert f"+ray_kwargs.ray_init.runtime_env.env_vars.TMPDIR='{tmp}'" in launch.cmd
+    assert "TMPDIR" not in launch.env
+    files = {"algorithm": "/a.py", "hparams": "/h.json", "train": "/t", "val": "/v", "ckpt": "/c"}
+    bare = main_ppo_launch("cand", {}, files, {}, project="exp", protocol=VerlProtocol())
+    assert not any("TMPDIR" in o for o in bare.cmd)  # no directory of the node's: nothing changes

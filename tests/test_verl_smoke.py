@@ -13,7 +13,9 @@ started by :func:`engine.operators.train_verl.shared_ray` (one Ray start for the
 from __future__ import annotations
 
 import os
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -67,7 +69,8 @@ def entropy_coefficient(
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    """Both smokes, run once: (archive, {node: CompletedProcess}, seconds spent)."""
+    """Both smokes, run once: (archive, {node: CompletedProcess}, seconds spent, verl's lock files
+    that appeared in the machine's temporary directory meanwhile)."""
     from conftest import mark_verified, run_cli
 
     from engine.archive.store import Archive
@@ -77,7 +80,7 @@ def smoke(tmp_path_factory):
     archive.spawn("grpo", "centred", CENTRED)
     mark_verified(archive, "centred")  # verl runs only verified (or template) code
     t0 = time.monotonic()
-    done = {}
+    done, locks_before = {}, _verl_locks()
     with shared_ray() as address:
         env = {"RAY_ADDRESS": address, "RAY_AUTH_MODE": "token"}
         done["grpo"] = run_cli(
@@ -104,7 +107,12 @@ def smoke(tmp_path_factory):
             env=env,
             timeout=1500,
         )
-    return archive, done, time.monotonic() - t0
+    return archive, done, time.monotonic() - t0, _verl_locks() - locks_before
+
+
+def _verl_locks() -> set[str]:
+    """The ``ckpt_<hash>.lock`` files verl's ``local_mkdir_safe`` leaves in a temporary directory."""
+    return {p.name for p in Path(tempfile.gettempdir()).glob("ckpt_*.lock")}
 
 
 def _history(archive, node: str) -> dict[str, list[tuple[int, float]]]:
@@ -126,7 +134,7 @@ def _history(archive, node: str) -> dict[str, list[tuple[int, float]]]:
 
 
 def test_both_smokes_finish_and_print_progress(smoke):
-    _, done, seconds = smoke
+    _, done, seconds, _ = smoke
     print(f"two verl smokes on one Ray: {seconds:.0f} s")
     for node, proc in done.items():
         assert proc.returncode == 0, f"{node}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -135,7 +143,7 @@ def test_both_smokes_finish_and_print_progress(smoke):
 
 
 def test_mlflow_has_two_verl_steps_with_the_project_metrics(smoke):
-    archive, _, _ = smoke
+    archive, _, _, _ = smoke
     for node in ("grpo", "centred"):
         h = _history(archive, node)
         for key in (
@@ -153,7 +161,7 @@ def test_mlflow_has_two_verl_steps_with_the_project_metrics(smoke):
 
 
 def test_each_mechanism_ran_inside_verl(smoke):
-    archive, _, _ = smoke
+    archive, _, _, _ = smoke
     g, c = _history(archive, "grpo"), _history(archive, "centred")
     # same seed, same first-step responses: the rewards agree ...
     assert g["train/reward_mean"][0] == pytest.approx(c["train/reward_mean"][0], abs=1e-6)
@@ -173,7 +181,7 @@ def test_verls_update_applies_each_nodes_entropy_weight(smoke):
     the weight verl's actor loss applied (the policy loss reads it from the worker's actor config), and
     verl computed the entropy in the update for it; GRPO keeps its constant 0 and verl's update
     computes no entropy, as before."""
-    archive, _, _ = smoke
+    archive, _, _, _ = smoke
     g, c = _history(archive, "grpo"), _history(archive, "centred")
     assert [v for _, v in g["train/entropy_coef"]] == [0.0, 0.0]
     assert [v for _, v in g["actor/poise_entropy_coeff"]] == [0.0, 0.0]
@@ -186,7 +194,7 @@ def test_verls_update_applies_each_nodes_entropy_weight(smoke):
 
 
 def test_results_carry_the_protocol_and_the_checkpoint(smoke):
-    archive, _, _ = smoke
+    archive, _, _, _ = smoke
     nodes = archive.nodes()
     keys = set()
     for node, before in (("grpo", "spawned"), ("centred", "verified")):
@@ -213,3 +221,11 @@ def test_results_carry_the_protocol_and_the_checkpoint(smoke):
         assert scored.details["evaluation"]["counts"][bench]["problems"] == 1
     assert scored.protocol.settings["evaluation"]["suite"] == "math6"
     assert _history(archive, "centred")["eval/overall"]
+
+
+def test_verl_leaves_no_lock_file_in_the_machines_temporary_directory(smoke):
+    """verl's workers take the node's own ``tmp`` as ``TMPDIR``: the lock files its checkpoints
+    make stay with the node (each run of the suite left six in ``/tmp``)."""
+    archive, _, _, left = smoke
+    assert left == set()
+    assert list((archive.path / ".poise").rglob("tmp/ckpt_*.lock"))

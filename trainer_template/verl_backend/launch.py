@@ -236,9 +236,10 @@ def prepare_launch(
         "train": str(data / "train.parquet"),
         "val": str(data / "val.parquet"),
         "ckpt": str(work / "checkpoints"),
+        "tmp": str(work / "tmp"),
     }
     if not dry_run:
-        work.mkdir(parents=True, exist_ok=True)
+        Path(files["tmp"]).mkdir(parents=True, exist_ok=True)
         Path(files["algorithm"]).write_text(source, encoding="utf-8")
         Path(files["hparams"]).write_text(
             json.dumps(dict(hparams or {}), sort_keys=True), encoding="utf-8"
@@ -275,7 +276,13 @@ def main_ppo_launch(
     protocol: VerlProtocol,
     extra: Sequence[str] = (),
 ) -> Launch:
-    """verl's ``main_ppo`` for ``node`` over the prepared ``files`` (train, val, ckpt) and ``env``."""
+    """verl's ``main_ppo`` for ``node`` over the prepared ``files`` (train, val, ckpt) and ``env``.
+    With ``files["tmp"]`` (an existing directory of the node's), verl's Ray workers take it as their
+    ``TMPDIR``: verl leaves a lock file in the temporary directory for every checkpoint directory it
+    makes, which then stays with the node rather than in the machine's ``/tmp``. The launched
+    process keeps the caller's: a Ray instance it starts keeps its session (and socket paths, which
+    have a length limit) where Ray puts them."""
+    workers = {**env, "TMPDIR": files["tmp"]} if files.get("tmp") else env
     overrides = build_overrides(
         node,
         settings,
@@ -283,7 +290,7 @@ def main_ppo_launch(
         val_file=files["val"],
         ckpt_dir=files["ckpt"],
         project=project,
-        env_for_workers=env,
+        env_for_workers=workers,
         protocol=protocol,
         extra=extra,
     )

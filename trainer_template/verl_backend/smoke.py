@@ -222,12 +222,14 @@ def prepare(
         "progress": str(work / "progress.jsonl"),
         "ckpt": str(work / "checkpoints"),
         "log": str(work / "verl.log"),
+        "tmp": str(work / "tmp"),
         "model": str(model_dir),
         **data,
     }
     Path(files["algorithm"]).write_text(source, encoding="utf-8")
     Path(files["hparams"]).write_text(json.dumps(dict(hparams or {}), sort_keys=True), "utf-8")
     Path(files["progress"]).write_text("", encoding="utf-8")
+    Path(files["tmp"]).mkdir(exist_ok=True)
     _remove_tree(Path(files["ckpt"]))
     env = worker_env(
         node, files, tracking_uri=tracking_uri, run_id=run_id, progress_file=files["progress"]
