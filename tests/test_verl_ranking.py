@@ -179,8 +179,8 @@ def test_an_old_verl_paper_failure_still_reads_and_counts_as_failed(verl_archive
 def test_a_verl_evaluations_result_is_charged_for_its_training(verl_archive):
     """The gpu-hours budget: a verl evaluation's result (recorded under the suite protocol) is
     charged the training's GPUs over the training's time, measured by the engine around the
-    training process, and one device per seed over the scoring; before, only the scoring's time on
-    one device. A failure recorded under verl/paper by an earlier version is charged as before."""
+    training process, and the GPUs its vLLM engine spanned over the scoring; before, only the
+    scoring's time on one device. A failure recorded under verl/paper by an earlier version is charged as before."""
     from engine.archive.results import Protocol
     from engine.loop.budget import result_device_hours
 
@@ -190,6 +190,11 @@ def test_a_verl_evaluations_result_is_charged_for_its_training(verl_archive):
         verl_archive, scored, "evaluated", wall_time_s=3960.0, details={"training": training}
     )
     assert result_device_hours(r, 4.0) == pytest.approx(8.0 + 0.1)
+    wide = {"training": training, "generation": {"backend": "vllm", "tensor_parallel_size": 4}}
+    r4 = record_verl_outcome(
+        verl_archive, scored, "evaluated", wall_time_s=3960.0, details=wide
+    )  # a scoring whose vLLM engine spans 4 GPUs is charged 4 of them
+    assert result_device_hours(r4, 4.0) == pytest.approx(8.0 + 0.4)
     old = record_verl_outcome(
         verl_archive, Protocol("verl/paper", backend="verl", preset="paper"), "failed",
         wall_time_s=1800.0,

@@ -114,16 +114,20 @@ class Budget:
 
 def result_device_hours(result: Any, verl_gpus: float) -> float:
     """Accelerator-hours one recorded result (an ``EvaluationResult``) took. A verl evaluation's
-    (``details.training``: ``gpus``, ``wall_time_s``): the training's GPUs over its time, and one
-    device per seed over the rest of its wall time (the scoring). A result under a protocol of
-    backend ``verl`` (a failed training an earlier version recorded under verl/paper): ``verl_gpus``
-    over its wall time. Any other: one device per seed."""
+    (``details.training``: ``gpus``, ``wall_time_s``): the training's GPUs over its time, and over
+    the rest of its wall time (the scoring) the GPUs its vLLM engine spanned per seed (the
+    ``tensor_parallel_size`` in ``details.generation``; one where none is recorded). A result under
+    a protocol of backend ``verl`` (a failed training an earlier version recorded under verl/paper):
+    ``verl_gpus`` over its wall time. Any other: one device per seed."""
     wall = float(result.wall_time_s)
     seeds = len(result.seeds or (1,))
     training = result.details.get("training")
     if isinstance(training, Mapping):
         t = min(wall, _number(training.get("wall_time_s")))
-        return (_number(training.get("gpus")) * t + seeds * (wall - t)) / 3600.0
+        generation = result.details.get("generation")
+        spans = generation.get("tensor_parallel_size") if isinstance(generation, Mapping) else None
+        scoring = seeds * max(1.0, _number(spans))
+        return (_number(training.get("gpus")) * t + scoring * (wall - t)) / 3600.0
     devices = verl_gpus if result.protocol.backend == "verl" else seeds
     return wall * devices / 3600.0
 
