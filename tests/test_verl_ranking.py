@@ -180,7 +180,8 @@ def test_a_verl_evaluations_result_is_charged_for_its_training(verl_archive):
     """The gpu-hours budget: a verl evaluation's result (recorded under the suite protocol) is
     charged the training's GPUs over the training's time, measured by the engine around the
     training process, and the GPUs its vLLM engine spanned over the scoring; before, only the
-    scoring's time on one device. A failure recorded under verl/paper by an earlier version is charged as before."""
+    scoring's time on one device. A failure recorded under verl/paper by an earlier version is
+    charged as before."""
     from engine.archive.results import Protocol
     from engine.loop.budget import result_device_hours
 
