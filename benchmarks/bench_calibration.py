@@ -35,6 +35,7 @@ from proxy_runs import (
     fmt_iv,
     load_average,
     mean_interval,
+    measured_on,
     mechanism_source,
     paired,
     run_seed,
@@ -210,6 +211,9 @@ def main() -> None:
     )
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
+    # some mechanisms' seed runs differ from machine to machine (docs/calibration.md), and cached
+    # runs may come from another one: each seed run names its machine, the table the one they share
+    machine, machines = measured_on([r for d in by.values() for r in d.values()])
     payload = {
         "preset": args.preset,
         "protocol_id": f"proxy/{args.preset}",
@@ -219,13 +223,22 @@ def main() -> None:
         "device": device,
         "seeds": seeds,
         "unit": "Overall (fraction; the paper's in percentage points)",
+        "machine": machine,  # None where they differ or a cached run names none
+        "rows_measured_on": machines,
         "intervals": "95% Student-t over the paired seeds (none for a single seed)",
         "rows": rows,
         "targets": {
             k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in targets.items()
         },
         "per_seed": {
-            n: {s: {"status": r["status"], "metrics": r.get("metrics", {})} for s, r in d.items()}
+            n: {
+                s: {
+                    "status": r["status"],
+                    "metrics": r.get("metrics", {}),
+                    "machine": r.get("machine"),
+                }
+                for s, r in d.items()
+            }
             for n, d in by.items()
         },
         "wall_s": round(wall, 1),

@@ -57,6 +57,7 @@ from proxy_runs import (
     fmt_iv,
     load_average,
     machine_info,
+    measured_on,
     stamp,
     verdict,
     write_results,
@@ -581,9 +582,7 @@ def main() -> None:
         f"{loads[0]} -> {loads[1]}"
     )
     # the machine the rows were measured on (a --report-only summary can be written elsewhere)
-    measured_on = [
-        json.loads(m) for m in {json.dumps(r.get("machine"), sort_keys=True) for r in rows}
-    ]
+    machine, machines = measured_on(rows)
     # the preset's hash on the device the rows were trained on (a GPU preset's rows read back here)
     devices = {r.get("device", "cpu") for r in rows}
     path = write_results(
@@ -591,8 +590,8 @@ def main() -> None:
         args,
         SCORES[args.score],
         protocol_hash=base.hash(devices.pop()) if len(devices) == 1 else None,
-        machine=measured_on[0] if len(measured_on) == 1 and measured_on[0] else None,
-        rows_measured_on=measured_on,
+        machine=machine,
+        rows_measured_on=machines,
         variants=summaries,
         wall_s=round(wall, 1),
         load_average=loads,

@@ -3,6 +3,7 @@ subprocess, as ``poise-git evaluate`` runs it), a per-seed result cache, interva
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -140,6 +141,7 @@ def run_seed(
             if not res.ok:
                 data["status"], data["reason"] = "failed", res.reason()
             data["wall_s"] = res.wall_s
+            data["machine"] = machine_info()  # kept in the cache with the run it measured
             if cache and res.ok:
                 cache.store(seed, data)
     data.update(label=label, seed=seed)
@@ -169,6 +171,7 @@ def fmt_iv(iv: list[float] | None, signed: bool = False) -> str:
     return f"[{f.format(iv[0])}, {f.format(iv[1])}]"
 
 
+@functools.cache
 def machine_info() -> dict:
     """What ran the figures: the engine's ``machine()`` (CPU model, cores, architecture), torch and
     the CPU kernels torch picked. Some mechanisms' seed runs differ from machine to machine
@@ -180,6 +183,14 @@ def machine_info() -> dict:
         "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
     }
+
+
+def measured_on(runs) -> tuple[dict | None, list[dict | None]]:
+    """The machines ``runs`` (results with a ``machine``) were measured on: the one machine where
+    they share it (else None), and every distinct one (None for a run that recorded none)."""
+    seen = {json.dumps(r.get("machine"), sort_keys=True) for r in runs}
+    machines = [json.loads(m) for m in sorted(seen)]
+    return (machines[0] if len(machines) == 1 else None), machines
 
 
 def write_results(path: str | Path, args, unit: str, **fields) -> Path:

@@ -80,10 +80,20 @@ def test_bench_calibration_writes_its_table_and_reuses_the_cache(tmp_path):
     }
     grpo = next(r for r in data["rows"] if r["mechanism"] == "grpo")
     assert grpo["diff_vs_grpo"] == 0.0 and grpo["verdict"] == "reference"
-    # the same command again trains nothing: every seed run comes from the cache, same numbers
+    # the table and each seed run name the machine that measured them
+    import torch
+
+    assert data["machine"]["torch"] == torch.__version__ and data["machine"]["cores"] >= 1
+    assert data["rows_measured_on"] == [data["machine"]]
+    runs = [r for by_seed in data["per_seed"].values() for r in by_seed.values()]
+    assert len(runs) == 6 and all(r["machine"] == data["machine"] for r in runs)
+    # the same command again trains nothing: every seed run comes from the cache, same numbers,
+    # and the machine the cached runs were measured on
     again = _bench("bench_calibration.py", args + ["--json", str(tmp_path / "b.json")], tmp_path)
     assert "(0 run, 6 cached)" in again
-    assert json.loads((tmp_path / "b.json").read_text())["rows"] == data["rows"]
+    cached = json.loads((tmp_path / "b.json").read_text())
+    assert cached["rows"] == data["rows"] and cached["machine"] == data["machine"]
+    assert cached["per_seed"] == data["per_seed"]
 
 
 def test_bench_discovery_runs_both_searches_resumes_and_confirms_on_held_out_seeds(tmp_path):
