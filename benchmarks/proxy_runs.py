@@ -3,7 +3,6 @@ subprocess, as ``poise-git evaluate`` runs it), a per-seed result cache, interva
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
@@ -171,7 +170,6 @@ def fmt_iv(iv: list[float] | None, signed: bool = False) -> str:
     return f"[{f.format(iv[0])}, {f.format(iv[1])}]"
 
 
-@functools.cache
 def machine_info() -> dict:
     """What ran the figures: the engine's ``machine()`` (CPU model, cores, architecture), torch and
     the CPU kernels torch picked. Some mechanisms' seed runs differ from machine to machine
