@@ -25,7 +25,12 @@ DAEMON = (
 
 
 @pytest.mark.slow
-def test_a_detached_daemon_holding_the_pipes_neither_holds_the_engine_nor_survives(tmp_path):
+@pytest.mark.parametrize("attempt", range(4))
+def test_a_detached_daemon_holding_the_pipes_neither_holds_the_engine_nor_survives(
+    tmp_path, attempt
+):
+    """The daemon is dead by the time the run returns, not merely sent SIGKILL: before the kill
+    waited for it, it was still running right after the run in about 4 of 10 attempts."""
     pid_file = tmp_path / "daemon.pid"
     t0 = time.monotonic()
     res = run_sandboxed(

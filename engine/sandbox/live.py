@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 
 _live: set[subprocess.Popen] = set()
 _lock = threading.Lock()
@@ -49,11 +50,13 @@ def kill_sandbox_tree(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    for child in kids + _descendants(pid):
+    kids += _descendants(pid)
+    for child in kids:
         try:
             child.kill()  # psutil checks it is still the same process (no pid reuse)
         except Exception:
             pass
+    _await_death(kids)
 
 
 def kill_pipe_holders(fds: list[int]) -> None:
@@ -72,15 +75,44 @@ def kill_pipe_holders(fds: list[int]) -> None:
     except OSError:
         return
     me = os.getpid()
+    killed = []
     for pid in pids:
         if pid == me or not _holds(pid, pipes):
             continue
         try:
             import psutil  # lazy: psutil is heavy (only this path needs it)
 
-            psutil.Process(pid).kill()
+            proc = psutil.Process(pid)
+            proc.kill()
+            killed.append(proc)
         except Exception:
             pass
+    _await_death(killed)
+
+
+DEATH_WAIT_S = 2.0
+"""how long a kill waits for the processes it signalled to end (SIGKILL is delivered, not obeyed at once)"""
+
+
+def _await_death(procs: list) -> None:
+    """Return once every one of ``procs`` (psutil processes sent SIGKILL) has ended, as a zombie
+    or gone, or after :data:`DEATH_WAIT_S`: the kernel acts on a SIGKILL asynchronously, and a
+    process still running when the kill returns could write to a file or hold the CPU after the
+    engine has moved on (a sandbox's run ended, its result recorded)."""
+    deadline = time.monotonic() + DEATH_WAIT_S
+    while procs and time.monotonic() < deadline:
+        procs = [p for p in procs if _still_running(p)]
+        if procs:
+            time.sleep(0.005)
+
+
+def _still_running(proc) -> bool:
+    import psutil  # lazy: psutil is heavy (only this path needs it)
+
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:  # gone, or no longer readable
+        return False
 
 
 def _holds(pid: int, pipes: set[str]) -> bool:
