@@ -228,4 +228,6 @@ def test_verl_leaves_no_lock_file_in_the_machines_temporary_directory(smoke):
     make stay with the node (each run of the suite left six in ``/tmp``)."""
     archive, _, _, left = smoke
     assert left == set()
+    kept = {p.name for p in (archive.path / ".poise").glob("**/tmp/ckpt_*.lock")}
+    assert kept, "verl's lock files are neither in /tmp nor with the nodes: did verl take any?"
     assert list((archive.path / ".poise").rglob("tmp/ckpt_*.lock"))
