@@ -129,7 +129,7 @@ class _Display:
                 )
             elif st in ("failed", "rejected"):
                 why = escape(e.get("reason") or "no reason recorded")  # a reason is not markup
-                other = _other(e)
+                other = "; ".join(x for x in (_other(e), _ray_phrase(e).strip()) if x)
                 self.log(f"[red]{e['node']}[/] {st}{f' ({other})' if other else ''}: {why}")
             elif st == "verified":
                 parent = e.get("parent")  # "" for the root; absent: not said
@@ -327,10 +327,20 @@ def _took(e: dict) -> str:
     """The time an evaluation took, as its log line says it: the run's own (its wait for another
     process apart), or whose result it was."""
     own = float(e.get("wall_s") or 0) - float(e.get("waited_s") or 0)
-    other, wall = _other(e), f"{max(own, 0.0):.0f} s"
+    other, wall = _other(e), f"{max(own, 0.0):.0f} s" + _ray_phrase(e)
     if other and e.get("other") == USED:
         return other
     return f"{wall}; {other}" if other else wall
+
+
+def _ray_phrase(e: dict) -> str:
+    """`` on ray-node 1a2b3c4d on HOST; re-queued after ray-node 5e6f7a8b died``: where a Ray task
+    evaluated the node, and the nodes that died under its earlier tries ("" off Ray)."""
+    where = f" on {escape(e['where'])}" if e.get("where") else ""
+    lost = e.get("lost") or []
+    if lost:
+        where += f"; re-queued after {escape(', '.join(lost))} died"
+    return where
 
 
 def _under(protocol: str | None) -> str:

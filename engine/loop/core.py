@@ -548,6 +548,9 @@ class Loop:
                 # another process was evaluating the node: whose result this is (waiting.py)
                 "other": out.other,
                 "waited_s": out.waited_s,
+                # on Ray: the node that evaluated it, and those that died under its evaluation
+                "where": out.where,
+                "lost": list(out.lost),
             }
         )
         if out.status == "evaluated" and node is not None and node.parents:

@@ -15,13 +15,15 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ from engine.archive.results import EvaluationResult, Protocol, now
 from engine.archive.scoring import SCORING
 from engine.archive.store import Archive
 from engine.archive.tracking import end_dangling_runs
+from engine.errors import EvaluationError
 from engine.loop.waiting import WaitClock, WaitNote
 from engine.operators.evaluate import WarmStartFailed, evaluate_node, proxy_protocol
 from engine.operators.evaluate_suite import suite_protocol
@@ -38,6 +41,13 @@ from trainer_template.proxy.protocol import get_protocol
 
 log = logging.getLogger(__name__)
 RESULT_MARK = "POISE-EVAL-RESULT "
+RAY_NODE_TAG = "poise.ray.node"
+"""MLflow tag of an evaluation's runs on Ray: the id of the Ray node that ran it"""
+HOST_TAG = "poise.host"
+"""MLflow tag of an evaluation's runs on Ray: the host name of the machine that ran it"""
+NODE_LOSSES = 3
+"""times one evaluation may lose its Ray node (each time re-queued) before it is recorded failed:
+a candidate whose evaluation brings machines down must not take the cluster down one by one"""
 STOPPED = "stopped"
 """outcome status of an evaluation the loop itself stopped (budget, interrupt): nothing is recorded"""
 SETUP_FAILED = "setup failed"
@@ -74,6 +84,10 @@ class EvalOutcome:
     (the result is the one that process recorded) or why it was not this evaluation's"""
     waited_s: float = 0.0
     """seconds the worker waited for that process (not counted against its wall-clock limit)"""
+    where: str = ""
+    """on Ray, the node that ran the evaluation (``ray-node <id> on <host>``); "" elsewhere"""
+    lost: tuple[str, ...] = ()
+    """on Ray, the nodes that died while they ran this evaluation, each time re-queued"""
 
 
 def _grace(timeout_s: float) -> float:
@@ -351,14 +365,21 @@ class _StartClock:
     def __init__(self) -> None:
         self._started: dict[str, float] = {}
         self._waits: dict[str, tuple[float, float | None]] = {}
+        self._nodes: dict[str, str] = {}
 
-    def started(self, token: str) -> None:
+    def started(self, token: str, node_id: str = "") -> None:
         self._started[token] = time.monotonic()
+        self._nodes[token] = node_id
+
+    def node_of(self, token: str) -> str:
+        """The Ray node the task ``token`` reported starting on ("" when it never started)."""
+        return self._nodes.get(token, "")
 
     def ran_s(self, token: str) -> float | None:
         """Seconds since the task ``token`` reported its start (None: it never started); forgets it."""
         t = self._started.pop(token, None)
         self._waits.pop(token, None)
+        self._nodes.pop(token, None)
         return None if t is None else time.monotonic() - t
 
     def waiting(self, token: str, now_waiting: bool) -> None:
@@ -376,11 +397,30 @@ class _StartClock:
 
 
 def run_ray_job(job: EvalJob, clock: Any, token: str) -> EvalOutcome:
-    """A Ray task: report the start to the executor's clock (the trusted side, before any of the
-    candidate's code runs), then :func:`run_job`. The report is not waited for: a task blocked in
-    ``ray.get`` lends its CPUs to another task."""
+    """A Ray task: report the start and the node it runs on to the executor's clock (the trusted
+    side, before any of the candidate's code runs), then :func:`run_job`, whose MLflow runs are
+    tagged with that node (``poise.ray.node``, ``poise.host``). The report is not waited for: a task
+    blocked in ``ray.get`` lends its CPUs to another task."""
+    import ray  # lazy: optional dependency (ray extra); this runs in a Ray worker
+
+    node_id = ""
     try:
-        clock.started.remote(token)
+        node_id = ray.get_runtime_context().get_node_id() or ""
+    except Exception as exc:  # noqa: BLE001 - where it ran is then unknown, nothing else
+        log.warning("could not read the Ray node of %s's evaluation: %s", job.node, exc)
+    host = socket.gethostname()
+    repo = Path(job.archive)
+    if not ((repo / ".git").exists() or (repo / "HEAD").is_file()):  # the run stops: not the
+        # candidate's doing, and every evaluation on this node would fail alike
+        return EvalOutcome(
+            job.node,
+            SETUP_FAILED,
+            f"the archive {job.archive} is not there on {where_ran(node_id, host)}: every Ray "
+            "node must see it at the same path (a shared filesystem)",
+        )
+    job = replace(job, tags={**job.tags, RAY_NODE_TAG: node_id, HOST_TAG: host})
+    try:
+        clock.started.remote(token, node_id)
     except Exception as exc:  # the task is charged from its submission instead
         log.warning("could not report the start of %s's evaluation: %s", job.node, exc)
 
@@ -390,7 +430,83 @@ def run_ray_job(job: EvalJob, clock: Any, token: str) -> EvalOutcome:
         except Exception as exc:
             log.warning("could not report %s's wait for another process: %s", job.node, exc)
 
-    return run_job(job, on_wait=waiting)
+    return replace(run_job(job, on_wait=waiting), where=where_ran(node_id, host))
+
+
+def where_ran(node_id: str, host: str) -> str:
+    """How a log line names the Ray node that ran an evaluation."""
+    return f"ray-node {node_id[:8] or '?'} on {host}"
+
+
+@dataclass
+class _NodeLost:
+    """A Ray task that died with the node running it: not the evaluation's failure."""
+
+    where: str
+    why: str
+    ran_s: float
+
+
+_UNKNOWN = ("unknown",)
+
+
+def _result_key(job: EvalJob) -> tuple | None:
+    """What identifies the job's node's result under its protocol now (None: it has none;
+    ``_UNKNOWN`` where the archive cannot say, a node dropped meanwhile say)."""
+    try:
+        arch = Archive(job.archive)
+        done = arch.node(job.node).results.get(job_protocol(arch, job).id)
+    except Exception:  # noqa: BLE001 - the evaluation itself says what is wrong
+        return _UNKNOWN
+    return None if done is None else (done.recorded_at, done.node_commit, done.status)
+
+
+def _landed(job: EvalJob, before: tuple | None) -> EvalOutcome | None:
+    """The outcome of a result the job's evaluation recorded (one other than ``before``, what the
+    node held when the job was submitted) before its Ray node died; None when it recorded none."""
+    if before == _UNKNOWN:
+        return None
+    arch = Archive(job.archive)
+    done = arch.node(job.node).results.get(job_protocol(arch, job).id)
+    if done is None or (done.recorded_at, done.node_commit, done.status) == before:
+        return None
+    return EvalOutcome(job.node, done.status, done.reason, done.value, 0.0)
+
+
+def _reachable(address: str) -> None:
+    """Refuse at once, in one line, a cluster address nothing answers at: Ray itself retries a
+    dead address for minutes before it gives up. ``auto`` (the cluster this machine belongs to)
+    is left to Ray."""
+    if address == "auto":
+        return
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        raise EvaluationError(
+            f"--ray {address!r}: use 'local', 'auto', HOST:PORT (the head's GCS port, 6379 by "
+            "default) or ray://HOST:PORT (Ray Client, 10001 by default)"
+        )
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=10):
+            pass
+    except OSError as exc:
+        raise EvaluationError(
+            f"cannot reach the Ray cluster at {address} ({exc.strerror or exc}): start its head "
+            "with `ray start --head`, or give the address it printed; nothing was evaluated"
+        ) from None
+
+
+def _join_failed(address: str, exc: Exception) -> str:
+    """The one line saying why joining the Ray cluster at ``address`` failed."""
+    why = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+    msg = f"cannot join the Ray cluster at {address}: {why}"
+    if "auth" in str(exc).lower() or address not in ("auto", "local", "", None):
+        msg += (
+            " (a cluster whose head runs token authentication, which `ray start --head` turns on"
+            " where ~/.ray/auth_token exists, needs RAY_AUTH_MODE=token and its token, in"
+            " RAY_AUTH_TOKEN or ~/.ray/auth_token, here and on every node; docs/ray.md)"
+        )
+    return msg + "; nothing was evaluated"
 
 
 class RayExecutor:
@@ -416,6 +532,12 @@ class RayExecutor:
             "PYTHONPATH": repo
             + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
         }
+        # the tracking server the driver logs into, the workers too (without it each node would
+        # log into the archive's SQLite file); one carrying a user or password is left to the
+        # nodes' own environment: Ray shows a task's environment to whoever can list its tasks
+        uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+        if uri and "@" not in urllib.parse.urlsplit(uri).netloc:
+            env["MLFLOW_TRACKING_URI"] = uri
         kwargs: dict[str, Any] = {
             "include_dashboard": False,
             "log_to_driver": False,
@@ -428,18 +550,37 @@ class RayExecutor:
             )  # W evaluations of S seeds at once
         else:
             kwargs["address"] = address
+            _reachable(address)
         self._owns = not ray.is_initialized()
         # ray.init puts `sys.exit` in place of the process's SIGTERM handler (the CLI's, which
         # kills the sandboxed children and unwinds as on Ctrl-C): a SIGTERM then left the run by
         # SystemExit and often died of SIGABRT with a native stack dump. Ours is put back.
         main = threading.current_thread() is threading.main_thread()
         sigterm = signal.getsignal(signal.SIGTERM) if main else None
-        ray.init(**kwargs)
-        if main and sigterm is not None:
-            signal.signal(signal.SIGTERM, sigterm)
+        try:
+            ray.init(**kwargs)
+        except (ConnectionError, RuntimeError) as exc:
+            raise EvaluationError(_join_failed(address, exc)) from None
+        finally:
+            if main and sigterm is not None:
+                signal.signal(signal.SIGTERM, sigterm)
         self.num_gpus = num_gpus
         self._remote = ray.remote(max_retries=0)(run_ray_job)
-        self._clock = ray.remote(num_cpus=0)(_StartClock).remote()
+        # on the driver's own node: an actor Ray put on a worker node would die with it, and with it
+        # what the executor knows of the tasks that node ran
+        clock = ray.remote(num_cpus=0)(_StartClock)
+        try:
+            from ray.util.scheduling_strategies import (  # lazy: optional dependency (ray extra)
+                NodeAffinitySchedulingStrategy,
+            )
+
+            here = ray.get_runtime_context().get_node_id()
+            clock = clock.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False)
+            )
+        except Exception as exc:  # noqa: BLE001 - then wherever Ray puts it
+            log.warning("the Ray tasks' start clock could not be pinned to this node (%s)", exc)
+        self._clock = clock.remote()
         try:  # running before any task reports to it: a report queued while the actor starts up
             # would be noted late, and the task charged less than it ran
             ray.get(self._clock.ran_s.remote(""), timeout=120)
@@ -450,37 +591,111 @@ class RayExecutor:
         self._stopping = False
 
     def submit(self, job: EvalJob) -> cf.Future:
-        cpus = 1.0 if self.num_gpus else max(1.0, float(job.seeds or 1))
+        # submitted to Ray here, not when a thread of the pool takes it: every evaluation queues
+        # in Ray at once, however many the pool waits for
+        before = _result_key(job)
         token = uuid.uuid4().hex
-        start = time.monotonic()
+        first = (token, time.monotonic(), self._submit_task(job, token))
+        return self._pool.submit(self._evaluate, job, before, first)
+
+    def _evaluate(self, job: EvalJob, before: tuple | None, first: tuple) -> EvalOutcome:
+        """``job``'s Ray task (``first``: its token, start and reference) waited for; submitted
+        again when the node running it died (at most :data:`NODE_LOSSES` times, then recorded
+        failed), recorded failed on any other failure of the task. ``before``: what identified the
+        node's result under the job's protocol when the job was submitted."""
+        lost: list[str] = []
+        lost_s = 0.0
+        token, start, ref = first
+        while True:
+            try:
+                out = self._wait(job, ref, token, start)
+            finally:
+                self._refs.discard(ref)
+                self._forget(token)
+            if not isinstance(out, _NodeLost):
+                return replace(out, wall_s=out.wall_s + lost_s, lost=tuple(lost))
+            lost.append(out.where)
+            lost_s += out.ran_s
+            # the dead worker never ends the MLflow runs it was logging into
+            _end_worker_runs(job)
+            landed = _landed(job, before)
+            if landed is not None:  # recorded before the node died: nothing to evaluate again
+                return replace(landed, wall_s=lost_s, lost=tuple(lost))
+            if self._stopping:
+                return EvalOutcome(job.node, STOPPED, "stopped by the loop; left for --resume")
+            if len(lost) >= NODE_LOSSES:
+                return replace(
+                    record_failure(
+                        job,
+                        f"its evaluation lost its Ray node {len(lost)} times "
+                        f"({', '.join(lost)}); not submitted again",
+                        lost_s,
+                    ),
+                    lost=tuple(lost),
+                )
+            log.warning(
+                "%s: the Ray node running its evaluation died (%s); re-queued (%s)",
+                job.node,
+                out.where,
+                out.why,
+            )
+            token, start = uuid.uuid4().hex, time.monotonic()
+            ref = self._submit_task(job, token)
+
+    def _submit_task(self, job: EvalJob, token: str):
+        cpus = 1.0 if self.num_gpus else max(1.0, float(job.seeds or 1))
         ref = self._remote.options(num_cpus=cpus, num_gpus=self.num_gpus).remote(
             job, self._clock, token
         )
         self._refs.add(ref)
+        if self._stopping:  # a re-queue that crossed shutdown's cancellation
+            self.ray.cancel(ref, force=True)
+        return ref
 
-        def wait() -> EvalOutcome:
-            # the task enforces the limit itself; this is only a backstop for a lost worker
-            limit = job.timeout_s + 2 * _grace(job.timeout_s) + 60
-            try:
-                return self._get(ref, token, start, limit)
-            except Exception as exc:  # worker lost, task cancelled, or the backstop fired
-                if self._stopping:
-                    return EvalOutcome(job.node, STOPPED, "stopped by the loop; left for --resume")
-                self.ray.cancel(ref, force=True)
-                _end_worker_runs(job)
-                # the time since the task started (the gpu-hours budget counts it), not the
-                # backstop's limit nor its time in Ray's queue: a worker lost after seconds costs
-                # seconds, one that never started none
-                return record_failure(
-                    job,
-                    f"Ray task failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}",
-                    self._ran_s(token, time.monotonic() - start),
-                )
-            finally:
-                self._refs.discard(ref)
-                self._forget(token)
+    def _wait(self, job: EvalJob, ref, token: str, start: float) -> EvalOutcome | _NodeLost:
+        """The task's outcome; :class:`_NodeLost` when the node it ran on died under it."""
+        # the task enforces the limit itself; this is only a backstop for a lost worker
+        limit = job.timeout_s + 2 * _grace(job.timeout_s) + 60
+        try:
+            return self._get(ref, token, start, limit)
+        except Exception as exc:  # worker lost, task cancelled, or the backstop fired
+            if self._stopping:
+                return EvalOutcome(job.node, STOPPED, "stopped by the loop; left for --resume")
+            self.ray.cancel(ref, force=True)
+            node = self._node_of(token)
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            # the time since the task started (the gpu-hours budget counts it), not the
+            # backstop's limit nor its time in Ray's queue: a worker lost after seconds costs
+            # seconds, one that never started none
+            ran = self._ran_s(token, time.monotonic() - start)
+            if self._node_died(exc, node):
+                return _NodeLost(f"ray-node {node[:8] or '?'}", why, ran)
+            _end_worker_runs(job)
+            return record_failure(job, f"Ray task failed: {why}", ran)
 
-        return self._pool.submit(wait)
+    def _node_of(self, token: str) -> str:
+        try:
+            return str(self.ray.get(self._clock.node_of.remote(token), timeout=30))
+        except Exception:  # noqa: BLE001 - the clock unreachable: the node is unknown
+            return ""
+
+    def _node_died(self, exc: Exception, node: str) -> bool:
+        """Whether the task failed because the Ray node under it died, not of its own doing.
+
+        Ray says so itself (``NodeDiedError``: the task's node is gone), or the worker process
+        died (``WorkerCrashedError``) on a node the cluster now reports dead. A worker that died
+        on a node still alive is the evaluation's own failure: whatever the candidate does can
+        end it (a kill, the kernel's OOM killer), and it is recorded failed, never run again."""
+        errors = self.ray.exceptions
+        if isinstance(exc, errors.NodeDiedError):
+            return True
+        if not node or not isinstance(exc, errors.WorkerCrashedError):
+            return False
+        try:
+            alive = {n["NodeID"]: n["Alive"] for n in self.ray.nodes()}
+        except Exception:  # noqa: BLE001 - the cluster cannot say: not a known node death
+            return False
+        return alive.get(node) is False
 
     def _get(self, ref, token: str, start: float, limit: float) -> EvalOutcome:
         """The task's outcome, waited for up to ``limit`` seconds since ``start`` plus the time its
