@@ -121,6 +121,10 @@ def _processes() -> list[tuple[int, str]]:
     return out
 
 
+SEEN_RAY_ADDRESS: set[str | None] = set()
+"""``RAY_ADDRESS`` in the environment of every evaluation worker :func:`_evaluations` saw"""
+
+
 def _evaluations(cluster: _Cluster, exp: Path) -> list[tuple[str, str]]:
     """(node name, "head" | "worker") of every evaluation worker of ``exp`` running now, by the Ray
     node whose worker process started it (its command line names the node's directory)."""
@@ -133,6 +137,7 @@ def _evaluations(cluster: _Cluster, exp: Path) -> list[tuple[str, str]]:
             continue
         try:
             job = json.loads(cmd[cmd.index("engine.loop.executor") + 1])
+            SEEN_RAY_ADDRESS.add(p.environ().get("RAY_ADDRESS"))
             for parent in p.parents():
                 line = " ".join(parent.cmdline())
                 for where in ("h", "w"):
@@ -306,6 +311,8 @@ def test_a_run_on_two_ray_nodes_uses_both_and_requeues_what_a_dead_node_ran(tmp_
         logged = " ".join(out.split())
         assert f"on ray-node {ids['worker_node'][:8]}" in logged, out[-3000:]
         assert f"re-queued after ray-node {ids['worker_node'][:8]} died" in logged, out[-3000:]
+        # a Ray the evaluation starts (verl's) is a private one, never the cluster
+        assert SEEN_RAY_ADDRESS == {"local"}, SEEN_RAY_ADDRESS
         # what the killed evaluation left in the temporary directory, the run's end removed
         left = [n for n in os.listdir(cluster.tmp) if n.startswith(SCRATCH_PREFIXES)]
         assert not left, left

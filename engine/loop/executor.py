@@ -97,9 +97,13 @@ def _grace(timeout_s: float) -> float:
 
 
 def run_job(
-    job: EvalJob, live: _Live | None = None, on_wait: Callable[[bool], None] | None = None
+    job: EvalJob,
+    live: _Live | None = None,
+    on_wait: Callable[[bool], None] | None = None,
+    env: dict[str, str] | None = None,
 ) -> EvalOutcome:
     """Run one evaluation in a limited worker process; record a failure on the node if it dies.
+    ``env``: variables the worker's environment gets on top of the engine's.
     ``live``: the executor's register of its workers (a Ray task's process has its own); once it is
     stopped no worker starts, and one that started meanwhile is killed at once. The time the worker
     waits for another process evaluating its node does not count against its limit
@@ -122,7 +126,7 @@ def run_job(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=child_env({"TMPDIR": tmpdir}),
+            env=child_env({**(env or {}), "TMPDIR": tmpdir}),
             start_new_session=True,
             pass_fds=(wait_w,),
         )
@@ -430,7 +434,12 @@ def run_ray_job(job: EvalJob, clock: Any, token: str) -> EvalOutcome:
         except Exception as exc:
             log.warning("could not report %s's wait for another process: %s", job.node, exc)
 
-    return replace(run_job(job, on_wait=waiting), where=where_ran(node_id, host))
+    # RAY_ADDRESS=local: a Ray the evaluation starts itself (verl's main_ppo calls ray.init())
+    # is a private one on what this task holds (its GPUs: Ray set CUDA_VISIBLE_DEVICES), not the
+    # cluster, which ray.init() would otherwise join (RAY_ADDRESS, or the node's
+    # /tmp/ray/ray_current_cluster that `ray start` writes) and ask again for GPUs this task holds
+    out = run_job(job, on_wait=waiting, env={"RAY_ADDRESS": "local"})
+    return replace(out, where=where_ran(node_id, host))
 
 
 def where_ran(node_id: str, host: str) -> str:
