@@ -11,6 +11,7 @@ CPU (a "blocker") keeps evaluations off that node while the test wants them else
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import secrets
@@ -41,6 +42,12 @@ class _Cluster:
         self.root, self.port, self.head, self.worker, self.env = root, port, head, worker, env
         self.address = f"127.0.0.1:{port}"
         self.tmp = root / "tmp"  # $TMPDIR of every process of the cluster and of the run
+
+
+def _die_with_the_test() -> None:
+    """PR_SET_PDEATHSIG: a node's `ray start --block` gets SIGKILL if the test's process dies
+    (its reaper then stops the node's other processes), so a killed test run leaves no raylet."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
 
 
 @contextmanager
@@ -80,7 +87,12 @@ def _two_node_cluster():
         with open(root / "head.log", "w") as log:
             procs.append(
                 subprocess.Popen(
-                    head_cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                    head_cmd,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=_die_with_the_test,
                 )
             )
         worker_cmd = [ray_bin, "start", "--address", f"127.0.0.1:{port}", *common]
@@ -94,6 +106,7 @@ def _two_node_cluster():
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    preexec_fn=_die_with_the_test,
                 )
             )
         yield _Cluster(root, port, procs[0], procs[1], env)
