@@ -221,6 +221,27 @@ STATIC = [
         "no monkeypatching",
     ),
     ("patch-tensor-all", adv("torch.Tensor.all = lambda self: True\n" + OK), "no monkeypatching"),
+    # issue 61: `self` was exempt by name, so rebinding it made any assignment a monkeypatch
+    (
+        "self-is-torch",
+        adv("self = torch\nself.randint = lambda *a, **k: 0\n" + OK),
+        "'self' may only name the first parameter",
+    ),
+    (
+        "self-loop-variable",
+        adv("for self in (torch,):\n    self.isfinite = lambda t: True\n" + OK),
+        "'self' may only name the first parameter",
+    ),
+    (
+        "self-second-parameter",
+        "def helper(x, self):\n    self.randint = x\n\n\n" + adv(OK),
+        "'self' may only name the first parameter",
+    ),
+    (
+        "self-in-a-plain-method",
+        "class Patch:\n    def run(self):\n        self.randint = 1\n\n\n" + adv(OK),
+        "only self.NAME in a class's __init__",
+    ),
     ("patch-allclose", adv("torch.allclose = lambda *a, **k: True\n" + OK), "no monkeypatching"),
     ("patch-via-alias", adv("m = torch\nm.isfinite = abs\n" + OK), "no monkeypatching"),
     (

@@ -136,6 +136,11 @@ class _Checker:
         self.imported: set[str] = set()
         self.docstrings: set[int] = set()
         self.callees: set[int] = set()
+        self.own_attrs: set[int] = set()
+        """attribute targets ``self.NAME`` of a constructor (``__init__`` / ``__post_init__``)"""
+        self.methods = {
+            id(s) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for s in c.body
+        }
 
     def bad(self, node: ast.AST, what: str) -> StaticCheckError:
         return StaticCheckError(f"line {getattr(node, 'lineno', '?')}: {what}")
@@ -153,6 +158,17 @@ class _Checker:
                         self.docstrings.add(id(stmt.value))
             if isinstance(node, ast.Call):
                 self.callees.add(id(node.func))
+            self.self_binding(node)
+            if isinstance(node, ast.ClassDef):
+                for fn in node.body:
+                    if isinstance(fn, ast.FunctionDef) and _is_constructor(fn):
+                        self.own_attrs.update(
+                            id(t)
+                            for t in _walk_local(fn)
+                            if isinstance(t, ast.Attribute)
+                            and isinstance(t.value, ast.Name)
+                            and t.value.id == "self"
+                        )
         self.module_level()
         for node in ast.walk(self.tree):
             self.visit(node)
@@ -365,7 +381,7 @@ class _Checker:
             return
         if isinstance(t, (ast.Attribute, ast.Subscript)):
             root = _root(t)
-            if isinstance(root, ast.Name) and root.id == "self" and isinstance(t, ast.Attribute):
+            if id(t) in self.own_attrs:
                 return
             if isinstance(t, ast.Subscript) and not (
                 isinstance(root, ast.Name) and root.id in self.imported
@@ -374,8 +390,28 @@ class _Checker:
             raise self.bad(
                 t,
                 f"assignment to {_dotted(t) if isinstance(t, ast.Attribute) else 'an item of ' + _dotted(root)}"
-                " is not allowed (no monkeypatching: assign attributes of self only)",
+                " is not allowed (no monkeypatching: only self.NAME in a class's __init__ or"
+                " __post_init__ may be assigned)",
             )
+
+    def self_binding(self, node: ast.AST) -> None:
+        """``self`` names the instance a method is called on, nothing else: rebinding it (``self =
+        torch``), or a parameter of that name anywhere but first in a method, would make
+        ``self.NAME = ...`` a monkeypatch."""
+        why = "'self' may only name the first parameter of a method (no monkeypatching)"
+        if isinstance(node, ast.Name) and node.id == "self" and not isinstance(node.ctx, ast.Load):
+            raise self.bad(node, why)
+        if isinstance(node, ast.alias) and (node.asname or node.name) == "self":
+            raise self.bad(node, why)
+        if isinstance(node, ast.ExceptHandler) and node.name == "self":
+            raise self.bad(node, why)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            a = node.args
+            names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+            names += [x.arg for x in (a.vararg, a.kwarg) if x is not None]
+            first_ok = isinstance(node, ast.FunctionDef) and id(node) in self.methods
+            if "self" in names[int(first_ok and names[:1] == ["self"]) :]:
+                raise self.bad(node, why)
 
     def handler(self, node: ast.ExceptHandler) -> None:
         if node.type is None:
@@ -389,6 +425,14 @@ class _Checker:
                     k,
                     f"'except {_dotted(k)}' is not allowed (it would swallow the sandbox's limits)",
                 )
+
+
+def _is_constructor(fn: ast.FunctionDef) -> bool:
+    """A method that only construction calls (dunder attributes cannot be named): its first
+    parameter is the new instance."""
+    a = fn.args
+    first = (a.posonlyargs + a.args)[:1]
+    return fn.name in ("__init__", "__post_init__") and [x.arg for x in first] == ["self"]
 
 
 def _walk_local(node: ast.AST):

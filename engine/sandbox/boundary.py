@@ -9,10 +9,10 @@ When the engine runs as root the sandbox is entered without a user namespace and
 to a fresh unprivileged uid (so RLIMIT_NPROC applies and no file of root's is readable); otherwise
 bubblewrap creates a user namespace and the child has no capabilities.
 
-``POISE_SANDBOX``: ``auto`` (default: bubblewrap when it works, else the weak mode with a warning),
-``bwrap`` (required: refuse to run candidate code without it) or ``none`` (the weak mode: rlimits,
-an allowlisted environment and a session of its own, but the user's filesystem, network and
-processes). ``docs/security.md`` has the threat model.
+``POISE_SANDBOX``: ``auto`` (default) or ``bwrap`` (bubblewrap; where it cannot run, candidate code is
+refused with one line saying how to install it or how to opt in to the weak mode) or ``none`` (the
+weak mode, chosen explicitly: rlimits, an allowlisted environment and a session of its own, but the
+user's filesystem, network and processes). ``docs/security.md`` has the threat model.
 """
 
 from __future__ import annotations
@@ -86,25 +86,25 @@ def resolve(requested: str | None = None) -> Boundary:
     return _resolve(requested or mode())
 
 
-@functools.lru_cache(maxsize=4)
 def _resolve(requested: str) -> Boundary:
     if requested == "none":
         return Boundary("rlimits", f"{ENV_MODE}=none")
-    exe = shutil.which("bwrap") or ""
-    problem = "bubblewrap (bwrap) is not installed" if not exe else _probe(exe)
+    exe, problem = _bwrap()
     if not problem:
         return Boundary("bwrap", bwrap=exe)
-    if requested == "bwrap":
-        raise SandboxUnavailable(f"{ENV_MODE}=bwrap but {problem}; {INSTALL_HINT}")
-    log.warning(
-        "candidate code runs WITHOUT the OS boundary: %s. It gets rlimits, an allowlisted "
-        "environment and its own session, but can read and write what your user can and reach "
-        "the network. To fix: %s. To silence this: %s=none (docs/security.md).",
-        problem,
-        INSTALL_HINT,
-        ENV_MODE,
+    # never a silent fallback: the weak mode lets candidate code read what the user can (the
+    # engine's environment in /proc, $HOME), so only an explicit POISE_SANDBOX=none chooses it
+    raise SandboxUnavailable(
+        f"candidate code needs the OS boundary, but {problem}: {INSTALL_HINT}; "
+        f"or run it without the boundary (the weak mode, docs/security.md) with {ENV_MODE}=none"
     )
-    return Boundary("rlimits", problem)
+
+
+@functools.lru_cache(maxsize=1)
+def _bwrap() -> tuple[str, str]:
+    """The bwrap executable and why it cannot run here ('' when it can); probed once."""
+    exe = shutil.which("bwrap") or ""
+    return exe, "bubblewrap (bwrap) is not installed" if not exe else _probe(exe)
 
 
 def _probe(exe: str) -> str:
@@ -126,9 +126,12 @@ def _probe(exe: str) -> str:
 
 
 def readonly_paths() -> list[str]:
-    """What the child may read: the interpreter, its site-packages and the project's packages."""
+    """What the child may read: the interpreter, its site-packages, every other directory on the
+    engine's import path (a ``.pth`` file's, PYTHONPATH's, a ``--system-site-packages`` venv's
+    base site-packages; the child imports what the engine imports) and the project's packages."""
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix}
     paths.update(p for p in site.getsitepackages() if p)
+    paths.update(import_path())
     user_site = site.getusersitepackages()
     if user_site and any(p.startswith(user_site) for p in sys.path):
         paths.add(user_site)
@@ -148,6 +151,40 @@ def readonly_paths() -> list[str]:
         if not any(p.startswith(k.rstrip("/") + "/") for k in kept):
             kept.append(p)
     return kept
+
+
+def import_path() -> list[str]:
+    """The directories of ``sys.path`` the child may read. Left out: what would show more than an
+    import path — the working directory (``python -m`` run in an archive or in ``$HOME``), the
+    project's root (only its packages are bound), and any directory holding ``$HOME``, the working
+    directory or the project (``/``, ``/home``)."""
+    guarded = [PROJECT, Path.home().resolve()]
+    try:
+        guarded.append(Path.cwd().resolve())
+    except OSError:  # the working directory was removed
+        pass
+    out = []
+    for entry in sys.path:
+        if not entry or not os.path.isabs(entry) or not os.path.isdir(entry):
+            continue
+        p = Path(os.path.realpath(entry))
+        if p == PROJECT or PROJECT in p.parents:
+            continue
+        if any(p == g or p in g.parents for g in guarded):
+            continue
+        out.append(entry)
+    return out
+
+
+def child_pythonpath() -> str:
+    """A sandboxed child's PYTHONPATH: the project, then the engine's own PYTHONPATH entries that
+    :func:`import_path` lets the child read (packages installed there, torch included)."""
+    readable = {os.path.realpath(p) for p in import_path()}
+    out = [str(PROJECT)]
+    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        if entry and os.path.realpath(entry) in readable and entry not in out:
+            out.append(entry)
+    return os.pathsep.join(out)
 
 
 @functools.lru_cache(maxsize=4)

@@ -197,7 +197,7 @@ def run_sandboxed(
         read_fd, write_fd = os.pipe()
         extra = {k: v.replace(INPUT_TOKEN, inside_input) for k, v in (env or {}).items()}
         child_env = candidate_env(
-            {**extra, FD_ENV: str(write_fd)}, home=home, pythonpath=str(_boundary.PROJECT)
+            {**extra, FD_ENV: str(write_fd)}, home=home, pythonpath=_boundary.child_pythonpath()
         )
         spec = {
             "module": module,
