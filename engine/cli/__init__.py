@@ -20,8 +20,10 @@ import signal
 import sys
 
 import typer
-from rich.console import Console
+from rich.console import Console, RenderHook
 from rich.markup import escape
+from rich.measure import Measurement
+from rich.segment import Segment
 from typer.core import TyperCommand, TyperGroup
 
 from engine import __version__
@@ -30,6 +32,7 @@ from engine.cli.help import EXAMPLES, ROOT_EPILOG
 from engine.cli.logs import setup_logging
 from engine.errors import PoiseError
 from engine.secrets import ScrubbedStream
+from engine.untrusted import visible
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -94,6 +97,41 @@ class _Group(TyperGroup):
         return _flags_without_type(super().get_params(ctx))
 
 
+class _Visible:
+    """A renderable whose text reaches the terminal with its control characters made visible
+    (:func:`engine.untrusted.visible`); rich's own control segments (cursor moves of a live
+    display) and styles pass as they are."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __rich_console__(self, console, options):
+        for seg in console.render(self.inner, options):
+            if seg.control or not seg.text:
+                yield seg
+            else:
+                text = visible(seg.text)
+                yield seg if text == seg.text else Segment(text, seg.style)
+
+    def __rich_measure__(self, console, options):
+        return Measurement.get(console, options, self.inner)
+
+
+class VisibleText(RenderHook):
+    """The display boundary of archive text: everything a console prints, whatever its source
+    (node names, reasons, code, diffs, proposals, trailers, metric names), goes through it."""
+
+    def process_renderables(self, renderables):
+        return [_Visible(r) for r in renderables]
+
+
+def visible_console(**kwargs) -> Console:
+    """A rich Console that shows control characters as escapes (:class:`VisibleText`)."""
+    c = Console(**kwargs)
+    c.push_render_hook(VisibleText())
+    return c
+
+
 app = typer.Typer(
     name="poise-git",
     cls=_Group,
@@ -102,8 +140,8 @@ app = typer.Typer(
     add_completion=False,
     rich_markup_mode="rich",
 )
-console = Console()
-err_console = Console(stderr=True)
+console = visible_console()
+err_console = visible_console(stderr=True)
 
 ArchiveOpt = typer.Option(
     ".", "--archive", "-C", help="The experiment repository (like `git -C`).", show_default=True

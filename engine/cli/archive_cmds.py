@@ -34,6 +34,7 @@ from engine.cli.confirm_cmds import VERDICT_COLOURS
 from engine.cli.operator_cmds import make_llm, print_usage, report_verification
 from engine.config import parse_config
 from engine.errors import ArchiveError, EditError, PoiseError
+from engine.untrusted import visible
 
 
 def _read_text(path: Path, what: str, max_bytes: int | None = None) -> str:
@@ -569,7 +570,7 @@ def diff(
     """The mechanism diff between any two nodes (algorithm files by default)."""
     arch = Archive(archive)
     out = arch.diff(a, b, None if all_files else [ALGORITHM])
-    typer.echo(out if out else "(no difference)", nl=not out)
+    typer.echo(visible(out) if out else "(no difference)", nl=not out)
 
 
 def record(

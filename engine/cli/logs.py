@@ -14,6 +14,8 @@ import os
 
 from rich.logging import RichHandler
 
+from engine.untrusted import visible
+
 PACKAGES = ("engine", "trainer_template", "evaluators")
 """the project's top-level packages: their loggers are the ones ``-v`` opens"""
 QUIET = ("mlflow", "alembic", "optuna", "urllib3", "httpx", "git")
@@ -23,6 +25,14 @@ QUIET = ("mlflow", "alembic", "optuna", "urllib3", "httpx", "git")
 def level_for(verbosity: int) -> int:
     """WARNING with no ``-v``, INFO with one, DEBUG with two or more."""
     return (logging.WARNING, logging.INFO)[verbosity] if verbosity < 2 else logging.DEBUG
+
+
+class _VisibleFormatter(logging.Formatter):
+    """A record may quote archive text (a ref's name, a reason): its control characters are shown
+    as escapes (:func:`engine.untrusted.visible`); on a terminal the console's hook does that."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return visible(super().format(record))
 
 
 def setup_logging(verbosity: int, console) -> logging.Handler:
@@ -41,7 +51,7 @@ def setup_logging(verbosity: int, console) -> logging.Handler:
         handler = logging.StreamHandler(console.file)  # the stream of this invocation
         where = " %(name)s:%(lineno)d" if verbosity >= 2 else ""
         handler.setFormatter(
-            logging.Formatter(f"[%(asctime)s] %(levelname)-8s %(message)s{where}", "%X")
+            _VisibleFormatter(f"[%(asctime)s] %(levelname)-8s %(message)s{where}", "%X")
         )
     handler.setLevel(level)
     handler.set_name(_NAME)

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from engine.archive.store import Archive
 from engine.cli import EXIT_REJECTED, ArchiveOpt, console, err_console
+from engine.untrusted import visible
 
 ProposerOpt = typer.Option(
     None,
@@ -181,7 +182,7 @@ def reflect(
     if console.is_terminal:
         console.print(Markdown(text))
     else:  # piped: the Markdown itself, unwrapped
-        typer.echo(text.rstrip("\n"))
+        typer.echo(visible(text.rstrip("\n")))
     print_usage(llm)
 
 

@@ -14,10 +14,10 @@ import shutil
 import subprocess
 import sys
 
-from rich.console import Console, RenderableType
+from rich.console import RenderableType
 from rich.measure import Measurement
 
-from engine.cli import PIPE_WIDTH, console
+from engine.cli import PIPE_WIDTH, console, visible_console
 
 
 def pager_command() -> str | None:
@@ -48,7 +48,7 @@ def show(renderable: RenderableType, *, no_pager: bool = False) -> None:
             console.width = saved
         return
     buf = io.StringIO()
-    Console(
+    visible_console(
         file=buf,
         width=width,
         force_terminal=True,

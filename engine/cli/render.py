@@ -14,6 +14,7 @@ from rich.syntax import Syntax
 from rich.text import Text
 
 from engine.cli import console
+from engine.untrusted import visible
 
 
 def piped() -> bool:
@@ -21,7 +22,9 @@ def piped() -> bool:
 
 
 def raw(text: str) -> None:
-    """Write ``text`` unchanged (no markup, emoji codes, highlighting or wrapping)."""
+    """Write ``text`` as written (no markup, emoji codes, highlighting or wrapping), its control
+    characters made visible (:func:`engine.untrusted.visible`)."""
+    text = visible(text)
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
     sys.stdout.flush()
 

@@ -19,6 +19,7 @@ from engine.config import utility
 from engine.operators.tokens import count_tokens
 from engine.select import objective
 from engine.select.pareto import parse_objectives
+from engine.untrusted import UNTRUSTED_NOTE, fence, one_line, quoted
 from trainer_template import priors
 
 MAX_PER_TIER = 3
@@ -75,17 +76,23 @@ class NodeSummary:
     objective: str = "overall"
 
     def render(self, reflection: str | None = None) -> str:
-        """The node as prompt text; ``reflection`` overrides how its reflection is shown."""
+        """The node as prompt text; ``reflection`` overrides how its reflection is shown.
+
+        All but the engine's own words is archive text, and so one untrusted-data block
+        (``engine.untrusted.fence``): the metric names, the mechanism line (a PROPOSAL.md's first
+        line or a docstring), the reason (a candidate's own exception text: one quoted line, cut)
+        and the reflection."""
         m = metrics_line(self.metrics, self.intervals, self.objective) or "not evaluated"
         u = "—" if self.utility is None else f"{self.utility:.4g}"
-        out = f"- {self.name} [{self.status}] U={u}\n  metrics (95% intervals): {m}"
-        out += f"\n  mechanism: {self.mechanism}"
+        data = f"metrics (95% intervals): {m}\nmechanism: {one_line(self.mechanism)}"
         if self.reason:
-            out += f"\n  rejected/failed because: {self.reason}"
+            data += f"\nrejected/failed because: {quoted(self.reason)}"
         refl = reflection_digest(self.reflection) if reflection is None else reflection
         if refl:
-            out += "\n  reflection:\n" + "\n".join(f"    {ln}" for ln in refl.splitlines())
-        return out
+            data += "\nreflection:\n" + "\n".join(f"  {ln}" for ln in refl.splitlines())
+        return f"- {one_line(self.name, 120)} [{self.status}] U={u}\n" + fence(
+            f"node {self.name}", data
+        )
 
 
 @dataclass
@@ -104,21 +111,27 @@ class Context:
     """what :meth:`render` left out to stay within the budget (empty when it all fit)"""
 
     def _text(self, ref_reflection: str, prior_chars: int | None, tiers: int) -> str:
-        parts = []
+        parts = [UNTRUSTED_NOTE]
         if self.directive:
             parts.append(f"## Research directive\n{self.directive}")
         p = self.parent
         parts.append(
             f"## Parent node\n{p.render(reflection='')}"
             + (
-                f"\n\n### Parent's reflection (whole)\n{p.reflection.strip()}"
+                "\n\n### Parent's reflection (whole)\n"
+                + fence(f"REFLECTION.md of {p.name}", p.reflection.strip())
                 if p.reflection
                 else ""
             )
         )
         if self.proposal:
-            parts.append(f"### Parent's proposal\n{self.proposal[:1500]}")
-        parts.append(f"### Parent's algorithm.py\n```python\n{self.parent_code}\n```")
+            parts.append(
+                "### Parent's proposal\n"
+                + fence(f"PROPOSAL.md of {p.name}", self.proposal, limit=1500)
+            )
+        parts.append(
+            "### Parent's algorithm.py\n" + fence(f"algorithm.py of {p.name}", self.parent_code)
+        )
         named = (
             ("Pareto-frontier nodes", self.frontier),
             ("Rejected or failed nodes (avoid repeating these)", self.rejected),

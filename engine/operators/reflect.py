@@ -21,6 +21,7 @@ from engine.archive.results import EvaluationResult, comparable, configured_prot
 from engine.archive.tracking import TrackingUnavailable, mlflow_client, unreachable
 from engine.errors import PoiseError
 from engine.stats import paired_interval, tail_mean
+from engine.untrusted import UNTRUSTED_NOTE, fence, one_line
 
 log = logging.getLogger(__name__)
 
@@ -516,10 +517,14 @@ def reflect_node(archive, name: str, cfg, llm=None) -> str:
     narrative = ""
     if llm is not None:
         diff = archive.parent_diff(name, ["algorithm.py"])[0] if parent else archive.algorithm(name)
+        # the proposal, the code and the metric names in the findings are archive text: fenced
         prompt = (
-            f"Node `{name}` (parent `{parent}`).\n\nProposal:\n{archive.read_file(name, 'PROPOSAL.md') or '(none)'}\n\n"
-            f"Mechanism diff vs parent:\n```diff\n{diff[:6000]}\n```\n\nComputed diagnostics:\n"
-            + "\n".join(f"- {f}" for f in findings + traj + relative)
+            f"Node `{one_line(name, 120)}` (parent `{one_line(parent or '', 120)}`).\n\nProposal:\n"
+            + fence(f"PROPOSAL.md of {name}", archive.read_file(name, "PROPOSAL.md") or "(none)")
+            + "\n\nMechanism diff vs parent:\n"
+            + fence(f"algorithm.py diff of {name}", diff, limit=6000)
+            + "\n\nComputed diagnostics:\n"
+            + fence("diagnostics", "\n".join(f"- {f}" for f in findings + traj + relative))
             + "\n\nWrite a short mechanism-level analysis (<= 200 words): which part of the mechanism most likely "
             "caused each finding, and one concrete next step. Plain Markdown, no headings."
         )
@@ -527,7 +532,8 @@ def reflect_node(archive, name: str, cfg, llm=None) -> str:
             [
                 {
                     "role": "system",
-                    "content": "You analyse RL-for-LLM training runs precisely and briefly.",
+                    "content": "You analyse RL-for-LLM training runs precisely and briefly. "
+                    + UNTRUSTED_NOTE,
                 },
                 {"role": "user", "content": prompt},
             ],

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from engine.select import objective as obj
+from engine.untrusted import visible
 
 DYNAMICS = (
     ("train/reward_mean", "reward (mean)"),
@@ -161,7 +162,7 @@ def lineage(
     ids = None if named else lineage_ids(nodes)
     for k, (x, y) in pos.items():
         ax.annotate(
-            k if ids is None else str(ids[k]),
+            visible(k) if ids is None else str(ids[k]),
             (x, y),
             xytext=(0, 9),
             textcoords="offset points",
@@ -239,7 +240,7 @@ def dynamics(nodes: Mapping[str, Any], names: list[str], *, about: str = "") -> 
                 ys = ys[: len(steps)]
                 c = colors[i % len(colors)]
                 ax.plot(steps, ys, color=c, lw=0.8, alpha=0.25)
-                ax.plot(steps, _smooth(ys), color=c, lw=1.8, label=k)
+                ax.plot(steps, _smooth(ys), color=c, lw=1.8, label=visible(k))
         ax.set_title(label)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)

@@ -33,8 +33,15 @@ from engine.operators.reflect import training_vs_parent
 from engine.report import figures
 from engine.report.write import write_whole
 from engine.select import objective as obj
+from engine.untrusted import visible
 
 REPORT_DIR = Path(".poise") / "report"
+
+
+def _h(value: object) -> str:
+    """Archive text (names, reasons, code, diffs, metric names) for the page: control characters
+    and bidi overrides shown as escapes (:func:`engine.untrusted.visible`), then HTML-escaped."""
+    return html.escape(visible(str(value)))
 
 
 def report_experiment(archive: Archive) -> ExperimentConfig:
@@ -71,7 +78,7 @@ def report_protocol(archive: Archive):
 
 
 def _f(v: Any, nd: int = 4) -> str:
-    return "—" if v is None else f"{v:.{nd}g}" if isinstance(v, float) else html.escape(str(v))
+    return "—" if v is None else f"{v:.{nd}g}" if isinstance(v, float) else _h(str(v))
 
 
 def _delta(a: float | None, b: float | None) -> str:
@@ -190,10 +197,10 @@ def render_report(
     rows = node_rows(nodes, exp)
     rec = load_run(archive)
     parts = [
-        f"<!doctype html><html><head><meta charset='utf-8'><title>poise-git report: {html.escape(exp.name)}</title>",
+        f"<!doctype html><html><head><meta charset='utf-8'><title>poise-git report: {_h(exp.name)}</title>",
         f"<style>{_CSS}</style></head><body>",
-        f"<h1>poise-git report — {html.escape(exp.name)}</h1>",
-        f"<p class='sub'>{html.escape(str(archive.path))} · generated {time.strftime('%Y-%m-%d %H:%M:%S')}</p>",
+        f"<h1>poise-git report — {_h(exp.name)}</h1>",
+        f"<p class='sub'>{_h(str(archive.path))} · generated {time.strftime('%Y-%m-%d %H:%M:%S')}</p>",
         "<table class='kv'>",
         _kv("objective", obj.describe_objective(exp)),
         _kv("protocol", _protocol_line(ref, nodes, keep)),
@@ -238,13 +245,13 @@ def render_report(
     for title, svg, caption in figs:
         if svg:
             parts.append(
-                f"<figure><h2>{html.escape(title)}</h2><div class='fig'>{svg}</div>"
-                f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+                f"<figure><h2>{_h(title)}</h2><div class='fig'>{svg}</div>"
+                f"<figcaption>{_h(caption)}</figcaption></figure>"
             )
             if title == "Lineage" and len(nodes) > figures.NAMED_LINEAGE:
                 parts.append(_legend(nodes, exp))
         else:
-            parts.append(f"<h2>{html.escape(title)}</h2><p class='sub'>no data yet</p>")
+            parts.append(f"<h2>{_h(title)}</h2><p class='sub'>no data yet</p>")
     parts.append(_rounds(nodes, rows))
     parts.append(
         "<h2>Nodes</h2><p class='sub'>U with its 95% interval; a child is <b>better</b> than its parent only when its "
@@ -266,8 +273,8 @@ def render_report(
         what = "the best node" if shown == best else "the best candidate (the root remains best)"
         diff = archive.diff(root, shown, [ALGORITHM])
         parts.append(
-            f"<h2>Mechanism of {what}: {html.escape(shown)} vs the root</h2>"
-            f"<pre>{html.escape(diff or '(no change)')}</pre>"
+            f"<h2>Mechanism of {what}: {_h(shown)} vs the root</h2>"
+            f"<pre>{_h(diff or '(no change)')}</pre>"
         )
     parts.append("</body></html>")
     page = out / "index.html"
@@ -311,10 +318,7 @@ def _remedies(archive: Archive, nodes) -> str:
             else "yes"
         )
         names = ", ".join(t.node for t in mine) or "—"
-        out.append(
-            f"<tr><td>{move}</td>{counts}<td>{html.escape(names)}</td>"
-            f"<td>{html.escape(state)}</td></tr>"
-        )
+        out.append(f"<tr><td>{move}</td>{counts}<td>{_h(names)}</td><td>{_h(state)}</td></tr>")
     out.append("</table>")
     return "".join(out)
 
@@ -343,19 +347,18 @@ def _confirmations(confs: dict[str, Any], apart: dict[str, str]) -> str:
     ]
     for name, c in sorted(confs.items(), key=lambda kv: (bool(apart.get(kv[0])), kv[0])):
         sd = c.search_difference
-        search = f"{span(sd[0], sd[1])} ({html.escape(str(sd[2]))})" if sd else "—"
+        search = f"{span(sd[0], sd[1])} ({_h(str(sd[2]))})" if sd else "—"
         verdict = c.verdict + (f": {c.reason}" if c.reason else "")
-        protocol = html.escape(c.protocol.key)
+        protocol = _h(c.protocol.key)
         if apart.get(name):
             protocol += (
-                f" <span class='worse'>(another version than this page's "
-                f"{html.escape(apart[name])})</span>"
+                f" <span class='worse'>(another version than this page's {_h(apart[name])})</span>"
             )
         out.append(
-            f"<tr><td>{html.escape(name)}</td><td>{html.escape(c.against)}</td>"
+            f"<tr><td>{_h(name)}</td><td>{_h(c.against)}</td>"
             f"<td>{protocol}</td><td>{', '.join(map(str, c.seeds))}</td>"
             f"<td>{span(c.difference, c.interval)}</td>"
-            f"<td>{html.escape(verdict)}</td><td>{search}</td></tr>"
+            f"<td>{_h(verdict)}</td><td>{search}</td></tr>"
         )
     out.append("</table>")
     return "".join(out)
@@ -371,8 +374,8 @@ def _legend(nodes, exp: ExperimentConfig) -> str:
     for name, i in sorted(ids.items(), key=lambda kv: kv[1]):
         n = nodes[name]
         out.append(
-            f"<tr><td>{i}</td><td>{html.escape(name)}</td><td>{n.depth}</td>"
-            f"<td>{html.escape(n.status)}</td><td>{_f(obj.node_utility(n, exp))}</td></tr>"
+            f"<tr><td>{i}</td><td>{_h(name)}</td><td>{n.depth}</td>"
+            f"<td>{_h(n.status)}</td><td>{_f(obj.node_utility(n, exp))}</td></tr>"
         )
     out.append("</table></details>")
     return "\n".join(out)
@@ -415,7 +418,7 @@ def _protocol_line(ref, nodes, keep: set[str]) -> str:
 
 
 def _kv(k: str, v: str) -> str:
-    return f"<tr><td><b>{html.escape(k)}</b></td><td>{html.escape(v)}</td></tr>"
+    return f"<tr><td><b>{_h(k)}</b></td><td>{_h(v)}</td></tr>"
 
 
 def _table(rows: list[dict[str, Any]], exp: ExperimentConfig) -> str:
@@ -435,17 +438,17 @@ def _table(rows: list[dict[str, Any]], exp: ExperimentConfig) -> str:
         "training vs parent",
         "reason",
     ]
-    out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
+    out = ["<table><tr>" + "".join(f"<th>{_h(h)}</th>" for h in head) + "</tr>"]
     for r in rows:
         iv = r["interval"]
         verdict = r["vs_parent"]
         cls = "better" if verdict == obj.BETTER else "worse" if verdict == obj.WORSE else ""
         cells = [
-            html.escape(r["node"]),
+            _h(r["node"]),
             str(r["depth"]),
-            html.escape(", ".join(r["parents"]) or "—"),
+            _h(", ".join(r["parents"]) or "—"),
             _f(r["round"]),
-            html.escape(r["status"]),
+            _h(r["status"]),
             _f(r["utility"]),
             f"[{iv[0]:.4f}, {iv[1]:.4f}]" if iv else "—",
             _f(r["objective"]),
@@ -457,9 +460,9 @@ def _table(rows: list[dict[str, Any]], exp: ExperimentConfig) -> str:
                 r["utility"],
                 None if r["delta_parent"] is None else r["utility"] - r["delta_parent"],
             ),
-            f"<span class='{cls}'>{html.escape(verdict)}</span>",
-            html.escape(r["training"] or "—"),
-            html.escape(r["reason"][:160]),
+            f"<span class='{cls}'>{_h(verdict)}</span>",
+            _h(r["training"] or "—"),
+            _h(r["reason"][:160]),
         ]
         out.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     out.append("</table>")
@@ -496,20 +499,19 @@ def _rounds(nodes, rows: list[dict[str, Any]]) -> str:
             return (0, int(rank), kv[0]) if rank.isdigit() else (1, 0, kv[0])
 
         ptxt = ", ".join(
-            f"{html.escape(p)} ({html.escape(rk)}: {html.escape(sc)})"
-            for p, (rk, sc) in sorted(parents.items(), key=by_rank)
+            f"{_h(p)} ({_h(rk)}: {_h(sc)})" for p, (rk, sc) in sorted(parents.items(), key=by_rank)
         )
         status = {}
         for k in kids:
             status[k["status"]] = status.get(k["status"], 0) + 1
         scored = [k for k in kids if k["utility"] is not None]
         best = max(scored, key=lambda k: k["utility"]) if scored else None
-        best_txt = f"{html.escape(best['node'])} ({best['utility']:.4f})" if best else "—"
+        best_txt = f"{_h(best['node'])} ({best['utility']:.4f})" if best else "—"
         better = [k["node"] for k in kids if k["vs_parent"] == obj.BETTER]
         counts = ", ".join(f"{v} {st}" for st, v in sorted(status.items()))
         out.append(
-            f"<tr><td>{rnd}</td><td>{ptxt}</td><td>{html.escape(counts)}</td><td>{best_txt}</td>"
-            f"<td>{html.escape(', '.join(better)) or '—'}</td></tr>"
+            f"<tr><td>{rnd}</td><td>{ptxt}</td><td>{_h(counts)}</td><td>{best_txt}</td>"
+            f"<td>{_h(', '.join(better)) or '—'}</td></tr>"
         )
     out.append("</table>")
     return "\n".join(out)
