@@ -90,6 +90,22 @@ def check_bounds(src: str, what: str) -> None:
         return  # a syntax error: the parser reports it with its position
 
 
+def parse_ast(src: str | bytes, what: str) -> ast.Module:
+    """The syntax tree of code read back from an archive, within the bounds a new ``algorithm.py``
+    gets (:func:`check_bounds`): a pushed branch's file is as hostile as an LLM's edit. One-line
+    EditError naming ``what`` (say, ``node b's algorithm.py``) where it is out of bounds or does not
+    parse — never a RecursionError. Bytes (a git blob) must be UTF-8."""
+    if isinstance(src, bytes):
+        src = decode_source(src, what)
+    check_bounds(src, what)
+    try:
+        return ast.parse(src)
+    except SyntaxError as exc:
+        raise EditError(f"{what} does not parse: line {exc.lineno}: {exc.msg}") from None
+    except (RecursionError, MemoryError, ValueError) as exc:
+        raise EditError(f"{what} cannot be parsed ({type(exc).__name__})") from None
+
+
 @functools.lru_cache(maxsize=64)
 def _parse_cached(src: str) -> cst.Module:
     # LibCST trees are immutable, so a parsed parent is safely shared by all of its children's edits.

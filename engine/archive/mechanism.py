@@ -34,7 +34,7 @@ def normalized(source: str) -> str | None:
     """The AST dump of ``source`` without docstrings; None when it does not parse."""
     try:
         tree = ast.parse(source)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # a pushed 200k-term `1+1+...`
         return None
     _strip_docstrings(tree)
     return ast.dump(tree, annotate_fields=False, include_attributes=False)

@@ -329,6 +329,13 @@ class Archive:
                     )
                 continue
             nodes[name] = node
+        for name, cycle in _parent_cycles(nodes).items():  # pushed branches naming each other
+            ref = REF_PREFIX + name
+            self.skipped[ref] = f"its Poise-Parent lineage is a cycle ({' -> '.join(cycle)})"
+            del nodes[name]
+            if (str(self.path), ref, "cycle") not in _WARNED:
+                _WARNED.add((str(self.path), ref, "cycle"))
+                log.warning("poise-git: ignoring %s: %s", ref, self.skipped[ref])
         wanted = [(n, p) for n in nodes.values() for p in _result_paths(n)]
         blobs = self.git.cat_blobs([f"{n.commit}:{p}" for n, p in wanted])
         for (n, p), blob in zip(wanted, blobs):
@@ -948,6 +955,33 @@ def _message(
         for v in values:
             lines.append(f"{key}: {' '.join(str(v).split())}")
     return "\n".join(lines) + "\n"
+
+
+def _parent_cycles(nodes: dict[str, Node]) -> dict[str, list[str]]:
+    """``{node: the cycle through it}`` for every node on a cycle of parent links (a pushed branch
+    naming itself or a descendant as its parent): such nodes have no root, no depth, no lineage."""
+    grounded: set[str] = set()
+    changed = True
+    while changed:  # a node whose every parent is grounded (or gone) is grounded
+        changed = False
+        for n in nodes.values():
+            if n.name not in grounded and all(p in grounded or p not in nodes for p in n.parents):
+                grounded.add(n.name)
+                changed = True
+    out: dict[str, list[str]] = {}
+    for start in (n for n in nodes if n not in grounded):
+        path, stack, seen = {start: [start]}, [start], {start}
+        while stack and start not in out:  # a path from start back to itself, over parents
+            cur = stack.pop()
+            for p in nodes[cur].parents:
+                if p == start:
+                    out[start] = path[cur] + [start]
+                    break
+                if p in nodes and p not in grounded and p not in seen:
+                    seen.add(p)
+                    path[p] = path[cur] + [p]
+                    stack.append(p)
+    return out
 
 
 def _assign_depths(nodes: dict[str, Node]) -> None:

@@ -8,9 +8,7 @@ import ast
 import dataclasses
 from typing import Any
 
-import libcst as cst
-
-from engine.archive.edit import apply_edit, defined_names
+from engine.archive.edit import _parse, apply_edit, defined_names, parse_ast
 from engine.archive.mechanism import normalized
 from engine.errors import EvaluationError
 from engine.operators.proposers.edit_plan import class_defaults
@@ -76,7 +74,8 @@ def _referenced(defs: dict[str, ast.stmt], name: str) -> bool:
 
 def node_changes(node_src: str, root_src: str) -> list[Change]:
     """The node's changes to the root, hyperparameters first, each in file order."""
-    node_tree, root_tree = ast.parse(node_src), ast.parse(root_src)
+    node_tree = parse_ast(node_src, "the node's algorithm.py")  # a pushed branch's: bounded
+    root_tree = parse_ast(root_src, "the root's algorithm.py")
     node_hp, root_hp = class_defaults(node_src), class_defaults(root_src)
     changes = [
         Change(HYPERPARAMETER, k, node_hp.get(k), v)
@@ -99,10 +98,10 @@ def without(node_src: str, root_src: str, change: Change) -> str:
     if change.kind == HYPERPARAMETER:
         return set_defaults(node_src, {change.name: change.root_value})
     if change.kind == ADDED:
-        mod = cst.parse_module(node_src)
+        mod = _parse(node_src, "the node's algorithm.py")
         body = [st for st in mod.body if change.name not in defined_names(st)]
         return mod.with_changes(body=body).code
-    root = cst.parse_module(root_src)
+    root = _parse(root_src, "the root's algorithm.py")
     for st in root.body:
         if change.name in defined_names(st):
             return apply_edit(node_src, root.code_for_node(st))

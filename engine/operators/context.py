@@ -14,8 +14,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.archive.edit import parse_ast
 from engine.archive.results import configured_protocol
 from engine.config import utility
+from engine.errors import EditError
 from engine.operators.tokens import count_tokens
 from engine.select import objective
 from engine.select.pareto import parse_objectives
@@ -194,8 +196,8 @@ class Context:
 def identifiers(source: str) -> set[str]:
     """Names and attributes a mechanism uses (its structural signature)."""
     try:
-        tree = ast.parse(source)
-    except SyntaxError:
+        tree = parse_ast(source, "algorithm.py")
+    except EditError:  # out of the parser's bounds (a pushed branch's) or no Python
         return set()
     out = set()
     for n in ast.walk(tree):
@@ -272,14 +274,14 @@ def mechanism_line(proposal_md: str | None, source: str | None) -> str:
             return first[:300]
     if source:
         try:
-            for n in ast.parse(source).body:
+            for n in parse_ast(source, "algorithm.py").body:
                 if isinstance(n, ast.FunctionDef) and n.name == "compute_advantages":
                     return (
                         (ast.get_docstring(n) or "").splitlines()[0][:300]
                         if ast.get_docstring(n)
                         else ""
                     )
-        except SyntaxError:
+        except EditError:
             pass
     return "(no description)"
 

@@ -20,8 +20,9 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from engine.archive.edit import parse_ast
 from engine.archive.results import configured_protocol
-from engine.errors import PoiseError
+from engine.errors import EditError, PoiseError
 from engine.operators.fingerprint import DUPLICATE_TOL, distance, fingerprints, nearest
 from engine.operators.implement import build_source
 from engine.operators.llm import make_client
@@ -132,13 +133,17 @@ def archived_fingerprints(
     return out, todo
 
 
-def code_key(source: str) -> str | None:
+def code_key(source: str, what: str = "algorithm.py") -> str | None:
     """The code's identity for duplicate detection: its syntax tree without docstrings and formatting
-    (None when it does not parse)."""
+    (None when it does not parse or is out of the parser's bounds)."""
     try:
-        tree = ast.parse(source)
-    except SyntaxError:
+        tree = parse_ast(source, what)
+    except EditError:
         return None
+    return _tree_key(tree)
+
+
+def _tree_key(tree: ast.Module) -> str:
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if (
@@ -153,15 +158,23 @@ def code_key(source: str) -> str | None:
 
 
 def archived_code(archive, nodes=None) -> dict[str, str]:
-    """{code key: node name} over every node of the archive (any status)."""
+    """{code key: node name} over every node of the archive (any status); a node whose code is out
+    of the parser's bounds (a pushed branch's) is named in a warning and left out."""
     nodes = nodes if nodes is not None else archive.nodes()
     items = sorted(nodes.values(), key=lambda n: n.name)
     blobs = archive.git.cat_blobs([f"{n.commit}:algorithm.py" for n in items])
     out: dict[str, str] = {}
     for n, blob in zip(items, blobs):
-        key = code_key(blob) if blob is not None else None
-        if key is not None:
-            out.setdefault(key, n.name)
+        if blob is None:
+            continue
+        src = blob.decode("utf-8", "replace") if isinstance(blob, bytes) else blob
+        try:
+            tree = parse_ast(src, f"node {n.name}'s algorithm.py")
+        except EditError as exc:
+            if "does not parse" not in str(exc):
+                log.warning("poise-git: duplicate screening leaves out %s", exc)
+            continue
+        out.setdefault(_tree_key(tree), n.name)
     return out
 
 
@@ -291,6 +304,8 @@ def propose_all(
     if name == "llm" and llm is None:
         llm = make_client(cfg, archive, replay=replay)
     nodes = archive.nodes(configured_protocol(cfg))
+    if parent in nodes:  # a pushed parent's code: refused in one line before anything parses it
+        parse_ast(archive.algorithm(parent), f"node {parent}'s algorithm.py")
     ctx = build_context(archive, parent, cfg, seed=seed, nodes=nodes)
     prop = get_proposer(name, llm=llm)
     raw = prop.propose(archive, parent, ctx, cfg, n, seed)

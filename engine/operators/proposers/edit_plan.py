@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from engine.archive.edit import parse_ast
+from engine.errors import EditError
 from engine.operators.proposers.codegen import (
     ADVANTAGE_COMPONENTS,
     CONTINUOUS,
@@ -33,8 +35,8 @@ def class_defaults(source: str) -> dict[str, Any]:
     """The literal defaults of the ``Hyperparameters`` dataclass in ``source`` (others skipped)."""
     out: dict[str, Any] = {}
     try:
-        tree = ast.parse(source)
-    except SyntaxError:
+        tree = parse_ast(source, "algorithm.py")
+    except EditError:
         return out
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == "Hyperparameters":
@@ -54,8 +56,8 @@ def class_defaults(source: str) -> dict[str, Any]:
 def _reads(source: str, functions: Sequence[str]) -> set[str]:
     """Attributes of ``cfg`` that the named top-level functions of ``source`` read."""
     try:
-        tree = ast.parse(source)
-    except SyntaxError:
+        tree = parse_ast(source, "algorithm.py")
+    except EditError:
         return set()
     out: set[str] = set()
     for node in tree.body:

@@ -9,6 +9,7 @@ from typing import Any
 
 import libcst as cst
 
+from engine.archive.edit import _parse
 from engine.errors import EditError
 from engine.operators.proposers.codegen import HP_DOCS, source_literal
 
@@ -93,7 +94,7 @@ def set_defaults(
             raise EditError(f"bad hyperparameter name {k!r}")
         _literal(v)
     t = _Defaults(values, HP_DOCS if docs is None else docs, set(drop) - set(values))
-    out = cst.parse_module(source).visit(t)
+    out = _parse(source, "algorithm.py").visit(t)  # within the parser's bounds
     if not t.found:
         raise EditError("algorithm.py has no Hyperparameters dataclass to set hyperparameters on")
     return out.code
