@@ -86,6 +86,7 @@ def test_a_terminal_shows_the_sequences_as_text(archive):
     the same boundary (its own styles are the only escape sequences left)."""
     from rich.markdown import Markdown
     from rich.syntax import Syntax
+    from rich.table import Table
     from rich.text import Text
 
     from engine.cli import visible_console
@@ -93,7 +94,9 @@ def test_a_terminal_shows_the_sequences_as_text(archive):
     buf = io.StringIO()
     c = visible_console(file=buf, force_terminal=True, width=200, color_system="truecolor")
     hostile = "x = 1  # tidy" + HIDE + OSC52 + TITLE + CLEAR + BIDI
-    for r in (Text(hostile), Markdown("# " + hostile), Syntax("+" + hostile, "diff")):
+    table = Table("node", "reason")
+    table.add_row("n" + BIDI, hostile)
+    for r in (Text(hostile), Markdown("# " + hostile), Syntax("+" + hostile, "diff"), table):
         c.print(r)
     c.print(hostile, markup=False)
     out = buf.getvalue()
@@ -102,6 +105,16 @@ def test_a_terminal_shows_the_sequences_as_text(archive):
     assert "\\x1b]52;c;" in out and "\\x1b[2J" in out
     # what remains are rich's own SGR styles only
     assert not re.search(r"\x1b(?!\[[0-9;]*m)", out)
+    assert "n\\u202e" in out and "\\x1b[1A\\x1b[2K" in out
+    # a live status line: rich moves the cursor itself, the text's sequences stay text
+    buf = io.StringIO()
+    c = visible_console(file=buf, force_terminal=True, width=200, color_system="truecolor")
+    with c.status(hostile):
+        c.print("inside " + CLEAR, markup=False)
+    out = buf.getvalue()
+    for attack in (OSC52, TITLE, CLEAR, BIDI, HIDE, "\x1b]"):
+        assert attack not in out, repr(attack)
+    assert "\\x1b]52;c;" in out
 
 
 def test_osc52_title_and_clear_screen_in_a_pushed_trailer_are_shown_as_text(archive, cli):

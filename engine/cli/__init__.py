@@ -20,9 +20,8 @@ import signal
 import sys
 
 import typer
-from rich.console import Console, RenderHook
+from rich.console import Console
 from rich.markup import escape
-from rich.measure import Measurement
 from rich.segment import Segment
 from typer.core import TyperCommand, TyperGroup
 
@@ -97,39 +96,29 @@ class _Group(TyperGroup):
         return _flags_without_type(super().get_params(ctx))
 
 
-class _Visible:
-    """A renderable whose text reaches the terminal with its control characters made visible
-    (:func:`engine.untrusted.visible`); rich's own control segments (cursor moves of a live
-    display) and styles pass as they are."""
+class VisibleConsole(Console):
+    """The display boundary of archive text: a rich Console whose every rendered segment (node
+    names, reasons, code, diffs, proposals, trailers, metric names, whatever their source, inside
+    panels, tables, Markdown, live status lines and log records) reaches the terminal with its
+    control characters made visible (:func:`engine.untrusted.visible`). rich's own control
+    segments (a live display's cursor moves) and its styles pass as they are."""
 
-    def __init__(self, inner):
-        self.inner = inner
+    def render_str(self, text: str, **kwargs):
+        # strings become visible before they are measured: a table's column fits the escapes
+        return super().render_str(visible(text), **kwargs)
 
-    def __rich_console__(self, console, options):
-        for seg in console.render(self.inner, options):
+    def render(self, renderable, options=None):
+        for seg in super().render(renderable, options):
             if seg.control or not seg.text:
                 yield seg
             else:
                 text = visible(seg.text)
                 yield seg if text == seg.text else Segment(text, seg.style)
 
-    def __rich_measure__(self, console, options):
-        return Measurement.get(console, options, self.inner)
-
-
-class VisibleText(RenderHook):
-    """The display boundary of archive text: everything a console prints, whatever its source
-    (node names, reasons, code, diffs, proposals, trailers, metric names), goes through it."""
-
-    def process_renderables(self, renderables):
-        return [_Visible(r) for r in renderables]
-
 
 def visible_console(**kwargs) -> Console:
-    """A rich Console that shows control characters as escapes (:class:`VisibleText`)."""
-    c = Console(**kwargs)
-    c.push_render_hook(VisibleText())
-    return c
+    """A rich Console that shows control characters as escapes (:class:`VisibleConsole`)."""
+    return VisibleConsole(**kwargs)
 
 
 app = typer.Typer(
