@@ -446,3 +446,33 @@ def test_a_stop_ends_a_running_child_without_waiting_for_its_pipes(world):
     assert "interrupted" in res.killed, res.killed
     assert res.wall_s < 20, res.wall_s
     assert_contained(res, frames, world)
+
+
+def test_preloaded_modules_are_imported_under_the_limits_and_then_frozen(world):
+    """``preload``: the launcher imports the named modules inside the boundary before the target runs,
+    with the garbage collector off and their objects frozen; the target finds them imported and the
+    collector on again (candidate code is collected as before). The limits already apply: a preload
+    that needs more memory than the child may have fails the child, as the target's own import
+    would."""
+    code = (
+        "import gc, sys\n"
+        "CHANNEL.send({'type': 'report', 'result': ['decimal' in sys.modules, gc.isenabled(),\n"
+        "    gc.get_freeze_count() > 1000]})\n"
+    )
+    res, frames = run(code, world, preload=("decimal",))
+    assert res.ok, res.reason()
+    assert reported(frames) == [[True, True, True]]
+    assert_contained(res, frames, world)
+    res, frames = run(code.replace("'decimal' in", "'decimal' not in"), world)
+    assert res.ok, res.reason()
+    assert reported(frames) == [[True, True, False]]  # nothing preloaded, nothing frozen
+    res, frames = run(
+        "CHANNEL.send({'type': 'report', 'result': 1})\n",
+        world,
+        Limits(wall_s=30, memory_mb=96),
+        preload=("torch",),
+    )
+    assert not res.ok and reported(frames) == [], res.reason()
+    tail = res.output_tail  # the launcher's import, over the address-space limit
+    assert "in _preload" in tail and ("failed to map" in tail or "MemoryError" in tail), tail
+    assert_contained(res, frames, world)

@@ -110,6 +110,7 @@ def run_seed(
             inputs={"algorithm.py": source.encode("utf-8"), "warmstart.pt": warmstart},
             on_frame=train,
             boundary=boundary,
+            preload=("torch",),
         )
         data = _judge_training(run, train, seed)
         feed.put(train.weights if data is None else None)
@@ -208,6 +209,7 @@ def _score(
         on_frame=on_frame,
         boundary=boundary,
         stdin=weights,
+        preload=("torch",),
     )
     spent = got.get("eval_s")
     eval_s = float(spent) if isinstance(spent, (int, float)) else 0.0

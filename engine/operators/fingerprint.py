@@ -216,6 +216,7 @@ def _record(
         env={"POISE_VERIFY_MODE": "record"},
         on_frame=rec,
         boundary=b,
+        preload=("torch",),
     )
     if run.protocol_error:
         return {}, "", f"fingerprinting failed: {run.reason()}"
@@ -269,6 +270,7 @@ def fingerprints(
                 on_frame=on_result,
                 boundary=b,
                 stdin=feed,
+                preload=("torch",),
             )
         ),
         name="poise-fingerprint-replay",

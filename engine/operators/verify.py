@@ -85,6 +85,9 @@ def generate_suite(intents: tuple[str, ...] | list[str] = ()) -> dict[str, str]:
     return files
 
 
+VERIFY_PRELOAD = ("torch", "pytest")
+"""what both children of a verification import before they run (``run_sandboxed``'s ``preload``)"""
+
 PYTEST_INI = "[pytest]\n"
 """the suite's own (empty) settings, so that no configuration around the scratch directory applies"""
 
@@ -121,6 +124,7 @@ def run_suite(
                 on_frame=on_result,
                 boundary=b,
                 stdin=feed,
+                preload=VERIFY_PRELOAD,
             )
         ),
         name="poise-verify-replay",
@@ -136,6 +140,7 @@ def run_suite(
             env={"POISE_VERIFY_MODE": "record", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
             on_frame=rec,
             boundary=b,
+            preload=VERIFY_PRELOAD,
         )
         ended = rec.finish(run)
         feed.put(None if run.protocol_error else rec.to_json(ended).encode())

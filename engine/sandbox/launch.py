@@ -4,13 +4,17 @@
 
 It dies with its parent (PR_SET_PDEATHSIG), drops to the unprivileged uid the parent chose when it
 starts as root, applies the kernel limits (rlimits: CPU time, address space, file size, processes,
-open files, no core dumps), closes every inherited descriptor but the channel, then runs the target
-module as ``__main__``. Only the standard library is imported here.
+open files, no core dumps), closes every inherited descriptor but the channel, imports the modules
+the parent names in ``preload`` (trusted packages the target imports anyway: torch, pytest) with the
+cyclic garbage collector off and then freezes them (``gc.freeze``), then runs the target module as
+``__main__``. Only the standard library is imported here, and nothing before the limits apply.
 """
 
 from __future__ import annotations
 
 import ctypes
+import gc
+import importlib
 import json
 import os
 import resource
@@ -61,6 +65,25 @@ def _close_fds(keep: set[int]) -> None:
                 pass
 
 
+def _preload(modules: list[str]) -> None:
+    """Import ``modules`` with the cyclic collector off, then freeze what they made.
+
+    torch's import makes some 270,000 objects that live as long as the process; with the collector on,
+    its passes over them while they are made cost about a fifth of the import, and every full
+    collection afterwards walks them again (pytest runs five at its exit). Frozen, they are left out
+    of every later collection; the target's and the candidate's own objects are collected as before
+    (the collector is on again before the target runs)."""
+    if not modules:
+        return
+    gc.disable()
+    try:
+        for name in modules:
+            importlib.import_module(name)
+    finally:
+        gc.freeze()
+        gc.enable()
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     _die_with_parent(spec.get("parent"))
@@ -70,6 +93,7 @@ def main() -> None:
     os.umask(0o077)
     channel = os.environ.get("POISE_CHANNEL_FD", "")
     _close_fds({int(channel)} if channel.isdigit() else set())
+    _preload(spec.get("preload", []))
     sys.argv = [spec["module"], *spec.get("args", [])]
     runpy.run_module(spec["module"], run_name="__main__", alter_sys=True)
 

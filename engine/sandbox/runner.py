@@ -157,13 +157,17 @@ def run_sandboxed(
     on_frame: Callable[[dict, Session], None] | None = None,
     boundary: _boundary.Boundary | None = None,
     stdin: Feed | None = None,
+    preload: tuple[str, ...] = (),
 ) -> SandboxRun:
     """Run ``python -m module *args`` behind the boundary; frames go to ``on_frame`` in order.
 
     ``inputs``: files the child reads under ``{input}/NAME`` (``{input}`` in ``args`` is replaced by
     that directory); bytes are written by the parent, a Path is bound (or linked) read-only.
     ``stdin``: bytes delivered later (the child may start before they exist).
-    ``on_frame`` may raise ChannelError (the child is killed, ``protocol_error`` says why)."""
+    ``on_frame`` may raise ChannelError (the child is killed, ``protocol_error`` says why).
+    ``preload``: trusted modules ``module`` imports anyway (torch, pytest), imported by the launcher
+    inside the boundary and under the limits before ``module`` runs, with the garbage collector off,
+    then frozen (``engine.sandbox.launch``): the same imports, at less CPU."""
     b = boundary or _boundary.resolve()
     if live.stopping():
         return SandboxRun(None, 0.0, b.kind, killed="interrupted before it started")
@@ -205,6 +209,7 @@ def run_sandboxed(
             "rlimits": limits.rlimits(),
             "uid": _next_uid() if (b.isolated and os.geteuid() == 0) else None,
             "parent": None if b.isolated else os.getpid(),
+            "preload": list(preload),
         }
         cmd = [sys.executable, "-s", "-B", "-m", "engine.sandbox.launch", json.dumps(spec)]
         if b.isolated:
