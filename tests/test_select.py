@@ -15,7 +15,7 @@ from results_util import proxy_result, record
 
 from engine.archive.store import Archive
 from engine.config import Config, ExperimentConfig, SelectConfig
-from engine.select import SelectError, retrospect, select_parents
+from engine.select import SelectError, pareto, retrospect, select_parents
 from engine.select.features import descendant_gain
 from engine.select.pareto import default_objectives, layers, strength
 
@@ -366,24 +366,54 @@ def test_retrospect_rounds(archive, tmp_path):
     assert by2[2]["top_parent"] == "A" and by2[2]["best_parent"] == "B" and by2[2]["hit"] is False
 
 
-def test_pareto_layers_match_brute_force():
-    """The bitset layering (>= 3 objectives) against a direct O(N^2) peel, with ties and missing values."""
+def _peeled_layers(y: np.ndarray) -> list[int]:
+    """The obviously correct O(N^2) non-dominated sort: peel off, again and again, the rows no
+    remaining row dominates (a missing value, -inf, is the worst; equal rows dominate neither)."""
+    n = len(y)
+    want, left, layer = [-1] * n, set(range(n)), 0
+    while left:
+        front = [
+            i for i in left if not any((y[j] >= y[i]).all() and (y[j] > y[i]).any() for j in left)
+        ]
+        for i in front:
+            want[i] = layer
+        left -= set(front)
+        layer += 1
+    return want
+
+
+def test_pareto_layers_match_a_direct_peel_on_random_matrices():
+    """Every layering path (1, 2 and 3..8 objectives; the batched sort with batches of 1 to 40 rows)
+    against a direct peel, on matrices with ties, duplicate rows, missing values and values wide
+    enough to need several packed words."""
     rng = np.random.default_rng(3)
-    for _ in range(40):
-        n, m = int(rng.integers(1, 90)), int(rng.integers(3, 6))
-        y = rng.integers(0, 4, size=(n, m)).astype(float)
-        y[rng.random((n, m)) < 0.05] = -np.inf
-        want, left, layer = np.full(n, -1), set(range(n)), 0
-        while left:
-            front = [
-                i
-                for i in left
-                if not any((y[j] >= y[i]).all() and (y[j] > y[i]).any() for j in left)
-            ]
-            want[front] = layer
-            left -= set(front)
-            layer += 1
-        assert layers(y).tolist() == want.tolist()
+    for case in range(300):
+        n, m = int(rng.integers(1, 60)), int(rng.integers(1, 9))
+        if case % 3 == 0:  # few distinct values: many ties
+            y = rng.integers(0, int(rng.integers(2, 5)), size=(n, m)).astype(float)
+        elif case % 3 == 1:  # correlated columns: many layers
+            y = np.round(rng.normal(size=(n, 1)) * 3 + rng.normal(size=(n, m)), 1)
+        else:  # wide integers: several fields per packed word, several words
+            y = rng.integers(-(10**6), 10**6, size=(n, m)).astype(float)
+        y[rng.random((n, m)) < 0.08] = -np.inf
+        if n > 2:  # duplicate rows
+            y[: n // 3] = y[rng.integers(0, n, n // 3)]
+        want = _peeled_layers(y)
+        assert layers(y).tolist() == want, (case, n, m)
+        if m >= 3:
+            batch = int(rng.integers(1, 41))
+            assert pareto._layers_nd(y, batch=batch).tolist() == want, (case, n, m, batch)
+
+
+def test_pareto_layers_of_a_long_chain_and_a_wide_front():
+    """One layer per row along a chain crossing many batches; one layer for an antichain."""
+    n = 700
+    i = np.arange(n)
+    chain = np.column_stack([i, 3 * i + (i % 7 == 0), -np.zeros(n)])
+    assert layers(chain).tolist() == list(range(n - 1, -1, -1))
+    t = np.arange(n, dtype=float)
+    wide = np.column_stack([t, -t, np.where(t % 2 == 0, -np.inf, 1.0)])
+    assert layers(wide).tolist() == [0] * n
 
 
 def test_code_vectors_cached_across_calls():
