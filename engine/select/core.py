@@ -40,6 +40,8 @@ from engine.select.objective import utility_label
 NOT_PARENTS = ("failed", "rejected")
 CROWD_NEIGHBOURS = 5
 CROWD_REFERENCE = 1024
+CROWD_CHUNK = 2048
+"""rows of the [N, CROWD_REFERENCE] distances taken at a time"""
 MECH_COMPONENTS = 4
 PRIOR_STD = 0.5
 """GP std (in y units) used when fewer than 3 nodes have observed descendant gains"""
@@ -124,8 +126,8 @@ def _gp_alpha(
     rng: np.random.Generator,
     seed: int,
 ) -> tuple[np.ndarray, np.ndarray, int]:
-    """(mean, std) of the GP at every row of x; trained on a seeded uniform subset (<= max_train)
-    of the rows with an observed y."""
+    """(mean, std) of the GP at the rows of x without an observed y (0 at the others: they keep their
+    y); trained on a seeded uniform subset (<= max_train) of the rows with an observed y."""
     n = len(x)
     idx = np.flatnonzero(has_y)
     if idx.size < 3:
@@ -154,7 +156,10 @@ def _gp_alpha(
     with warnings.catch_warnings(), threadpool_limits(limits=1, user_api="blas"):
         warnings.simplefilter("ignore", ConvergenceWarning)
         gp.fit(x[idx], y[idx])
-        mu, sd = gp.predict(x, return_std=True)
+        mu, sd = np.zeros(n), np.zeros(n)
+        need = np.flatnonzero(~has_y)  # each row's prediction is its own: predict only these
+        if need.size:
+            mu[need], sd[need] = gp.predict(x[need], return_std=True)
     return mu, sd, int(idx.size)
 
 
@@ -169,10 +174,41 @@ def _failed_here(node: Any) -> bool:
     return node.status == "failed" and not node.results
 
 
-def _crowding(mech: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, float]:
+def _crowding(
+    mech: np.ndarray, ref: np.ndarray, chunk: int = CROWD_CHUNK
+) -> tuple[np.ndarray, float]:
     """Per row of ``mech`` [N, D]: mean Euclidean distance to its nearest ``CROWD_NEIGHBOURS`` rows
-    among ``ref`` (itself excluded); and the 90th percentile of all those N x |ref| distances (> 0)."""
-    n = len(mech)
+    among ``ref`` (itself excluded); and the 90th percentile of the distances among the ``ref`` rows
+    (> 0). When ``ref`` is every row (N <= CROWD_REFERENCE) both come from one [N, N] matrix; else
+    the [N, R] distances are taken ``chunk`` rows at a time and never held whole."""
+    n, r = len(mech), len(ref)
+    if n <= r:
+        return _crowding_all(mech)
+    sq = (mech**2).sum(axis=1)
+    own = np.full(n, -1)
+    own[ref] = np.arange(r)  # the column of a reference row's distance to itself
+    nn = min(CROWD_NEIGHBOURS, max(r - 1, 1))
+    toward = -2.0 * mech[ref].T  # [D, R]: a row times it is -2 a.b, exactly
+    crowd = np.empty(n)
+    for a in range(0, n, chunk):
+        rows = np.arange(a, min(n, a + chunk))
+        d2 = mech[rows] @ toward
+        d2 += sq[ref][None, :]  # |a|^2 + |b|^2 - 2 a.b less |a|^2: the same order within a row
+        hit = np.flatnonzero(own[rows] >= 0)
+        d2[hit, own[rows[hit]]] = np.inf
+        near = d2 if nn >= r else np.partition(d2, nn - 1, axis=1)[:, :nn]
+        near = near + sq[rows][:, None]
+        np.maximum(near, 0.0, out=near)
+        near = np.sort(np.sqrt(near), axis=1)[:, :nn]
+        crowd[rows] = _mean_finite(near)
+    d = _distances(mech[ref], np.arange(r))
+    finite = d[np.isfinite(d)]
+    scale = float(np.percentile(finite, 90, overwrite_input=True)) if finite.size else 1.0
+    return crowd, scale if scale > 0 else 1.0
+
+
+def _distances(mech: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """[N, R] Euclidean distances from every row to the ``ref`` rows; a row's own entry is inf."""
     sq = (mech**2).sum(axis=1)
     d = mech @ mech[ref].T  # [N, R], in place from here on: |a|^2 + |b|^2 - 2 a.b
     d *= 2.0
@@ -180,14 +216,25 @@ def _crowding(mech: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, float]:
     np.maximum(d, 0.0, out=d)
     np.sqrt(d, out=d)
     d[ref, np.arange(len(ref))] = np.inf  # a node is not its own neighbour
-    nn = min(CROWD_NEIGHBOURS, max(len(ref) - 1, 1))
+    return d
+
+
+def _mean_finite(near: np.ndarray) -> np.ndarray:
+    """Row means over the finite entries; 1.0 for a row with none."""
+    near = np.where(np.isfinite(near), near, np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a row with no finite neighbour -> 1.0
+        return np.nan_to_num(np.nanmean(near, axis=1), nan=1.0)
+
+
+def _crowding_all(mech: np.ndarray) -> tuple[np.ndarray, float]:
+    """:func:`_crowding` with every row in the reference: one [N, N] matrix."""
+    n = len(mech)
+    d = _distances(mech, np.arange(n))
+    nn = min(CROWD_NEIGHBOURS, max(n - 1, 1))
     if n > 1:
         near = d if nn >= d.shape[1] else np.partition(d, nn - 1, axis=1)[:, :nn]
-        near = np.sort(near, axis=1)[:, :nn]
-        near = np.where(np.isfinite(near), near, np.nan)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # a row with no finite neighbour -> 1.0
-            crowd = np.nan_to_num(np.nanmean(near, axis=1), nan=1.0)
+        crowd = _mean_finite(np.sort(near, axis=1)[:, :nn])
     else:
         crowd = np.ones(1)
     finite = d[np.isfinite(d)]
