@@ -296,7 +296,9 @@ def select_parents(
         return node.evaluated or (sc.allow_failed and node.result is not None)
 
     util = {n: utility(mets[n], exp) if counted(nodes[n]) else None for n in names}
-    require_comparable({n: nodes[n].result for n in names if util[n] is not None}, exp.objective)
+    ranked = {n: nodes[n].result for n in names if util[n] is not None}
+    if len({(r.protocol.id, r.protocol.hash, r.unit(exp.objective)) for r in ranked.values()}) > 1:
+        require_comparable(ranked, exp.objective)  # one protocol and unit: nothing to refuse
     kids: dict[str, list[str]] = {}
     for n in names:
         for p in set(nodes[n].parents):

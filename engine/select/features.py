@@ -180,7 +180,14 @@ def descendant_gain(
     done = set(order)
     order += [n for n in nodes if n not in done]  # cycles (malformed trailers): best effort
     kid_sets = {p: set(ch) for p, ch in kids.items()}
-    key = lambda c: (util[c], c)  # noqa: E731
+    # (U, name) order as one integer per node: a C-level sort key
+    rank = {
+        c: i
+        for i, c in enumerate(
+            sorted((c for c in nodes if util.get(c) is not None), key=lambda c: (util[c], c))
+        )
+    }
+    key = rank.__getitem__
     gains: dict[str, float] = {}
     empty: dict[str, int] = {}
     for name in order:
