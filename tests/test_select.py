@@ -547,3 +547,17 @@ def test_tail_mean_is_the_last_third_of_a_series():
     assert tail_mean([1.0, 2.0]) is None and tail_mean(None) is None
     traj = {"step": [0, 1, 2], "train/kl": [0.0, 0.1, 0.2], "train/x": [1.0], "note": "text"}
     assert tail_means(traj) == {"train/kl": 0.2}
+
+
+def test_selection_turns_the_cyclic_collector_back_to_how_it_found_it():
+    import gc
+
+    was = gc.isenabled()
+    try:
+        for state in (True, False):
+            (gc.enable if state else gc.disable)()
+            with pytest.raises(SelectError):  # no node at all: it raises, from inside
+                select_parents({}, Config())
+            assert gc.isenabled() is state
+    finally:
+        (gc.enable if was else gc.disable)()

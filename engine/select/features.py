@@ -191,6 +191,10 @@ def descendant_gain(
     gains: dict[str, float] = {}
     empty: dict[str, int] = {}
     for name in order:
+        if name not in kid_sets:  # a leaf: no descendants, no gain
+            top[name] = empty
+            count[name] = 0
+            continue
         cand: dict[str, int] = {}
         total = 0
         for ch in kid_sets.get(name, ()):
