@@ -31,6 +31,7 @@ def test_bench_select_prints_and_writes_every_size(tmp_path, capsys, monkeypatch
         "nodes",
         "select_s",
         "median_s",
+        "cpu_s",
         "layering_s",
         "gain_s",
         "features_s",
@@ -40,7 +41,7 @@ def test_bench_select_prints_and_writes_every_size(tmp_path, capsys, monkeypatch
         "bitset_s",
         "bitset_x",
     ]
-    assert small.split()[0] == "60" and small.split()[8] == "1.00"
+    assert small.split()[0] == "60" and small.split()[9] == "1.00"
     assert large.split()[0] == "150" and large.split()[-2:] == ["-", "-"]  # above --reference-max
     assert target.startswith("target: select <= 2 s at 150 nodes: ")
     assert " met (" in target or " MISSED (" in target
@@ -50,7 +51,14 @@ def test_bench_select_prints_and_writes_every_size(tmp_path, capsys, monkeypatch
     assert [r["nodes"] for r in rows] == [60, 150]
     for r in rows:
         assert r["evaluated"] < r["nodes"] and r["layers"] >= 1 and len(r["chosen"]) == 3
-        for key in ("select_s", "layering_s", "descendant_gain_s", "features_s", "crowding_s"):
+        for key in (
+            "select_s",
+            "select_cpu_s",
+            "layering_s",
+            "descendant_gain_s",
+            "features_s",
+            "crowding_s",
+        ):
             assert r[key] >= 0
     assert rows[0]["reference_layering_s"] > 0 and rows[0]["reference_ratio"] > 0
     assert rows[1]["reference_layering_s"] is None and rows[0]["ratio_vs_first"] == 1.0
