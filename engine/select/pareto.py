@@ -148,6 +148,24 @@ def _packed(ranks: np.ndarray) -> tuple[list[np.ndarray], list[np.uint64]]:
     return words, guards
 
 
+def _dominated(act, front, s, start, size, buf, p_words, guards) -> np.ndarray:
+    """For each row ``s + act[i]``: does some row of front ``front[i]`` dominate it (every packed
+    field >= its own)?"""
+    sz = size[front]
+    offs = np.zeros(act.size, dtype=np.int64)
+    np.cumsum(sz[:-1], out=offs[1:])
+    mem = np.arange(int(offs[-1] + sz[-1]), dtype=np.int64)
+    mem += np.repeat(start[front] - offs, sz)
+    ok = None
+    for w, p, g in zip(buf, p_words, guards):
+        t = w[mem]
+        t -= np.repeat(p[s + act], sz)
+        t &= g
+        c = t == g
+        ok = c if ok is None else np.logical_and(ok, c, out=ok)
+    return np.logical_or.reduceat(ok, offs)
+
+
 def _layers_nd(y: np.ndarray, batch: int = LAYER_BATCH) -> np.ndarray:
     """Non-dominated sorting for m >= 3 objectives without comparing every pair.
 
@@ -156,11 +174,13 @@ def _layers_nd(y: np.ndarray, batch: int = LAYER_BATCH) -> np.ndarray:
     it (duplicates share a layer; a missing value ranks below its column's finite minimum). Each front
     F_k holds the rows placed so far with layer k; "some row of F_k dominates p" is true for every
     k below p's layer and false from it on (a dominator in F_k has one in F_(k-1), which dominates p
-    too), so p's layer among earlier batches is found by binary search over the fronts, for a whole
-    batch of rows at once; dominance inside the batch is then a [batch, batch] comparison and a
+    too), so p's layer among earlier batches is found by search over the fronts, for a whole batch
+    of rows at once: galloping from the previous batch's median layer (rows near in this order tend
+    to lie in near layers), then bisecting; dominance inside the batch is then a [batch, batch] comparison and a
     longest-path pass. Columns are compared as dense integer ranks packed into 64-bit words
-    (:func:`_packed`), a few comparisons per pair. Work: about N * log2(L) * (mean front size) pair
-    tests, plus N * batch inside the batches; memory O(N)."""
+    (:func:`_packed`), a few comparisons per pair. Work: at most about 2 N log2(L) front tests of
+    (mean front size) pairs each, far fewer when the guess is near, plus N * batch inside the
+    batches; memory O(N)."""
     y = np.array(y, dtype=float)
     m = y.shape[1]
     for j in range(m):  # missing (-inf) -> below the column's finite minimum
@@ -193,30 +213,36 @@ def _layers_nd(y: np.ndarray, batch: int = LAYER_BATCH) -> np.ndarray:
     size = np.zeros(0, dtype=np.int64)
     room = np.zeros(0, dtype=np.int64)
     used = 0
+    guess = 0
     upper = np.triu(np.ones((batch, batch), dtype=bool), 1)  # [a, b]: a comes before b
     for s in range(0, n, batch):
         e = min(n, s + batch)
         b = e - s
         fronts = len(start)
-        # binary search: lo = first front with no dominator of the row, among earlier batches
+        # lo = the first front with no dominator of the row among earlier batches, found by
+        # galloping from a guess (the previous batch's median layer: rows near in this order tend
+        # to lie in near layers), then bisecting
         lo = np.zeros(b, dtype=np.int64)
         hi = np.full(b, fronts, dtype=np.int64)
+        if fronts:
+            probe = np.full(b, min(guess, fronts - 1), dtype=np.int64)
+            step = np.zeros(b, dtype=np.int64)  # 0: first probe; then +-1, +-2, +-4, ...
+            act = np.arange(b)
+            while act.size:
+                dom = _dominated(act, probe[act], s, start, size, buf, p_words, guards)
+                pa, st = probe[act], step[act]
+                lo[act] = np.where(dom, pa + 1, lo[act])
+                hi[act] = np.where(dom, hi[act], pa)
+                up = np.where(st == 0, dom, st > 0)  # the direction, fixed by the first probe
+                st = np.where(st == 0, np.where(dom, 1, -1), st * 2)
+                go = np.where(up, dom, ~dom)  # still on the side it started from
+                step[act], probe[act] = st, pa + st
+                nxt = probe[act]
+                act = act[go & (nxt >= lo[act]) & (nxt < hi[act])]
         act = np.flatnonzero(lo < hi)
         while act.size:
             mid = (lo[act] + hi[act]) >> 1
-            sz = size[mid]
-            offs = np.zeros(act.size, dtype=np.int64)
-            np.cumsum(sz[:-1], out=offs[1:])
-            mem = np.arange(int(offs[-1] + sz[-1]), dtype=np.int64)
-            mem += np.repeat(start[mid] - offs, sz)
-            ok = None
-            for j in range(nw):
-                t = buf[j][mem]
-                t -= np.repeat(p_words[j][s + act], sz)
-                t &= guards[j]
-                c = t == guards[j]
-                ok = c if ok is None else np.logical_and(ok, c, out=ok)
-            dom = np.logical_or.reduceat(ok, offs)
+            dom = _dominated(act, mid, s, start, size, buf, p_words, guards)
             lo[act] = np.where(dom, mid + 1, lo[act])
             hi[act] = np.where(dom, hi[act], mid)
             act = act[lo[act] < hi[act]]
@@ -234,6 +260,7 @@ def _layers_nd(y: np.ndarray, batch: int = LAYER_BATCH) -> np.ndarray:
                     break
                 lay = nxt
         out[s:e] = lay
+        guess = int(np.median(lay))
         top = int(lay.max()) + 1
         if top > fronts:
             more = np.zeros(top - fronts, dtype=np.int64)
