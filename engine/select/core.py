@@ -330,7 +330,8 @@ def _select_parents(
     weights = {"pareto": sc.w_pareto, "perf": sc.w_perf, "div": sc.w_div, "bayes": sc.w_bayes}
 
     names = sorted(nodes, key=lambda n: (nodes[n].created, n))
-    mets = {n: nodes[n].metrics for n in names}  # each access copies: read once
+    # the compared result's metrics as they are (Node.metrics copies them); read, never written
+    mets = {n: {} if (r := nodes[n].result) is None else r.metrics for n in names}
 
     # U only from a successful result: a failed one may hold the mean of the seeds that survived
     # (unless [select].allow_failed asks for failed nodes as parents, on what they measured)
@@ -428,9 +429,12 @@ def _select_parents(
     span = us.max() - us.min()
     u_perf = (us - us.min()) / span if span > 0 else np.ones(len(pop))
     n_kids = np.array([len(kids.get(n, ())) for n in pop], dtype=float)
-    failed_frac = np.array(
-        [sum(_failed_here(nodes[c]) for c in kids.get(n, ())) for n in pop]
-    ) / np.maximum(n_kids, 1)
+    failed_kids: dict[str, int] = {}  # per parent: its children that are failure evidence
+    for c in names:
+        if _failed_here(nodes[c]):
+            for p in set(nodes[c].parents):
+                failed_kids[p] = failed_kids.get(p, 0) + 1
+    failed_frac = np.array([failed_kids.get(n, 0) for n in pop]) / np.maximum(n_kids, 1)
     depth = np.array([nodes[n].depth for n in pop], dtype=float)
 
     ystd = _standardize(y)
