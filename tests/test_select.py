@@ -406,10 +406,14 @@ def _direct_gain(nodes, util, top_k, gamma, beta):
             vals = [gamma ** depth[c] * math.tanh((util[c] - util[d]) / beta) for c in best]
             gains[d] = sum(vals) / len(vals)
 
-    def paths(n):
-        return sum((util[c] is not None) + paths(c) for c in kids[n])
+    paths: dict[str, int] = {}
 
-    count = {n: paths(n) for n in nodes}
+    def count_paths(n):
+        if n not in paths:
+            paths[n] = sum((util[c] is not None) + count_paths(c) for c in kids[n])
+        return paths[n]
+
+    count = {n: count_paths(n) for n in nodes}
     return gains, count
 
 
@@ -435,6 +439,23 @@ def test_descendant_gain_matches_the_definition_on_random_lineages():
         assert gains.keys() == want.keys(), case
         for d, g in want.items():
             assert gains[d] == pytest.approx(g, rel=1e-12, abs=1e-15), (case, d)
+
+
+def test_descendant_counts_beyond_64_bits_stay_exact():
+    """Where crossovers join lineages the count follows every path: a ladder of 100 nodes, each a
+    child of the two before it, counts Fibonacci-many paths (about 5.7e20 at its root, beyond a
+    64-bit integer), exactly."""
+    names = [f"r{i:03d}" for i in range(100)]
+    nodes = {
+        n: type("N", (), {"parents": tuple(names[max(i - 2, 0) : i]), "name": n})()
+        for i, n in enumerate(names)
+    }
+    util = {n: 0.5 + i / 1000 for i, n in enumerate(names)}
+    gains, count = descendant_gain(nodes, util, top_k=3, gamma=0.8, beta=0.05)
+    want, want_count = _direct_gain(nodes, util, 3, 0.8, 0.05)
+    assert count == want_count and count["r000"] > 2**64
+    assert all(type(c) is int for c in count.values())
+    assert gains == pytest.approx(want, rel=1e-12)
 
 
 def test_pareto_layers_match_a_direct_peel_on_random_matrices():

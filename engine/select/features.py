@@ -215,10 +215,10 @@ def gain_arrays(
         pending[up] -= hits
         front = up[pending[up] == 0]
         if front.size:
-            _place(front, kid, kid_at, n_kids, has_u, rank, top_r, top_d, count, k)
+            count = _place(front, kid, kid_at, n_kids, has_u, rank, top_r, top_d, count, k)
     rest = np.flatnonzero(~done)
     if rest.size:
-        _place_one_by_one(rest, kid, kid_at, has_u, rank, top_r, top_d, count, done, k)
+        count = _place_one_by_one(rest, kid, kid_at, has_u, rank, top_r, top_d, count, done, k)
 
     # y_d = mean over the top-K of gamma^depth * tanh((U(c) - U(d)) / beta), summed left to right
     has_gain = has_u & (top_r[:, 0] >= 0)
@@ -257,14 +257,18 @@ def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
     return out
 
 
-def _place(front, kid, kid_at, n_kids, has_u, rank, top_r, top_d, count, k) -> None:
-    """Top-K lists and descendant counts of ``front``, whose children are all placed."""
+def _place(front, kid, kid_at, n_kids, has_u, rank, top_r, top_d, count, k) -> np.ndarray:
+    """Top-K lists and descendant counts of ``front``, whose children are all placed. Returns the
+    counts: int64 until a count nears 2^63 (paths multiply where crossovers join lineages), then
+    Python integers, as the counts were before."""
     lens = n_kids[front]
     e = _ranges(kid_at[front], lens)
     ch = kid[e]
     owner = np.repeat(np.arange(front.size), lens)
     offs = np.zeros(front.size, dtype=np.intp)
     np.cumsum(lens[:-1], out=offs[1:])
+    if count.dtype != object and (np.add.reduceat(count[ch].astype(float), offs).max() >= 2.0**62):
+        count = count.astype(object)
     count[front] = np.add.reduceat(has_u[ch] + count[ch], offs)
     own = has_u[ch]
     tr = top_r[ch]
@@ -272,7 +276,7 @@ def _place(front, kid, kid_at, n_kids, has_u, rank, top_r, top_d, count, k) -> N
     p = np.concatenate([owner[own], np.broadcast_to(owner[:, None], tr.shape)[ok]])
     r = np.concatenate([rank[ch[own]], tr[ok]])
     if not r.size:
-        return
+        return count
     d = np.concatenate([np.ones(int(own.sum()), dtype=np.int64), top_d[ch][ok] + 1])
     o = np.lexsort((d, -r, p))
     p, r, d = p[o], r[o], d[o]
@@ -285,9 +289,10 @@ def _place(front, kid, kid_at, n_kids, has_u, rank, top_r, top_d, count, k) -> N
     rows = front[p[keep]]
     top_r[rows, pos[keep]] = r[keep]
     top_d[rows, pos[keep]] = d[keep]
+    return count
 
 
-def _place_one_by_one(rest, kid, kid_at, has_u, rank, top_r, top_d, count, done, k) -> None:
+def _place_one_by_one(rest, kid, kid_at, has_u, rank, top_r, top_d, count, done, k) -> np.ndarray:
     """Nodes on or above a cycle, one at a time: a child not yet placed has no descendants."""
     for name in rest.tolist():
         cand: dict[int, int] = {}
@@ -298,7 +303,7 @@ def _place_one_by_one(rest, kid, kid_at, has_u, rank, top_r, top_d, count, done,
                 total += 1
             if not done[ch]:
                 continue
-            total += int(count[ch])
+            total += int(count[ch])  # a Python int: no overflow
             for c, dep in zip(top_r[ch].tolist(), top_d[ch].tolist()):
                 if c < 0:
                     break
@@ -308,8 +313,11 @@ def _place_one_by_one(rest, kid, kid_at, has_u, rank, top_r, top_d, count, done,
         best = sorted(cand, reverse=True)[:k]
         top_r[name, : len(best)] = best
         top_d[name, : len(best)] = [cand[c] for c in best]
+        if total >= 2**62 and count.dtype != object:
+            count = count.astype(object)
         count[name] = total
         done[name] = True
+    return count
 
 
 def descendant_gain(
