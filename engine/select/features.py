@@ -14,6 +14,7 @@ import re
 import zlib
 from collections import OrderedDict
 from collections.abc import Mapping
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -123,14 +124,17 @@ def mechanism_matrix(
             mat = (mat - mat.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
             return mat / math.sqrt(mat.shape[1]), "fingerprint"
     if sources and names and all(n in sources for n in names):
-        memo: dict[str, np.ndarray] = {}
-        rows = []
-        for n in names:
-            src = sources[n]
-            if src not in memo:
-                memo[src] = cached_code_vector(src)
-            rows.append(memo[src])
-        return np.stack(rows), "code"
+        # one vector per distinct source, then one row per node by index
+        which: dict[str, int] = {}
+        vecs = []
+        at = []
+        for src in map(sources.__getitem__, names):
+            j = which.get(src)
+            if j is None:
+                j = which[src] = len(vecs)
+                vecs.append(cached_code_vector(src))
+            at.append(j)
+        return np.stack(vecs)[np.array(at, dtype=np.intp)], "code"
     return fallback, "metrics"
 
 
@@ -349,19 +353,16 @@ def descendant_gain(
 def edges(
     names: list[str], parents: list[tuple[str, ...]], index: Mapping[str, int]
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct (child, parent) pairs as two integer arrays, parents outside ``index`` left out."""
-    ch: list[int] = []
-    pa: list[int] = []
-    get = index.get
-    for i, ps in enumerate(parents):
-        if len(ps) == 1:
-            j = get(ps[0])
-            if j is not None:
-                ch.append(i)
-                pa.append(j)
-            continue
-        for j in {get(p) for p in ps}:
-            if j is not None:
-                ch.append(i)
-                pa.append(j)
-    return np.array(ch, dtype=np.intp), np.array(pa, dtype=np.intp)
+    """The distinct (child, parent) pairs as two integer arrays, ordered by child then parent;
+    parents outside ``index`` left out."""
+    n = len(names)
+    lens = np.fromiter(map(len, parents), dtype=np.intp, count=n)
+    flat = [p for ps in parents for p in ps]
+    pa = np.fromiter(map(index.get, flat, repeat(-1)), dtype=np.intp, count=len(flat))
+    ch = np.repeat(np.arange(n, dtype=np.intp), lens)
+    inside = pa >= 0
+    ch, pa = ch[inside], pa[inside]
+    if lens.size and lens.max() > 1:  # a crossover may name a parent twice: once is an edge
+        pair = np.unique(ch * max(n, 1) + pa)
+        ch, pa = pair // max(n, 1), pair % max(n, 1)
+    return ch, pa
