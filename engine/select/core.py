@@ -269,8 +269,10 @@ def select_parents(
 
     The cyclic garbage collector is off while it runs (and back on after): at 100k nodes its
     full passes over the nodes, results and rows made up about a sixth of the time; what cycles a
-    selection leaves are collected afterwards."""
-    with _no_cyclic_gc():
+    selection leaves are collected afterwards. BLAS runs on one thread, as the GP's fit did: on a
+    shared 2-core machine a second BLAS thread waiting for work cost about a third more CPU time
+    at 100k nodes and gained no wall time."""
+    with _no_cyclic_gc(), threadpool_limits(limits=1, user_api="blas"):
         return _select_parents(
             archive,
             cfg,
