@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Iterable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from operator import methodcaller
+from operator import attrgetter, methodcaller
 from typing import Any
 
 import numpy as np
@@ -328,13 +328,14 @@ def _select_parents(
     # mapping's order, which the descendant gain's best-effort pass over cycles follows)
     keys = list(nodes)
     node_k = list(nodes.values())
-    created = np.array([n.created for n in node_k], dtype=float)
+    created = np.array(list(map(attrgetter("created"), node_k)), dtype=float)
     perm = order_by(created, keys)
-    names = [keys[i] for i in perm.tolist()]
-    node_l = [node_k[i] for i in perm.tolist()]
+    names = list(map(keys.__getitem__, perm.tolist()))
+    node_l = list(map(node_k.__getitem__, perm.tolist()))
     n_all = len(names)
-    res_l = [n.result for n in node_l]
-    status_l = [n.status for n in node_l]
+    res_l = list(map(attrgetter("result"), node_l))
+    status_l = list(map(attrgetter("status"), node_l))
+    depth_l = list(map(attrgetter("depth"), node_l))
     # the compared result's metrics as they are (Node.metrics copies them); read, never written
     mets = [_NO_METRICS if r is None else r.metrics for r in res_l]
     has_res = np.array([r is not None for r in res_l], dtype=bool)
@@ -344,13 +345,17 @@ def _select_parents(
     # (unless [select].allow_failed asks for failed nodes as parents, on what they measured)
     counted = ok | has_res if sc.allow_failed else ok
     u_all, has_u = _utilities(mets, counted, exp)
-    ranked_res = [res_l[i] for i in np.flatnonzero(has_u).tolist()]
-    if len({(r.protocol.id, r.protocol.hash, r.unit(exp.objective)) for r in ranked_res}) > 1:
+    ranked_res = list(map(res_l.__getitem__, np.flatnonzero(has_u).tolist()))
+    same = attrgetter("protocol.id", "protocol.hash")
+    if (
+        len(set(map(same, ranked_res))) > 1
+        or len(set(map(methodcaller("unit", exp.objective), ranked_res))) > 1
+    ):
         # one protocol and unit: nothing to refuse
         require_comparable(
             {names[i]: res_l[i] for i in np.flatnonzero(has_u).tolist()}, exp.objective
         )
-    index_k = {n: i for i, n in enumerate(keys)}
+    index_k = dict(zip(keys, range(n_all)))
     child_k, parent_k = edges(keys, [n.parents for n in node_k], index_k)
     inv = np.empty(n_all, dtype=np.intp)
     inv[perm] = np.arange(n_all)
@@ -378,8 +383,8 @@ def _select_parents(
         else np.zeros(n_all, dtype=bool)
     )
     pop = np.flatnonzero(has_u & allowed)
-    pop_names = [names[i] for i in pop.tolist()]
-    pop_mets = [mets[i] for i in pop.tolist()]
+    pop_names = list(map(names.__getitem__, pop.tolist()))
+    pop_mets = list(map(mets.__getitem__, pop.tolist()))
     objectives = (
         pareto.parse_objectives(exp.pareto_objectives, exp)
         if exp.pareto_objectives
@@ -409,7 +414,9 @@ def _select_parents(
             why[i] = f"{'failed' if failed_here else node.status}: evidence, not a parent"
         else:
             why[i] = _why_unranked(node, ref, exp.objective)
-    table = _Table(names, node_l, res_l, n_kids_all, u_all, has_u, gain, has_gain, n_desc, why)
+    table = _Table(
+        names, status_l, depth_l, res_l, n_kids_all, u_all, has_u, gain, has_gain, n_desc, why
+    )
 
     cand_in_pop = np.flatnonzero(~excluded[pop])  # positions in pop of the candidates
     if not cand_in_pop.size:
@@ -440,7 +447,7 @@ def _select_parents(
         failed[i] = failed[i] or not node_l[i].results
     failed_kids = np.bincount(parent[failed[child]], minlength=n_all)
     failed_frac = failed_kids[pop] / np.maximum(n_kids, 1)
-    depth = np.array([node_l[i].depth for i in pop.tolist()], dtype=float)
+    depth = np.array(depth_l, dtype=float)[pop]
 
     ystd = _standardize(y)
     mech, mech_kind = mechanism_matrix(
@@ -492,7 +499,12 @@ def _select_parents(
         div = disc_c * (0.5 * d_pick + 0.5 * crowd_c)
         score = base + sc.w_div * div
         masked = np.where(alive, score, -np.inf)
-        best = int(np.lexsort((tiebreak, -masked))[0])
+        top = masked.max()
+        if np.isnan(top):  # NaN last, as the sort by -score put it
+            best = int(np.lexsort((tiebreak, -masked))[0])
+        else:  # the highest score, ties by the seeded permutation: the sort's first, unsorted
+            tied = np.flatnonzero(masked == top)
+            best = int(tied[np.argmin(tiebreak[tied])])
         picks.append((best, float(div[best]), float(score[best])))
         alive[best] = False
         dist = np.linalg.norm(mech_c - mech_c[best], axis=1) / scale
@@ -540,7 +552,9 @@ class _Table:
     """The rows of a selection as one column per field (object arrays, None where unset), made into
     the row dicts once, in their final order."""
 
-    def __init__(self, names, node_l, res_l, children, util, has_u, gain, has_gain, n_desc, why):
+    def __init__(
+        self, names, status, depth, res_l, children, util, has_u, gain, has_gain, n_desc, why
+    ):
         n = len(names)
 
         def col(values=None, where=None) -> np.ndarray:
@@ -554,8 +568,8 @@ class _Table:
 
         self.names = names
         self.node = np.array(names, dtype=object)
-        self.status = col([nd.status for nd in node_l])
-        self.depth = col([nd.depth for nd in node_l])
+        self.status = col(status)
+        self.depth = col(depth)
         self.children = col(children)
         self.utility = col(util, has_u)
         self.layer, self.pareto, self.perf, self.gp_ucb = col(), col(), col(), col()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping, Sequence
-from operator import methodcaller
+from operator import itemgetter, methodcaller
 
 import numpy as np
 
@@ -83,6 +83,16 @@ def objective_matrix(
     n = len(metric_dicts)
     y = np.full((n, len(objectives)), -np.inf)
     nan = float("nan")
+    if n and objectives:
+        try:  # every node measured every objective (the default objectives are shared ones)
+            whole = np.array(list(map(itemgetter(*(k for k, _ in objectives)), metric_dicts)))
+            whole = whole.reshape(n, len(objectives)).astype(float)
+        except (KeyError, TypeError, ValueError, OverflowError):
+            whole = None  # one missing, None or not a number: column by column below
+        if whole is not None:
+            fin = np.isfinite(whole)
+            y[fin] = (whole * np.array([s for _, s in objectives]))[fin]
+            return y
     for j, (key, sign) in enumerate(objectives):
         try:  # each mapping's get(key, nan), called from C: no Python frame per value
             col = np.fromiter(map(methodcaller("get", key, nan), metric_dicts), float, count=n)
