@@ -4,11 +4,12 @@ typed results and an ``algorithm.py`` source each).
 Target: ``select_parents`` <= 2 s at 100k evaluated nodes. Prints per size: the selection's time
 (best and median of --repeat, and its least CPU time: on a shared machine wall time is inflated by
 other load), its breakdown (the Pareto layering, the descendant-gain pass, the
-mechanism features, the crowding distances), the number of Pareto layers, the ratio to the first size
-measured in the same run, and the previous bitset layering (quadratic in time and memory) timed on the
-same objective matrix where it is affordable (--reference-max nodes), with its ratio to the layering
-in use. ``--json PATH`` writes the same figures, one entry per size. ``bench_archive.py`` times the
-selection from a real git archive; this one times the selector alone.
+mechanism features, the crowding distances; with one BLAS thread, as the selection runs them), the
+number of Pareto layers, the ratio to the first size measured in the same run, and the previous
+bitset layering (quadratic in time and memory) timed on the same objective matrix where it is
+affordable (--reference-max nodes), with its ratio to the layering in use. ``--json PATH`` writes
+the same figures, one entry per size. ``bench_archive.py`` times the selection from a real git
+archive; this one times the selector alone.
 Run: python benchmarks/bench_select.py [--sizes 1000 10000 100000] [--repeat 3] [--json PATH]
 """
 
@@ -22,6 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -154,13 +156,14 @@ def measure(n: int, cfg: Config, repeat: int, reference_max: int) -> dict:
     pop = [k for k, v in nodes.items() if v.evaluated]
     ms = [nodes[k].metrics for k in pop]
     y = objective_matrix(ms, default_objectives(ms, cfg.experiment.objective, 0.0))
-    lay, t_lay = timed(layers, y)
     util = {k: v.overall if v.evaluated else None for k, v in nodes.items()}
     sc = cfg.select
-    _, t_gain = timed(descendant_gain, nodes, util, sc.top_k, sc.gamma, sc.beta)
-    (mech, _), t_feat = timed(mechanism_matrix, pop, sources, None, y)
     ref = np.sort(np.random.default_rng(0).choice(len(pop), min(len(pop), CROWD_REFERENCE), False))
-    _, t_crowd = timed(_crowding, mech, ref)
+    with threadpool_limits(limits=1, user_api="blas"):  # as select_parents runs them
+        lay, t_lay = timed(layers, y)
+        _, t_gain = timed(descendant_gain, nodes, util, sc.top_k, sc.gamma, sc.beta)
+        (mech, _), t_feat = timed(mechanism_matrix, pop, sources, None, y)
+        _, t_crowd = timed(_crowding, mech, ref)
     row = {
         "nodes": n,
         "evaluated": len(pop),
