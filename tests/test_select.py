@@ -15,7 +15,7 @@ from results_util import proxy_result, record
 
 from engine.archive.store import Archive
 from engine.config import Config, ExperimentConfig, SelectConfig
-from engine.select import SelectError, retrospect, select_parents
+from engine.select import SelectError, pareto, retrospect, select_parents
 from engine.select.features import descendant_gain
 from engine.select.pareto import default_objectives, layers, strength
 
@@ -366,24 +366,130 @@ def test_retrospect_rounds(archive, tmp_path):
     assert by2[2]["top_parent"] == "A" and by2[2]["best_parent"] == "B" and by2[2]["hit"] is False
 
 
-def test_pareto_layers_match_brute_force():
-    """The bitset layering (>= 3 objectives) against a direct O(N^2) peel, with ties and missing values."""
+def _peeled_layers(y: np.ndarray) -> list[int]:
+    """The obviously correct O(N^2) non-dominated sort: peel off, again and again, the rows no
+    remaining row dominates (a missing value, -inf, is the worst; equal rows dominate neither)."""
+    n = len(y)
+    want, left, layer = [-1] * n, set(range(n)), 0
+    while left:
+        front = [
+            i for i in left if not any((y[j] >= y[i]).all() and (y[j] > y[i]).any() for j in left)
+        ]
+        for i in front:
+            want[i] = layer
+        left -= set(front)
+        layer += 1
+    return want
+
+
+def _direct_gain(nodes, util, top_k, gamma, beta):
+    """The definition read literally: every evaluated descendant at its shortest depth (breadth
+    first), the top-K by (U, name), the mean of the discounted tanh gains; descendants counted
+    along every path."""
+    kids = {n: set() for n in nodes}
+    for n, node in nodes.items():
+        for p in node.parents:
+            if p in nodes:
+                kids[p].add(n)
+    gains, count = {}, {}
+    for d in nodes:
+        depth, wave, seen = {}, {d}, {d}
+        for gen in range(1, len(nodes) + 1):
+            wave = {c for w in wave for c in kids[w]} - seen
+            if not wave:
+                break
+            seen |= wave
+            depth.update({c: gen for c in wave})
+        best = sorted((c for c in depth if util[c] is not None), key=lambda c: (util[c], c))
+        best = best[::-1][:top_k]
+        if best and util[d] is not None:
+            vals = [gamma ** depth[c] * math.tanh((util[c] - util[d]) / beta) for c in best]
+            gains[d] = sum(vals) / len(vals)
+
+    paths: dict[str, int] = {}
+
+    def count_paths(n):
+        if n not in paths:
+            paths[n] = sum((util[c] is not None) + count_paths(c) for c in kids[n])
+        return paths[n]
+
+    count = {n: count_paths(n) for n in nodes}
+    return gains, count
+
+
+def test_descendant_gain_matches_the_definition_on_random_lineages():
+    """The array pass (a generation of the topological order at a time) against the definition, on
+    random lineages with crossovers (repeated parents among them), tied utilities, unevaluated
+    nodes and parents outside the archive; top-K from 1 to 9 (means of 8 or more values too)."""
+    rng = np.random.default_rng(5)
+    for case in range(120):
+        n = int(rng.integers(1, 45))
+        names = [f"x{int(v)}" for v in rng.permutation(1000)[:n]]
+        nodes = {}
+        for i, name in enumerate(names):
+            parents = tuple(names[int(j)] for j in rng.integers(0, max(i, 1), rng.integers(0, 4)))
+            if i == 0 or rng.random() < 0.05:
+                parents = ("elsewhere",) if rng.random() < 0.5 else ()
+            nodes[name] = type("N", (), {"parents": parents, "name": name})()
+        util = {c: None if rng.random() < 0.15 else float(rng.integers(0, 6)) / 10 for c in names}
+        top_k = int(rng.integers(1, 10))
+        gains, count = descendant_gain(nodes, util, top_k=top_k, gamma=0.8, beta=0.05)
+        want, want_count = _direct_gain(nodes, util, top_k, 0.8, 0.05)
+        assert count == want_count, case
+        assert gains.keys() == want.keys(), case
+        for d, g in want.items():
+            assert gains[d] == pytest.approx(g, rel=1e-12, abs=1e-15), (case, d)
+
+
+def test_descendant_counts_beyond_64_bits_stay_exact():
+    """Where crossovers join lineages the count follows every path: a ladder of 100 nodes, each a
+    child of the two before it, counts Fibonacci-many paths (about 5.7e20 at its root, beyond a
+    64-bit integer), exactly."""
+    names = [f"r{i:03d}" for i in range(100)]
+    nodes = {
+        n: type("N", (), {"parents": tuple(names[max(i - 2, 0) : i]), "name": n})()
+        for i, n in enumerate(names)
+    }
+    util = {n: 0.5 + i / 1000 for i, n in enumerate(names)}
+    gains, count = descendant_gain(nodes, util, top_k=3, gamma=0.8, beta=0.05)
+    want, want_count = _direct_gain(nodes, util, 3, 0.8, 0.05)
+    assert count == want_count and count["r000"] > 2**64
+    assert all(type(c) is int for c in count.values())
+    assert gains == pytest.approx(want, rel=1e-12)
+
+
+def test_pareto_layers_match_a_direct_peel_on_random_matrices():
+    """Every layering path (1, 2 and 3..8 objectives; the batched sort with batches of 1 to 40 rows)
+    against a direct peel, on matrices with ties, duplicate rows, missing values and values wide
+    enough to need several packed words."""
     rng = np.random.default_rng(3)
-    for _ in range(40):
-        n, m = int(rng.integers(1, 90)), int(rng.integers(3, 6))
-        y = rng.integers(0, 4, size=(n, m)).astype(float)
-        y[rng.random((n, m)) < 0.05] = -np.inf
-        want, left, layer = np.full(n, -1), set(range(n)), 0
-        while left:
-            front = [
-                i
-                for i in left
-                if not any((y[j] >= y[i]).all() and (y[j] > y[i]).any() for j in left)
-            ]
-            want[front] = layer
-            left -= set(front)
-            layer += 1
-        assert layers(y).tolist() == want.tolist()
+    for case in range(300):
+        n, m = int(rng.integers(1, 60)), int(rng.integers(1, 9))
+        if case % 3 == 0:  # few distinct values: many ties
+            y = rng.integers(0, int(rng.integers(2, 5)), size=(n, m)).astype(float)
+        elif case % 3 == 1:  # correlated columns: many layers
+            y = np.round(rng.normal(size=(n, 1)) * 3 + rng.normal(size=(n, m)), 1)
+        else:  # wide integers: several fields per packed word, several words
+            y = rng.integers(-(10**6), 10**6, size=(n, m)).astype(float)
+        y[rng.random((n, m)) < 0.08] = -np.inf
+        if n > 2:  # duplicate rows
+            y[: n // 3] = y[rng.integers(0, n, n // 3)]
+        want = _peeled_layers(y)
+        assert layers(y).tolist() == want, (case, n, m)
+        if m >= 3:
+            batch = int(rng.integers(1, 41))
+            assert pareto._layers_nd(y, batch=batch).tolist() == want, (case, n, m, batch)
+
+
+def test_pareto_layers_of_a_long_chain_and_a_wide_front():
+    """One layer per row along a chain crossing many batches; one layer for an antichain."""
+    n = 700
+    i = np.arange(n)
+    chain = np.column_stack([i, 3 * i + (i % 7 == 0), -np.zeros(n)])
+    assert layers(chain).tolist() == list(range(n - 1, -1, -1))
+    t = np.arange(n, dtype=float)
+    wide = np.column_stack([t, -t, np.where(t % 2 == 0, -np.inf, 1.0)])
+    assert layers(wide).tolist() == [0] * n
 
 
 def test_code_vectors_cached_across_calls():
@@ -517,3 +623,17 @@ def test_tail_mean_is_the_last_third_of_a_series():
     assert tail_mean([1.0, 2.0]) is None and tail_mean(None) is None
     traj = {"step": [0, 1, 2], "train/kl": [0.0, 0.1, 0.2], "train/x": [1.0], "note": "text"}
     assert tail_means(traj) == {"train/kl": 0.2}
+
+
+def test_selection_turns_the_cyclic_collector_back_to_how_it_found_it():
+    import gc
+
+    was = gc.isenabled()
+    try:
+        for state in (True, False):
+            (gc.enable if state else gc.disable)()
+            with pytest.raises(SelectError):  # no node at all: it raises, from inside
+                select_parents({}, Config())
+            assert gc.isenabled() is state
+    finally:
+        (gc.enable if was else gc.disable)()

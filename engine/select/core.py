@@ -8,9 +8,13 @@ after each pick. See docs/selection.md.
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import warnings
 from collections.abc import Iterable, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from operator import attrgetter, methodcaller
 from typing import Any
 
 import numpy as np
@@ -31,8 +35,10 @@ from engine.errors import ConfigError, PoiseError
 from engine.select import pareto
 from engine.select.features import (
     FINGERPRINT,
-    descendant_gain,
+    edges,
+    gain_arrays,
     mechanism_matrix,
+    order_by,
     scaled_into_range,
 )
 from engine.select.objective import utility_label
@@ -40,6 +46,8 @@ from engine.select.objective import utility_label
 NOT_PARENTS = ("failed", "rejected")
 CROWD_NEIGHBOURS = 5
 CROWD_REFERENCE = 1024
+CROWD_CHUNK = 2048
+"""rows of the [N, CROWD_REFERENCE] distances taken at a time"""
 MECH_COMPONENTS = 4
 PRIOR_STD = 0.5
 """GP std (in y units) used when fewer than 3 nodes have observed descendant gains"""
@@ -124,8 +132,8 @@ def _gp_alpha(
     rng: np.random.Generator,
     seed: int,
 ) -> tuple[np.ndarray, np.ndarray, int]:
-    """(mean, std) of the GP at every row of x; trained on a seeded uniform subset (<= max_train)
-    of the rows with an observed y."""
+    """(mean, std) of the GP at the rows of x without an observed y (0 at the others: they keep their
+    y); trained on a seeded uniform subset (<= max_train) of the rows with an observed y."""
     n = len(x)
     idx = np.flatnonzero(has_y)
     if idx.size < 3:
@@ -154,25 +162,48 @@ def _gp_alpha(
     with warnings.catch_warnings(), threadpool_limits(limits=1, user_api="blas"):
         warnings.simplefilter("ignore", ConvergenceWarning)
         gp.fit(x[idx], y[idx])
-        mu, sd = gp.predict(x, return_std=True)
+        mu, sd = np.zeros(n), np.zeros(n)
+        need = np.flatnonzero(~has_y)  # each row's prediction is its own: predict only these
+        if need.size:
+            mu[need], sd[need] = gp.predict(x[need], return_std=True)
     return mu, sd, int(idx.size)
 
 
-def _failed_here(node: Any) -> bool:
-    """Rejected, or failed under the compared protocol, or failed with no result under any: failure
-    evidence for the ranking (a node whose status says failed because it failed under another
-    protocol only is not)."""
-    if node.status == "rejected":
-        return True
-    if node.result is not None:
-        return not node.result.ok
-    return node.status == "failed" and not node.results
-
-
-def _crowding(mech: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, float]:
+def _crowding(
+    mech: np.ndarray, ref: np.ndarray, chunk: int = CROWD_CHUNK
+) -> tuple[np.ndarray, float]:
     """Per row of ``mech`` [N, D]: mean Euclidean distance to its nearest ``CROWD_NEIGHBOURS`` rows
-    among ``ref`` (itself excluded); and the 90th percentile of all those N x |ref| distances (> 0)."""
-    n = len(mech)
+    among ``ref`` (itself excluded); and the 90th percentile of the distances among the ``ref`` rows
+    (> 0). When ``ref`` is every row (N <= CROWD_REFERENCE) both come from one [N, N] matrix; else
+    the [N, R] distances are taken ``chunk`` rows at a time and never held whole."""
+    n, r = len(mech), len(ref)
+    if n <= r:
+        return _crowding_all(mech)
+    sq = (mech**2).sum(axis=1)
+    own = np.full(n, -1)
+    own[ref] = np.arange(r)  # the column of a reference row's distance to itself
+    nn = min(CROWD_NEIGHBOURS, max(r - 1, 1))
+    toward = -2.0 * mech[ref].T  # [D, R]: a row times it is -2 a.b, exactly
+    crowd = np.empty(n)
+    for a in range(0, n, chunk):
+        rows = np.arange(a, min(n, a + chunk))
+        d2 = mech[rows] @ toward
+        d2 += sq[ref][None, :]  # |a|^2 + |b|^2 - 2 a.b less |a|^2: the same order within a row
+        hit = np.flatnonzero(own[rows] >= 0)
+        d2[hit, own[rows[hit]]] = np.inf
+        near = d2 if nn >= r else np.partition(d2, nn - 1, axis=1)[:, :nn]
+        near = near + sq[rows][:, None]
+        np.maximum(near, 0.0, out=near)
+        near = np.sort(np.sqrt(near), axis=1)[:, :nn]
+        crowd[rows] = _mean_finite(near)
+    d = _distances(mech[ref], np.arange(r))
+    finite = d[np.isfinite(d)]
+    scale = float(np.percentile(finite, 90, overwrite_input=True)) if finite.size else 1.0
+    return crowd, scale if scale > 0 else 1.0
+
+
+def _distances(mech: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """[N, R] Euclidean distances from every row to the ``ref`` rows; a row's own entry is inf."""
     sq = (mech**2).sum(axis=1)
     d = mech @ mech[ref].T  # [N, R], in place from here on: |a|^2 + |b|^2 - 2 a.b
     d *= 2.0
@@ -180,14 +211,25 @@ def _crowding(mech: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, float]:
     np.maximum(d, 0.0, out=d)
     np.sqrt(d, out=d)
     d[ref, np.arange(len(ref))] = np.inf  # a node is not its own neighbour
-    nn = min(CROWD_NEIGHBOURS, max(len(ref) - 1, 1))
+    return d
+
+
+def _mean_finite(near: np.ndarray) -> np.ndarray:
+    """Row means over the finite entries; 1.0 for a row with none."""
+    near = np.where(np.isfinite(near), near, np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a row with no finite neighbour -> 1.0
+        return np.nan_to_num(np.nanmean(near, axis=1), nan=1.0)
+
+
+def _crowding_all(mech: np.ndarray) -> tuple[np.ndarray, float]:
+    """:func:`_crowding` with every row in the reference: one [N, N] matrix."""
+    n = len(mech)
+    d = _distances(mech, np.arange(n))
+    nn = min(CROWD_NEIGHBOURS, max(n - 1, 1))
     if n > 1:
         near = d if nn >= d.shape[1] else np.partition(d, nn - 1, axis=1)[:, :nn]
-        near = np.sort(near, axis=1)[:, :nn]
-        near = np.where(np.isfinite(near), near, np.nan)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # a row with no finite neighbour -> 1.0
-            crowd = np.nan_to_num(np.nanmean(near, axis=1), nan=1.0)
+        crowd = _mean_finite(np.sort(near, axis=1)[:, :nn])
     else:
         crowd = np.ones(1)
     finite = d[np.isfinite(d)]
@@ -223,7 +265,49 @@ def select_parents(
     one batch) or an already-read ``{name: Node}`` (then ``sources`` / ``fingerprints`` may give the
     mechanisms; without them diversity uses the objective vector). Results are compared under
     ``protocol`` (``id`` or ``id@hash``; default: the one ``cfg`` defines); nodes evaluated only under
-    other protocols are listed with the reason, never ranked against them."""
+    other protocols are listed with the reason, never ranked against them.
+
+    The cyclic garbage collector is off while it runs (and back on after): at 100k nodes its
+    full passes over the nodes, results and rows made up about a sixth of the time; what cycles a
+    selection leaves are collected afterwards. BLAS runs on one thread, as the GP's fit did: on a
+    shared 2-core machine a second BLAS thread waiting for work cost about a third more CPU time
+    at 100k nodes and gained no wall time."""
+    with _no_cyclic_gc(), threadpool_limits(limits=1, user_api="blas"):
+        return _select_parents(
+            archive,
+            cfg,
+            k,
+            seed,
+            exclude,
+            sources=sources,
+            fingerprints=fingerprints,
+            protocol=protocol,
+        )
+
+
+@contextmanager
+def _no_cyclic_gc():
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _select_parents(
+    archive: Any,
+    cfg: Config | None = None,
+    k: int | None = None,
+    seed: int | None = None,
+    exclude: Iterable[str] = (),
+    *,
+    sources: Mapping[str, str] | None = None,
+    fingerprints: Mapping[str, Any] | None = None,
+    protocol: str | None = None,
+) -> Selection:
+    """:func:`select_parents` with the collector as it is."""
     if cfg is None:
         cfg = archive.config() if not isinstance(archive, Mapping) else Config()
     ref = named_protocol(protocol) or configured_protocol(cfg)
@@ -240,39 +324,71 @@ def select_parents(
     rng = np.random.default_rng(seed)
     weights = {"pareto": sc.w_pareto, "perf": sc.w_perf, "div": sc.w_div, "bayes": sc.w_bayes}
 
-    names = sorted(nodes, key=lambda n: (nodes[n].created, n))
-    mets = {n: nodes[n].metrics for n in names}  # each access copies: read once
+    # the nodes in (created, name) order; arrays below are in this order unless named *_k (the
+    # mapping's order, which the descendant gain's best-effort pass over cycles follows)
+    keys = list(nodes)
+    node_k = list(nodes.values())
+    created = np.array(list(map(attrgetter("created"), node_k)), dtype=float)
+    perm = order_by(created, keys)
+    names = list(map(keys.__getitem__, perm.tolist()))
+    node_l = list(map(node_k.__getitem__, perm.tolist()))
+    n_all = len(names)
+    res_l = list(map(attrgetter("result"), node_l))
+    status_l = list(map(attrgetter("status"), node_l))
+    depth_l = list(map(attrgetter("depth"), node_l))
+    # the compared result's metrics as they are (Node.metrics copies them); read, never written
+    mets = [_NO_METRICS if r is None else r.metrics for r in res_l]
+    has_res = np.array([r is not None for r in res_l], dtype=bool)
+    ok = np.array([r is not None and r.ok for r in res_l], dtype=bool)
 
     # U only from a successful result: a failed one may hold the mean of the seeds that survived
     # (unless [select].allow_failed asks for failed nodes as parents, on what they measured)
-    def counted(node) -> bool:
-        return node.evaluated or (sc.allow_failed and node.result is not None)
+    counted = ok | has_res if sc.allow_failed else ok
+    u_all, has_u = _utilities(mets, counted, exp)
+    ranked_res = list(map(res_l.__getitem__, np.flatnonzero(has_u).tolist()))
+    same = attrgetter("protocol.id", "protocol.hash")
+    if (
+        len(set(map(same, ranked_res))) > 1
+        or len(set(map(methodcaller("unit", exp.objective), ranked_res))) > 1
+    ):
+        # one protocol and unit: nothing to refuse
+        require_comparable(
+            {names[i]: res_l[i] for i in np.flatnonzero(has_u).tolist()}, exp.objective
+        )
+    index_k = dict(zip(keys, range(n_all)))
+    child_k, parent_k = edges(keys, [n.parents for n in node_k], index_k)
+    inv = np.empty(n_all, dtype=np.intp)
+    inv[perm] = np.arange(n_all)
+    has_u_k, u_k = np.zeros(n_all, dtype=bool), np.zeros(n_all)
+    has_u_k[perm], u_k[perm] = has_u, u_all
+    gain, has_gain, n_desc = (
+        a[perm]
+        for a in gain_arrays(keys, u_k, has_u_k, child_k, parent_k, sc.top_k, sc.gamma, sc.beta)
+    )
+    child, parent = inv[child_k], inv[parent_k]  # the same edges, in names' positions
+    n_kids_all = np.bincount(parent, minlength=n_all)
 
-    util = {n: utility(mets[n], exp) if counted(nodes[n]) else None for n in names}
-    require_comparable({n: nodes[n].result for n in names if util[n] is not None}, exp.objective)
-    kids: dict[str, list[str]] = {}
-    for n in names:
-        for p in set(nodes[n].parents):
-            kids.setdefault(p, []).append(n)
-    gains, n_desc = descendant_gain(nodes, util, sc.top_k, sc.gamma, sc.beta)
-
-    def allowed(n: str) -> bool:
-        """Not rejected, and not failed under the compared protocol: a node's status is its
-        latest result's, under whichever protocol that was recorded."""
-        node = nodes[n]
-        if sc.allow_failed:
-            return True
-        if node.status == "rejected" or node.result is None:
-            return node.status not in NOT_PARENTS
-        return node.result.ok
-
-    pop = [n for n in names if util[n] is not None and allowed(n)]
+    status_a = np.array(status_l, dtype=object)
+    rejected = status_a == "rejected"
+    # not rejected, and not failed under the compared protocol: a node's status is its latest
+    # result's, under whichever protocol that was recorded
+    if sc.allow_failed:
+        allowed = np.ones(n_all, dtype=bool)
+    else:
+        not_parent = np.array([st in NOT_PARENTS for st in status_l], dtype=bool)
+        allowed = np.where(rejected | ~has_res, ~not_parent, ok)
+    excluded = (
+        np.array([n in exclude for n in names], dtype=bool)
+        if exclude
+        else np.zeros(n_all, dtype=bool)
+    )
+    pop = np.flatnonzero(has_u & allowed)
+    pop_names = list(map(names.__getitem__, pop.tolist()))
+    pop_mets = list(map(mets.__getitem__, pop.tolist()))
     objectives = (
         pareto.parse_objectives(exp.pareto_objectives, exp)
         if exp.pareto_objectives
-        else pareto.default_objectives(
-            [mets[n] for n in pop], exp.objective, exp.length_penalty, exp
-        )
+        else pareto.default_objectives(pop_mets, exp.objective, exp.length_penalty, exp)
     )
     params: dict[str, Any] = {
         "k": k,
@@ -288,63 +404,54 @@ def select_parents(
         "utility": utility_label(exp),
         "protocol": ref.key,
     }
-    rows: dict[str, dict[str, Any]] = {}
-    for n in names:
-        node = nodes[n]
-        why = None
-        if n in exclude:
-            why = "excluded"
-        elif not allowed(n):
-            failed_here = node.result is not None and not node.result.ok
-            why = f"{'failed' if failed_here else node.status}: evidence, not a parent"
-        elif util[n] is None:
-            why = _why_unranked(node, ref, exp.objective)
-        rows[n] = {
-            "node": n,
-            "status": node.status,
-            "depth": node.depth,
-            "children": len(kids.get(n, ())),
-            "utility": util[n],
-            "layer": None,
-            "pareto": None,
-            "perf": None,
-            "div": None,
-            "gp_ucb": None,
-            "descendant_gain": gains.get(n),
-            "descendants": n_desc.get(n, 0),
-            "score": None,
-            "rank": None,
-            "eligible": why is None,
-            "why": why,
-            "seeds": list(node.result.seeds) if node.result is not None else None,
-        }
+    why: list[str | None] = [None] * n_all
+    for i in np.flatnonzero(excluded | ~allowed | ~has_u).tolist():
+        node = node_l[i]
+        if excluded[i]:
+            why[i] = "excluded"
+        elif not allowed[i]:
+            failed_here = res_l[i] is not None and not ok[i]
+            why[i] = f"{'failed' if failed_here else node.status}: evidence, not a parent"
+        else:
+            why[i] = _why_unranked(node, ref, exp.objective)
+    table = _Table(
+        names, status_l, depth_l, res_l, n_kids_all, u_all, has_u, gain, has_gain, n_desc, why
+    )
 
-    cands = [n for n in pop if n not in exclude]
-    if not cands:
-        return _fallback(nodes, names, rows, exclude, allowed, k, params, ref)
+    cand_in_pop = np.flatnonzero(~excluded[pop])  # positions in pop of the candidates
+    if not cand_in_pop.size:
+        rows = {r["node"]: r for r in table.rows(np.arange(n_all))}
+        pos = {n: i for i, n in enumerate(names)}
+        return _fallback(
+            nodes, names, rows, exclude, lambda n: bool(allowed[pos[n]]), k, params, ref
+        )
 
     # the unit U is on (one: require_comparable refused results on different units above)
     params["unit"] = next(
-        (nodes[n].result.unit(exp.objective) for n in pop if nodes[n].result is not None), None
+        (res_l[i].unit(exp.objective) for i in pop.tolist() if res_l[i] is not None), None
     )
 
     # -- population components --------------------------------------------------------------
-    y = pareto.objective_matrix([mets[n] for n in pop], objectives)
+    y = pareto.objective_matrix(pop_mets, objectives)
     layer = pareto.layers(y)
     u_par = pareto.strength(layer)
-    u = np.array([util[n] for n in pop], dtype=float)
+    u = u_all[pop]
     us = scaled_into_range(u)  # u itself unless it nears the float limit (the span would overflow)
     span = us.max() - us.min()
     u_perf = (us - us.min()) / span if span > 0 else np.ones(len(pop))
-    n_kids = np.array([len(kids.get(n, ())) for n in pop], dtype=float)
-    failed_frac = np.array(
-        [sum(_failed_here(nodes[c]) for c in kids.get(n, ())) for n in pop]
-    ) / np.maximum(n_kids, 1)
-    depth = np.array([nodes[n].depth for n in pop], dtype=float)
+    n_kids = n_kids_all[pop].astype(float)
+    # per parent: its children that are failure evidence (rejected, failed under the compared
+    # protocol, or failed with no result under any)
+    failed = rejected | (has_res & ~ok)
+    for i in np.flatnonzero(~has_res & (status_a == "failed")).tolist():
+        failed[i] = failed[i] or not node_l[i].results
+    failed_kids = np.bincount(parent[failed[child]], minlength=n_all)
+    failed_frac = failed_kids[pop] / np.maximum(n_kids, 1)
+    depth = np.array(depth_l, dtype=float)[pop]
 
     ystd = _standardize(y)
     mech, mech_kind = mechanism_matrix(
-        pop, sources, fingerprints, ystd / max(1.0, np.sqrt(y.shape[1]))
+        pop_names, sources, fingerprints, ystd / max(1.0, np.sqrt(y.shape[1]))
     )
     params["mechanism"] = mech_kind
 
@@ -359,8 +466,8 @@ def select_parents(
     discount = 1.0 / (1.0 + n_kids / sc.expansion_half)
 
     # -- GP-UCB on the descendant gain --------------------------------------------------------
-    has_y = np.array([n in gains for n in pop])
-    yg = np.array([gains.get(n, 0.0) for n in pop])
+    has_y = has_gain[pop]
+    yg = np.where(has_gain, gain, 0.0)[pop]
     mech_pc = mech - mech.mean(axis=0)
     if mech_pc.shape[1] > MECH_COMPONENTS and len(pop) > 1:
         _, vecs = np.linalg.eigh(mech_pc.T @ mech_pc)  # principal axes of a [D, D] scatter matrix
@@ -381,54 +488,196 @@ def select_parents(
     }
 
     # -- greedy, diversity-aware picks --------------------------------------------------------
-    index = {n: i for i, n in enumerate(pop)}
-    ci = np.array([index[n] for n in cands])
+    ci = cand_in_pop
     base = sc.w_pareto * u_par[ci] + sc.w_perf * u_perf[ci] + sc.w_bayes * u_gp[ci]
     tiebreak = rng.permutation(len(ci))
     d_pick = np.ones(len(ci))
     alive = np.ones(len(ci), dtype=bool)
-    div = np.zeros(len(ci))
-    score = np.zeros(len(ci))
-    chosen: list[str] = []
-    lay_l, par_l, perf_l, alpha_l = layer.tolist(), u_par.tolist(), u_perf.tolist(), alpha.tolist()
     mech_c, disc_c, crowd_c = mech[ci], discount[ci], crowd_n[ci]
-
-    def fill(n: str, i: int, div: float | None, score: float | None) -> None:
-        rows[n].update(
-            layer=lay_l[i], pareto=par_l[i], perf=perf_l[i], div=div, gp_ucb=alpha_l[i], score=score
-        )
-
-    for r in range(min(k, len(ci))):
+    picks: list[tuple[int, float, float]] = []  # (position in ci, div, score) at the pick
+    for _ in range(min(k, len(ci))):
         div = disc_c * (0.5 * d_pick + 0.5 * crowd_c)
         score = base + sc.w_div * div
         masked = np.where(alive, score, -np.inf)
-        best = int(np.lexsort((tiebreak, -masked))[0])
-        chosen.append(cands[best])
-        fill(cands[best], int(ci[best]), float(div[best]), float(score[best]))
-        rows[cands[best]]["rank"] = r + 1
+        top = masked.max()
+        if np.isnan(top):  # NaN last, as the sort by -score put it
+            best = int(np.lexsort((tiebreak, -masked))[0])
+        else:  # the highest score, ties by the seeded permutation: the sort's first, unsorted
+            tied = np.flatnonzero(masked == top)
+            best = int(tied[np.argmin(tiebreak[tied])])
+        picks.append((best, float(div[best]), float(score[best])))
         alive[best] = False
         dist = np.linalg.norm(mech_c - mech_c[best], axis=1) / scale
         d_pick = np.minimum(d_pick, np.clip(dist, 0.0, 1.0))
     div = disc_c * (0.5 * d_pick + 0.5 * crowd_c)
     score = base + sc.w_div * div
-    div_l, score_l, ci_l = div.tolist(), score.tolist(), ci.tolist()
-    for j in np.flatnonzero(alive).tolist():
-        fill(cands[j], ci_l[j], div_l[j], score_l[j])
-    for n in exclude.intersection(
-        index
-    ):  # excluded population members: components for context, no score
-        fill(n, index[n], None, None)
-    out = sorted(
-        rows.values(),
-        key=lambda r: (
-            r["rank"] is None,
-            r["rank"] or 0,
-            r["score"] is None,
-            -(r["score"] or 0.0),
-            r["node"],
-        ),
-    )
-    return Selection(chosen, out, params)
+    chosen = [pop_names[int(ci[b])] for b, _, _ in picks]
+    # every population member gets its components (excluded ones no div or score), candidates
+    # their div and score (the chosen ones as they stood when picked) and the chosen their rank
+    table.fill(pop, layer, u_par, u_perf, alpha)
+    div_o, score_o = div.astype(object), score.astype(object)
+    rank = np.full(len(ci), None, dtype=object)
+    for r, (b, d, s) in enumerate(picks):
+        div_o[b], score_o[b], rank[b] = d, s, r + 1
+    at = pop[ci]
+    table.div[at], table.score[at], table.rank[at] = div_o, score_o, rank
+    return Selection(chosen, table.rows(table.order(at, picks, score)), params)
+
+
+_NO_METRICS: Mapping[str, float] = {}
+"""the metrics of a node without a result under the compared protocol (read only)"""
+
+_ROW_KEYS = (
+    "node",
+    "status",
+    "depth",
+    "children",
+    "utility",
+    "layer",
+    "pareto",
+    "perf",
+    "div",
+    "gp_ucb",
+    "descendant_gain",
+    "descendants",
+    "score",
+    "rank",
+    "eligible",
+    "why",
+    "seeds",
+)
+
+
+class _Table:
+    """The rows of a selection as one column per field (object arrays, None where unset), made into
+    the row dicts once, in their final order."""
+
+    def __init__(
+        self, names, status, depth, res_l, children, util, has_u, gain, has_gain, n_desc, why
+    ):
+        n = len(names)
+
+        def col(values=None, where=None) -> np.ndarray:
+            out = np.full(n, None, dtype=object)
+            if values is not None:
+                if where is None:
+                    out[:] = values
+                else:
+                    out[where] = values[where]
+            return out
+
+        self.names = names
+        self.node = np.array(names, dtype=object)
+        self.status = col(status)
+        self.depth = col(depth)
+        self.children = col(children)
+        self.utility = col(util, has_u)
+        self.layer, self.pareto, self.perf, self.gp_ucb = col(), col(), col(), col()
+        self.div, self.score, self.rank = col(), col(), col()
+        self.descendant_gain = col(gain, has_gain)
+        self.descendants = col(n_desc)
+        self.why = col(why)
+        self.eligible = col(np.array([w is None for w in why], dtype=bool))
+        self.seeds = [None if r is None else list(r.seeds) for r in res_l]  # lists: no array
+
+    def fill(self, at, layer, u_par, u_perf, alpha) -> None:
+        self.layer[at], self.pareto[at], self.perf[at], self.gp_ucb[at] = (
+            layer,
+            u_par,
+            u_perf,
+            alpha,
+        )
+
+    def order(self, at: np.ndarray, picks, score: np.ndarray) -> np.ndarray:
+        """Rows by (chosen rank, -score, name): the chosen, then the other candidates best first,
+        then the rest by name."""
+        n = len(self.names)
+        first = np.array([int(at[b]) for b, _, _ in picks], dtype=np.intp)
+        rest = np.ones(len(at), dtype=bool)
+        rest[[b for b, _, _ in picks]] = False
+        scored = at[rest]
+        if np.isnan(score[rest]).any():  # as the row sort ordered them (NaN compares false)
+            return np.array(
+                sorted(
+                    range(n),
+                    key=lambda i: (
+                        self.rank[i] is None,
+                        self.rank[i] or 0,
+                        self.score[i] is None,
+                        -(self.score[i] or 0.0),
+                        self.names[i],
+                    ),
+                ),
+                dtype=np.intp,
+            )
+        scored = scored[order_by(-score[rest], [self.names[i] for i in scored.tolist()])]
+        others = np.ones(n, dtype=bool)
+        others[at] = False
+        unscored = np.flatnonzero(others)
+        unscored = unscored[
+            np.array(
+                sorted(
+                    range(unscored.size), key=[self.names[i] for i in unscored.tolist()].__getitem__
+                ),
+                dtype=np.intp,
+            )
+        ]
+        return np.concatenate([first, scored, unscored])
+
+    def rows(self, order: np.ndarray) -> list[dict[str, Any]]:
+        """The row dicts, in ``order`` (their keys in :data:`_ROW_KEYS`' order)."""
+        c = [getattr(self, key)[order].tolist() for key in _ROW_KEYS[:-1]]
+        c.append([self.seeds[i] for i in order.tolist()])
+        return [
+            {
+                "node": a,
+                "status": b,
+                "depth": d,
+                "children": e,
+                "utility": f,
+                "layer": g,
+                "pareto": h,
+                "perf": i,
+                "div": j,
+                "gp_ucb": k,
+                "descendant_gain": m,
+                "descendants": o,
+                "score": p,
+                "rank": q,
+                "eligible": r,
+                "why": s,
+                "seeds": t,
+            }
+            for a, b, d, e, f, g, h, i, j, k, m, o, p, q, r, s, t in zip(*c)
+        ]
+
+
+def _utilities(mets: list, counted: np.ndarray, exp) -> tuple[np.ndarray, np.ndarray]:
+    """U of every counted node (``engine.config.utility`` on its metrics) and where it has one,
+    as arrays: the objective's value, its sign, less length_penalty * mean_length where measured."""
+    n = len(mets)
+    u, has = np.zeros(n), np.zeros(n, dtype=bool)
+    idx = np.flatnonzero(counted)
+    if not idx.size:
+        return u, has
+    sub = [mets[i] for i in idx.tolist()]
+    vals = list(map(methodcaller("get", exp.objective), sub))
+    got = np.array([v is not None for v in vals], dtype=bool)
+    try:
+        col = np.array([0.0 if v is None else float(v) for v in vals], dtype=float)
+        # U's sign rule, read from utility itself: +1 or -1
+        sign = utility({exp.objective: 1.0}, dataclasses.replace(exp, length_penalty=0.0))
+        if sign < 0:
+            col = -col
+        if exp.length_penalty:
+            lengths = list(map(methodcaller("get", "mean_length"), sub))
+            has_len = np.array([v is not None for v in lengths], dtype=bool)
+            ln = np.array([0.0 if v is None else float(v) for v in lengths], dtype=float)
+            col = np.where(has_len, col - exp.length_penalty * ln, col)
+    except (TypeError, ValueError, OverflowError):  # a value utility reads as it is: as it did
+        col = np.array([utility(m, exp) if g else 0.0 for m, g in zip(sub, got)], dtype=float)
+    u[idx], has[idx] = col, got
+    return u, has
 
 
 def _directions(objectives, exp) -> list[dict[str, str]]:
