@@ -23,10 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine import secrets
 from engine.archive.confirmation import CONFIRMATIONS_DIR
 from engine.archive.edit import apply_edit, check_interface
 from engine.archive.gitio import Git, GitError, parse_tree
+from engine.archive.index import LineageIndex, index_for, no_gc
 from engine.archive.locks import git_dir
+from engine.archive.mechanism import TRAILER as MECHANISM_TRAILER
+from engine.archive.mechanism import mechanism_hash
 from engine.archive.results import (
     LEGACY_FILE,
     RESULTS_DIR,
@@ -138,10 +142,38 @@ def _node_from(name: str, oid: str, kind: str, msg: str) -> tuple[Node | None, s
         return None, f"it points to {oid}, an object this repository does not have"
     if kind != "commit":
         return None, f"it points to a {kind}, not a commit"
+    return _node_of(name, oid, _head(msg) + ((),))
+
+
+def _head(msg: str) -> tuple:
+    """What a node commit's message says, whatever branch points to it (the first part of a lineage
+    index entry): (owner, problem, status, created, parents, trailers, subject); ``problem`` is what
+    is wrong with its status or creation time ('' when nothing is), ``owner`` None without a
+    ``Poise-Node`` trailer."""
+    tr = {sys.intern(k): v for k, v in parse_trailers(msg).items()}  # one key object in an index
+    owner = (tr.get("Poise-Node") or [None])[-1]
+    status = sys.intern((tr.get("Poise-Status") or ["spawned"])[-1])
+    problem, created = "", 0.0
+    if status not in STATUSES:
+        problem = f"its Poise-Status {status[:40]!r} is unknown"
+    else:
+        try:
+            created = float((tr.get("Poise-Created") or ["0"])[-1])
+        except ValueError:
+            problem = "its Poise-Created trailer is not a number"
+        else:
+            if not math.isfinite(created):
+                problem = "its Poise-Created trailer is not a number"
+    subject = msg.splitlines()[0] if msg else ""
+    return owner, problem, status, created, tuple(tr.get("Poise-Parent", [])), tr, subject
+
+
+def _node_of(name: str, oid: str, entry: tuple) -> tuple[Node | None, str]:
+    """The node the branch ``name`` pointing to the commit ``oid`` is, from the commit's lineage index
+    entry (:func:`_head` plus its result files), or (None, what is wrong with it)."""
     if not _NAME_RE.match(name) or name.endswith(".lock"):
         return None, "its name is not a poise-git node name"
-    tr = parse_trailers(msg)
-    owner = (tr.get("Poise-Node") or [None])[-1]
+    owner, problem, status, created, parents, tr, subject, files = entry
     if owner is None:
         return None, "its commit is not a poise-git node's (no Poise-Node trailer)"
     if owner != name:
@@ -149,27 +181,38 @@ def _node_from(name: str, oid: str, kind: str, msg: str) -> tuple[Node | None, s
             None,
             f"its commit is node {owner[:40]!r}'s (Poise-Node: {owner[:40]}), not {name!r}'s",
         )
-    status = (tr.get("Poise-Status") or ["spawned"])[-1]
-    if status not in STATUSES:
-        return None, f"its Poise-Status {status[:40]!r} is unknown"
-    try:
-        created = float((tr.get("Poise-Created") or ["0"])[-1])
-    except ValueError:
-        return None, "its Poise-Created trailer is not a number"
-    if not math.isfinite(created):
-        return None, "its Poise-Created trailer is not a number"
-    return (
-        Node(
-            name=name,
-            commit=oid,
-            parents=tuple(tr.get("Poise-Parent", [])),
-            status=status,
-            created=created,
-            trailers=tr,
-            subject=msg.splitlines()[0] if msg else "",
-        ),
-        "",
+    if problem:
+        return None, problem
+    node = Node(
+        name=name,
+        commit=oid,
+        parents=parents,
+        status=status,
+        created=created,
+        trailers=dict(tr),
+        subject=subject,
     )
+    for path, result, why in files:
+        if result is not None:
+            node.results[result.protocol.id] = result
+        elif why is not None:
+            node.unreadable[path] = why
+    return node, ""
+
+
+def _read_files(path_results: Iterable[tuple[str, bytes | None]], owner: str) -> tuple:
+    """The result files part of a lineage index entry: (path, result, None) for each file read,
+    (path, None, why) for one that could not be, nothing for an absent one."""
+    out = []
+    for p, blob in path_results:
+        if blob is None:
+            continue
+        try:
+            out.append((p, parse_result(blob, f"{owner}:{p}"), None))
+        except (ArchiveError, KeyError, TypeError, ValueError, RecursionError) as exc:
+            # unreadable: the node shows as not evaluated, and says why
+            out.append((p, None, " ".join(str(exc).split())[:300] or type(exc).__name__))
+    return tuple(out)
 
 
 def parse_trailers(message: str) -> dict[str, list[str]]:
@@ -198,6 +241,7 @@ class Archive:
         self.skipped: dict[str, str] = {}
         """refs under refs/heads/poise/ the last ``nodes()`` ignored, with the reason"""
         self._root: str | None = None  # the root's name, found once (the init commit never changes)
+        self._lineage_index: LineageIndex | None = None
         if (
             not self.git.ok("rev-parse", "--verify", "-q", REF_PREFIX + ROOT_NAME)
             and not self._any_node()
@@ -311,15 +355,59 @@ class Archive:
 
     # -- reading -------------------------------------------------------------------------------
     def nodes(self, protocol: ProtocolRef | str | None = None) -> dict[str, Node]:
-        """Every node with parents, status and results: one for-each-ref + one cat-file --batch.
+        """Every node with parents, status and results.
 
-        ``protocol`` (a :class:`ProtocolRef`, or ``id`` / ``id@hash``; default: the experiment's
-        configured one) is the protocol whose result each node's ``result`` holds."""
+        One ``for-each-ref`` lists the branch tips (names and ids, no object read); each tip commit
+        is looked up in the lineage index (:mod:`engine.archive.index`); only the tips it lacks are
+        read from git (one ``cat-file --batch`` of the commits, one of their result files) and then
+        added to it. ``protocol`` (a :class:`ProtocolRef`, or ``id`` / ``id@hash``; default: the
+        experiment's configured one) is the protocol whose result each node's ``result`` holds."""
         nodes: dict[str, Node] = {}
         self.skipped: dict[str, str] = {}
-        for ref, oid, kind, msg in self._branch_tips():
+        tips = self._refs()
+        index = self._index()
+        entries = index.get({oid for _ref, oid in tips})
+        others: dict[str, tuple[str, str]] = {}
+        missing = sorted({oid for _ref, oid in tips} - set(entries))
+        if missing:
+            new, mechs, others = self._parse_tips(missing)
+            entries.update(new)
+            index.add(new, mechs, tips=[oid for _ref, oid in tips])
+        ref = self.protocol_ref(protocol)
+        with no_gc():
+            self._assemble(tips, entries, others, nodes)
+            same: dict[int, bool] = {}  # by protocol object: an index shares one among its results
+            for n in nodes.values():
+                r = n.results.get(ref.id)
+                if r is not None:
+                    p = r.protocol
+                    ok = same.get(id(p))
+                    if ok is None:
+                        ok = same[id(p)] = ref.matches(p)
+                    if not ok:
+                        n.stale, r = r, None
+                n.result = r
+            _assign_depths(nodes)
+        return nodes
+
+    def _assemble(
+        self,
+        tips: list[tuple[str, str]],
+        entries: Mapping[str, tuple],
+        others: Mapping[str, tuple[str, str]],
+        nodes: dict[str, Node],
+    ) -> None:
+        """The nodes of ``tips`` into ``nodes`` from their index ``entries`` (``others``: the
+        type and message of tips that are no commits); the others into :attr:`skipped`, named."""
+        for ref, oid in tips:
             name = ref[len(REF_PREFIX) :]
-            node, problem = _node_from(name, oid, kind, msg)
+            entry = entries.get(oid)
+            if entry is not None:
+                node, problem = _node_of(name, oid, entry)
+                kind = "commit"
+            else:
+                kind, msg = others[oid]
+                node, problem = _node_from(name, oid, kind, msg)
             if node is None:  # a foreign or malformed ref: named, then ignored
                 self.skipped[ref] = problem
                 if (str(self.path), ref, oid) not in _WARNED:
@@ -329,25 +417,105 @@ class Archive:
                     )
                 continue
             nodes[name] = node
-        wanted = [(n, p) for n in nodes.values() for p in _result_paths(n)]
-        blobs = self.git.cat_blobs([f"{n.commit}:{p}" for n, p in wanted])
-        for (n, p), blob in zip(wanted, blobs):
-            if blob is None:
+
+    def _refs(self) -> list[tuple[str, str]]:
+        """``(ref, object id)`` of every ref under refs/heads/poise/: one ``for-each-ref`` that opens
+        no object (packed refs are read from ``packed-refs`` alone)."""
+        # git allows no whitespace in a ref name: one split() parses the whole listing
+        words = self.git.text(
+            "for-each-ref", "--format=%(refname) %(objectname)", REF_PREFIX
+        ).split()
+        return list(zip(words[0::2], words[1::2]))
+
+    def _index(self) -> LineageIndex:
+        """This repository's lineage index (one per process and repository)."""
+        if self._lineage_index is None:
+            self._lineage_index = index_for(git_dir(self))
+        return self._lineage_index
+
+    def _parse_tips(
+        self, oids: list[str]
+    ) -> tuple[
+        dict[str, tuple], list[tuple[str, str | None, str, float]], dict[str, tuple[str, str]]
+    ]:
+        """Read the commits ``oids`` from git: (their lineage index entries, their mechanism rows,
+        (type, message) of those that are no commit: ``missing`` where the repository lacks them)."""
+        entries: dict[str, tuple] = {}
+        mechs: list[tuple[str, str | None, str, float]] = []
+        others: dict[str, tuple[str, str]] = {}
+        heads: dict[str, tuple] = {}
+        for oid, obj in zip(oids, self.git.cat_objects(oids)):
+            if obj is None:
+                others[oid] = ("missing", "")
                 continue
-            try:
-                r = parse_result(blob, f"{n.name}:{p}")
-            except (ArchiveError, KeyError, TypeError, ValueError, RecursionError) as exc:
-                n.unreadable[p] = " ".join(str(exc).split())[:300] or type(exc).__name__
-                continue  # unreadable: the node shows as not evaluated, and says why
-            n.results[r.protocol.id] = r
-        ref = self.protocol_ref(protocol)
-        for n in nodes.values():
-            r = n.results.get(ref.id)
-            if r is not None and not ref.matches(r.protocol):
-                n.stale, r = r, None
-            n.result = r
-        _assign_depths(nodes)
-        return nodes
+            kind, raw = obj[1], obj[2]
+            msg = raw.split(b"\n\n", 1)[1] if kind in ("commit", "tag") and b"\n\n" in raw else b""
+            if kind != "commit":
+                others[oid] = (kind, msg.decode("utf-8", "replace"))
+                continue
+            heads[oid] = _head(msg.decode("utf-8", "replace"))
+        wanted = [
+            (oid, p)
+            for oid, head in heads.items()
+            if head[0] is not None and not head[1]
+            for p in _paths_of(head[5])
+        ]
+        blobs = dict(zip(wanted, self.git.cat_blobs([f"{oid}:{p}" for oid, p in wanted])))
+        for oid, head in heads.items():
+            owner = head[0]
+            if owner is None or head[1]:
+                entries[oid] = head + ((),)
+                continue
+            files = _read_files(((p, blobs[(oid, p)]) for p in _paths_of(head[5])), owner)
+            entries[oid] = head + (files,)
+            mechs.append((oid, (head[5].get(MECHANISM_TRAILER) or [None])[-1], owner, head[3]))
+        return entries, mechs, others
+
+    def mechanism_twins(self, digest: str) -> list[str] | None:
+        """Names of the nodes whose algorithm.py has the mechanism hash ``digest`` (oldest first),
+        from the lineage index's mechanism rows: one indexed look-up, then one ``cat-file --batch``
+        that keeps a node only where its branch still points to the commit found (a branch deleted
+        or moved behind the engine's back is not reported). A node that arrived behind the engine's
+        back (a push) is found once a lineage read has indexed it. None where the index cannot be
+        read (then read the lineage)."""
+        index = self._index()
+        if not index.built():
+            self.nodes()  # fills the index once
+            if not index.built():
+                return None
+        rows = index.mechanism_rows(digest)
+        if rows is None:
+            return None
+        unhashed = index.unhashed_rows()
+        if unhashed:  # commits made before the trailer existed: hashed from their file, once
+            blobs = self.git.cat_blobs([f"{oid}:{ALGORITHM}" for oid, _n, _c in unhashed])
+            hashes = {
+                oid: (mechanism_hash(b.decode("utf-8", "replace")) if b is not None else None) or ""
+                for (oid, _n, _c), b in zip(unhashed, blobs)
+            }
+            index.set_hashes(hashes)
+            rows = rows + [row for row in unhashed if hashes[row[0]] == digest]
+        if not rows:
+            return []
+        names = sorted({name for _oid, name, _c in rows})
+        now = dict(zip(names, self.git.cat_objects([REF_PREFIX + n for n in names])))
+        live = {
+            (name, created)
+            for oid, name, created in rows
+            if now.get(name) is not None and now[name][0] == oid
+        }
+        return [name for _created, name in sorted((c, n) for n, c in live)]
+
+    def _remember(self, commit: str, msg: str, files: tuple | None) -> None:
+        """Add the commit this process just wrote to the lineage index (``files``: its result files'
+        part of the entry; None where it is not known without reading git: then the next lineage
+        read adds it). A message the secret scrubber changed is left to that read too."""
+        if files is None or secrets.scrub(msg) != msg:
+            return
+        head = _head(msg)
+        owner = head[0]
+        mech = [(commit, (head[5].get(MECHANISM_TRAILER) or [None])[-1], owner, head[3])]
+        self._index().add({commit: head + (files,)}, mech if owner and not head[1] else ())
 
     def _repair(self, ref: str, oid: str, kind: str) -> str:
         """'; <how to repair>' for a ref :meth:`nodes` ignores, where there is a known way ('' else):
@@ -623,6 +791,7 @@ class Archive:
                 self._stale_lock(REF_PREFIX + name)
                 or f"a node named {name!r} already exists (created concurrently)"
             )
+        self._remember(commit, msg, None if _ids_of(parse_trailers(msg)) else ())
         log.info("spawned %s from %s (%s)", name, " + ".join(parents), commit[:12])
         # Built locally: a full lineage read here would cost ~0.3 s at 10k nodes.
         return Node(
@@ -694,6 +863,7 @@ class Archive:
             )
             commit = self.git.commit_tree(tree, [tip], msg)
             if self.git.update_ref(ref, commit, tip, f"poise record {name}"):
+                self._remember(commit, msg, self._files_after(tip, msg, tree_files, adds))
                 log.debug("%s: %s (%s)", name, subject, commit[:12])
                 return commit
             time.sleep(min(0.005 * (attempt + 1), 0.1))
@@ -701,6 +871,28 @@ class Archive:
             self._stale_lock(ref)
             or f"could not record on {name!r}: the branch kept moving (lost {retries} compare-and-swaps)"
         )
+
+    def _files_after(
+        self, tip: str, msg: str, tree: Mapping[str, tuple[str, str]], adds: Mapping[str, bytes]
+    ) -> tuple | None:
+        """The result files part of the lineage index entry of a record commit over ``tip`` with the
+        message ``msg``, the files ``tree`` and the new contents ``adds``: files it wrote are parsed,
+        files it kept come from ``tip``'s entry; None where that entry is not in this process's
+        memory (the next lineage read reads it from git)."""
+        old = self._index().memo.get(tip)
+        owner = (parse_trailers(msg).get("Poise-Node") or [""])[-1]
+        kept = {p: f for f in (old[7] if old is not None else ()) for p in (f[0],)}
+        out = []
+        for p in _paths_of(parse_trailers(msg)):
+            if p not in tree:
+                continue
+            if p in adds:
+                out += _read_files([(p, secrets.scrub_bytes(adds[p]))], owner)
+            elif old is not None and p in kept:
+                out.append(kept[p])
+            else:
+                return None
+        return tuple(out)
 
     def _stale_lock(self, ref: str) -> str:
         """Why writing ``ref`` keeps failing when git's lock file for it is left behind (a writer
@@ -879,24 +1071,25 @@ def _detach_checkout(git: Git, commit: str) -> None:
 
 def _set_mechanism(extra: dict[str, list[str]], source: str) -> dict[str, list[str]]:
     """Record the mechanism hash of ``source`` (the trailer ``Poise-Mechanism``) in ``extra``."""
-    # lazy: keeps `poise-git --help` fast
-    from engine.archive.mechanism import TRAILER, mechanism_hash
-
     h = mechanism_hash(source)
-    extra[TRAILER] = [h] if h else []
+    extra[MECHANISM_TRAILER] = [h] if h else []
     return extra
 
 
 def _result_ids(node: Node) -> list[str]:
     """Protocol ids the node's ``Poise-Results`` trailer lists (``yes``: a schema-1 results.json)."""
-    value = node.trailer("Poise-Results") or ""
+    return _ids_of(node.trailers)
+
+
+def _ids_of(trailers: Mapping[str, list[str]]) -> list[str]:
+    value = (trailers.get("Poise-Results") or [""])[-1]
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-def _result_paths(node: Node) -> list[str]:
-    """The node's result files, a legacy results.json first (a typed result under the same protocol,
-    read after it, replaces it)."""
-    ids = _result_ids(node)
+def _paths_of(trailers: Mapping[str, list[str]]) -> list[str]:
+    """The result files a commit's trailers list, a legacy results.json first (a typed result under
+    the same protocol, read after it, replaces it)."""
+    ids = _ids_of(trailers)
     return [LEGACY_FILE] * ("yes" in ids) + [f"{RESULTS_DIR}/{i}.json" for i in ids if i != "yes"]
 
 
@@ -951,6 +1144,48 @@ def _message(
 
 
 def _assign_depths(nodes: dict[str, Node]) -> None:
+    """Each node's ``depth``: 0 without parents, else one more than its shallowest parent's (a
+    parent that is no node counts 0). Parents before children in one pass (Kahn's order); a lineage
+    with a cycle (branches edited by hand) goes to :func:`_assign_depths_cyclic`."""
+    kids: dict[str, list[str]] = {}
+    waiting: dict[str, int] = {}
+    ready: list[str] = []
+    for name, n in nodes.items():
+        k = 0
+        for p in set(n.parents):
+            if p in nodes:
+                k += 1
+                if p in kids:
+                    kids[p].append(name)
+                else:
+                    kids[p] = [name]
+        if k:
+            waiting[name] = k
+        else:
+            ready.append(name)
+    depth: dict[str, int] = {}
+    get = depth.get
+    while ready:
+        name = ready.pop()
+        parents = nodes[name].parents
+        if not parents:
+            depth[name] = 0
+        elif len(parents) == 1:
+            depth[name] = 1 + get(parents[0], 0)
+        else:
+            depth[name] = 1 + min([get(p, 0) for p in parents])
+        for c in kids.get(name, ()):
+            waiting[c] -= 1
+            if not waiting[c]:
+                ready.append(c)
+    if len(depth) < len(nodes):
+        _assign_depths_cyclic(nodes)
+        return
+    for name, n in nodes.items():
+        n.depth = depth[name]
+
+
+def _assign_depths_cyclic(nodes: dict[str, Node]) -> None:
     memo: dict[str, int] = {}
 
     def depth(name: str, seen: frozenset = frozenset()) -> int:
