@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import pickle
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -293,3 +294,20 @@ def test_results_read_from_the_index_are_the_results_written(lineage):
     r = after["a"][next(iter(after["a"]))]
     assert json.loads(r.to_json()) == json.loads(before["a"][r.protocol.id].to_json())
     assert r.per_seed == before["a"][r.protocol.id].per_seed
+
+
+def test_an_index_that_cannot_be_written_leaves_reads_and_writes_right(archive, caplog):
+    archive.spawn("grpo", "a", "A = 1\n")
+    arch = new_process(archive)
+    where = Path(git_dir(archive)) / lineage_index.INDEX_DIR
+    shutil.rmtree(where)
+    where.write_text("a file where the index goes")
+    with caplog.at_level(logging.WARNING, logger="engine.archive.index"):
+        assert set(arch.nodes()) == {"grpo", "a"}
+        arch.spawn("grpo", "b", "B = 1\n")
+        assert same_mechanism(arch, arch.algorithm("b")) == ["b"]  # from the lineage read
+        record(arch, "b", {"overall": 0.4})
+        assert arch.nodes()["b"].evaluated
+    said = [r for r in caplog.records if "lineage index" in r.getMessage()]
+    assert len(said) == 1 and "reading git" in said[0].getMessage()  # said once, not per read
+    assert arch.fsck()

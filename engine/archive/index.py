@@ -154,6 +154,7 @@ class LineageIndex:
         self.lock = threading.RLock()
         self._db: sqlite3.Connection | None = None
         self._pid = os.getpid()
+        self._said = False
 
     # -- the database ----------------------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
@@ -187,17 +188,22 @@ class LineageIndex:
                 with self.lock:
                     return fn(self._conn())
             except OSError as exc:
-                log.warning("lineage index %s: %s failed (%s); reading git", self.path, what, exc)
+                self._failed(what, exc)
                 return default
             except Exception as exc:  # the index is never needed: whatever fails, git is read
                 if attempt or not _broken(exc):
-                    log.warning(
-                        "lineage index %s: %s failed (%s); reading git", self.path, what, exc
-                    )
+                    self._failed(what, exc)
                     return default
                 log.warning("lineage index %s is unreadable (%s); rebuilding it", self.path, exc)
                 self._reset()
         return default
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        """Say that the index could not be used, once per process at warning level (a read-only
+        archive would otherwise say it on every read)."""
+        level = logging.DEBUG if self._said else logging.WARNING
+        self._said = True
+        log.log(level, "lineage index %s: %s failed (%s); reading git", self.path, what, exc)
 
     def _reset(self) -> None:
         """Remove a broken index file (its WAL too); the next use creates a new one."""
