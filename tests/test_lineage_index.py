@@ -311,3 +311,67 @@ def test_an_index_that_cannot_be_written_leaves_reads_and_writes_right(archive, 
     said = [r for r in caplog.records if "lineage index" in r.getMessage()]
     assert len(said) == 1 and "reading git" in said[0].getMessage()  # said once, not per read
     assert arch.fsck()
+
+
+def depths(nodes: dict) -> dict:
+    return {name: n.depth for name, n in nodes.items()}
+
+
+def test_depths_follow_nodes_added_deleted_and_recreated_behind_the_engine_s_back(lineage):
+    """A read starts from the depths of the last one (or of the snapshot's): each change below is
+    one the start cannot hold (a parent gone, a node with other parents, a node under a name other
+    nodes list as a parent) or one it can (nodes added); every time, the depths of a read from git."""
+    lineage.spawn("c", "d", "D = 1\n")
+    lineage.spawn("d", "e", "E = 1\n")
+    assert depths(check_both_ways(lineage)["nodes"]) == {
+        "grpo": 0, "a": 1, "b": 1, "c": 2, "d": 3, "e": 4,
+    }  # fmt: skip
+    c_tip = lineage.tip("c")
+    git(lineage, "branch", "-D", "poise/c")  # d's parent is gone: d counts from 0
+    assert depths(check_both_ways(lineage)["nodes"]) == {"grpo": 0, "a": 1, "b": 1, "d": 1, "e": 2}
+    lineage.nodes()  # this process's start: a lineage where 'c' is a parent and no node
+    git(lineage, "update-ref", REF_PREFIX + "c", c_tip)  # back, under the name d lists
+    assert depths(check_both_ways(lineage)["nodes"])["e"] == 4
+    git(lineage, "update-ref", REF_PREFIX + "d", lineage.spawn_commit("b"))  # not d's: skipped
+    got = check_both_ways(lineage)
+    assert "d" not in got["nodes"] and got["nodes"]["e"].depth == 1
+    lineage.nodes()
+    git(lineage, "update-ref", "-d", REF_PREFIX + "d")
+    lineage.spawn("a", "d", "D = 2\n")  # 'd' again, now a child of a: e moves up under it
+    assert depths(check_both_ways(lineage)["nodes"])["e"] == 3
+
+
+def hand_made(arch: Archive, name: str, parent: str, tree_of: str = "grpo") -> str:
+    """A node commit written with git alone (no index entry), its branch made: what a push brings."""
+    tree = git(arch, "rev-parse", f"poise/{tree_of}^{{tree}}").strip()
+    msg = f"by hand\n\nPoise-Node: {name}\nPoise-Parent: {parent}\nPoise-Status: spawned\n"
+    commit = subprocess.run(
+        ["git", "-C", str(arch.path), "commit-tree", tree, "-m", msg + "Poise-Created: 1.0\n"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    git(arch, "update-ref", REF_PREFIX + name, commit)
+    return commit
+
+
+def test_depths_of_a_lineage_with_a_cycle_are_those_of_a_read_from_git(lineage):
+    """Branches edited into a cycle (a's commit moved to one naming c, c's child, as its parent)."""
+    hand_made(lineage, "a", "c", tree_of="a")
+    first = check_both_ways(lineage)["nodes"]
+    assert first["a"].parents == ("c",)
+    lineage.spawn("b", "f", "F = 1\n")  # added to a lineage with a cycle: a whole pass again
+    assert depths(check_both_ways(lineage)["nodes"])["f"] == 2
+
+
+def test_a_new_process_starts_from_the_snapshot_s_depths(lineage, monkeypatch):
+    """The depths kept with a snapshot are those of its lineage; a process that loads it and finds
+    nodes added since computes theirs alone, and reads what git holds."""
+    monkeypatch.setattr(lineage_index, "_COMPACT_MIN", 1)
+    hand_made(lineage, "d", "c")
+    lineage.nodes()  # parses d from git, then folds it into a new snapshot, with its depths
+    fresh = new_process(lineage)
+    fresh._index().get([lineage.tip("grpo")])  # loads the snapshot, not yet a lineage
+    kept, dangling = fresh._index().lineage
+    assert kept["d"] == (("c",), 3) and not dangling
+    lineage.spawn("d", "e", "E = 1\n")
+    assert depths(fresh.nodes())["e"] == 4
+    assert depths(check_both_ways(lineage)["nodes"])["e"] == 4

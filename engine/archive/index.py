@@ -42,7 +42,7 @@ from engine.archive.results import EvaluationResult, from_packed, packed_state
 
 log = logging.getLogger(__name__)
 
-FORMAT = "poise-lineage-index/1"
+FORMAT = "poise-lineage-index/2"
 INDEX_DIR = "poise"
 INDEX_FILE = "index.sqlite"
 _PARSERS = ("store.py", "results.py", "mechanism.py", "index.py")
@@ -62,8 +62,9 @@ CREATE INDEX IF NOT EXISTS mech_by_hash ON mech(hash);
 _COMPACT_MIN = 2000
 """entries added since the snapshot before a read folds them into it (or a tenth of the snapshot)"""
 
-ENTRY_LEN = 8
-"""an entry: (owner, problem, status, created, parents, trailers, subject, result files)"""
+ENTRY_LEN = 10
+"""an entry: (owner, problem, status, created, parents, trailers, subject, result files, results by
+protocol id, unreadable files by path)"""
 _FREEZE_MIN = 20_000
 """snapshots this large are moved out of the cycle collector's generations once loaded"""
 
@@ -110,9 +111,9 @@ def no_gc() -> Iterator[None]:
 
 
 class _Pickler(pickle.Pickler):
-    """Writes each result in its packed form (:func:`packed_state`), one object for equal protocols
-    and for equal unit tables, and metric names interned, so that a snapshot of 100k results holds
-    each shared value once and loads without building what a lineage read does not look at."""
+    """Writes each result in its packed form (:func:`packed_state`: its protocol and status, the
+    rest in one string), one object for equal protocols, so that a snapshot of 100k results loads
+    without building what a lineage read does not look at."""
 
     def __init__(self, file: io.BytesIO):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
@@ -125,9 +126,6 @@ class _Pickler(pickle.Pickler):
         p = state["protocol"]
         key = ("p", p.id, p.hash, p.backend, p.preset, repr(p.settings))
         state["protocol"] = self.shared.setdefault(key, p)
-        units = state["units"]
-        state["units"] = self.shared.setdefault(("u", tuple(units.items())), units)
-        state["metrics"] = {sys.intern(k): v for k, v in state["metrics"].items()}
         return from_packed, (state, packed)
 
 
@@ -151,6 +149,9 @@ class LineageIndex:
         """entries known to this process (immutable: keyed by commit id)"""
         self.generation: str | None = None
         """the snapshot generation loaded into ``memo`` (None: none loaded)"""
+        self.lineage: Any = None
+        """the depths of the last lineage read in this process, or of the snapshot's (the lineage
+        read's to keep: :func:`engine.archive.store._depths`), where it had no cycle"""
         self.lock = threading.RLock()
         self._db: sqlite3.Connection | None = None
         self._pid = os.getpid()
@@ -216,6 +217,7 @@ class LineageIndex:
             self._db = None
             self.memo.clear()
             self.generation = None
+            self.lineage = None
             for suffix in ("", "-wal", "-shm"):
                 try:
                     os.unlink(f"{self.path}{suffix}")
@@ -239,15 +241,15 @@ class LineageIndex:
                 row = db.execute("SELECT data FROM snapshot WHERE id = 1").fetchone()
                 if row is not None:
                     with no_gc():
-                        snap = _loads(row[0])
-                        if isinstance(snap, dict) and len(snap) >= _FREEZE_MIN:
+                        snap, lineage = _snapshot(_loads(row[0]))
+                        if len(snap) >= _FREEZE_MIN:
                             # kept for the process's life, and acyclic: out of the cycle
                             # collector's way, whose next collections would otherwise walk its
                             # millions of objects (reference counting still frees them)
                             gc.freeze()
-                    if not isinstance(snap, dict) or not all(map(_is_entry, snap.values())):
-                        raise pickle.UnpicklingError("the snapshot is not a map of entries")
                     self.memo.update(snap)
+                    if self.lineage is None:
+                        self.lineage = lineage
                 self.generation = gen
                 out.update((o, self.memo[o]) for o in missing if o in self.memo)
             rest = [o for o in missing if o not in out]
@@ -272,11 +274,13 @@ class LineageIndex:
         mechanisms: Iterable[tuple[str, str | None, str, float]] = (),
         *,
         tips: Iterable[str] | None = None,
+        lineage: Any = None,
     ) -> None:
         """Record ``entries`` (commit id -> entry) and their ``mechanisms`` rows (commit id, hash or
         None where unknown, node name, created) in one transaction. ``tips``: the commit ids the
         lineage points to now (a full read's), which lets this call fold the added entries into a new
-        snapshot of those tips when enough have accumulated (entries of older commits are dropped)."""
+        snapshot of those tips when enough have accumulated (entries of older commits are dropped);
+        ``lineage``: that read's depths, kept with the snapshot for the next process's first read."""
         entries = dict(entries)
         mechanisms = list(mechanisms)
         with self.lock:
@@ -292,7 +296,9 @@ class LineageIndex:
                     pending = db.execute("SELECT count(*) FROM entry").fetchone()[0] + len(entries)
                     first = db.execute("SELECT 1 FROM snapshot WHERE id = 1").fetchone() is None
                     if first or pending >= max(_COMPACT_MIN, len(self.memo) // 10):
-                        self._compact(db, keep)  # the entries are in memo: they go in with it
+                        self._compact(
+                            db, keep, lineage
+                        )  # the entries are in memo: they go in with it
                         return
                 db.executemany(
                     "INSERT OR REPLACE INTO entry VALUES (?, ?)",
@@ -301,7 +307,7 @@ class LineageIndex:
 
         self._run("writing", write, None)
 
-    def _compact(self, db: sqlite3.Connection, keep: set[str]) -> None:
+    def _compact(self, db: sqlite3.Connection, keep: set[str], lineage: Any = None) -> None:
         """Inside a write transaction: one snapshot of the entries of ``keep`` this process holds
         plus every entry another process added (it may be a tip this read has not seen), the added
         rows emptied, the generation moved on (other processes then reload the snapshot only when
@@ -314,7 +320,7 @@ class LineageIndex:
                     raise pickle.UnpicklingError(f"the entry of {oid} is malformed")
                 snap[oid] = self.memo[oid] = e
         gen = str(int(_meta(db, "generation") or "0") + 1)
-        db.execute("INSERT OR REPLACE INTO snapshot VALUES (1, ?)", (_dumps(snap),))
+        db.execute("INSERT OR REPLACE INTO snapshot VALUES (1, ?)", (_dumps((snap, lineage)),))
         db.execute("DELETE FROM entry")
         db.execute("INSERT OR REPLACE INTO meta VALUES ('generation', ?)", (gen,))
         db.execute("CREATE TEMP TABLE IF NOT EXISTS keep(oid TEXT PRIMARY KEY)")
@@ -393,8 +399,38 @@ class _txn:
 
 
 def _is_entry(e: Any) -> bool:
-    """The shape of an entry (``Archive``'s: the commit's head, seven values, and its result files)."""
-    return type(e) is tuple and len(e) == ENTRY_LEN and type(e[-1]) is tuple
+    """The shape of an entry (``Archive``'s: the commit's head, seven values, its result files, and
+    its results and unreadable files by name)."""
+    return (
+        type(e) is tuple
+        and len(e) == ENTRY_LEN
+        and type(e[7]) is tuple
+        and type(e[8]) is dict
+        and type(e[9]) is dict
+    )
+
+
+def _snapshot(data: Any) -> tuple[dict[str, Any], Any]:
+    """(the entries, the lineage's depths or None) of a loaded snapshot; raises on any other shape
+    (a file this code did not write)."""
+    if type(data) is not tuple or len(data) != 2 or type(data[0]) is not dict:
+        raise pickle.UnpicklingError("the snapshot is not a map of entries")
+    snap, lineage = data
+    if not all(map(_is_entry, snap.values())):
+        raise pickle.UnpicklingError("the snapshot is not a map of entries")
+    if lineage is not None and not _is_lineage(lineage):
+        raise pickle.UnpicklingError("the snapshot's depths are malformed")
+    return snap, lineage
+
+
+def _is_lineage(x: Any) -> bool:
+    """The shape of a lineage's depths: ({name: (parents, depth)}, frozenset of names)."""
+    if type(x) is not tuple or len(x) != 2 or type(x[0]) is not dict or type(x[1]) is not frozenset:
+        return False
+    return all(
+        type(v) is tuple and len(v) == 2 and type(v[0]) is tuple and type(v[1]) is int
+        for v in x[0].values()
+    )
 
 
 def _meta(db: sqlite3.Connection, key: str) -> str | None:
@@ -437,3 +473,4 @@ def forget(common_dir: str | None = None) -> None:
                 idx._db = None
                 idx.memo = {}
                 idx.generation = None
+                idx.lineage = None

@@ -284,9 +284,12 @@ class EvaluationResult:
 
 
 # -- the lineage index's form ----------------------------------------------------------------
-DEFERRED = ("intervals", "per_seed", "trajectory", "details")
-"""the fields a result read from the lineage index decodes on first access: what a whole-lineage
-read rarely looks at (a node's seeds, its curves and provenance), most of a result's objects"""
+DEFERRED = tuple(
+    f.name for f in dataclasses.fields(EvaluationResult) if f.name not in ("protocol", "status")
+)
+"""the fields a result read from the lineage index decodes on first access: all but its protocol
+(which a lineage read compares) and its status, so that reading 100k nodes builds three objects
+per result; its metrics are decoded where a selection ranks it"""
 
 
 class _Deferred:

@@ -83,9 +83,11 @@ nothing (poise-git warns that it is not read).
 """
 
 
-@dataclass
+@dataclass(slots=True)
 class Node:
-    """One archived candidate, as read from its branch tip."""
+    """One archived candidate, as read from its branch tip. ``trailers``, ``results`` and
+    ``unreadable`` are the lineage index entry's, shared by every read of the same commit in a
+    process (a read builds no copy of them): read them, never change them."""
 
     name: str
     commit: str
@@ -142,7 +144,7 @@ def _node_from(name: str, oid: str, kind: str, msg: str) -> tuple[Node | None, s
         return None, f"it points to {oid}, an object this repository does not have"
     if kind != "commit":
         return None, f"it points to a {kind}, not a commit"
-    return _node_of(name, oid, _head(msg) + ((),))
+    return _node_of(name, oid, _entry(_head(msg), ()))
 
 
 def _head(msg: str) -> tuple:
@@ -173,7 +175,7 @@ def _node_of(name: str, oid: str, entry: tuple) -> tuple[Node | None, str]:
     entry (:func:`_head` plus its result files), or (None, what is wrong with it)."""
     if not _NAME_RE.match(name) or name.endswith(".lock"):
         return None, "its name is not a poise-git node name"
-    owner, problem, status, created, parents, tr, subject, files = entry
+    owner, problem, status, created, parents, tr, subject, _files, results, unreadable = entry
     if owner is None:
         return None, "its commit is not a poise-git node's (no Poise-Node trailer)"
     if owner != name:
@@ -189,15 +191,26 @@ def _node_of(name: str, oid: str, entry: tuple) -> tuple[Node | None, str]:
         parents=parents,
         status=status,
         created=created,
-        trailers=dict(tr),
+        trailers=tr,
+        results=results,
+        unreadable=unreadable,
         subject=subject,
     )
+    return node, ""
+
+
+def _entry(head: tuple, files: tuple) -> tuple:
+    """A lineage index entry: the commit's :func:`_head`, its result files ((path, result, None) or
+    (path, None, why)), and what a node of it holds of them: its results by protocol id and its
+    unreadable files by path (read-only: shared by every node read of the commit)."""
+    results: dict[str, EvaluationResult] = {}
+    unreadable: dict[str, str] = {}
     for path, result, why in files:
         if result is not None:
-            node.results[result.protocol.id] = result
+            results[result.protocol.id] = result
         elif why is not None:
-            node.unreadable[path] = why
-    return node, ""
+            unreadable[path] = why
+    return head + (files, results, unreadable)
 
 
 def _read_files(path_results: Iterable[tuple[str, bytes | None]], owner: str) -> tuple:
@@ -361,33 +374,27 @@ class Archive:
         is looked up in the lineage index (:mod:`engine.archive.index`); only the tips it lacks are
         read from git (one ``cat-file --batch`` of the commits, one of their result files) and then
         added to it. ``protocol`` (a :class:`ProtocolRef`, or ``id`` / ``id@hash``; default: the
-        experiment's configured one) is the protocol whose result each node's ``result`` holds."""
-        nodes: dict[str, Node] = {}
+        experiment's configured one) is the protocol whose result each node's ``result`` holds.
+        Depths start from the last lineage this process (or the index's snapshot) assigned them
+        for: where only nodes were added, only theirs are computed (:func:`_depths`)."""
         self.skipped: dict[str, str] = {}
         tips = self._refs()
         index = self._index()
-        entries = index.get({oid for _ref, oid in tips})
+        oids = {oid for _ref, oid in tips}
+        entries = index.get(oids)
         others: dict[str, tuple[str, str]] = {}
-        missing = sorted({oid for _ref, oid in tips} - set(entries))
-        if missing:
-            new, mechs, others = self._parse_tips(missing)
+        new: dict[str, tuple] = {}
+        mechs: list[tuple[str, str | None, str, float]] = []
+        if len(entries) < len(oids):
+            new, mechs, others = self._parse_tips(sorted(oids - entries.keys()))
             entries.update(new)
-            index.add(new, mechs, tips=[oid for _ref, oid in tips])
         ref = self.protocol_ref(protocol)
         with no_gc():
-            self._assemble(tips, entries, others, nodes)
-            same: dict[int, bool] = {}  # by protocol object: an index shares one among its results
-            for n in nodes.values():
-                r = n.results.get(ref.id)
-                if r is not None:
-                    p = r.protocol
-                    ok = same.get(id(p))
-                    if ok is None:
-                        ok = same[id(p)] = ref.matches(p)
-                    if not ok:
-                        n.stale, r = r, None
-                n.result = r
-            _assign_depths(nodes)
+            nodes = self._assemble(tips, entries, others, ref)
+            lineage = _depths(nodes, index.lineage)
+        index.lineage = lineage
+        if new:
+            index.add(new, mechs, tips=oids, lineage=lineage)
         return nodes
 
     def _assemble(
@@ -395,28 +402,63 @@ class Archive:
         tips: list[tuple[str, str]],
         entries: Mapping[str, tuple],
         others: Mapping[str, tuple[str, str]],
-        nodes: dict[str, Node],
-    ) -> None:
-        """The nodes of ``tips`` into ``nodes`` from their index ``entries`` (``others``: the
-        type and message of tips that are no commits); the others into :attr:`skipped`, named."""
-        for ref, oid in tips:
-            name = ref[len(REF_PREFIX) :]
+        ref: ProtocolRef,
+    ) -> dict[str, Node]:
+        """The nodes of ``tips`` from their index ``entries`` (``others``: the type and message of
+        tips that are no commits), each with its result under ``ref``; the refs that are no node
+        into :attr:`skipped`, named. A tip whose commit is its own node's (the common case) is built
+        in one step; the others go through :func:`_node_of`, which says what is wrong."""
+        nodes: dict[str, Node] = {}
+        cut = len(REF_PREFIX)
+        pid = ref.id
+        same: dict[int, bool] = {}  # by protocol object: an index shares one among its results
+        valid = _NAME_RE.match
+        for refname, oid in tips:
+            name = refname[cut:]
             entry = entries.get(oid)
-            if entry is not None:
-                node, problem = _node_of(name, oid, entry)
-                kind = "commit"
+            if (
+                entry is not None
+                and entry[0] == name
+                and not entry[1]
+                and valid(name)
+                and not name.endswith(".lock")
+            ):
+                results = entry[8]
+                node = Node(
+                    name, oid, entry[4], entry[2], entry[3], entry[5], results, None, None,
+                    entry[9], 0, entry[6],
+                )  # fmt: skip
             else:
-                kind, msg = others[oid]
-                node, problem = _node_from(name, oid, kind, msg)
-            if node is None:  # a foreign or malformed ref: named, then ignored
-                self.skipped[ref] = problem
-                if (str(self.path), ref, oid) not in _WARNED:
-                    _WARNED.add((str(self.path), ref, oid))
-                    log.warning(
-                        "poise-git: ignoring %s: %s%s", ref, problem, self._repair(ref, oid, kind)
-                    )
-                continue
+                if entry is not None:
+                    node, problem = _node_of(name, oid, entry)
+                    kind = "commit"
+                else:
+                    kind, msg = others[oid]
+                    node, problem = _node_from(name, oid, kind, msg)
+                if node is None:  # a foreign or malformed ref: named, then ignored
+                    self.skipped[refname] = problem
+                    if (str(self.path), refname, oid) not in _WARNED:
+                        _WARNED.add((str(self.path), refname, oid))
+                        log.warning(
+                            "poise-git: ignoring %s: %s%s",
+                            refname,
+                            problem,
+                            self._repair(refname, oid, kind),
+                        )
+                    continue
+                results = node.results
+            r = results.get(pid)
+            if r is not None:
+                p = r.protocol
+                ok = same.get(id(p))
+                if ok is None:
+                    ok = same[id(p)] = ref.matches(p)
+                if ok:
+                    node.result = r
+                else:
+                    node.stale = r
             nodes[name] = node
+        return nodes
 
     def _refs(self) -> list[tuple[str, str]]:
         """``(ref, object id)`` of every ref under refs/heads/poise/: one ``for-each-ref`` that opens
@@ -464,10 +506,10 @@ class Archive:
         for oid, head in heads.items():
             owner = head[0]
             if owner is None or head[1]:
-                entries[oid] = head + ((),)
+                entries[oid] = _entry(head, ())
                 continue
             files = _read_files(((p, blobs[(oid, p)]) for p in _paths_of(head[5])), owner)
-            entries[oid] = head + (files,)
+            entries[oid] = _entry(head, files)
             mechs.append((oid, (head[5].get(MECHANISM_TRAILER) or [None])[-1], owner, head[3]))
         return entries, mechs, others
 
@@ -515,7 +557,7 @@ class Archive:
         head = _head(msg)
         owner = head[0]
         mech = [(commit, (head[5].get(MECHANISM_TRAILER) or [None])[-1], owner, head[3])]
-        self._index().add({commit: head + (files,)}, mech if owner and not head[1] else ())
+        self._index().add({commit: _entry(head, files)}, mech if owner and not head[1] else ())
 
     def _repair(self, ref: str, oid: str, kind: str) -> str:
         """'; <how to repair>' for a ref :meth:`nodes` ignores, where there is a known way ('' else):
@@ -1143,10 +1185,85 @@ def _message(
     return "\n".join(lines) + "\n"
 
 
-def _assign_depths(nodes: dict[str, Node]) -> None:
+Lineage = tuple[dict[str, tuple[tuple[str, ...], int]], frozenset[str]]
+"""The depths of one lineage (node name -> (its parents, its depth)) and the parent names its
+nodes list that are no node of it: what :func:`_depths` starts the next read from."""
+
+
+def _depths(nodes: dict[str, Node], base: Lineage | None) -> Lineage | None:
+    """Each node's ``depth`` (as :func:`_assign_depths` assigns it), and the lineage to start the
+    next read from (None where it has a cycle). From ``base`` where it still holds: no node of it
+    gone, none with other parents, no node added under a name its nodes list as a parent; then
+    only the added nodes' depths are computed (each one more than its shallowest parent's), the
+    others taken as they were. Else one pass over all."""
+    if base is not None:
+        known, dangling = base
+        added: list[Node] = []
+        get = known.get
+        for name, n in nodes.items():
+            was = get(name)
+            if was is None:
+                added.append(n)
+            elif was[0] is n.parents or was[0] == n.parents:
+                n.depth = was[1]
+            else:
+                break
+        else:
+            if len(nodes) - len(added) == len(known) and not any(n.name in dangling for n in added):
+                if not added:
+                    return base
+                grown = _add_depths(nodes, added, base)
+                if grown is not None:
+                    return grown
+    if not _assign_depths(nodes):
+        return None
+    known = {name: (n.parents, n.depth) for name, n in nodes.items()}
+    return known, frozenset(p for n in nodes.values() for p in n.parents if p not in nodes)
+
+
+def _add_depths(nodes: dict[str, Node], added: list[Node], base: Lineage) -> Lineage | None:
+    """The depths of ``added``, nodes new to the lineage ``base`` (whose nodes' depths they cannot
+    change): parents before children among them (Kahn's order); None where they form a cycle."""
+    known, dangling = base
+    new = {n.name for n in added}
+    kids: dict[str, list[Node]] = {}
+    waiting: dict[str, int] = {}
+    ready: list[Node] = []
+    for n in added:
+        k = 0
+        for p in set(n.parents):
+            if p in new:
+                k += 1
+                kids.setdefault(p, []).append(n)
+        if k:
+            waiting[n.name] = k
+        else:
+            ready.append(n)
+    done = 0
+    grown = dict(known)
+    while ready:
+        n = ready.pop()
+        done += 1
+        if n.parents:
+            n.depth = 1 + min([grown[p][1] if p in grown else 0 for p in n.parents])
+        else:
+            n.depth = 0
+        grown[n.name] = (n.parents, n.depth)
+        for c in kids.get(n.name, ()):
+            waiting[c.name] -= 1
+            if not waiting[c.name]:
+                ready.append(c)
+    if done < len(added):
+        return None
+    more = {p for n in added for p in n.parents if p not in nodes}
+    return grown, (dangling | more) if more else dangling
+
+
+def _assign_depths(nodes: dict[str, Node]) -> bool:
     """Each node's ``depth``: 0 without parents, else one more than its shallowest parent's (a
     parent that is no node counts 0). Parents before children in one pass (Kahn's order); a lineage
-    with a cycle (branches edited by hand) goes to :func:`_assign_depths_cyclic`."""
+    with a cycle (branches edited by hand) goes to :func:`_assign_depths_cyclic`. Whether there
+    was none."""
     kids: dict[str, list[str]] = {}
     waiting: dict[str, int] = {}
     ready: list[str] = []
@@ -1180,9 +1297,10 @@ def _assign_depths(nodes: dict[str, Node]) -> None:
                 ready.append(c)
     if len(depth) < len(nodes):
         _assign_depths_cyclic(nodes)
-        return
+        return False
     for name, n in nodes.items():
         n.depth = depth[name]
+    return True
 
 
 def _assign_depths_cyclic(nodes: dict[str, Node]) -> None:
