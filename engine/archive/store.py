@@ -51,6 +51,10 @@ _WARNED: set[tuple[str, str, str]] = set()
 _WARNED_CONFIG: set[Path] = set()
 """archives whose edited poise.toml was already warned about in this process"""
 REF_PREFIX = "refs/heads/poise/"
+ROOT_REF = "refs/poise/root"
+"""the archive's init commit, written by ``init`` (and by the first :meth:`Archive.root` of an
+archive made before it): a hint that finds the root without walking the lineage, used only where
+the root's branch still holds that commit"""
 ROOT_NAME = "grpo"
 ALGORITHM = "algorithm.py"
 REFLECTION = "REFLECTION.md"
@@ -254,6 +258,7 @@ class Archive:
         self.skipped: dict[str, str] = {}
         """refs under refs/heads/poise/ the last ``nodes()`` ignored, with the reason"""
         self._root: str | None = None  # the root's name, found once (the init commit never changes)
+        self._root_hint: str | None = None  # what ROOT_REF pointed to when last read
         self._lineage_index: LineageIndex | None = None
         if (
             not self.git.ok("rev-parse", "--verify", "-q", REF_PREFIX + ROOT_NAME)
@@ -363,6 +368,7 @@ class Archive:
         commit = git.commit_tree(tree, [], msg)
         if not git.update_ref(REF_PREFIX + root_name, commit, None, "poise init"):
             raise ArchiveError("could not create the root branch")
+        git.update_ref(ROOT_REF, commit, None, "poise init")
         _detach_checkout(git, commit)
         return cls(path)
 
@@ -694,25 +700,55 @@ class Archive:
         name ``poise-git init --root`` gave it; a later node named ``grpo`` is not the root; the
         oldest, where branches of another archive were fetched into this one), read
         from git alone (no :meth:`nodes`, which needs the root's configuration) and once per
-        handle. ``grpo`` where no branch holds an init commit but that branch exists."""
+        handle. ``grpo`` where no branch holds an init commit but that branch exists.
+
+        :data:`ROOT_REF` names the init commit: where the branch of the node it names still holds
+        it, that node is the root (one object read and one ancestry check, whatever the archive's
+        size); else the roots of every branch's history are read (a walk of the whole lineage),
+        and the init found is recorded there for the next handle."""
         if self._root is not None:
             return self._root
+        name = self._root_from_ref()
+        if name is not None:
+            self._root = name
+            return name
         # oldest first: archives fetched into this one bring their own inits
-        args = ("log", "--reverse", "--max-parents=0", "--format=%B%x1e")
+        args = ("log", "--reverse", "--max-parents=0", "--format=%H%x1f%B%x1e")
         try:
             out = self.git.text(*args, f"--glob={REF_PREFIX}*")
         except GitError:  # a ref to an object the repository lacks: from the readable commits
             tips = [oid for _ref, oid, kind, _msg in self._branch_tips() if kind == "commit"]
             out = self.git.text(*args, "--stdin", input="".join(t + "\n" for t in tips).encode())
-        for msg in out.split("\x1e"):
+        for rec in out.split("\x1e"):
+            commit, _, msg = rec.strip("\n").partition("\x1f")
             tr = parse_trailers(msg)
             name = tr.get("Poise-Node", [None])[-1]
             if "init" in tr.get("Poise-Event", []) and name and self.exists(name):
                 self._root = name
+                if self.git.ok("merge-base", "--is-ancestor", commit, REF_PREFIX + name):
+                    self.git.update_ref(ROOT_REF, commit, self._root_hint, "poise root")
                 return name
         if self.exists(ROOT_NAME):
             return ROOT_NAME
         raise ArchiveError(f"{self.path}: no root node (no poise/* branch holds the init commit)")
+
+    def _root_from_ref(self) -> str | None:
+        """The node :data:`ROOT_REF` names where it is an init commit its node's branch still holds
+        (else None: the root is looked for in the lineage)."""
+        obj = self.git.cat_objects([ROOT_REF])[0]
+        self._root_hint = None if obj is None else obj[0]  # what a repair compares and swaps
+        if obj is None or obj[1] != "commit":
+            return None
+        head, _, msg = obj[2].partition(b"\n\n")
+        if b"\nparent " in b"\n" + head:
+            return None
+        tr = parse_trailers(msg.decode("utf-8", "replace"))
+        name = (tr.get("Poise-Node") or [None])[-1]
+        if "init" not in tr.get("Poise-Event", []) or not name or not _NAME_RE.match(name):
+            return None
+        if not self.git.ok("merge-base", "--is-ancestor", obj[0], REF_PREFIX + name):
+            return None
+        return name
 
     def config_text(self, name: str | None = None) -> str:
         return self.read_file(name or self.root(), "poise.toml") or ""
