@@ -68,3 +68,12 @@ def test_a_request_the_batch_process_fails_raises_as_git_does(archive):
     (blob,) = archive.git.write_blobs([b"z"])
     tree = archive.git.write_tree({"f": ("100644", blob)})
     assert git(archive, "ls-tree", tree).endswith(f"{blob}\tf")
+
+
+def test_a_pickled_handle_starts_its_own_processes(archive):
+    import pickle
+
+    archive.git.cat_objects([REF_PREFIX + "grpo"])
+    copy = pickle.loads(pickle.dumps(archive.git))
+    assert copy.path == archive.git.path and copy._batches == {}
+    assert copy.cat_objects([REF_PREFIX + "grpo"])[0][0] == git(archive, "rev-parse", "poise/grpo")

@@ -96,7 +96,7 @@ class _Batch:
             env=_ENV,
         )
         self.pid = os.getpid()
-        self._finalizer = weakref.finalize(self, _end, self.proc)
+        self._finalizer = weakref.finalize(self, _end, self.proc, self.pid)
         return self.proc
 
     def _stop(self) -> None:
@@ -105,8 +105,11 @@ class _Batch:
         self.proc, self._finalizer = None, None
 
 
-def _end(proc: subprocess.Popen) -> None:
-    """End a long-lived process: EOF on its stdin ends git; killed where it does not within 1 s."""
+def _end(proc: subprocess.Popen, pid: int) -> None:
+    """End a long-lived process: EOF on its stdin ends git; killed where it does not within 1 s.
+    Only by the OS process that started it (a forked child leaves its parent's alone)."""
+    if os.getpid() != pid:
+        return
     try:
         proc.stdin.close()
         proc.wait(timeout=1.0)
@@ -137,6 +140,13 @@ class Git:
         if b is None:
             b = self._batches.setdefault(key, _Batch(self.path, list(args)))
         return b
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path}  # a copy elsewhere starts its own processes
+
+    def __setstate__(self, state: dict) -> None:
+        self.path = state["path"]
+        self._batches = {}
 
     def close(self) -> None:
         """End this handle's long-lived processes (they also end with the handle)."""
