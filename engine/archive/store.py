@@ -816,7 +816,8 @@ class Archive:
         if status not in STATUSES:
             raise ArchiveError(f"unknown status {status!r}")
         # One cat-file --batch resolves the parents, proves the name free and reads the parent's
-        # root tree and algorithm.py (a spawn is 5 git processes in all).
+        # root tree and algorithm.py (a spawn starts 2 git processes, commit-tree and update-ref,
+        # and asks the handle's long-lived cat-file, hash-object and mktree).
         specs = [REF_PREFIX + p for p in parents] + [
             REF_PREFIX + name,
             REF_PREFIX + parents[0] + "^{tree}",
