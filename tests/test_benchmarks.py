@@ -439,3 +439,18 @@ def test_bench_discovery_interrupted_says_what_was_kept_and_resumes(tmp_path):
     assert not (work / "random-s1.json").exists()
     again = _bench("bench_discovery.py", args, tmp_path)
     assert again.count("finished earlier") == 1 and "| random | 1 |" in again
+
+
+def test_bench_archive_measures_every_size_and_writes_its_figures(tmp_path):
+    out = tmp_path / "archive.json"
+    text = _bench(
+        "bench_archive.py", ["--sizes", "20,60", "--spawns", "2", "--json", str(out)], tmp_path
+    )
+    assert "60 vs 20 nodes (3x): read cold" in text and "targets at 60 nodes:" in text
+    assert "git fsck --strict: clean" in text
+    sizes = json.loads(out.read_text())["sizes"]
+    assert [s["nodes"] for s in sizes] == [20, 60]
+    for s in sizes:
+        assert set(s["lineage_read_s"]) == {"cold", "warm", "warm_in_memory"}
+        assert s["spawn_median_ms"] > 0 and s["select_s"] > 0 and s["duplicate_check_median_ms"] > 0
+    assert "--sizes takes" in _fails("bench_archive.py", ["--sizes", "x"], tmp_path)

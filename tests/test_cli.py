@@ -543,3 +543,11 @@ def test_help_names_the_exit_codes_docs_cli_gives_the_command(command, says):
     """docs/cli.md's exit-code table names these commands; their --help says so too."""
     p = run_cli(command, "--help", env={"COLUMNS": "400"})
     assert p.returncode == 0 and says in " ".join(p.stdout.split()), p.stdout
+
+
+def test_spawn_says_its_own_time_apart_from_the_verifications(archive, tmp_path, cli):
+    edit = _edit(tmp_path, "h.py", "import os\n\ndef helper():\n    return os.getcwd()\n")
+    r = cli("spawn", "grpo", "--name", "h", "--edit", str(edit), "-C", str(archive.path))
+    assert r.returncode == 3, r.stderr  # the static check rejects it: no sandbox started
+    assert re.search(r"^spawned h from grpo at [0-9a-f]{10} \(spawn \d+ ms\)$", r.stdout, re.M)
+    assert re.search(r"^h rejected in \d+\.\d s: .*import of 'os'", r.stdout, re.M)

@@ -221,3 +221,26 @@ def test_a_rejected_root_stops_the_run_with_its_reason(tmp_path, cli):
     arch = Archive(tmp_path / "a")
     assert [n.status for n in arch.nodes().values()] == ["rejected"]  # nothing spawned under it
     fsck(arch.path)
+
+
+def test_the_root_is_found_from_its_ref_which_an_archive_without_one_gets(tmp_path):
+    """``refs/poise/root`` names the init commit: believed only where the branch of the node it
+    names still holds it; an archive made before it, or one whose ref points elsewhere, finds the
+    root by walking the lineage as before and records it."""
+    from engine.archive.store import ROOT_REF
+
+    arch = Archive.init(tmp_path / "a", algorithm=ANCHOR, root_name="anchor")
+    git = ["git", "-C", str(arch.path)]
+
+    def rev(ref: str) -> str:
+        return subprocess.run(
+            [*git, "rev-parse", ref], capture_output=True, text=True
+        ).stdout.strip()
+
+    init = rev("poise/anchor")
+    assert rev(ROOT_REF) == init
+    arch.spawn("anchor", "grpo", ANCHOR.replace("kl_coef: float = 0.1", "kl_coef: float = 0.3"))
+    subprocess.run([*git, "update-ref", "-d", ROOT_REF], check=True)  # made before the ref
+    assert Archive(arch.path).root() == "anchor" and rev(ROOT_REF) == init
+    subprocess.run([*git, "update-ref", ROOT_REF, rev("poise/grpo")], check=True)  # no init
+    assert Archive(arch.path).root() == "anchor" and rev(ROOT_REF) == init  # repaired

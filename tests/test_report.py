@@ -495,6 +495,10 @@ def test_a_report_the_write_of_which_fails_leaves_the_earlier_page_whole(tmp_pat
         cmd, env=env, capture_output=True, text=True, timeout=300, preexec_fn=small_files
     )
     assert again.returncode == 1, again.stdout + again.stderr
-    assert again.stderr.startswith("error: ") and "Traceback" not in again.stderr, again.stderr
+    # one error line; the lineage index, which cannot be written under the limit either, may
+    # say once that the read falls back to git
+    said = [ln for ln in again.stderr.splitlines() if "lineage index" not in ln]
+    assert len(said) == 1 and said[0].startswith("error: "), again.stderr
+    assert "Traceback" not in again.stderr, again.stderr
     assert page.read_bytes() == whole
     assert sorted(p.name for p in page.parent.iterdir()) == ["index.html"]

@@ -50,11 +50,17 @@ def mechanism_hash(source: str) -> str | None:
 
 def same_mechanism(archive: Any, source: str, nodes: Mapping[str, Any] | None = None) -> list[str]:
     """Names of the archive's nodes whose algorithm.py is the same mechanism as ``source``
-    (oldest first). Reads the files of nodes without the trailer in one ``cat-file --batch``."""
+    (oldest first). Without ``nodes``, from the archive's mechanism index (one look-up, whatever
+    the archive's size: :meth:`Archive.mechanism_twins`); over a lineage already read, from its
+    nodes' trailers, the files of nodes without the trailer read in one ``cat-file --batch``."""
     want = mechanism_hash(source)
     if want is None:
         return []
-    nodes = nodes if nodes is not None else archive.nodes()
+    if nodes is None:
+        found = archive.mechanism_twins(want)
+        if found is not None:
+            return found
+        nodes = archive.nodes()
     found, unknown = [], []
     for n in nodes.values():
         h = n.trailer(TRAILER)

@@ -17,8 +17,10 @@ the offending field.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
+import pickle
 import re
 import reprlib
 import time
@@ -279,6 +281,71 @@ class EvaluationResult:
             k: (float(v[0]), float(v[1])) for k, v in (kw.get("intervals") or {}).items()
         }
         return cls(**kw)
+
+
+# -- the lineage index's form ----------------------------------------------------------------
+DEFERRED = tuple(
+    f.name for f in dataclasses.fields(EvaluationResult) if f.name not in ("protocol", "status")
+)
+"""the fields a result read from the lineage index decodes on first access: all but its protocol
+(which a lineage read compares) and its status, so that reading 100k nodes builds three objects
+per result; its metrics are decoded where a selection ranks it"""
+
+
+class _Deferred:
+    """The class attribute of a field in :data:`DEFERRED`: a result built as usual holds the field in
+    its ``__dict__``, which Python reads before this descriptor; a result from the lineage index
+    (:func:`from_packed`) holds its packed fields instead, decoded into its ``__dict__`` here once."""
+
+    def __init__(self, name: str, default: Any):
+        self.name, self.default = name, default
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None:
+            return self.default
+        d = obj.__dict__
+        packed = d.get("_packed")
+        if packed is None:
+            raise AttributeError(self.name)
+        values = _PlainUnpickler(io.BytesIO(packed)).load()
+        if not isinstance(values, dict) or set(values) != set(DEFERRED):
+            raise ArchiveError("a lineage index entry's result fields are malformed")
+        for k in DEFERRED:
+            d.setdefault(k, values[k])
+        d.pop("_packed", None)
+        return d[self.name]
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Plain values only (dicts, lists, tuples, strings, numbers): nothing is looked up or called."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"{module}.{name} in a result's packed fields")
+
+
+for _f in dataclasses.fields(EvaluationResult):
+    if _f.name in DEFERRED:
+        setattr(EvaluationResult, _f.name, _Deferred(_f.name, _f.default))
+
+
+def packed_state(r: EvaluationResult) -> tuple[dict[str, Any], bytes]:
+    """(the fields but :data:`DEFERRED`, those packed in one string): a result in the index's form."""
+    state = dict(r.__dict__)
+    packed = state.pop("_packed", None)
+    if packed is None:
+        packed = pickle.dumps({k: state.pop(k) for k in DEFERRED}, pickle.HIGHEST_PROTOCOL)
+    return state, packed
+
+
+def from_packed(state: dict[str, Any], packed: bytes) -> EvaluationResult:
+    """The result :func:`packed_state` describes, its deferred fields decoded when first read. Built
+    without ``__init__``: it was checked when its file was read, before it was indexed."""
+    if not isinstance(state, dict) or not isinstance(packed, bytes):
+        raise ArchiveError("a lineage index entry's result is malformed")
+    r = object.__new__(EvaluationResult)
+    r.__dict__.update(state)
+    r.__dict__["_packed"] = packed
+    return r
 
 
 class _Checker:

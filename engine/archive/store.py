@@ -23,10 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine import secrets
 from engine.archive.confirmation import CONFIRMATIONS_DIR
 from engine.archive.edit import apply_edit, check_interface
 from engine.archive.gitio import Git, GitError, parse_tree
+from engine.archive.index import LineageIndex, index_for, no_gc
 from engine.archive.locks import git_dir
+from engine.archive.mechanism import TRAILER as MECHANISM_TRAILER
+from engine.archive.mechanism import mechanism_hash
 from engine.archive.results import (
     LEGACY_FILE,
     RESULTS_DIR,
@@ -47,6 +51,10 @@ _WARNED: set[tuple[str, str, str]] = set()
 _WARNED_CONFIG: set[Path] = set()
 """archives whose edited poise.toml was already warned about in this process"""
 REF_PREFIX = "refs/heads/poise/"
+ROOT_REF = "refs/poise/root"
+"""the archive's init commit, written by ``init`` (and by the first :meth:`Archive.root` of an
+archive made before it): a hint that finds the root without walking the lineage, used only where
+the root's branch still holds that commit"""
 ROOT_NAME = "grpo"
 ALGORITHM = "algorithm.py"
 REFLECTION = "REFLECTION.md"
@@ -79,9 +87,11 @@ nothing (poise-git warns that it is not read).
 """
 
 
-@dataclass
+@dataclass(slots=True)
 class Node:
-    """One archived candidate, as read from its branch tip."""
+    """One archived candidate, as read from its branch tip. ``trailers``, ``results`` and
+    ``unreadable`` are the lineage index entry's, shared by every read of the same commit in a
+    process (a read builds no copy of them): read them, never change them."""
 
     name: str
     commit: str
@@ -138,10 +148,38 @@ def _node_from(name: str, oid: str, kind: str, msg: str) -> tuple[Node | None, s
         return None, f"it points to {oid}, an object this repository does not have"
     if kind != "commit":
         return None, f"it points to a {kind}, not a commit"
+    return _node_of(name, oid, _entry(_head(msg), ()))
+
+
+def _head(msg: str) -> tuple:
+    """What a node commit's message says, whatever branch points to it (the first part of a lineage
+    index entry): (owner, problem, status, created, parents, trailers, subject); ``problem`` is what
+    is wrong with its status or creation time ('' when nothing is), ``owner`` None without a
+    ``Poise-Node`` trailer."""
+    tr = {sys.intern(k): v for k, v in parse_trailers(msg).items()}  # one key object in an index
+    owner = (tr.get("Poise-Node") or [None])[-1]
+    status = sys.intern((tr.get("Poise-Status") or ["spawned"])[-1])
+    problem, created = "", 0.0
+    if status not in STATUSES:
+        problem = f"its Poise-Status {status[:40]!r} is unknown"
+    else:
+        try:
+            created = float((tr.get("Poise-Created") or ["0"])[-1])
+        except ValueError:
+            problem = "its Poise-Created trailer is not a number"
+        else:
+            if not math.isfinite(created):
+                problem = "its Poise-Created trailer is not a number"
+    subject = msg.splitlines()[0] if msg else ""
+    return owner, problem, status, created, tuple(tr.get("Poise-Parent", [])), tr, subject
+
+
+def _node_of(name: str, oid: str, entry: tuple) -> tuple[Node | None, str]:
+    """The node the branch ``name`` pointing to the commit ``oid`` is, from the commit's lineage index
+    entry (:func:`_head` plus its result files), or (None, what is wrong with it)."""
     if not _NAME_RE.match(name) or name.endswith(".lock"):
         return None, "its name is not a poise-git node name"
-    tr = parse_trailers(msg)
-    owner = (tr.get("Poise-Node") or [None])[-1]
+    owner, problem, status, created, parents, tr, subject, _files, results, unreadable = entry
     if owner is None:
         return None, "its commit is not a poise-git node's (no Poise-Node trailer)"
     if owner != name:
@@ -149,27 +187,49 @@ def _node_from(name: str, oid: str, kind: str, msg: str) -> tuple[Node | None, s
             None,
             f"its commit is node {owner[:40]!r}'s (Poise-Node: {owner[:40]}), not {name!r}'s",
         )
-    status = (tr.get("Poise-Status") or ["spawned"])[-1]
-    if status not in STATUSES:
-        return None, f"its Poise-Status {status[:40]!r} is unknown"
-    try:
-        created = float((tr.get("Poise-Created") or ["0"])[-1])
-    except ValueError:
-        return None, "its Poise-Created trailer is not a number"
-    if not math.isfinite(created):
-        return None, "its Poise-Created trailer is not a number"
-    return (
-        Node(
-            name=name,
-            commit=oid,
-            parents=tuple(tr.get("Poise-Parent", [])),
-            status=status,
-            created=created,
-            trailers=tr,
-            subject=msg.splitlines()[0] if msg else "",
-        ),
-        "",
+    if problem:
+        return None, problem
+    node = Node(
+        name=name,
+        commit=oid,
+        parents=parents,
+        status=status,
+        created=created,
+        trailers=tr,
+        results=results,
+        unreadable=unreadable,
+        subject=subject,
     )
+    return node, ""
+
+
+def _entry(head: tuple, files: tuple) -> tuple:
+    """A lineage index entry: the commit's :func:`_head`, its result files ((path, result, None) or
+    (path, None, why)), and what a node of it holds of them: its results by protocol id and its
+    unreadable files by path (read-only: shared by every node read of the commit)."""
+    results: dict[str, EvaluationResult] = {}
+    unreadable: dict[str, str] = {}
+    for path, result, why in files:
+        if result is not None:
+            results[result.protocol.id] = result
+        elif why is not None:
+            unreadable[path] = why
+    return head + (files, results, unreadable)
+
+
+def _read_files(path_results: Iterable[tuple[str, bytes | None]], owner: str) -> tuple:
+    """The result files part of a lineage index entry: (path, result, None) for each file read,
+    (path, None, why) for one that could not be, nothing for an absent one."""
+    out = []
+    for p, blob in path_results:
+        if blob is None:
+            continue
+        try:
+            out.append((p, parse_result(blob, f"{owner}:{p}"), None))
+        except (ArchiveError, KeyError, TypeError, ValueError, RecursionError) as exc:
+            # unreadable: the node shows as not evaluated, and says why
+            out.append((p, None, " ".join(str(exc).split())[:300] or type(exc).__name__))
+    return tuple(out)
 
 
 def parse_trailers(message: str) -> dict[str, list[str]]:
@@ -198,6 +258,8 @@ class Archive:
         self.skipped: dict[str, str] = {}
         """refs under refs/heads/poise/ the last ``nodes()`` ignored, with the reason"""
         self._root: str | None = None  # the root's name, found once (the init commit never changes)
+        self._root_hint: str | None = None  # what ROOT_REF pointed to when last read
+        self._lineage_index: LineageIndex | None = None
         if (
             not self.git.ok("rev-parse", "--verify", "-q", REF_PREFIX + ROOT_NAME)
             and not self._any_node()
@@ -306,55 +368,216 @@ class Archive:
         commit = git.commit_tree(tree, [], msg)
         if not git.update_ref(REF_PREFIX + root_name, commit, None, "poise init"):
             raise ArchiveError("could not create the root branch")
+        git.update_ref(ROOT_REF, commit, None, "poise init")
         _detach_checkout(git, commit)
         return cls(path)
 
     # -- reading -------------------------------------------------------------------------------
     def nodes(self, protocol: ProtocolRef | str | None = None) -> dict[str, Node]:
-        """Every node with parents, status and results: one for-each-ref + one cat-file --batch.
+        """Every node with parents, status and results.
 
-        ``protocol`` (a :class:`ProtocolRef`, or ``id`` / ``id@hash``; default: the experiment's
-        configured one) is the protocol whose result each node's ``result`` holds."""
-        nodes: dict[str, Node] = {}
+        One ``for-each-ref`` lists the branch tips (names and ids, no object read); each tip commit
+        is looked up in the lineage index (:mod:`engine.archive.index`); only the tips it lacks are
+        read from git (one ``cat-file --batch`` of the commits, one of their result files) and then
+        added to it. ``protocol`` (a :class:`ProtocolRef`, or ``id`` / ``id@hash``; default: the
+        experiment's configured one) is the protocol whose result each node's ``result`` holds.
+        Depths start from the last lineage this process (or the index's snapshot) assigned them
+        for: where only nodes were added, only theirs are computed (:func:`_depths`)."""
         self.skipped: dict[str, str] = {}
-        for ref, oid, kind, msg in self._branch_tips():
-            name = ref[len(REF_PREFIX) :]
-            node, problem = _node_from(name, oid, kind, msg)
-            if node is None:  # a foreign or malformed ref: named, then ignored
-                self.skipped[ref] = problem
-                if (str(self.path), ref, oid) not in _WARNED:
-                    _WARNED.add((str(self.path), ref, oid))
-                    log.warning(
-                        "poise-git: ignoring %s: %s%s", ref, problem, self._repair(ref, oid, kind)
-                    )
-                continue
-            nodes[name] = node
-        for name, cycle in _parent_cycles(nodes).items():  # pushed branches naming each other
+        tips = self._refs()
+        index = self._index()
+        oids = {oid for _ref, oid in tips}
+        entries = index.get(oids)
+        others: dict[str, tuple[str, str]] = {}
+        new: dict[str, tuple] = {}
+        mechs: list[tuple[str, str | None, str, float]] = []
+        if len(entries) < len(oids):
+            new, mechs, others = self._parse_tips(sorted(oids - entries.keys()))
+            entries.update(new)
+        ref = self.protocol_ref(protocol)
+        with no_gc():
+            nodes = self._assemble(tips, entries, others, ref)
+            lineage = _depths(nodes, index.lineage)
+            if lineage is None:  # pushed branches naming each other as parents: skipped, named
+                self._skip_cycles(nodes)
+                lineage = _depths(nodes, None)
+        index.lineage = lineage
+        if new:
+            index.add(new, mechs, tips=oids, lineage=lineage)
+        return nodes
+
+    def _skip_cycles(self, nodes: dict[str, Node]) -> None:
+        """Remove from ``nodes`` every node on a cycle of parent links (pushed branches naming each
+        other, or themselves, as parent), each named once in a warning and in :attr:`skipped`."""
+        for name, cycle in _parent_cycles(nodes).items():
             ref = REF_PREFIX + name
             self.skipped[ref] = f"its Poise-Parent lineage is a cycle ({' -> '.join(cycle)})"
             del nodes[name]
             if (str(self.path), ref, "cycle") not in _WARNED:
                 _WARNED.add((str(self.path), ref, "cycle"))
                 log.warning("poise-git: ignoring %s: %s", ref, self.skipped[ref])
-        wanted = [(n, p) for n in nodes.values() for p in _result_paths(n)]
-        blobs = self.git.cat_blobs([f"{n.commit}:{p}" for n, p in wanted])
-        for (n, p), blob in zip(wanted, blobs):
-            if blob is None:
-                continue
-            try:
-                r = parse_result(blob, f"{n.name}:{p}")
-            except (ArchiveError, KeyError, TypeError, ValueError, RecursionError) as exc:
-                n.unreadable[p] = " ".join(str(exc).split())[:300] or type(exc).__name__
-                continue  # unreadable: the node shows as not evaluated, and says why
-            n.results[r.protocol.id] = r
-        ref = self.protocol_ref(protocol)
-        for n in nodes.values():
-            r = n.results.get(ref.id)
-            if r is not None and not ref.matches(r.protocol):
-                n.stale, r = r, None
-            n.result = r
-        _assign_depths(nodes)
+
+    def _assemble(
+        self,
+        tips: list[tuple[str, str]],
+        entries: Mapping[str, tuple],
+        others: Mapping[str, tuple[str, str]],
+        ref: ProtocolRef,
+    ) -> dict[str, Node]:
+        """The nodes of ``tips`` from their index ``entries`` (``others``: the type and message of
+        tips that are no commits), each with its result under ``ref``; the refs that are no node
+        into :attr:`skipped`, named. A tip whose commit is its own node's (the common case) is built
+        in one step; the others go through :func:`_node_of`, which says what is wrong."""
+        nodes: dict[str, Node] = {}
+        cut = len(REF_PREFIX)
+        pid = ref.id
+        same: dict[int, bool] = {}  # by protocol object: an index shares one among its results
+        valid = _NAME_RE.match
+        for refname, oid in tips:
+            name = refname[cut:]
+            entry = entries.get(oid)
+            if (
+                entry is not None
+                and entry[0] == name
+                and not entry[1]
+                and valid(name)
+                and not name.endswith(".lock")
+            ):
+                results = entry[8]
+                node = Node(
+                    name, oid, entry[4], entry[2], entry[3], entry[5], results, None, None,
+                    entry[9], 0, entry[6],
+                )  # fmt: skip
+            else:
+                if entry is not None:
+                    node, problem = _node_of(name, oid, entry)
+                    kind = "commit"
+                else:
+                    kind, msg = others[oid]
+                    node, problem = _node_from(name, oid, kind, msg)
+                if node is None:  # a foreign or malformed ref: named, then ignored
+                    self.skipped[refname] = problem
+                    if (str(self.path), refname, oid) not in _WARNED:
+                        _WARNED.add((str(self.path), refname, oid))
+                        log.warning(
+                            "poise-git: ignoring %s: %s%s",
+                            refname,
+                            problem,
+                            self._repair(refname, oid, kind),
+                        )
+                    continue
+                results = node.results
+            r = results.get(pid)
+            if r is not None:
+                p = r.protocol
+                ok = same.get(id(p))
+                if ok is None:
+                    ok = same[id(p)] = ref.matches(p)
+                if ok:
+                    node.result = r
+                else:
+                    node.stale = r
+            nodes[name] = node
         return nodes
+
+    def _refs(self) -> list[tuple[str, str]]:
+        """``(ref, object id)`` of every ref under refs/heads/poise/: one ``for-each-ref`` that opens
+        no object (packed refs are read from ``packed-refs`` alone)."""
+        # git allows no whitespace in a ref name: one split() parses the whole listing
+        words = self.git.text(
+            "for-each-ref", "--format=%(refname) %(objectname)", REF_PREFIX
+        ).split()
+        return list(zip(words[0::2], words[1::2]))
+
+    def _index(self) -> LineageIndex:
+        """This repository's lineage index (one per process and repository)."""
+        if self._lineage_index is None:
+            self._lineage_index = index_for(git_dir(self))
+        return self._lineage_index
+
+    def _parse_tips(
+        self, oids: list[str]
+    ) -> tuple[
+        dict[str, tuple], list[tuple[str, str | None, str, float]], dict[str, tuple[str, str]]
+    ]:
+        """Read the commits ``oids`` from git: (their lineage index entries, their mechanism rows,
+        (type, message) of those that are no commit: ``missing`` where the repository lacks them)."""
+        entries: dict[str, tuple] = {}
+        mechs: list[tuple[str, str | None, str, float]] = []
+        others: dict[str, tuple[str, str]] = {}
+        heads: dict[str, tuple] = {}
+        for oid, obj in zip(oids, self.git.cat_objects(oids)):
+            if obj is None:
+                others[oid] = ("missing", "")
+                continue
+            kind, raw = obj[1], obj[2]
+            msg = raw.split(b"\n\n", 1)[1] if kind in ("commit", "tag") and b"\n\n" in raw else b""
+            if kind != "commit":
+                others[oid] = (kind, msg.decode("utf-8", "replace"))
+                continue
+            heads[oid] = _head(msg.decode("utf-8", "replace"))
+        wanted = [
+            (oid, p)
+            for oid, head in heads.items()
+            if head[0] is not None and not head[1]
+            for p in _paths_of(head[5])
+        ]
+        blobs = dict(zip(wanted, self.git.cat_blobs([f"{oid}:{p}" for oid, p in wanted])))
+        for oid, head in heads.items():
+            owner = head[0]
+            if owner is None or head[1]:
+                entries[oid] = _entry(head, ())
+                continue
+            files = _read_files(((p, blobs[(oid, p)]) for p in _paths_of(head[5])), owner)
+            entries[oid] = _entry(head, files)
+            mechs.append((oid, (head[5].get(MECHANISM_TRAILER) or [None])[-1], owner, head[3]))
+        return entries, mechs, others
+
+    def mechanism_twins(self, digest: str) -> list[str] | None:
+        """Names of the nodes whose algorithm.py has the mechanism hash ``digest`` (oldest first),
+        from the lineage index's mechanism rows: one indexed look-up, then one ``cat-file --batch``
+        that keeps a node only where its branch still points to the commit found (a branch deleted
+        or moved behind the engine's back is not reported). A node that arrived behind the engine's
+        back (a push) is found once a lineage read has indexed it. None where the index cannot be
+        read (then read the lineage)."""
+        index = self._index()
+        if not index.built():
+            self.nodes()  # fills the index once
+            if not index.built():
+                return None
+        rows = index.mechanism_rows(digest)
+        if rows is None:
+            return None
+        unhashed = index.unhashed_rows()
+        if unhashed:  # commits made before the trailer existed: hashed from their file, once
+            blobs = self.git.cat_blobs([f"{oid}:{ALGORITHM}" for oid, _n, _c in unhashed])
+            hashes = {
+                oid: (mechanism_hash(b.decode("utf-8", "replace")) if b is not None else None) or ""
+                for (oid, _n, _c), b in zip(unhashed, blobs)
+            }
+            index.set_hashes(hashes)
+            rows = rows + [row for row in unhashed if hashes[row[0]] == digest]
+        if not rows:
+            return []
+        names = sorted({name for _oid, name, _c in rows})
+        now = dict(zip(names, self.git.cat_objects([REF_PREFIX + n for n in names])))
+        live = {
+            (name, created)
+            for oid, name, created in rows
+            if now.get(name) is not None and now[name][0] == oid
+        }
+        return [name for _created, name in sorted((c, n) for n, c in live)]
+
+    def _remember(self, commit: str, msg: str, files: tuple | None) -> None:
+        """Add the commit this process just wrote to the lineage index (``files``: its result files'
+        part of the entry; None where it is not known without reading git: then the next lineage
+        read adds it). A message the secret scrubber changed is left to that read too."""
+        if files is None or secrets.scrub(msg) != msg:
+            return
+        head = _head(msg)
+        owner = head[0]
+        mech = [(commit, (head[5].get(MECHANISM_TRAILER) or [None])[-1], owner, head[3])]
+        self._index().add({commit: _entry(head, files)}, mech if owner and not head[1] else ())
 
     def _repair(self, ref: str, oid: str, kind: str) -> str:
         """'; <how to repair>' for a ref :meth:`nodes` ignores, where there is a known way ('' else):
@@ -491,25 +714,55 @@ class Archive:
         name ``poise-git init --root`` gave it; a later node named ``grpo`` is not the root; the
         oldest, where branches of another archive were fetched into this one), read
         from git alone (no :meth:`nodes`, which needs the root's configuration) and once per
-        handle. ``grpo`` where no branch holds an init commit but that branch exists."""
+        handle. ``grpo`` where no branch holds an init commit but that branch exists.
+
+        :data:`ROOT_REF` names the init commit: where the branch of the node it names still holds
+        it, that node is the root (one object read and one ancestry check, whatever the archive's
+        size); else the roots of every branch's history are read (a walk of the whole lineage),
+        and the init found is recorded there for the next handle."""
         if self._root is not None:
             return self._root
+        name = self._root_from_ref()
+        if name is not None:
+            self._root = name
+            return name
         # oldest first: archives fetched into this one bring their own inits
-        args = ("log", "--reverse", "--max-parents=0", "--format=%B%x1e")
+        args = ("log", "--reverse", "--max-parents=0", "--format=%H%x1f%B%x1e")
         try:
             out = self.git.text(*args, f"--glob={REF_PREFIX}*")
         except GitError:  # a ref to an object the repository lacks: from the readable commits
             tips = [oid for _ref, oid, kind, _msg in self._branch_tips() if kind == "commit"]
             out = self.git.text(*args, "--stdin", input="".join(t + "\n" for t in tips).encode())
-        for msg in out.split("\x1e"):
+        for rec in out.split("\x1e"):
+            commit, _, msg = rec.strip("\n").partition("\x1f")
             tr = parse_trailers(msg)
             name = tr.get("Poise-Node", [None])[-1]
             if "init" in tr.get("Poise-Event", []) and name and self.exists(name):
                 self._root = name
+                if self.git.ok("merge-base", "--is-ancestor", commit, REF_PREFIX + name):
+                    self.git.update_ref(ROOT_REF, commit, self._root_hint, "poise root")
                 return name
         if self.exists(ROOT_NAME):
             return ROOT_NAME
         raise ArchiveError(f"{self.path}: no root node (no poise/* branch holds the init commit)")
+
+    def _root_from_ref(self) -> str | None:
+        """The node :data:`ROOT_REF` names where it is an init commit its node's branch still holds
+        (else None: the root is looked for in the lineage)."""
+        obj = self.git.cat_objects([ROOT_REF])[0]
+        self._root_hint = None if obj is None else obj[0]  # what a repair compares and swaps
+        if obj is None or obj[1] != "commit":
+            return None
+        head, _, msg = obj[2].partition(b"\n\n")
+        if b"\nparent " in b"\n" + head:
+            return None
+        tr = parse_trailers(msg.decode("utf-8", "replace"))
+        name = (tr.get("Poise-Node") or [None])[-1]
+        if "init" not in tr.get("Poise-Event", []) or not name or not _NAME_RE.match(name):
+            return None
+        if not self.git.ok("merge-base", "--is-ancestor", obj[0], REF_PREFIX + name):
+            return None
+        return name
 
     def config_text(self, name: str | None = None) -> str:
         return self.read_file(name or self.root(), "poise.toml") or ""
@@ -577,7 +830,8 @@ class Archive:
         if status not in STATUSES:
             raise ArchiveError(f"unknown status {status!r}")
         # One cat-file --batch resolves the parents, proves the name free and reads the parent's
-        # root tree and algorithm.py (a spawn is 5 git processes in all).
+        # root tree and algorithm.py (a spawn starts 2 git processes, commit-tree and update-ref,
+        # and asks the handle's long-lived cat-file, hash-object and mktree).
         specs = [REF_PREFIX + p for p in parents] + [
             REF_PREFIX + name,
             REF_PREFIX + parents[0] + "^{tree}",
@@ -630,6 +884,7 @@ class Archive:
                 self._stale_lock(REF_PREFIX + name)
                 or f"a node named {name!r} already exists (created concurrently)"
             )
+        self._remember(commit, msg, None if _ids_of(parse_trailers(msg)) else ())
         log.info("spawned %s from %s (%s)", name, " + ".join(parents), commit[:12])
         # Built locally: a full lineage read here would cost ~0.3 s at 10k nodes.
         return Node(
@@ -701,6 +956,7 @@ class Archive:
             )
             commit = self.git.commit_tree(tree, [tip], msg)
             if self.git.update_ref(ref, commit, tip, f"poise record {name}"):
+                self._remember(commit, msg, self._files_after(tip, msg, tree_files, adds))
                 log.debug("%s: %s (%s)", name, subject, commit[:12])
                 return commit
             time.sleep(min(0.005 * (attempt + 1), 0.1))
@@ -708,6 +964,28 @@ class Archive:
             self._stale_lock(ref)
             or f"could not record on {name!r}: the branch kept moving (lost {retries} compare-and-swaps)"
         )
+
+    def _files_after(
+        self, tip: str, msg: str, tree: Mapping[str, tuple[str, str]], adds: Mapping[str, bytes]
+    ) -> tuple | None:
+        """The result files part of the lineage index entry of a record commit over ``tip`` with the
+        message ``msg``, the files ``tree`` and the new contents ``adds``: files it wrote are parsed,
+        files it kept come from ``tip``'s entry; None where that entry is not in this process's
+        memory (the next lineage read reads it from git)."""
+        old = self._index().memo.get(tip)
+        owner = (parse_trailers(msg).get("Poise-Node") or [""])[-1]
+        kept = {p: f for f in (old[7] if old is not None else ()) for p in (f[0],)}
+        out = []
+        for p in _paths_of(parse_trailers(msg)):
+            if p not in tree:
+                continue
+            if p in adds:
+                out += _read_files([(p, secrets.scrub_bytes(adds[p]))], owner)
+            elif old is not None and p in kept:
+                out.append(kept[p])
+            else:
+                return None
+        return tuple(out)
 
     def _stale_lock(self, ref: str) -> str:
         """Why writing ``ref`` keeps failing when git's lock file for it is left behind (a writer
@@ -886,24 +1164,25 @@ def _detach_checkout(git: Git, commit: str) -> None:
 
 def _set_mechanism(extra: dict[str, list[str]], source: str) -> dict[str, list[str]]:
     """Record the mechanism hash of ``source`` (the trailer ``Poise-Mechanism``) in ``extra``."""
-    # lazy: keeps `poise-git --help` fast
-    from engine.archive.mechanism import TRAILER, mechanism_hash
-
     h = mechanism_hash(source)
-    extra[TRAILER] = [h] if h else []
+    extra[MECHANISM_TRAILER] = [h] if h else []
     return extra
 
 
 def _result_ids(node: Node) -> list[str]:
     """Protocol ids the node's ``Poise-Results`` trailer lists (``yes``: a schema-1 results.json)."""
-    value = node.trailer("Poise-Results") or ""
+    return _ids_of(node.trailers)
+
+
+def _ids_of(trailers: Mapping[str, list[str]]) -> list[str]:
+    value = (trailers.get("Poise-Results") or [""])[-1]
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-def _result_paths(node: Node) -> list[str]:
-    """The node's result files, a legacy results.json first (a typed result under the same protocol,
-    read after it, replaces it)."""
-    ids = _result_ids(node)
+def _paths_of(trailers: Mapping[str, list[str]]) -> list[str]:
+    """The result files a commit's trailers list, a legacy results.json first (a typed result under
+    the same protocol, read after it, replaces it)."""
+    ids = _ids_of(trailers)
     return [LEGACY_FILE] * ("yes" in ids) + [f"{RESULTS_DIR}/{i}.json" for i in ids if i != "yes"]
 
 
@@ -960,14 +1239,26 @@ def _message(
 def _parent_cycles(nodes: dict[str, Node]) -> dict[str, list[str]]:
     """``{node: the cycle through it}`` for every node on a cycle of parent links (a pushed branch
     naming itself or a descendant as its parent): such nodes have no root, no depth, no lineage."""
+    # grounded: every parent grounded or no node (Kahn's order over parent links, one pass)
+    kids: dict[str, list[str]] = {}
+    waiting: dict[str, int] = {}
+    ready = []
+    for name, n in nodes.items():
+        inside = {p for p in n.parents if p in nodes}
+        for p in inside:
+            kids.setdefault(p, []).append(name)
+        if inside:
+            waiting[name] = len(inside)
+        else:
+            ready.append(name)
     grounded: set[str] = set()
-    changed = True
-    while changed:  # a node whose every parent is grounded (or gone) is grounded
-        changed = False
-        for n in nodes.values():
-            if n.name not in grounded and all(p in grounded or p not in nodes for p in n.parents):
-                grounded.add(n.name)
-                changed = True
+    while ready:
+        name = ready.pop()
+        grounded.add(name)
+        for c in kids.get(name, ()):
+            waiting[c] -= 1
+            if not waiting[c]:
+                ready.append(c)
     out: dict[str, list[str]] = {}
     for start in (n for n in nodes if n not in grounded):
         path, stack, seen = {start: [start]}, [start], {start}
@@ -984,7 +1275,125 @@ def _parent_cycles(nodes: dict[str, Node]) -> dict[str, list[str]]:
     return out
 
 
-def _assign_depths(nodes: dict[str, Node]) -> None:
+Lineage = tuple[dict[str, tuple[tuple[str, ...], int]], frozenset[str]]
+"""The depths of one lineage (node name -> (its parents, its depth)) and the parent names its
+nodes list that are no node of it: what :func:`_depths` starts the next read from."""
+
+
+def _depths(nodes: dict[str, Node], base: Lineage | None) -> Lineage | None:
+    """Each node's ``depth`` (as :func:`_assign_depths` assigns it), and the lineage to start the
+    next read from (None where it has a cycle). From ``base`` where it still holds: no node of it
+    gone, none with other parents, no node added under a name its nodes list as a parent; then
+    only the added nodes' depths are computed (each one more than its shallowest parent's), the
+    others taken as they were. Else one pass over all."""
+    if base is not None:
+        known, dangling = base
+        added: list[Node] = []
+        get = known.get
+        for name, n in nodes.items():
+            was = get(name)
+            if was is None:
+                added.append(n)
+            elif was[0] is n.parents or was[0] == n.parents:
+                n.depth = was[1]
+            else:
+                break
+        else:
+            if len(nodes) - len(added) == len(known) and not any(n.name in dangling for n in added):
+                if not added:
+                    return base
+                grown = _add_depths(nodes, added, base)
+                if grown is not None:
+                    return grown
+    if not _assign_depths(nodes):
+        return None
+    known = {name: (n.parents, n.depth) for name, n in nodes.items()}
+    return known, frozenset(p for n in nodes.values() for p in n.parents if p not in nodes)
+
+
+def _add_depths(nodes: dict[str, Node], added: list[Node], base: Lineage) -> Lineage | None:
+    """The depths of ``added``, nodes new to the lineage ``base`` (whose nodes' depths they cannot
+    change): parents before children among them (Kahn's order); None where they form a cycle."""
+    known, dangling = base
+    new = {n.name for n in added}
+    kids: dict[str, list[Node]] = {}
+    waiting: dict[str, int] = {}
+    ready: list[Node] = []
+    for n in added:
+        k = 0
+        for p in set(n.parents):
+            if p in new:
+                k += 1
+                kids.setdefault(p, []).append(n)
+        if k:
+            waiting[n.name] = k
+        else:
+            ready.append(n)
+    done = 0
+    grown = dict(known)
+    while ready:
+        n = ready.pop()
+        done += 1
+        if n.parents:
+            n.depth = 1 + min([grown[p][1] if p in grown else 0 for p in n.parents])
+        else:
+            n.depth = 0
+        grown[n.name] = (n.parents, n.depth)
+        for c in kids.get(n.name, ()):
+            waiting[c.name] -= 1
+            if not waiting[c.name]:
+                ready.append(c)
+    if done < len(added):
+        return None
+    more = {p for n in added for p in n.parents if p not in nodes}
+    return grown, (dangling | more) if more else dangling
+
+
+def _assign_depths(nodes: dict[str, Node]) -> bool:
+    """Each node's ``depth``: 0 without parents, else one more than its shallowest parent's (a
+    parent that is no node counts 0). Parents before children in one pass (Kahn's order); a lineage
+    with a cycle (branches edited by hand) goes to :func:`_assign_depths_cyclic`. Whether there
+    was none."""
+    kids: dict[str, list[str]] = {}
+    waiting: dict[str, int] = {}
+    ready: list[str] = []
+    for name, n in nodes.items():
+        k = 0
+        for p in set(n.parents):
+            if p in nodes:
+                k += 1
+                if p in kids:
+                    kids[p].append(name)
+                else:
+                    kids[p] = [name]
+        if k:
+            waiting[name] = k
+        else:
+            ready.append(name)
+    depth: dict[str, int] = {}
+    get = depth.get
+    while ready:
+        name = ready.pop()
+        parents = nodes[name].parents
+        if not parents:
+            depth[name] = 0
+        elif len(parents) == 1:
+            depth[name] = 1 + get(parents[0], 0)
+        else:
+            depth[name] = 1 + min([get(p, 0) for p in parents])
+        for c in kids.get(name, ()):
+            waiting[c] -= 1
+            if not waiting[c]:
+                ready.append(c)
+    if len(depth) < len(nodes):
+        _assign_depths_cyclic(nodes)
+        return False
+    for name, n in nodes.items():
+        n.depth = depth[name]
+    return True
+
+
+def _assign_depths_cyclic(nodes: dict[str, Node]) -> None:
     memo: dict[str, int] = {}
 
     def depth(name: str, seen: frozenset = frozenset()) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import typer
@@ -303,18 +304,25 @@ def spawn(
     check_name(name)
     if arch.exists(name):  # said before the mechanism is compared: --force would not help
         raise PoiseError(f"a node named {name!r} already exists")
+    started = time.perf_counter()  # the spawn's time: the duplicate check and the commit
     if edit_src is not None and not force and arch.exists(parent):
         _refuse_duplicate(arch, parent, name, edit_src)
     node = arch.spawn(parent, name, edit_src, proposal=proposal_src, trailers=trailers, files=files)
-    console.print(f"spawned [bold]{node.name}[/] from [bold]{parent}[/] at {node.commit[:10]}")
+    spawn_ms = (time.perf_counter() - started) * 1e3
+    console.print(
+        f"spawned [bold]{node.name}[/] from [bold]{parent}[/] at {node.commit[:10]} "
+        f"(spawn {spawn_ms:.0f} ms)"
+    )
     written = arch.diff(parent, name, stat=True, written_only=True)
     console.print(written.rstrip(), highlight=False, markup=False)
     if edit_src is not None and not no_verify:
         from engine.operators.verify import verify_node  # lazy: keeps `poise-git --help` fast
 
         try:
+            started = time.perf_counter()
             with console.status(f"verifying {name}…"):
                 res = verify_node(arch, name, arch.config())
+            verify_s = time.perf_counter() - started
         except KeyboardInterrupt:  # the node is committed: say how to finish, then stop as usual
             err_console.print(
                 f"{name} stays spawned, unverified: `poise-git verify {name}` verifies it",
@@ -322,7 +330,7 @@ def spawn(
                 markup=False,
             )
             raise
-        report_verification(name, res)
+        report_verification(name, res, verify_s)
 
 
 def _prior_edit(prior: str, name: str | None, edit: Path | None):

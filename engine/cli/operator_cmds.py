@@ -142,13 +142,15 @@ def verify(
     report_verification(node, res)
 
 
-def report_verification(node: str, res) -> None:
+def report_verification(node: str, res, seconds: float | None = None) -> None:
+    """The verdict in one line (``seconds``: the verification's time, said where given)."""
+    took = f" in {seconds:.1f} s" if seconds is not None else ""
     if res.ok:
         console.print(
-            f"[bold]{node}[/] [cyan]verified[/] ({res.report.get('passed', 0)} tests passed)"
+            f"[bold]{node}[/] [cyan]verified[/]{took} ({res.report.get('passed', 0)} tests passed)"
         )
         return
-    console.print(f"[bold]{node}[/] [red]rejected[/]: {escape(res.reason)}")
+    console.print(f"[bold]{node}[/] [red]rejected[/]{took}: {escape(res.reason)}")
     raise typer.Exit(EXIT_REJECTED)
 
 
