@@ -9,10 +9,8 @@ after each pick. See docs/selection.md.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import warnings
 from collections.abc import Iterable, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from operator import attrgetter, methodcaller
 from typing import Any
@@ -20,6 +18,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from engine.archive.index import no_gc
 from engine.archive.results import (
     LEGACY_FILE,
     RESULTS_DIR,
@@ -272,7 +271,7 @@ def select_parents(
     selection leaves are collected afterwards. BLAS runs on one thread, as the GP's fit did: on a
     shared 2-core machine a second BLAS thread waiting for work cost about a third more CPU time
     at 100k nodes and gained no wall time."""
-    with _no_cyclic_gc(), threadpool_limits(limits=1, user_api="blas"):
+    with no_gc(), threadpool_limits(limits=1, user_api="blas"):
         return _select_parents(
             archive,
             cfg,
@@ -283,17 +282,6 @@ def select_parents(
             fingerprints=fingerprints,
             protocol=protocol,
         )
-
-
-@contextmanager
-def _no_cyclic_gc():
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _select_parents(
