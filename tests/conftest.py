@@ -111,12 +111,18 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 # The files whose tests take minutes, longest first. They start first, so that under
-# ``-n N --dist loadfile`` no worker begins a long file when the others are nearly done. The waits'
-# tests come before them all: they mostly sleep (a run waiting for a slow hand evaluation, 5 min in
-# all), so started first they overlap the other worker's training instead of ending the suite.
+# ``-n N --dist loadfile`` no worker begins a long file when the others are nearly done. The files
+# that mostly wait come before them all, one after the other on one worker: the two-node Ray
+# cluster (about 2 min of wall time on 1 CPU-minute: its nodes starting, a node's death being
+# noticed) and the waits' tests (4 min on 1 CPU-minute, a run waiting for a slow hand evaluation).
+# xdist gives a worker its next file once two of its tests are left: the cluster's two tests take
+# the first worker and queue the waits behind them there, while the second worker starts the verl
+# smoke and the loop, whose processes then have the first worker's idle core too. Either waiting
+# file second would start both workers waiting, with the cores idle.
 _LONG_FILES = (
-    "test_loop_waits.py",
+    "test_ray_cluster.py",
     "test_verl_smoke.py",
+    "test_loop_waits.py",
     "test_loop.py",
     "test_benchmarks.py",
     "test_hostile.py",

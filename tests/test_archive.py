@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
 from results_util import record
 
 from engine.archive.results import UNITS
@@ -62,7 +61,7 @@ def test_a_directory_that_cannot_be_created_is_one_error_line(cli, tmp_path, com
     args = (
         ["init", str(target)] if command == "init" else ["run", "-C", str(target), "--rounds", "1"]
     )
-    p = run_cli(*args)
+    p = cli(*args)
     assert p.returncode == 1, p.stderr
     err = p.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: cannot create"), p.stderr

@@ -9,7 +9,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import mark_verified, run_cli, run_cli_inprocess
+from conftest import mark_verified, run_cli_inprocess
 
 from engine.archive.confirmation import (
     CONFIRMED,
@@ -132,7 +132,7 @@ def test_log_marks_each_confirmed_node_under_the_compared_protocol(archive):
         archive.record_result(name, _result([0, 1]))
     record_confirmation(archive, _conf({2: 0.6, 3: 0.63}, {2: 0.5, 3: 0.52}))
     record_confirmation(archive, _conf({2: 0.4, 3: 0.41}, {2: 0.5, 3: 0.52}, node="other"))
-    out = run_cli("log", "--protocol", "proxy/smoke", "-C", str(archive.path))
+    out = run_cli_inprocess("log", "--protocol", "proxy/smoke", "-C", str(archive.path))
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     child = next(ln for ln in lines if "child" in ln)
@@ -148,7 +148,9 @@ def test_log_marks_each_confirmed_node_under_the_compared_protocol(archive):
     rows = {
         r["node"]: r
         for r in json.loads(
-            run_cli("log", "--json", "--protocol", "proxy/smoke", "-C", str(archive.path)).stdout
+            run_cli_inprocess(
+                "log", "--json", "--protocol", "proxy/smoke", "-C", str(archive.path)
+            ).stdout
         )
     }
     assert rows["child"]["confirmation"] == {
@@ -163,7 +165,9 @@ def test_log_marks_each_confirmed_node_under_the_compared_protocol(archive):
     assert rows["other"]["confirmation"]["verdict"] == REVERSED
     assert rows["grpo"]["confirmation"] is None
     # under another protocol the smoke confirmations are not shown
-    other_proto = run_cli("log", "--json", "--protocol", "proxy/default", "-C", str(archive.path))
+    other_proto = run_cli_inprocess(
+        "log", "--json", "--protocol", "proxy/default", "-C", str(archive.path)
+    )
     assert all(r["confirmation"] is None for r in json.loads(other_proto.stdout))
 
 
@@ -301,7 +305,7 @@ def test_confirm_measures_both_nodes_on_held_out_seeds_and_records_it(searched):
     }
     assert set(conf.mlflow_run_ids) >= {r.info.run_id for r in tagged}
     # the CLI: shown by `show`, and a second confirmation further out replaces it
-    out = run_cli("show", "drgrpo", "-C", str(arch.path))
+    out = run_cli_inprocess("show", "drgrpo", "-C", str(arch.path))
     assert "held-out confirmation under proxy/tiny@" in out.stdout
     with pytest.raises(EvaluationError, match="were used by the search"):
         confirm_node(arch, "drgrpo", "grpo", exp, preset="tiny", first_seed=1)
@@ -318,7 +322,9 @@ def test_a_candidate_that_fails_on_held_out_seeds_gives_a_failed_confirmation(se
         subject="poise: flaky edited (test)",
     )
     mark_verified(arch, "flaky")
-    out = run_cli("confirm", "flaky", "--seeds", "1", "--preset", "tiny", "-C", str(arch.path))
+    out = run_cli_inprocess(
+        "confirm", "flaky", "--seeds", "1", "--preset", "tiny", "-C", str(arch.path)
+    )
     assert out.returncode == 4, out.stdout + out.stderr
     assert (
         "held-out confirmation: flaky vs grpo on 1 held-out seed(s) [2] under proxy/tiny@"
@@ -508,7 +514,9 @@ def test_a_child_does_not_inherit_its_parents_confirmation(archive):
     rows = {
         r["node"]: r
         for r in json.loads(
-            run_cli("log", "--json", "--protocol", "proxy/smoke", "-C", str(archive.path)).stdout
+            run_cli_inprocess(
+                "log", "--json", "--protocol", "proxy/smoke", "-C", str(archive.path)
+            ).stdout
         )
     }
     assert rows["child"]["confirmation"]["verdict"] == CONFIRMED

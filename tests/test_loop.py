@@ -40,6 +40,13 @@ pytestmark = (
 )  # every test here runs `poise-git run` end to end (minutes on 2 cores)
 
 SMALL = ["--preset", "tiny", "--seeds", "1", "--proposer", "offline", "--eval-timeout", "240"]
+# A candidate whose evaluation hangs until its task is killed, asleep: the Ray tests that kill the
+# task while it runs wait beside it (15 s in the lost task's test), and a spinning one spent a
+# CPU-second for every second of that, on the core the other test worker needs.
+HANGS_ASLEEP = (
+    "def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:\n"
+    "    import time\n\n    time.sleep(3600)\n"
+)
 
 
 def _final(nodes) -> dict[str, str]:
@@ -392,10 +399,7 @@ def test_a_ray_task_that_dies_is_the_nodes_failure_at_its_own_wall_time(archive)
     from engine.loop.executor import EvalJob, RayExecutor
 
     record(archive, "grpo", {"overall": 0.5})
-    edit = (
-        "def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:\n"
-        "    while True:\n        pass\n"
-    )
+    edit = HANGS_ASLEEP
     archive.spawn("grpo", "hangs", edit, trailers={"Poise-Round": "1"})
     mark_verified(archive, "hangs")
     ex = RayExecutor("local", 1)
@@ -433,10 +437,7 @@ def test_a_lost_ray_task_is_charged_from_its_start_not_its_time_in_rays_queue(ar
     from engine.loop.executor import EvalJob, RayExecutor
 
     record(archive, "grpo", {"overall": 0.5})
-    edit = (
-        "def compute_advantages(batch: RolloutBatch, cfg: Hyperparameters) -> torch.Tensor:\n"
-        "    while True:\n        pass\n"
-    )
+    edit = HANGS_ASLEEP
     for name in ("first", "second", "never"):
         archive.spawn("grpo", name, edit, trailers={"Poise-Round": "1"})
         mark_verified(archive, name)
