@@ -33,6 +33,26 @@ if not os.environ.get("CI") and "POISE_SANDBOX" not in os.environ:
         os.environ["POISE_SANDBOX"] = "none"
 
 
+# Ray puts a session directory under $RAY_TMPDIR/ray (default /tmp/ray) for every instance it
+# starts and never removes it: the Ray tests (a private Ray per `--ray local` run, the verl smoke's)
+# left one in the machine's /tmp per run. The run's Rays get a directory of their own instead, made
+# by the first process (xdist's controller, whose workers inherit it) and removed by it at the end.
+# Short, for Ray's socket paths. A RAY_TMPDIR set by the caller is left as it is.
+_RAY_TMP_OWNER = "POISE_TEST_RAY_TMPDIR_OWNER"
+if "RAY_TMPDIR" not in os.environ:
+    import tempfile
+
+    os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="poise-rt-")
+    os.environ[_RAY_TMP_OWNER] = str(os.getpid())
+
+
+def _remove_ray_tmp() -> None:
+    if os.environ.get(_RAY_TMP_OWNER) == str(os.getpid()):
+        import shutil
+
+        shutil.rmtree(os.environ["RAY_TMPDIR"], ignore_errors=True)
+
+
 # Paths a test run may leave in the checkout: Python's and the tools' own caches.
 _RUN_CACHES = ("__pycache__/", ".pytest_cache/", ".ruff_cache/")
 
@@ -95,6 +115,7 @@ def pytest_sessionfinish(session, exitstatus):
     MLflow stores and artifacts, caches). A file the run added fails the session."""
     if not hasattr(session.config, "workerinput"):  # once, after every xdist worker has finished
         _remove_left_scratch(getattr(session.config, "_scratch_before", set()))
+        _remove_ray_tmp()
     before = getattr(session.config, "_checkout_before", None)
     after = _checkout_state()
     if before is None or after is None:
