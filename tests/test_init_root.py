@@ -224,7 +224,7 @@ def test_a_rejected_root_stops_the_run_with_its_reason(tmp_path, cli):
 
 
 def test_the_root_is_found_from_its_ref_which_an_archive_without_one_gets(tmp_path):
-    """``refs/poise/root`` names the init commit: believed only where the branch of the node it
+    """``refs/poise-root`` names the init commit: believed only where the branch of the node it
     names still holds it; an archive made before it, or one whose ref points elsewhere, finds the
     root by walking the lineage as before and records it."""
     from engine.archive.store import ROOT_REF
@@ -244,3 +244,20 @@ def test_the_root_is_found_from_its_ref_which_an_archive_without_one_gets(tmp_pa
     assert Archive(arch.path).root() == "anchor" and rev(ROOT_REF) == init
     subprocess.run([*git, "update-ref", ROOT_REF, rev("poise/grpo")], check=True)  # no init
     assert Archive(arch.path).root() == "anchor" and rev(ROOT_REF) == init  # repaired
+
+
+def test_a_root_named_root_is_what_git_log_poise_root_shows(tmp_path):
+    """The archive's own refs never shadow a node's branch: git resolves ``poise/X`` to
+    ``refs/poise/X`` before ``refs/heads/poise/X``, and the root's hint once sat at
+    ``refs/poise/root``, so ``git log poise/root`` showed the init commit alone for a root named
+    ``root``, whatever was recorded on its branch."""
+    arch = Archive.init(tmp_path / "a", root_name="root")
+    arch.record_reflection("root", "the root, reflected on")
+    p = subprocess.run(
+        ["git", "-C", str(arch.path), "log", "--format=%s", "poise/root"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert len(p.stdout.splitlines()) == 2, p.stdout
+    assert "ambiguous" not in p.stderr, p.stderr

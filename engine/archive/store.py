@@ -51,10 +51,12 @@ _WARNED: set[tuple[str, str, str]] = set()
 _WARNED_CONFIG: set[Path] = set()
 """archives whose edited poise.toml was already warned about in this process"""
 REF_PREFIX = "refs/heads/poise/"
-ROOT_REF = "refs/poise/root"
+ROOT_REF = "refs/poise-root"
 """the archive's init commit, written by ``init`` (and by the first :meth:`Archive.root` of an
 archive made before it): a hint that finds the root without walking the lineage, used only where
-the root's branch still holds that commit"""
+the root's branch still holds that commit. Outside ``refs/poise/``: git resolves a short name
+``poise/X`` to ``refs/poise/X`` before ``refs/heads/poise/X``, so a ref there would hide the
+branch of a node named X from ``git log poise/X``"""
 ROOT_NAME = "grpo"
 ALGORITHM = "algorithm.py"
 REFLECTION = "REFLECTION.md"
