@@ -472,7 +472,9 @@ def test_a_lost_ray_task_is_charged_from_its_start_not_its_time_in_rays_queue(ar
         task = task_of("first")
         submitted = time.monotonic()
         second = ex.submit(jobs["second"])  # queued: the one CPU is the first's
-        time.sleep(15)
+        # 16 s, for a charge of at least 15: the task's start reaches the executor's clock
+        # asynchronously, up to a few tenths of a second after its process shows on a loaded machine
+        time.sleep(16)
         task.kill()
         out_first = first.result(timeout=120)
         task = task_of("second")

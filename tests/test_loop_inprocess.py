@@ -368,7 +368,7 @@ def test_proposals_paid_for_are_implemented_before_a_token_budget_stops(tmp_path
         record(arch, "grpo", {"overall": 0.5}, preset="tiny")
         summary = run(arch, budget=["tokens=1"], rounds=2, population=1, proposer="llm")
         asked = sum(  # proposal calls (the reflection asks the LLM too)
-            r["messages"][-1]["content"].startswith("## Parent node") for r in srv.requests
+            "\n## Parent node\n" in r["messages"][-1]["content"] for r in srv.requests
         )
     kids = children(arch)
     assert asked == 1, asked  # one proposal call; the budget stopped the run before a second

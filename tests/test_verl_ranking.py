@@ -89,7 +89,6 @@ def test_a_failed_verl_training_is_recorded_under_the_ranking_protocol(verl_arch
     the ranking protocol: not pending, shown failed, failure evidence, never a parent."""
     from engine.archive.results import Protocol
     from engine.operators.evaluate_verl import _record_training_failure
-    from engine.select.core import _failed_here
 
     scored = _scoring()
     record_verl_outcome(
@@ -111,7 +110,8 @@ def test_a_failed_verl_training_is_recorded_under_the_ranking_protocol(verl_arch
     assert node.trailer("Poise-Reason") == "verl training failed: exit status 2"
     assert any("verl/paper" in line and "removed" in line for line in said), said
     nodes = verl_archive.nodes()
-    assert nodes["grpo"].result == r and _failed_here(nodes["grpo"])
+    # failure evidence under the ranking protocol: its result there is a failure
+    assert nodes["grpo"].result == r and not r.ok
     assert not pending_work(verl_archive, nodes)
     row = _log(cli, verl_archive)["grpo"]
     assert row["status"] == "failed" and row["protocol"] == scored.key
