@@ -26,14 +26,14 @@ if [ ! -f "$stamp" ]; then
       || echo "poise-git: chromium could not be installed; the report render test will skip" >&2
   fi
   # bubblewrap is the OS boundary around candidate code (docs/security.md): as root with apt, or
-  # with passwordless sudo. Without it the engine runs candidate code in its weak mode (rlimits only)
-  # and says so.
+  # with passwordless sudo. Without it, commands that run candidate code stop and say how to install
+  # it (or to choose the weak mode, rlimits only, with POISE_SANDBOX=none).
   if [ -z "${POISE_NO_APT:-}" ] && ! command -v bwrap >/dev/null && command -v apt-get >/dev/null; then
     SUDO=""
     [ "$(id -u)" = 0 ] || { sudo -n true 2>/dev/null && SUDO="sudo -n"; }
     if [ "$(id -u)" = 0 ] || [ -n "$SUDO" ]; then
       ($SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq bubblewrap >/dev/null) \
-        || echo "poise-git: bubblewrap could not be installed; candidate code will run in the weak mode" >&2
+        || echo "poise-git: bubblewrap could not be installed; commands that run candidate code will refuse to (docs/security.md)" >&2
     else
       echo "poise-git: install bubblewrap (apt-get install bubblewrap) for the OS boundary" >&2
     fi
