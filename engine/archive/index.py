@@ -15,7 +15,8 @@ and objects), so archive content cannot inject entries.
 Layout (SQLite, WAL, so concurrent writers serialize on SQLite's lock and readers never see half a
 write): ``meta`` (the format's fingerprint and a generation counter), ``snapshot`` (one row: every
 entry of the last compaction, pickled together, which loads ~10x faster than row by row), ``entry``
-(entries added since, one row each) and ``mech`` (commit id -> mechanism hash, node name, created
+(entries added since, one row each), ``tail`` (the result fields a snapshot leaves out, by commit id
+and path: read when first needed) and ``mech`` (commit id -> mechanism hash, node name, created
 time, indexed by hash: the duplicate-mechanism check looks a hash up without reading the lineage).
 The fingerprint covers the parsers' source files and the Python version: an index written by other
 parsing code is dropped and rebuilt, as is one SQLite cannot read (torn, truncated, not a database).

@@ -88,9 +88,10 @@ nothing (poise-git warns that it is not read).
 
 @dataclass(slots=True)
 class Node:
-    """One archived candidate, as read from its branch tip. ``trailers``, ``results`` and
-    ``unreadable`` are the lineage index entry's, shared by every read of the same commit in a
-    process (a read builds no copy of them): read them, never change them."""
+    """One archived candidate, as read from its branch tip. ``results`` and ``unreadable`` are the
+    lineage index entry's, shared by every read of the same commit in a process (a read builds no
+    copy of them), as are ``trailers`` unless the index's snapshot keeps them as text (then each
+    node parses its own on first access): read them, never change them."""
 
     name: str
     commit: str
