@@ -71,7 +71,7 @@ CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS snapshot(id INTEGER PRIMARY KEY CHECK (id = 1), data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS entry(oid TEXT PRIMARY KEY, data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS tail(oid TEXT NOT NULL, path TEXT NOT NULL, data BLOB NOT NULL,
-                                PRIMARY KEY (oid, path)) WITHOUT ROWID;
+                                PRIMARY KEY (oid, path));
 CREATE TABLE IF NOT EXISTS mech(oid TEXT PRIMARY KEY, hash TEXT, name TEXT NOT NULL,
                                 created REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS mech_by_hash ON mech(hash);
