@@ -378,3 +378,33 @@ def test_a_new_process_starts_from_the_snapshot_s_depths(lineage, monkeypatch):
     lineage.spawn("d", "e", "E = 1\n")
     assert depths(fresh.nodes())["e"] == 4
     assert depths(check_both_ways(lineage)["nodes"])["e"] == 4
+
+
+def test_result_fields_kept_out_of_the_snapshot_are_read_from_their_row_or_from_git(lineage):
+    """A snapshot holds each result's protocol, status, metrics, units, utility and seeds; the rest
+    is read from the index's ``tail`` rows on first access, and from the result file in git where
+    its row is gone (dropped by a compaction elsewhere) or damaged: equal either way."""
+    want = unindexed(lineage)["nodes"]
+    lineage.nodes()  # the index and its snapshot written again
+    full = {n: {p: r.to_dict() for p, r in node.results.items()} for n, node in want.items()}
+    assert any(full.values())
+    with sqlite3.connect(index_file(lineage)) as db:
+        assert db.execute("SELECT count(*) FROM tail").fetchone()[0] == sum(map(len, full.values()))
+    for damage in (None, "DELETE FROM tail", "UPDATE tail SET data = x'80059500'"):
+        if damage:
+            with sqlite3.connect(index_file(lineage)) as db:
+                db.execute(damage)
+        got = new_process(lineage).nodes()
+        r = got["a"].results["proxy/default"]
+        assert "_tail" in r.__dict__  # from the snapshot, its tail not read yet
+        assert {
+            n: {p: r.to_dict() for p, r in node.results.items()} for n, node in got.items()
+        } == full
+        assert got == want
+    # a node of the snapshot pickles with its values (nothing of the index in it)
+    sent = pickle.loads(pickle.dumps(new_process(lineage).nodes()))
+    assert sent == want
+    assert all(
+        k[:1] != "_" for node in sent.values() for r in node.results.values() for k in vars(r)
+    )
+    assert type(sent["a"].trailers) is dict and sent["a"].trailers == want["a"].trailers

@@ -15,7 +15,8 @@ and objects), so archive content cannot inject entries.
 Layout (SQLite, WAL, so concurrent writers serialize on SQLite's lock and readers never see half a
 write): ``meta`` (the format's fingerprint and a generation counter), ``snapshot`` (one row: every
 entry of the last compaction, pickled together, which loads ~10x faster than row by row), ``entry``
-(entries added since, one row each) and ``mech`` (commit id -> mechanism hash, node name, created
+(entries added since, one row each), ``tail`` (the result fields a snapshot leaves out, by commit id
+and path: read when first needed) and ``mech`` (commit id -> mechanism hash, node name, created
 time, indexed by hash: the duplicate-mechanism check looks a hash up without reading the lineage).
 The fingerprint covers the parsers' source files and the Python version: an index written by other
 parsing code is dropped and rebuilt, as is one SQLite cannot read (torn, truncated, not a database).
@@ -24,13 +25,16 @@ Pickles are read with an unpickler that builds only the result types, never call
 
 from __future__ import annotations
 
+import copyreg
 import gc
 import hashlib
 import io
 import logging
 import os
 import pickle
+import re
 import sqlite3
+import subprocess
 import sys
 import threading
 from collections.abc import Iterable, Iterator, Mapping
@@ -38,23 +42,36 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from engine.archive.results import EvaluationResult, from_packed, packed_state
+from engine.archive.results import (
+    TAIL,
+    EvaluationResult,
+    _PlainUnpickler,
+    from_packed,
+    packed_head,
+    packed_state,
+    packed_tail,
+    parse_result,
+)
+from engine.errors import ArchiveError
 
 log = logging.getLogger(__name__)
 
-FORMAT = "poise-lineage-index/2"
+FORMAT = "poise-lineage-index/3"
 INDEX_DIR = "poise"
 INDEX_FILE = "index.sqlite"
 _PARSERS = ("store.py", "results.py", "mechanism.py", "index.py")
 """the modules whose code decides what an entry holds: any change to them rebuilds the index"""
 _ALLOWED = {
     ("engine.archive.results", "from_packed"),
+    ("engine.archive.results", "EvaluationResult"),
     ("engine.archive.results", "Protocol"),
 }
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS snapshot(id INTEGER PRIMARY KEY CHECK (id = 1), data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS entry(oid TEXT PRIMARY KEY, data BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS tail(oid TEXT NOT NULL, path TEXT NOT NULL, data BLOB NOT NULL,
+                                PRIMARY KEY (oid, path));
 CREATE TABLE IF NOT EXISTS mech(oid TEXT PRIMARY KEY, hash TEXT, name TEXT NOT NULL,
                                 created REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS mech_by_hash ON mech(hash);
@@ -84,7 +101,18 @@ def fingerprint() -> str:
 
 
 class _Unpickler(pickle.Unpickler):
-    """Builds plain values and the result types alone: a tampered file fails to load, never runs."""
+    """Builds plain values and the result types alone: a tampered file fails to load, never runs.
+    The one persistent id, ``tails``, is the index's :class:`_Tails` (what a snapshot's results read
+    their :data:`~engine.archive.results.TAIL` fields through)."""
+
+    def __init__(self, file: io.BytesIO, tails: _Tails | None = None):
+        super().__init__(file)
+        self.tails = tails
+
+    def persistent_load(self, pid: Any) -> Any:
+        if pid == "tails" and self.tails is not None:
+            return self.tails
+        raise pickle.UnpicklingError(f"{pid!r} is not an index reference")
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) not in _ALLOWED:
@@ -92,9 +120,9 @@ class _Unpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def _loads(data: bytes) -> Any:
+def _loads(data: bytes, tails: _Tails | None = None) -> Any:
     with no_gc():
-        return _Unpickler(io.BytesIO(data)).load()
+        return _Unpickler(io.BytesIO(data), tails).load()
 
 
 @contextmanager
@@ -135,6 +163,85 @@ def _dumps(obj: Any) -> bytes:
     return buf.getvalue()
 
 
+class _SnapshotPickler(_Pickler):
+    """Writes a snapshot: each result as its protocol, status and
+    :data:`~engine.archive.results.HEAD` (what a lineage read and a selection read of every node;
+    names, units and seeds one object per distinct value), its other fields left to its row in the
+    ``tail`` table, read through the index's :class:`_Tails` (persistent id ``tails``) when first
+    needed. ``where``: each result's (commit id, file path), by object id."""
+
+    def __init__(self, file: io.BytesIO, tails: _Tails, where: dict[int, tuple[str, str]]):
+        super().__init__(file)
+        self.tails, self.where = tails, where
+        self.source = (tails,)
+
+    def persistent_id(self, obj: Any) -> Any:
+        return "tails" if obj is self.tails else None
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is not EvaluationResult:
+            return NotImplemented
+        at = self.where.get(id(obj))
+        if at is None:
+            return super().reducer_override(obj)
+        p = obj.__dict__["protocol"]
+        key = ("p", p.id, p.hash, p.backend, p.preset, repr(p.settings))
+        state = {"protocol": self.shared.setdefault(key, p), "status": obj.__dict__["status"]}
+        head = packed_head(obj)
+        if type(head) is tuple:
+            keys, values, units, utility, seeds = head
+            share = self.shared.setdefault
+            head = (
+                share(("k", keys), keys),
+                values,
+                share(("u", units), units),
+                share(("s", utility), utility),
+                share(("e", seeds), seeds),
+            )
+        state["_head"] = head
+        state["_tail"] = (self.source, at[0], self.shared.setdefault(("f", at[1]), at[1]))
+        # built as a plain object is (NEWOBJ, then its __dict__ set in C): no call per result
+        return copyreg.__newobj__, (EvaluationResult,), state
+
+
+class _Tails:
+    """What a snapshot's results read their :data:`~engine.archive.results.TAIL` fields through: the
+    row the snapshot's compaction wrote for (commit id, path), else (the row gone: a later
+    compaction dropped the commit, or the file was rebuilt) the result file, parsed from git."""
+
+    def __init__(self, index: LineageIndex):
+        self.index = index
+
+    def tail(self, oid: str, path: str) -> dict[str, Any]:
+        row = self.index._run(
+            "reading",
+            lambda db: db.execute(
+                "SELECT data FROM tail WHERE oid = ? AND path = ?", (oid, path)
+            ).fetchone(),
+            None,
+        )
+        if row is not None:
+            try:
+                values = _PlainUnpickler(io.BytesIO(row[0])).load()
+            except Exception:  # a damaged row: the file in git says the same
+                values = None
+            if type(values) is dict and set(values) == set(TAIL):
+                return values
+        common = str(self.index.dir.parent)
+        done = subprocess.run(
+            ["git", f"--git-dir={common}", "cat-file", "blob", f"{oid}:{path}"],
+            capture_output=True,
+            check=False,
+        )
+        if done.returncode:
+            raise ArchiveError(
+                f"the result file {path} of commit {oid} cannot be read: "
+                f"{done.stderr.decode('utf-8', 'replace').strip()[:200]}"
+            )
+        result = parse_result(done.stdout, f"{oid[:12]}:{path}")
+        return {k: getattr(result, k) for k in TAIL}
+
+
 class LineageIndex:
     """The index of one repository (its common git directory), shared by the handles of a process.
 
@@ -156,6 +263,7 @@ class LineageIndex:
         self._db: sqlite3.Connection | None = None
         self._pid = os.getpid()
         self._said = False
+        self.tails = _Tails(self)
 
     # -- the database ----------------------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
@@ -171,7 +279,7 @@ class LineageIndex:
             row = db.execute("SELECT value FROM meta WHERE key = 'fingerprint'").fetchone()
             if row is None or row[0] != fingerprint():
                 with _txn(db):
-                    for table in ("snapshot", "entry", "mech", "meta"):
+                    for table in ("snapshot", "entry", "tail", "mech", "meta"):
                         db.execute(f"DELETE FROM {table}")
                     db.execute("INSERT INTO meta VALUES ('fingerprint', ?)", (fingerprint(),))
                     db.execute("INSERT INTO meta VALUES ('generation', '0')")
@@ -241,7 +349,7 @@ class LineageIndex:
                 row = db.execute("SELECT data FROM snapshot WHERE id = 1").fetchone()
                 if row is not None:
                     with no_gc():
-                        snap, lineage = _snapshot(_loads(row[0]))
+                        snap, lineage = _snapshot(_loads(row[0], self.tails))
                         if len(snap) >= _FREEZE_MIN:
                             # kept for the process's life, and acyclic: out of the cycle
                             # collector's way, whose next collections would otherwise walk its
@@ -320,13 +428,30 @@ class LineageIndex:
                     raise pickle.UnpicklingError(f"the entry of {oid} is malformed")
                 snap[oid] = self.memo[oid] = e
         gen = str(int(_meta(db, "generation") or "0") + 1)
-        db.execute("INSERT OR REPLACE INTO snapshot VALUES (1, ?)", (_dumps((snap, lineage)),))
-        db.execute("DELETE FROM entry")
-        db.execute("INSERT OR REPLACE INTO meta VALUES ('generation', ?)", (gen,))
         db.execute("CREATE TEMP TABLE IF NOT EXISTS keep(oid TEXT PRIMARY KEY)")
         db.execute("DELETE FROM keep")
         db.executemany("INSERT OR IGNORE INTO keep VALUES (?)", ((o,) for o in snap))
         db.execute("DELETE FROM mech WHERE oid NOT IN (SELECT oid FROM keep)")
+        db.execute("DELETE FROM tail WHERE oid NOT IN (SELECT oid FROM keep)")
+        where: dict[int, tuple[str, str]] = {}
+        rows = []
+        for oid, e in snap.items():
+            for path, result, _why in e[7]:
+                if result is None:
+                    continue
+                where[id(result)] = (oid, path)
+                t = result.__dict__.get("_tail")
+                if t is None or t[0][0] is not self.tails or t[1] != oid or t[2] != path:
+                    rows.append((oid, path, packed_tail(result)))
+                # else: its row is there, unless a compaction elsewhere dropped it (then it is
+                # read from git)
+        db.executemany("INSERT OR REPLACE INTO tail VALUES (?, ?, ?)", rows)
+        out = {o: e[:5] + (trailer_text(e[5]),) + e[6:] for o, e in snap.items()}
+        buf = io.BytesIO()
+        _SnapshotPickler(buf, self.tails, where).dump((out, lineage))
+        db.execute("INSERT OR REPLACE INTO snapshot VALUES (1, ?)", (buf.getvalue(),))
+        db.execute("DELETE FROM entry")
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('generation', ?)", (gen,))
         self.memo = snap
         self.generation = gen
 
@@ -396,6 +521,27 @@ class _txn:
                 self.db.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
+
+
+_TRAILER_RE = re.compile(r"^[ \t]*(Poise-[A-Za-z-]+): (.*)$", re.MULTILINE)
+
+
+def parse_trailers(message: str) -> dict[str, list[str]]:
+    """A commit message's ``Poise-*`` trailers: key -> its values in order."""
+    out: dict[str, list[str]] = {}
+    for key, value in _TRAILER_RE.findall(message):
+        out.setdefault(key, []).append(value.strip())
+    return out
+
+
+def trailer_text(trailers: Any) -> Any:
+    """The trailers of an entry as a snapshot keeps them: one line per value, which
+    :class:`engine.archive.store.Node` parses back on first access (one string to load, not a dict
+    of lists); the dict itself where its text would not parse back to it."""
+    if type(trailers) is not dict:
+        return trailers
+    text = "\n".join(f"{k}: {v}" for k, vs in trailers.items() for v in vs)
+    return text if parse_trailers(text) == trailers else trailers
 
 
 def _is_entry(e: Any) -> bool:

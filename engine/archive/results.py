@@ -24,6 +24,7 @@ import pickle
 import re
 import reprlib
 import time
+from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -289,13 +290,23 @@ DEFERRED = tuple(
 )
 """the fields a result read from the lineage index decodes on first access: all but its protocol
 (which a lineage read compares) and its status, so that reading 100k nodes builds three objects
-per result; its metrics are decoded where a selection ranks it"""
+per result"""
+HEAD = ("metrics", "units", "utility", "seeds")
+"""the deferred fields a selection reads of every node: in the index's snapshot beside the protocol
+(:func:`packed_head`), decoded together"""
+TAIL = tuple(k for k in DEFERRED if k not in HEAD)
+"""the other deferred fields (intervals, per-seed rows, trajectory, details...), which the views of
+one node read: kept out of the snapshot, in a row per commit read on first access"""
+_HEAD_SET = frozenset(HEAD)
 
 
 class _Deferred:
     """The class attribute of a field in :data:`DEFERRED`: a result built as usual holds the field in
     its ``__dict__``, which Python reads before this descriptor; a result from the lineage index
-    (:func:`from_packed`) holds its packed fields instead, decoded into its ``__dict__`` here once."""
+    holds its fields in an index form instead, decoded into its ``__dict__`` here once: all of them
+    packed in one string (``_packed``: :func:`from_packed`), or (a snapshot's result) :data:`HEAD`
+    in ``_head`` (:func:`packed_head`) and :data:`TAIL` behind ``_tail``: (a one-element tuple
+    holding what reads them, ``.tail(commit id, path)``; the commit id; the result file's path)."""
 
     def __init__(self, name: str, default: Any):
         self.name, self.default = name, default
@@ -305,14 +316,31 @@ class _Deferred:
             return self.default
         d = obj.__dict__
         packed = d.get("_packed")
-        if packed is None:
+        if packed is not None:
+            values = _PlainUnpickler(io.BytesIO(packed)).load()
+            if not isinstance(values, dict) or set(values) != set(DEFERRED):
+                raise ArchiveError("a lineage index entry's result fields are malformed")
+            for k in DEFERRED:
+                d.setdefault(k, values[k])
+            d.pop("_packed", None)
+        elif self.name in _HEAD_SET and "_head" in d:
+            for k, v in zip(HEAD, _unpack_head(d["_head"])):
+                d.setdefault(k, v)
+            d.pop("_head", None)
+        elif self.name not in _HEAD_SET and "_tail" in d:
+            try:
+                source, oid, path = d["_tail"]
+                read = source[0].tail
+            except (TypeError, ValueError, AttributeError, IndexError, KeyError):
+                raise ArchiveError("a lineage index entry's result is malformed") from None
+            values = read(oid, path)
+            if not isinstance(values, dict) or set(values) != set(TAIL):
+                raise ArchiveError("a lineage index entry's result fields are malformed")
+            for k in TAIL:
+                d.setdefault(k, values[k])
+            d.pop("_tail", None)
+        else:
             raise AttributeError(self.name)
-        values = _PlainUnpickler(io.BytesIO(packed)).load()
-        if not isinstance(values, dict) or set(values) != set(DEFERRED):
-            raise ArchiveError("a lineage index entry's result fields are malformed")
-        for k in DEFERRED:
-            d.setdefault(k, values[k])
-        d.pop("_packed", None)
         return d[self.name]
 
 
@@ -328,13 +356,30 @@ for _f in dataclasses.fields(EvaluationResult):
         setattr(EvaluationResult, _f.name, _Deferred(_f.name, _f.default))
 
 
+def _result_getstate(self: EvaluationResult) -> dict[str, Any]:
+    """The fields, decoded (a result in the index's form refers to the index: a copy or a pickle of
+    it sent elsewhere holds its values instead)."""
+    d = self.__dict__
+    if "_packed" in d or "_head" in d or "_tail" in d:
+        for k in DEFERRED:
+            getattr(self, k)
+    return {k: v for k, v in d.items() if k[:1] != "_"}
+
+
+EvaluationResult.__getstate__ = _result_getstate  # type: ignore[method-assign]
+
+
+def _fields(r: EvaluationResult, names: tuple[str, ...]) -> dict[str, Any]:
+    return {k: getattr(r, k) for k in names}
+
+
 def packed_state(r: EvaluationResult) -> tuple[dict[str, Any], bytes]:
     """(the fields but :data:`DEFERRED`, those packed in one string): a result in the index's form."""
-    state = dict(r.__dict__)
-    packed = state.pop("_packed", None)
+    d = r.__dict__
+    packed = d.get("_packed")
     if packed is None:
-        packed = pickle.dumps({k: state.pop(k) for k in DEFERRED}, pickle.HIGHEST_PROTOCOL)
-    return state, packed
+        packed = pickle.dumps(_fields(r, DEFERRED), pickle.HIGHEST_PROTOCOL)
+    return {"protocol": d["protocol"], "status": d["status"]}, packed
 
 
 def from_packed(state: dict[str, Any], packed: bytes) -> EvaluationResult:
@@ -346,6 +391,48 @@ def from_packed(state: dict[str, Any], packed: bytes) -> EvaluationResult:
     r.__dict__.update(state)
     r.__dict__["_packed"] = packed
     return r
+
+
+def packed_head(r: EvaluationResult) -> tuple | bytes:
+    """:data:`HEAD` in the snapshot's form: (metric names, their values as packed doubles, the
+    units' items, the utility, the seeds), where every value is a float, else pickled."""
+    d = r.__dict__
+    if "_head" in d:
+        return d["_head"]
+    metrics, units = r.metrics, r.units
+    if (
+        type(metrics) is dict
+        and type(units) is dict
+        and type(r.utility) is str
+        and type(r.seeds) is tuple
+        and all(type(v) is float for v in metrics.values())
+    ):
+        values = array("d", metrics.values()).tobytes()
+        return tuple(metrics), values, tuple(units.items()), r.utility, r.seeds
+    return pickle.dumps(_fields(r, HEAD), pickle.HIGHEST_PROTOCOL)
+
+
+def packed_tail(r: EvaluationResult) -> bytes:
+    """:data:`TAIL`, pickled: the row a snapshot's result reads them from."""
+    return pickle.dumps(_fields(r, TAIL), pickle.HIGHEST_PROTOCOL)
+
+
+def _unpack_head(head: Any) -> tuple:
+    """(metrics, units, utility, seeds) of :func:`packed_head`'s form."""
+    if isinstance(head, bytes):
+        values = _PlainUnpickler(io.BytesIO(head)).load()
+        if not isinstance(values, dict) or set(values) != _HEAD_SET:
+            raise ArchiveError("a lineage index entry's result fields are malformed")
+        return tuple(values[k] for k in HEAD)
+    try:
+        keys, packed, units, utility, seeds = head
+        values = array("d")
+        values.frombytes(packed)
+        if len(values) != len(keys) or type(seeds) is not tuple or type(utility) is not str:
+            raise ValueError
+        return dict(zip(keys, values)), dict(units), utility, seeds
+    except (TypeError, ValueError):
+        raise ArchiveError("a lineage index entry's result fields are malformed") from None
 
 
 class _Checker:

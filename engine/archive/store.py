@@ -27,7 +27,7 @@ from engine import secrets
 from engine.archive.confirmation import CONFIRMATIONS_DIR
 from engine.archive.edit import apply_edit, check_interface
 from engine.archive.gitio import Git, GitError, parse_tree
-from engine.archive.index import LineageIndex, index_for, no_gc
+from engine.archive.index import LineageIndex, index_for, no_gc, parse_trailers
 from engine.archive.locks import git_dir
 from engine.archive.mechanism import TRAILER as MECHANISM_TRAILER
 from engine.archive.mechanism import mechanism_hash
@@ -66,7 +66,6 @@ NODE_FILES = (PROPOSAL, REFLECTION, LEGACY_FILE, "verification.json")
 NODE_DIRS = ("tests/", "records/", RESULTS_DIR + "/", CONFIRMATIONS_DIR + "/")
 STATUSES = ("spawned", "verified", "rejected", "evaluating", "evaluated", "failed")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-_TRAILER_RE = re.compile(r"^[ \t]*(Poise-[A-Za-z-]+): (.*)$", re.MULTILINE)
 
 _EXCLUDE = "mlflow.db\nmlruns/\n.poise/\n__pycache__/\n"
 _EXPERIMENT_README = """\
@@ -91,9 +90,10 @@ nothing (poise-git warns that it is not read).
 
 @dataclass(slots=True)
 class Node:
-    """One archived candidate, as read from its branch tip. ``trailers``, ``results`` and
-    ``unreadable`` are the lineage index entry's, shared by every read of the same commit in a
-    process (a read builds no copy of them): read them, never change them."""
+    """One archived candidate, as read from its branch tip. ``results`` and ``unreadable`` are the
+    lineage index entry's, shared by every read of the same commit in a process (a read builds no
+    copy of them), as are ``trailers`` unless the index's snapshot keeps them as text (then each
+    node parses its own on first access): read them, never change them."""
 
     name: str
     commit: str
@@ -134,6 +134,23 @@ class Node:
     def trailer(self, key: str, default: str | None = None) -> str | None:
         vals = self.trailers.get(key)
         return vals[-1] if vals else default
+
+
+_TRAILERS = Node.trailers  # the slot
+
+
+def _trailers(node: Node) -> dict[str, list[str]]:
+    """A node's trailers; where it holds them as text (a lineage index snapshot keeps them as one
+    string, :func:`engine.archive.index.trailer_text`: a read then builds no dict of lists per
+    node), parsed into the dict on first access."""
+    v = _TRAILERS.__get__(node, Node)
+    if type(v) is str:
+        v = {sys.intern(k): vals for k, vals in parse_trailers(v).items()}
+        _TRAILERS.__set__(node, v)
+    return v
+
+
+Node.trailers = property(_trailers, _TRAILERS.__set__, doc=_trailers.__doc__)  # type: ignore[assignment]
 
 
 def earliest_root(nodes: Mapping[str, Node]) -> str | None:
@@ -232,13 +249,6 @@ def _read_files(path_results: Iterable[tuple[str, bytes | None]], owner: str) ->
             # unreadable: the node shows as not evaluated, and says why
             out.append((p, None, " ".join(str(exc).split())[:300] or type(exc).__name__))
     return tuple(out)
-
-
-def parse_trailers(message: str) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for key, value in _TRAILER_RE.findall(message):
-        out.setdefault(key, []).append(value.strip())
-    return out
 
 
 class Archive:
