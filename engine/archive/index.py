@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.archive.results import (
-    TAIL,
+    TAIL_FIELDS,
     EvaluationResult,
     _PlainUnpickler,
     from_packed,
@@ -103,7 +103,7 @@ def fingerprint() -> str:
 class _Unpickler(pickle.Unpickler):
     """Builds plain values and the result types alone: a tampered file fails to load, never runs.
     The one persistent id, ``tails``, is the index's :class:`_Tails` (what a snapshot's results read
-    their :data:`~engine.archive.results.TAIL` fields through)."""
+    their :data:`~engine.archive.results.TAIL_FIELDS` fields through)."""
 
     def __init__(self, file: io.BytesIO, tails: _Tails | None = None):
         super().__init__(file)
@@ -165,7 +165,7 @@ def _dumps(obj: Any) -> bytes:
 
 class _SnapshotPickler(_Pickler):
     """Writes a snapshot: each result as its protocol, status and
-    :data:`~engine.archive.results.HEAD` (what a lineage read and a selection read of every node;
+    :data:`~engine.archive.results.HEAD_FIELDS` (what a lineage read and a selection read of every node;
     names, units and seeds one object per distinct value), its other fields left to its row in the
     ``tail`` table, read through the index's :class:`_Tails` (persistent id ``tails``) when first
     needed. ``where``: each result's (commit id, file path), by object id."""
@@ -205,7 +205,7 @@ class _SnapshotPickler(_Pickler):
 
 
 class _Tails:
-    """What a snapshot's results read their :data:`~engine.archive.results.TAIL` fields through: the
+    """What a snapshot's results read their :data:`~engine.archive.results.TAIL_FIELDS` fields through: the
     row the snapshot's compaction wrote for (commit id, path), else (the row gone: a later
     compaction dropped the commit, or the file was rebuilt) the result file, parsed from git."""
 
@@ -225,7 +225,7 @@ class _Tails:
                 values = _PlainUnpickler(io.BytesIO(row[0])).load()
             except Exception:  # a damaged row: the file in git says the same
                 values = None
-            if type(values) is dict and set(values) == set(TAIL):
+            if type(values) is dict and set(values) == set(TAIL_FIELDS):
                 return values
         common = str(self.index.dir.parent)
         done = subprocess.run(
@@ -239,7 +239,7 @@ class _Tails:
                 f"{done.stderr.decode('utf-8', 'replace').strip()[:200]}"
             )
         result = parse_result(done.stdout, f"{oid[:12]}:{path}")
-        return {k: getattr(result, k) for k in TAIL}
+        return {k: getattr(result, k) for k in TAIL_FIELDS}
 
 
 class LineageIndex:

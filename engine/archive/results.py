@@ -291,21 +291,21 @@ DEFERRED = tuple(
 """the fields a result read from the lineage index decodes on first access: all but its protocol
 (which a lineage read compares) and its status, so that reading 100k nodes builds three objects
 per result"""
-HEAD = ("metrics", "units", "utility", "seeds")
+HEAD_FIELDS = ("metrics", "units", "utility", "seeds")
 """the deferred fields a selection reads of every node: in the index's snapshot beside the protocol
 (:func:`packed_head`), decoded together"""
-TAIL = tuple(k for k in DEFERRED if k not in HEAD)
+TAIL_FIELDS = tuple(k for k in DEFERRED if k not in HEAD_FIELDS)
 """the other deferred fields (intervals, per-seed rows, trajectory, details...), which the views of
 one node read: kept out of the snapshot, in a row per commit read on first access"""
-_HEAD_SET = frozenset(HEAD)
+_HEAD_SET = frozenset(HEAD_FIELDS)
 
 
 class _Deferred:
     """The class attribute of a field in :data:`DEFERRED`: a result built as usual holds the field in
     its ``__dict__``, which Python reads before this descriptor; a result from the lineage index
     holds its fields in an index form instead, decoded into its ``__dict__`` here once: all of them
-    packed in one string (``_packed``: :func:`from_packed`), or (a snapshot's result) :data:`HEAD`
-    in ``_head`` (:func:`packed_head`) and :data:`TAIL` behind ``_tail``: (a one-element tuple
+    packed in one string (``_packed``: :func:`from_packed`), or (a snapshot's result) :data:`HEAD_FIELDS`
+    in ``_head`` (:func:`packed_head`) and :data:`TAIL_FIELDS` behind ``_tail``: (a one-element tuple
     holding what reads them, ``.tail(commit id, path)``; the commit id; the result file's path)."""
 
     def __init__(self, name: str, default: Any):
@@ -324,7 +324,7 @@ class _Deferred:
                 d.setdefault(k, values[k])
             d.pop("_packed", None)
         elif self.name in _HEAD_SET and "_head" in d:
-            for k, v in zip(HEAD, _unpack_head(d["_head"])):
+            for k, v in zip(HEAD_FIELDS, _unpack_head(d["_head"])):
                 d.setdefault(k, v)
             d.pop("_head", None)
         elif self.name not in _HEAD_SET and "_tail" in d:
@@ -334,9 +334,9 @@ class _Deferred:
             except (TypeError, ValueError, AttributeError, IndexError, KeyError):
                 raise ArchiveError("a lineage index entry's result is malformed") from None
             values = read(oid, path)
-            if not isinstance(values, dict) or set(values) != set(TAIL):
+            if not isinstance(values, dict) or set(values) != set(TAIL_FIELDS):
                 raise ArchiveError("a lineage index entry's result fields are malformed")
-            for k in TAIL:
+            for k in TAIL_FIELDS:
                 d.setdefault(k, values[k])
             d.pop("_tail", None)
         else:
@@ -394,7 +394,7 @@ def from_packed(state: dict[str, Any], packed: bytes) -> EvaluationResult:
 
 
 def packed_head(r: EvaluationResult) -> tuple | bytes:
-    """:data:`HEAD` in the snapshot's form: (metric names, their values as packed doubles, the
+    """:data:`HEAD_FIELDS` in the snapshot's form: (metric names, their values as packed doubles, the
     units' items, the utility, the seeds), where every value is a float, else pickled."""
     d = r.__dict__
     if "_head" in d:
@@ -409,12 +409,12 @@ def packed_head(r: EvaluationResult) -> tuple | bytes:
     ):
         values = array("d", metrics.values()).tobytes()
         return tuple(metrics), values, tuple(units.items()), r.utility, r.seeds
-    return pickle.dumps(_fields(r, HEAD), pickle.HIGHEST_PROTOCOL)
+    return pickle.dumps(_fields(r, HEAD_FIELDS), pickle.HIGHEST_PROTOCOL)
 
 
 def packed_tail(r: EvaluationResult) -> bytes:
-    """:data:`TAIL`, pickled: the row a snapshot's result reads them from."""
-    return pickle.dumps(_fields(r, TAIL), pickle.HIGHEST_PROTOCOL)
+    """:data:`TAIL_FIELDS`, pickled: the row a snapshot's result reads them from."""
+    return pickle.dumps(_fields(r, TAIL_FIELDS), pickle.HIGHEST_PROTOCOL)
 
 
 def _unpack_head(head: Any) -> tuple:
@@ -423,7 +423,7 @@ def _unpack_head(head: Any) -> tuple:
         values = _PlainUnpickler(io.BytesIO(head)).load()
         if not isinstance(values, dict) or set(values) != _HEAD_SET:
             raise ArchiveError("a lineage index entry's result fields are malformed")
-        return tuple(values[k] for k in HEAD)
+        return tuple(values[k] for k in HEAD_FIELDS)
     try:
         keys, packed, units, utility, seeds = head
         values = array("d")
