@@ -83,11 +83,12 @@ def _two_node_cluster():
     head_cmd += ["--ray-client-server-port", str(_free_port()), "--temp-dir", str(root / "h")]
     head_cmd += ["--resources", '{"head_node": 1}']
     procs = []
-    try:
-        with open(root / "head.log", "w") as log:
+
+    def start(cmd: list[str], log_name: str) -> None:
+        with open(root / log_name, "w") as log:
             procs.append(
                 subprocess.Popen(
-                    head_cmd,
+                    cmd,
                     env=env,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -95,20 +96,13 @@ def _two_node_cluster():
                     preexec_fn=_die_with_the_test,
                 )
             )
+
+    try:
+        start(head_cmd, "head.log")
         worker_cmd = [ray_bin, "start", "--address", f"127.0.0.1:{port}", *common]
         worker_cmd += ["--dashboard-agent-listen-port", str(_free_port())]
         worker_cmd += ["--temp-dir", str(root / "w"), "--resources", '{"worker_node": 1}']
-        with open(root / "worker.log", "w") as log:
-            procs.append(
-                subprocess.Popen(
-                    worker_cmd,
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    preexec_fn=_die_with_the_test,
-                )
-            )
+        start(worker_cmd, "worker.log")
         yield _Cluster(root, port, procs[0], procs[1], env)
     finally:
         from engine.loop.executor import kill_tree
@@ -290,7 +284,7 @@ def test_a_run_on_two_ray_nodes_uses_both_and_requeues_what_a_dead_node_ran(tmp_
                 ],
                 run,
             )[0]
-            time.sleep(1.5)  # well inside its training
+            time.sleep(0.2)  # inside its evaluation: a tiny seed trains in seconds
             os.killpg(cluster.worker.pid, signal.SIGKILL)  # the worker node dies: raylet and all
             control.tell("release head_node")  # the head may take the re-queued evaluation
             out, err = run.communicate(timeout=400)
