@@ -459,15 +459,25 @@ class _NodeLost:
 _UNKNOWN = ("unknown",)
 
 
+def _current_result(job: EvalJob) -> EvaluationResult | None:
+    """The result the job's node holds now under the job's protocol (None: none)."""
+    arch = Archive(job.archive)
+    return arch.node(job.node).results.get(job_protocol(arch, job).id)
+
+
+def _key(result: EvaluationResult) -> tuple:
+    """What tells one recorded result from another of the same node and protocol."""
+    return (result.recorded_at, result.node_commit, result.status)
+
+
 def _result_key(job: EvalJob) -> tuple | None:
     """What identifies the job's node's result under its protocol now (None: it has none;
     ``_UNKNOWN`` where the archive cannot say, a node dropped meanwhile say)."""
     try:
-        arch = Archive(job.archive)
-        done = arch.node(job.node).results.get(job_protocol(arch, job).id)
+        done = _current_result(job)
     except Exception:  # noqa: BLE001 - the evaluation itself says what is wrong
         return _UNKNOWN
-    return None if done is None else (done.recorded_at, done.node_commit, done.status)
+    return None if done is None else _key(done)
 
 
 def _landed(job: EvalJob, before: tuple | None) -> EvalOutcome | None:
@@ -475,9 +485,8 @@ def _landed(job: EvalJob, before: tuple | None) -> EvalOutcome | None:
     node held when the job was submitted) before its Ray node died; None when it recorded none."""
     if before == _UNKNOWN:
         return None
-    arch = Archive(job.archive)
-    done = arch.node(job.node).results.get(job_protocol(arch, job).id)
-    if done is None or (done.recorded_at, done.node_commit, done.status) == before:
+    done = _current_result(job)
+    if done is None or _key(done) == before:
         return None
     return EvalOutcome(job.node, done.status, done.reason, done.value, 0.0)
 
